@@ -1,0 +1,42 @@
+"""SPADE: Speculative decoding Acceptance Diagnostics and Evaluation.
+
+Notation (Leviathan et al., 2023, used throughout): ``p`` is the target model's distribution, ``q``
+the draft model's, ``gamma`` the number of drafted tokens per step, ``alpha`` the acceptance rate and
+``c`` the cost of a draft forward relative to a target forward.
+
+Modules (one idea each): ``paths``, ``io``, ``params``, ``plots`` (foundation); ``sampling``,
+``verify``, ``measures``, ``theory`` (verification core); ``zoo`` (embedded draft/target pairs);
+``bench`` (M1 suites); ``adapter``, ``drafters``, ``policies``, ``decode``, ``baselines``,
+``divergence`` (M2 decoder); ``trace``, ``runner``, ``metrics``, ``timing`` (M2 runs);
+``diagnose`` (M3); ``align``, ``replay`` (what-if analysis).
+
+Heavy modules (torch, transformers) are imported lazily: ``import spade_lib`` is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Public names re-exported at the top level -> the module that defines them.
+_EXPORTS = {
+    "SamplingConfig": "spade_lib.sampling",
+    "load_pair": "spade_lib.zoo",
+    "setup_notebook": "spade_lib.params",
+    "save_figure": "spade_lib.plots",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spade_lib' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))

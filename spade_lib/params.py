@@ -1,0 +1,220 @@
+"""Notebook parameters: declared once, validated strictly, with named profiles.
+
+Every SPADE notebook declares its parameters in one cell tagged ``parameters`` whose first line is
+``# SPADE parameters``, one annotated assignment per line::
+
+    # SPADE parameters
+    n_prompts: int = 8  # prompts per category
+    pair: str = "default"  # embedded pair name
+
+and calls :func:`setup_notebook` in the next cell. Papermill injects overrides in a cell of its own
+right after the parameters cell, and only *warns* about names the notebook does not declare; SPADE
+makes that an error. :func:`setup_notebook` reads the declared cell and papermill's injected cell back
+from IPython's input history (``In``), so the declaration is written exactly once, and then
+
+1. rejects injected names that the notebook does not declare (listing the declared ones);
+2. applies the profile named by ``SPADE_PROFILE`` (or a declared ``profile`` parameter): values from
+   ``params/<profile>/<notebook stem>.yaml`` (a flat mapping, the same file ``papermill -f`` takes)
+   replace the declared defaults of every parameter papermill did *not* inject (explicit values win);
+3. checks every value against its annotation (``int``, ``float``, ``str``, ``bool``, ``list[...]``,
+   ``dict``, ``X | None``); ints are accepted where floats are declared;
+4. sets the plotting style and returns the final values as a :class:`NotebookParams` namespace,
+   also written back into the notebook's globals.
+
+Outside IPython (a plain script), steps 1 and 2's "explicit wins" rule have no history to read:
+declared values are validated and the profile applies to all of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spade_lib.paths import PARAMS_DIR
+
+MARKER = "# SPADE parameters"
+PAPERMILL_MARKER = "# Parameters"
+
+
+class ParameterError(ValueError):
+    """A notebook parameter is unknown or has a value of the wrong type."""
+
+
+@dataclass(frozen=True)
+class Declared:
+    name: str
+    annotation: str
+    default: Any
+    comment: str
+
+
+class NotebookParams(types.SimpleNamespace):
+    """The resolved parameters of one notebook run (attribute access, ``dict(vars(P))``)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def parse_parameters_cell(source: str) -> dict[str, Declared]:
+    """Parse a ``parameters`` cell: annotated assignments with literal defaults and a comment."""
+    if not source.lstrip().startswith(MARKER):
+        raise ParameterError(f"a SPADE parameters cell must start with {MARKER!r}")
+    declared: dict[str, Declared] = {}
+    lines = source.splitlines()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            line = lines[node.lineno - 1]
+            comment = line.split("#", 1)[1].strip() if "#" in line[node.value.end_col_offset:] else ""
+            declared[node.target.id] = Declared(
+                name=node.target.id,
+                annotation=ast.unparse(node.annotation),
+                default=ast.literal_eval(node.value),
+                comment=comment,
+            )
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            raise ParameterError(
+                f"line {node.lineno} of the parameters cell: every parameter needs a type annotation "
+                "and a literal default, e.g. `n_prompts: int = 8  # prompts per category`"
+            )
+    return declared
+
+
+def _type_ok(value: Any, annotation: str) -> bool:
+    """Whether ``value`` fits the annotation string (a small, explicit subset of typing)."""
+    ann = annotation.replace(" ", "")
+    if "|" in ann:
+        return any(_type_ok(value, part) for part in ann.split("|"))
+    if ann in ("None", "NoneType"):
+        return value is None
+    if ann == "Any":
+        return True
+    if ann == "bool":
+        return isinstance(value, bool)
+    if ann == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ann == "str":
+        return isinstance(value, str)
+    if ann.startswith(("list[", "tuple[")) and ann.endswith("]"):
+        inner = ann[ann.index("[") + 1 : -1]
+        if inner.endswith(",..."):
+            inner = inner[:-4]
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, inner) for v in value)
+    if ann in ("list", "tuple"):
+        return isinstance(value, (list, tuple))
+    if ann.startswith("dict"):
+        return isinstance(value, dict)
+    raise ParameterError(f"unsupported parameter annotation {annotation!r}")
+
+
+def load_profile(profile: str, notebook: str, params_dir: Path = PARAMS_DIR) -> dict[str, Any]:
+    """Values of ``params/<profile>/<notebook>.yaml`` (empty when the profile has no file for it)."""
+    folder = Path(params_dir) / profile
+    if not folder.is_dir():
+        known = sorted(p.name for p in Path(params_dir).iterdir() if p.is_dir())
+        raise ParameterError(f"unknown parameter profile {profile!r}: no folder {folder} (known: {known})")
+    path = folder / f"{notebook}.yaml"
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ParameterError(f"{path} must hold a flat mapping of parameter name -> value")
+    return data
+
+
+def _history_cells(namespace: dict[str, Any]) -> list[str]:
+    history = namespace.get("In") or namespace.get("_ih") or []
+    return [cell for cell in history if isinstance(cell, str)]
+
+
+def _find_cells(namespace: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The last declared parameters cell in the history and papermill's injected cell after it."""
+    cells = _history_cells(namespace)
+    declared_idx = max((i for i, c in enumerate(cells) if c.lstrip().startswith(MARKER)), default=None)
+    if declared_idx is None:
+        return None, None
+    injected = None
+    for cell in cells[declared_idx + 1 :]:
+        if cell.lstrip().startswith(PAPERMILL_MARKER) and not cell.lstrip().startswith(MARKER):
+            injected = cell
+    return cells[declared_idx], injected
+
+
+def _injected_names(source: str) -> list[str]:
+    return [
+        t.id
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign)
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    ]
+
+
+def resolve(
+    declared: dict[str, Declared],
+    current: dict[str, Any],
+    injected: list[str],
+    notebook: str,
+    profile: str | None,
+    params_dir: Path = PARAMS_DIR,
+) -> NotebookParams:
+    """Pure core of :func:`setup_notebook`: validate names and types and apply a profile."""
+    unknown = [n for n in injected if n not in declared]
+    if unknown:
+        raise ParameterError(
+            f"unknown parameter(s) {unknown} for notebook {notebook!r}; "
+            f"declared parameters: {sorted(declared)}"
+        )
+    values = {name: current.get(name, d.default) for name, d in declared.items()}
+    if profile and profile != "default":
+        overrides = load_profile(profile, notebook, params_dir)
+        bad = [n for n in overrides if n not in declared]
+        if bad:
+            raise ParameterError(
+                f"profile {profile!r} sets unknown parameter(s) {bad} for notebook {notebook!r}; "
+                f"declared parameters: {sorted(declared)}"
+            )
+        for name, value in overrides.items():
+            if name not in injected:
+                values[name] = value
+    for name, value in values.items():
+        if not _type_ok(value, declared[name].annotation):
+            raise ParameterError(
+                f"parameter {name!r} of notebook {notebook!r} must be {declared[name].annotation}, "
+                f"got {value!r} ({type(value).__name__})"
+            )
+    return NotebookParams(**values)
+
+
+def setup_notebook(namespace: dict[str, Any], notebook: str, *, show: bool = True) -> NotebookParams:
+    """Validate this notebook's parameters, apply the active profile, set the plot style.
+
+    Call as ``P = setup_notebook(globals(), "03_m2_speedup_runs")`` right after the parameters cell.
+    """
+    declared_src, injected_src = _find_cells(namespace)
+    if declared_src is None:
+        raise ParameterError(
+            f"notebook {notebook!r}: no executed cell starting with {MARKER!r} was found; "
+            "run the parameters cell first"
+        )
+    declared = parse_parameters_cell(declared_src)
+    injected = _injected_names(injected_src) if injected_src else []
+    profile = os.environ.get("SPADE_PROFILE") or namespace.get("profile")
+    params = resolve(declared, namespace, injected, notebook, profile)
+    namespace.update(params.as_dict())
+
+    from spade_lib.plots import use_style
+
+    use_style()
+    if show:
+        shown = ", ".join(f"{k}={v!r}" for k, v in params.as_dict().items())
+        print(f"[{notebook}] profile={profile or 'default'}: {shown}")
+    return params

@@ -1,0 +1,58 @@
+"""The SPADE figure style and the one way figures are saved.
+
+``use_style()`` applies seaborn's *paper* context and ``spade.mplstyle`` (TrueType fonts, column
+sizes). ``save_figure(fig, name)`` writes ``figures/<name>.pdf`` and ``figures/<name>.png`` with
+metadata stripped of dates and versions, so two saves of the same figure are byte-identical, and
+each file is written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)  # headless by default; Jupyter's inline backend still wins there
+import matplotlib.pyplot as plt  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from spade_lib import paths  # noqa: E402
+from spade_lib.io import atomic_path  # noqa: E402
+
+STYLE_FILE = Path(__file__).with_name("spade.mplstyle")
+SINGLE_COLUMN = 3.4  # inches
+DOUBLE_COLUMN = 7.0  # inches
+
+# Metadata keys that would otherwise embed dates or software versions.
+_PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
+_PNG_METADATA = {"Software": None}
+
+
+def use_style() -> None:
+    """Apply seaborn's paper context and the SPADE style file (idempotent)."""
+    sns.set_theme(context="paper", style="ticks")
+    plt.style.use(STYLE_FILE)
+
+
+def figure(width: float = SINGLE_COLUMN, aspect: float = 0.7, **subplots_kwargs):
+    """``plt.subplots`` sized for a paper column: ``width`` inches wide, ``width*aspect`` tall."""
+    return plt.subplots(figsize=(width, width * aspect), **subplots_kwargs)
+
+
+def save_figure(fig, name: str, *, directory: str | Path | None = None, close: bool = False) -> dict[str, Path]:
+    """Write ``<directory>/<name>.pdf`` and ``.png`` deterministically; return both paths.
+
+    ``directory`` defaults to :data:`spade_lib.paths.FIGURES_DIR`. ``name`` must be a plain file stem.
+    """
+    if not name or Path(name).name != name or name.endswith((".pdf", ".png")):
+        raise ValueError(f"figure name must be a plain stem like 'm3_acceptance_by_position', got {name!r}")
+    directory = Path(directory) if directory is not None else paths.FIGURES_DIR
+    out = {}
+    for ext, metadata in (("pdf", _PDF_METADATA), ("png", _PNG_METADATA)):
+        path = directory / f"{name}.{ext}"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=ext, metadata=metadata)
+        out[ext] = path
+    if close:
+        plt.close(fig)
+    return out

@@ -1,0 +1,107 @@
+"""Execute SPADE's numbered notebooks headlessly, in order, with papermill.
+
+``python -m spade_lib.runbook`` (what ``make run`` calls) runs every ``notebooks/NN_*.ipynb`` into a
+fresh ``runs/<timestamp>/`` folder (the source notebooks are never overwritten), with the kernel
+named explicitly and the working directory fixed to ``notebooks/``. It stops at the first failing
+notebook and exits non-zero, naming it and the executed copy that holds the traceback.
+
+Options::
+
+    python -m spade_lib.runbook [--only 03 04] [--profile smoke] [--params params/<name>] [-p NAME VALUE]
+
+``--profile NAME`` sets ``SPADE_PROFILE`` (read by each notebook's ``setup_notebook``: values from
+``params/NAME/<notebook>.yaml`` fill in whatever papermill does not pass). ``--params DIR`` passes
+``DIR/<notebook>.yaml`` to papermill as explicit parameters, exactly like
+``papermill notebook.ipynb out.ipynb -f DIR/<notebook>.yaml``. ``-p NAME VALUE`` is passed to every
+selected notebook, so combine it with ``--only`` (a notebook rejects parameters it does not declare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from spade_lib import paths
+
+KERNEL = "python3"
+
+
+def numbered_notebooks(directory: Path = paths.NOTEBOOKS_DIR) -> list[Path]:
+    """The walk-through notebooks, ``NN_*.ipynb``, in order."""
+    return sorted(p for p in directory.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _parameters_for(notebook: Path, params_dir: Path | None, extra: dict) -> dict:
+    """Explicit papermill parameters for one notebook: ``params_dir/<stem>.yaml`` plus ``-p`` values."""
+    values: dict = {}
+    if params_dir is not None:
+        path = Path(params_dir) / f"{notebook.stem}.yaml"
+        if path.is_file():
+            values.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+    values.update(extra)
+    return values
+
+
+def run_notebooks(
+    only: list[str] | None = None,
+    profile: str | None = None,
+    params_dir: Path | None = None,
+    extra: dict | None = None,
+    out_dir: Path | None = None,
+) -> Path:
+    """Execute the selected notebooks in order; return the run folder. Raises on the first failure."""
+    import papermill as pm
+
+    notebooks = numbered_notebooks()
+    if only:
+        notebooks = [nb for nb in notebooks if any(nb.name.startswith(o) for o in only)]
+        if not notebooks:
+            raise SystemExit(f"no notebook matches {only}; known: {[n.name for n in numbered_notebooks()]}")
+    if profile:
+        os.environ["SPADE_PROFILE"] = profile
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out_dir = out_dir or paths.RUNS_DIR / "notebooks" / stamp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"executing {len(notebooks)} notebook(s) into {out_dir} (profile={profile or 'default'})", flush=True)
+    for nb in notebooks:
+        output = out_dir / nb.name
+        start = time.perf_counter()
+        print(f"==> {nb.name}", flush=True)
+        try:
+            pm.execute_notebook(
+                str(nb),
+                str(output),
+                parameters=_parameters_for(nb, params_dir, extra or {}),
+                kernel_name=KERNEL,
+                cwd=str(paths.NOTEBOOKS_DIR),
+                progress_bar=True,
+                log_output=False,
+            )
+        except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
+            print(f"\nFAILED: {nb.name} — executed copy with the traceback: {output}\n{exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+        print(f"    {nb.name} done in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"all notebooks executed; figures in {paths.FIGURES_DIR}, executed copies in {out_dir}")
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="notebook number prefixes to run, e.g. 01 03")
+    parser.add_argument("--profile", help="parameter profile from params/<profile>.yaml (e.g. smoke)")
+    parser.add_argument("--params", type=Path, help="folder of <notebook>.yaml parameter files (e.g. params/paper)")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="one parameter for every notebook (value parsed as YAML)")
+    args = parser.parse_args(argv)
+    extra = {name: yaml.safe_load(value) for name, value in args.parameter}
+    run_notebooks(args.only, args.profile, args.params, extra)
+
+
+if __name__ == "__main__":
+    main()
