@@ -1,0 +1,224 @@
+"""Speculative decoding metrics, each named and defined once.
+
+Notation (Leviathan et al., 2023): a *step* drafts ``gamma`` tokens ``x_0..x_{gamma-1}`` with the draft
+``q`` and verifies them with one forward of the target ``p``; it accepts a prefix of ``n`` of them
+(``0 <= n <= gamma``) and then emits one more token (the residual sample at the first rejection, or
+the *bonus* token ``~ p`` when all ``gamma`` were accepted), so a step yields ``n + 1`` tokens.
+
+Two inputs:
+
+- a **trace** (``spade_lib.trace``): one row per drafted token with ``reached``, ``accepted``,
+  ``n_accepted``, ``tv``, ``t_draft`` ...; steps that drafted nothing (``gamma = 0``) have no rows.
+- a **summary** (``summary.jsonl`` of a run, Spec-Bench's answer shape): one row per generation
+  (``question_id``, ``category``, ``sample``) with ``new_tokens`` (tokens emitted, after truncation
+  and stop tokens), ``wall_time`` (seconds, median of the timed repeats) and ``accept_lengths``
+  (``n + 1`` per step, the verification's outcome before truncation; ``[]`` for baselines).
+
+Definitions (sums run over the rows of the frame passed in; group by ``category`` for per-category
+figures):
+
+==============================  =================================================================
+``acceptance_rate``             ``alpha_hat = sum(accepted) / sum(reached)``: acceptance per drafted
+                                token that was judged. Under the i.i.d. model each judged position is
+                                Bernoulli(alpha), so this estimates alpha. ``over="drafted"`` gives
+                                ``sum(accepted) / n_drafted`` instead (the fraction of drafted tokens
+                                kept, lower: unjudged tokens count as lost).
+``expected_acceptance_rate``    ``mean(1 - tv)`` over reached positions: the same alpha, estimated
+                                from the distributions instead of the coin flips (lower variance).
+``position_acceptance``         per draft position ``i``, among steps that drafted position ``i``:
+                                unconditional ``P(x_i accepted) = accepted_i / drafted_i`` (i.i.d.:
+                                ``alpha^(i+1)``) and conditional
+                                ``P(x_i accepted | x_0..x_{i-1} accepted) = accepted_i / reached_i``
+                                (i.i.d.: ``alpha``).
+``mean_accepted_length``        ``tau = mean over steps of (n + 1)`` with the bonus / residual token,
+                                or ``mean(n)`` without it; each step weighs 1 (pooled over prompts).
+``block_efficiency``            ``sum(new_tokens) / sum(steps)``: tokens emitted per target
+                                verification call (Chen et al., 2023's "block efficiency").
+``tokens_per_second``           ``sum(new_tokens) / sum(wall_time)`` (ratio of totals), or per
+                                generation with ``per_generation=True``.
+``speedup_ratio_of_totals``     ``tokens_per_second(method) / tokens_per_second(baseline)`` over the
+                                same generations.
+``speedup_mean_of_ratios``      ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``.
+``cost_ratio``                  ``c_hat = (sum t_draft / n_drafted) / (sum wall_time_AR /
+                                sum new_tokens_AR)``: one draft forward relative to one
+                                autoregressive target step, both measured.
+``predicted_speedup``           Leviathan et al.'s Theorem 3.8, ``(1 - alpha^(gamma+1)) /
+                                ((1 - alpha) (gamma c + 1))``, from measured alpha and c.
+==============================  =================================================================
+
+**Truncated final block.** A generation stops at ``max_new_tokens`` (or a stop token) possibly in
+the middle of a step's ``n + 1`` tokens. The rule: acceptance metrics and ``tau`` count every
+verification as it happened (the judged positions and ``n`` are facts about ``p`` and ``q``,
+whatever was cut afterwards); throughput, block efficiency and speedup count only the tokens
+actually emitted (``new_tokens``), which is also how the baselines are counted, so the speedup
+compares equal token counts whenever both stop at ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+STEP_KEYS = ["prompt_id", "sample", "step"]
+GENERATION_KEYS = ["question_id", "sample"]
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], arg: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{arg} lacks column(s) {missing}; has {list(df.columns)}")
+
+
+def _nonempty(n: float, what: str) -> None:
+    if n == 0:
+        raise ValueError(f"{what}: nothing to average over (empty selection)")
+
+
+def acceptance_rate(trace: pd.DataFrame, over: str = "reached") -> float:
+    """``sum(accepted) / sum(reached)`` (``over="reached"``) or ``/ n_drafted`` (``"drafted"``)."""
+    _require(trace, ["accepted", "reached"], "trace")
+    if over == "reached":
+        n = int(trace["reached"].sum())
+    elif over == "drafted":
+        n = len(trace)
+    else:
+        raise ValueError(f"over must be 'reached' or 'drafted', got {over!r}")
+    _nonempty(n, f"acceptance_rate(over={over!r})")
+    return float(trace["accepted"].sum()) / n
+
+
+def expected_acceptance_rate(trace: pd.DataFrame) -> float:
+    """``mean(1 - tv)`` over reached positions (alpha from the distributions)."""
+    _require(trace, ["reached", "tv"], "trace")
+    reached = trace.loc[trace["reached"], "tv"]
+    _nonempty(len(reached), "expected_acceptance_rate")
+    return float(1.0 - reached.astype(np.float64).mean())
+
+
+def position_acceptance(trace: pd.DataFrame) -> pd.DataFrame:
+    """Per draft position ``pos``: counts and unconditional / conditional acceptance.
+
+    Columns: ``drafted``, ``reached``, ``accepted``, ``unconditional`` (accepted / drafted),
+    ``conditional`` (accepted / reached; NaN where nothing was reached) and ``expected_conditional``
+    (mean ``1 - tv`` over reached rows).
+    """
+    _require(trace, ["pos", "reached", "accepted", "tv"], "trace")
+    t = trace[["pos", "reached", "accepted", "tv"]].copy()
+    t["one_minus_tv_reached"] = np.where(t["reached"], 1.0 - t["tv"].astype(np.float64), np.nan)
+    g = t.groupby("pos", sort=True)
+    out = pd.DataFrame(
+        {
+            "drafted": g.size(),
+            "reached": g["reached"].sum().astype(int),
+            "accepted": g["accepted"].sum().astype(int),
+            "expected_conditional": g["one_minus_tv_reached"].mean(),
+        }
+    )
+    out["unconditional"] = out["accepted"] / out["drafted"]
+    out["conditional"] = out["accepted"] / out["reached"].where(out["reached"] > 0)
+    out.index = out.index.astype(int)
+    return out[["drafted", "reached", "accepted", "unconditional", "conditional", "expected_conditional"]]
+
+
+def steps(trace: pd.DataFrame) -> pd.DataFrame:
+    """One row per verification step (that drafted at least one token): step-level columns."""
+    _require(trace, STEP_KEYS + ["gamma", "n_accepted"], "trace")
+    cols = [c for c in ["category", "gamma", "n_accepted", "next_token", "t_draft", "t_verify",
+                        "t_overhead"] if c in trace.columns]
+    return trace.groupby(STEP_KEYS, sort=True)[cols].first().reset_index()
+
+
+def mean_accepted_length(frame: pd.DataFrame, with_bonus: bool = True) -> float:
+    """``tau``: mean over steps of ``n + 1`` (``with_bonus``) or ``n``.
+
+    ``frame`` is a trace (steps that drafted nothing are absent from it) or a summary with
+    ``accept_lengths`` (every step, ``n + 1`` each) — prefer the summary when a policy may draft 0.
+    """
+    if "accept_lengths" in frame.columns:
+        lengths = np.concatenate([np.asarray(a, dtype=np.float64) for a in frame["accept_lengths"]]
+                                 or [np.zeros(0)])
+        n = lengths - 1.0
+    else:
+        n = steps(frame)["n_accepted"].to_numpy(dtype=np.float64)
+    _nonempty(len(n), "mean_accepted_length")
+    return float(n.mean() + (1.0 if with_bonus else 0.0))
+
+
+def block_efficiency(summary: pd.DataFrame) -> float:
+    """``sum(new_tokens) / sum(len(accept_lengths))``: emitted tokens per target verification."""
+    _require(summary, ["new_tokens", "accept_lengths"], "summary")
+    n_steps = int(sum(len(a) for a in summary["accept_lengths"]))
+    _nonempty(n_steps, "block_efficiency")
+    return float(summary["new_tokens"].sum()) / n_steps
+
+
+def tokens_per_second(summary: pd.DataFrame, per_generation: bool = False) -> float | pd.Series:
+    """``sum(new_tokens) / sum(wall_time)``, or ``new_tokens / wall_time`` per generation."""
+    _require(summary, ["new_tokens", "wall_time"], "summary")
+    if (summary["wall_time"] <= 0).any():
+        raise ValueError("summary: wall_time must be positive")
+    if per_generation:
+        return summary["new_tokens"] / summary["wall_time"]
+    _nonempty(len(summary), "tokens_per_second")
+    return float(summary["new_tokens"].sum() / summary["wall_time"].sum())
+
+
+def _paired(method: pd.DataFrame, baseline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Method and baseline rows of the same generations, in the same order."""
+    for name, df in (("method", method), ("baseline", baseline)):
+        _require(df, GENERATION_KEYS + ["new_tokens", "wall_time"], name)
+    m = method.set_index(GENERATION_KEYS).sort_index()
+    b = baseline.set_index(GENERATION_KEYS).sort_index()
+    if not m.index.equals(b.index):
+        only_m = sorted(map(str, m.index.difference(b.index)))[:5]
+        only_b = sorted(map(str, b.index.difference(m.index)))[:5]
+        raise ValueError(
+            f"method and baseline must cover the same (question_id, sample) generations; "
+            f"only in method: {only_m}, only in baseline: {only_b}"
+        )
+    return m, b
+
+
+def speedup_ratio_of_totals(method: pd.DataFrame, baseline: pd.DataFrame) -> float:
+    """``tokens_per_second(method) / tokens_per_second(baseline)`` over the same generations."""
+    m, b = _paired(method, baseline)
+    return tokens_per_second(m) / tokens_per_second(b)
+
+
+def speedup_mean_of_ratios(method: pd.DataFrame, baseline: pd.DataFrame) -> float:
+    """``mean_g [tps_g(method) / tps_g(baseline)]`` over the same generations ``g``."""
+    m, b = _paired(method, baseline)
+    return float((tokens_per_second(m, True) / tokens_per_second(b, True)).mean())
+
+
+def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
+    """``c_hat``: measured seconds per drafted token over measured seconds per AR target step.
+
+    ``t_draft`` is step-level (repeated on each row of a step), so it is summed once per step.
+    """
+    st = steps(trace)
+    _require(st, ["t_draft"], "trace")
+    _nonempty(len(trace), "cost_ratio")
+    per_draft_token = st["t_draft"].sum() / len(trace)
+    per_target_step = 1.0 / tokens_per_second(ar_summary)
+    return float(per_draft_token / per_target_step)
+
+
+def predicted_speedup(alpha: float, gamma: float, c: float) -> float:
+    """Leviathan et al. (2023), Theorem 3.8: ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
+
+    The expected walltime improvement of speculative decoding over autoregressive decoding, assuming
+    i.i.d. acceptance ``alpha``, draft cost ``c`` per token relative to a target forward, and a
+    verification forward costing the same as a one-token target forward. ``alpha = 1`` is the limit
+    ``(gamma + 1) / (gamma c + 1)``.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if c < 0:
+        raise ValueError(f"c must be >= 0, got {c}")
+    tokens = gamma + 1.0 if alpha == 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return float(tokens / (gamma * c + 1.0))

@@ -1,0 +1,114 @@
+"""Metrics: hand-computed cases, and the i.i.d. model's closed forms on simulated traces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from spade_lib import metrics
+
+
+def trace_from_blocks(blocks, gamma_of=None, tv=0.3, t_draft=0.01):
+    """Trace rows from a list of (prompt_id, n_accepted, gamma) blocks."""
+    rows, step = [], {}
+    for pid, n, gamma in blocks:
+        s = step.get(pid, 0)
+        step[pid] = s + 1
+        for pos in range(gamma):
+            rows.append(dict(prompt_id=pid, category="c", sample=0, step=s, pos=pos, gamma=gamma,
+                             reached=pos <= n, accepted=pos < n, n_accepted=n, tv=tv,
+                             t_draft=t_draft, next_token=1, t_verify=0.0, t_overhead=0.0))
+    return pd.DataFrame(rows)
+
+
+def summary(qids, new_tokens, wall_time, accept_lengths=None):
+    return pd.DataFrame({
+        "question_id": qids, "category": "c", "sample": 0, "new_tokens": new_tokens,
+        "wall_time": wall_time,
+        "accept_lengths": accept_lengths if accept_lengths is not None else [[] for _ in qids],
+    })
+
+
+def test_hand_computed_block_metrics():
+    # steps: n=2 of 3, n=3 of 3 (bonus), n=0 of 3  -> judged 3 + 3 + 1 = 7, accepted 5
+    t = trace_from_blocks([("a", 2, 3), ("a", 3, 3), ("b", 0, 3)])
+    assert metrics.acceptance_rate(t) == pytest.approx(5 / 7)
+    assert metrics.acceptance_rate(t, over="drafted") == pytest.approx(5 / 9)
+    assert metrics.expected_acceptance_rate(t) == pytest.approx(0.7)
+    assert metrics.mean_accepted_length(t) == pytest.approx((3 + 4 + 1) / 3)
+    assert metrics.mean_accepted_length(t, with_bonus=False) == pytest.approx(5 / 3)
+    pa_ = metrics.position_acceptance(t)
+    assert pa_["drafted"].tolist() == [3, 3, 3]
+    assert pa_["reached"].tolist() == [3, 2, 2]
+    assert pa_["accepted"].tolist() == [2, 2, 1]
+    assert pa_["conditional"].tolist() == pytest.approx([2 / 3, 1.0, 0.5])
+    assert pa_["unconditional"].tolist() == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+
+
+def test_summary_metrics_and_truncation_rule():
+    # the last step of "a" yielded 4 tokens but only 2 fit in max_new_tokens: new_tokens counts 2
+    s = summary(["a", "b"], [6, 4], [2.0, 1.0], [[4, 4], [1, 1, 2]])
+    assert metrics.mean_accepted_length(s) == pytest.approx((4 + 4 + 1 + 1 + 2) / 5)
+    assert metrics.block_efficiency(s) == pytest.approx(10 / 5)
+    assert metrics.tokens_per_second(s) == pytest.approx(10 / 3)
+    assert metrics.tokens_per_second(s, per_generation=True).tolist() == [3.0, 4.0]
+
+
+def test_speedups_ratio_of_totals_vs_mean_of_ratios():
+    base = summary(["a", "b"], [10, 10], [1.0, 4.0])
+    meth = summary(["b", "a"], [10, 10], [1.0, 0.5])  # order does not matter
+    assert metrics.speedup_ratio_of_totals(meth, base) == pytest.approx(5.0 / 1.5)
+    assert metrics.speedup_mean_of_ratios(meth, base) == pytest.approx((2.0 + 4.0) / 2)
+    with pytest.raises(ValueError, match="same .* generations"):
+        metrics.speedup_ratio_of_totals(meth.iloc[:1], base)
+
+
+def test_cost_ratio_counts_step_time_once():
+    t = trace_from_blocks([("a", 1, 4), ("a", 4, 4)], t_draft=0.004)  # 8 drafted, 2 steps
+    ar = summary(["a"], [100], [1.0])  # 10 ms per target step
+    assert metrics.cost_ratio(t, ar) == pytest.approx((0.008 / 8) / 0.01)
+
+
+def test_predicted_speedup_closed_form():
+    assert metrics.predicted_speedup(0.0, 4, 0.0) == 1.0
+    assert metrics.predicted_speedup(1.0, 4, 0.0) == 5.0
+    assert metrics.predicted_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8**5) / 0.2 / 1.2)
+    assert metrics.predicted_speedup(1 - 1e-12, 3, 0.1) == pytest.approx(4 / 1.3)
+    with pytest.raises(ValueError, match="alpha"):
+        metrics.predicted_speedup(1.5, 4, 0.1)
+
+
+def test_iid_simulation_matches_closed_forms():
+    """Blocks with i.i.d. Bernoulli(alpha) acceptances: tau -> (1 - a^(g+1)) / (1 - a), position i
+    unconditional -> a^(i+1), conditional -> a. Each check is a z-test at two-sided p = 1e-4."""
+    alpha, gamma, n_blocks = 0.7, 4, 4000
+    rng = np.random.default_rng(0)
+    coins = rng.random((n_blocks, gamma)) < alpha
+    n_acc = np.where(coins.all(1), gamma, coins.argmin(1))
+    t = trace_from_blocks([("p", int(n), gamma) for n in n_acc])
+    z = stats.norm.ppf(1 - 1e-4 / 2)
+    pa_ = metrics.position_acceptance(t)
+    for i in range(gamma):
+        p_u = alpha ** (i + 1)
+        assert abs(pa_["unconditional"][i] - p_u) < z * math.sqrt(p_u * (1 - p_u) / n_blocks)
+        r = pa_["reached"][i]
+        assert abs(pa_["conditional"][i] - alpha) < z * math.sqrt(alpha * (1 - alpha) / r)
+    tau = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    lengths = n_acc + 1
+    assert abs(metrics.mean_accepted_length(t) - tau) < z * lengths.std() / math.sqrt(n_blocks)
+    assert metrics.predicted_speedup(alpha, gamma, 0.0) == pytest.approx(tau)
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match="trace lacks column"):
+        metrics.acceptance_rate(pd.DataFrame({"accepted": [True]}))
+    with pytest.raises(ValueError, match="over must be"):
+        metrics.acceptance_rate(trace_from_blocks([("a", 1, 2)]), over="steps")
+    with pytest.raises(ValueError, match="empty"):
+        metrics.acceptance_rate(trace_from_blocks([]).reindex(columns=["accepted", "reached"]))
+    with pytest.raises(ValueError, match="wall_time must be positive"):
+        metrics.tokens_per_second(summary(["a"], [3], [0.0]))
