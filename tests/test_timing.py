@@ -1,0 +1,63 @@
+"""Timing: warm-up and repeat counts, summaries, thread fixing, fingerprint, device parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from spade_lib import timing
+
+
+def test_measure_runs_warmup_then_repeats():
+    calls = []
+    result, t = timing.measure(lambda: calls.append(1) or len(calls), warmup=2, repeats=3)
+    assert len(calls) == 5 and result == 5
+    assert len(t.times) == 3 and t.min <= t.median <= t.max
+    with pytest.raises(ValueError, match="repeats"):
+        timing.measure(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        timing.measure(lambda: None, warmup=-1)
+
+
+def test_summarize_times():
+    t = timing.summarize_times([3.0, 1.0, 2.0, 10.0])
+    assert t.median == 2.5 and t.min == 1.0 and t.max == 10.0
+    assert (t.q25, t.q75) == (1.75, 4.75)
+    assert t.rel_spread == pytest.approx(3.0 / 2.5)
+    assert json.loads(json.dumps(t.as_dict()))["times"] == [3.0, 1.0, 2.0, 10.0]
+    with pytest.raises(ValueError, match="times"):
+        timing.summarize_times([])
+
+
+def test_fix_threads_is_recorded():
+    before = torch.get_num_threads()
+    try:
+        assert timing.fix_threads(1) == 1
+        assert timing.environment_fingerprint()["torch_threads"] == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads"):
+        timing.fix_threads(0)
+
+
+def test_fingerprint_is_json_and_complete():
+    fp = timing.environment_fingerprint("cpu")
+    json.dumps(fp)
+    for key in ("cpu_model", "torch", "transformers", "torch_threads", "git_commit", "git_dirty"):
+        assert key in fp
+    assert fp["torch"] == torch.__version__ and fp["device"] == "cpu"
+
+
+def test_resolve_device_and_dtype():
+    assert timing.resolve_device("cpu") == torch.device("cpu")
+    assert timing.resolve_device("auto").type in ("cpu", "cuda")
+    with pytest.raises(ValueError, match="device"):
+        timing.resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            timing.resolve_device("cuda")
+    assert timing.resolve_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError, match="dtype"):
+        timing.resolve_dtype("float8")
