@@ -1,0 +1,141 @@
+"""Closed-form theory of speculative decoding (Leviathan et al. 2023, Sections 3.3-3.5).
+
+Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.measures.alpha`),
+``gamma`` draft length, ``c`` cost of one draft forward relative to one target forward,
+``c_hat`` arithmetic-ops ratio of draft to target per token.
+
+- expected tokens per verification step (Eq. 1; i.i.d. acceptance):
+  ``E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)``  ( = ``gamma + 1`` at ``alpha = 1``).
+  With position-wise *conditional* acceptance rates ``alpha_1 .. alpha_gamma`` (``alpha_i`` = P(accept
+  position i | positions before it accepted)): ``E[tokens] = 1 + sum_i prod_{j <= i} alpha_j``.
+- walltime speedup (Thm. 3.8): ``E[tokens] / (gamma c + 1)``; with a measured verify-cost ratio
+  ``r`` = (time of a ``gamma+1``-token target forward) / (time of a 1-token one):
+  ``E[tokens] / (gamma c + r)``.
+- optimal ``gamma``: argmax of the speedup over ``1 .. max_gamma`` (numeric search; ties -> smallest).
+- total-ops overhead (Thm. 3.11): ``(1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))``
+  = ``(gamma c_hat + gamma + 1) / E[tokens]``.
+- free-draft limit: as ``c -> 0`` and ``gamma -> inf`` the speedup tends to ``1 / (1 - alpha)``.
+
+Scalar ``alpha`` broadcasts against array ``gamma``, ``c``, ``c_hat`` and ``verify_cost`` (NumPy
+semantics). An ``alpha`` of one or more dimensions is a vector of position-wise rates along its last
+axis (the per-position form); ``gamma`` then defaults to its length.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+ArrayLike = float | int | Sequence[float] | np.ndarray
+
+
+def _check_alpha(alpha: ArrayLike) -> np.ndarray:
+    a = np.asarray(alpha, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("alpha must not be empty")
+    if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > 1):
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+    return a
+
+
+def _check_gamma(gamma: ArrayLike) -> np.ndarray:
+    g = np.asarray(gamma)
+    if g.dtype.kind == "f" and np.all(np.isfinite(g)) and np.all(g == np.round(g)):
+        g = g.astype(np.int64)
+    if g.dtype.kind not in "iu" or np.any(g < 1):
+        raise ValueError(f"gamma must be an integer (or integer array) >= 1, got {gamma!r}")
+    return g
+
+
+def _check_nonneg(name: str, value: ArrayLike, *, positive: bool = False) -> np.ndarray:
+    v = np.asarray(value, dtype=np.float64)
+    bad = (v <= 0) if positive else (v < 0)
+    if not np.all(np.isfinite(v)) or np.any(bad):
+        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {value!r}")
+    return v
+
+
+def _scalar(x: np.ndarray) -> float | np.ndarray:
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def expected_tokens(alpha: ArrayLike, gamma: ArrayLike | None = None) -> float | np.ndarray:
+    """Expected tokens emitted per verification step (accepted drafts plus the one target token).
+
+    Scalar ``alpha``: ``(1 - alpha^(gamma+1)) / (1 - alpha)`` (``gamma + 1`` at ``alpha = 1``),
+    broadcast over array ``gamma``. Vector ``alpha`` (position-wise conditional rates, last axis):
+    ``1 + sum_{i <= gamma} prod_{j <= i} alpha_j``; ``gamma`` defaults to the vector's length.
+    """
+    a = _check_alpha(alpha)
+    if a.ndim == 0:
+        if gamma is None:
+            raise ValueError("gamma is required when alpha is a scalar")
+        g = _check_gamma(gamma)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            closed = (1.0 - a ** (g + 1)) / (1.0 - a)
+        return _scalar(np.where(a == 1.0, g + 1.0, closed))
+    length = a.shape[-1]
+    g = length if gamma is None else _check_gamma(gamma)
+    if np.ndim(g) != 0 or int(g) > length:
+        raise ValueError(f"gamma must be a single integer <= len(alpha) = {length} for position-wise alpha, got {gamma!r}")
+    reach = np.cumprod(a[..., : int(g)], axis=-1)
+    return _scalar(1.0 + reach.sum(axis=-1))
+
+
+def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: ArrayLike = 1.0) -> float | np.ndarray:
+    """Expected walltime improvement ``E[tokens] / (gamma c + verify_cost)`` over plain decoding.
+
+    ``verify_cost = 1`` is Leviathan et al.'s Thm. 3.8; pass the measured ratio of a ``gamma+1``-token
+    target forward to a 1-token one for the realistic version.
+    """
+    c_arr = _check_nonneg("c", c)
+    r = _check_nonneg("verify_cost", verify_cost, positive=True)
+    tokens = expected_tokens(alpha, gamma)
+    g = _check_gamma(np.shape(alpha)[-1] if (gamma is None and np.ndim(alpha) > 0) else gamma)
+    return _scalar(np.asarray(tokens) / (g * c_arr + r))
+
+
+def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: ArrayLike = 1.0) -> int:
+    """The draft length in ``1 .. max_gamma`` that maximises :func:`speedup` (smallest on ties).
+
+    ``verify_cost`` is a number or an array of ``max_gamma`` values, the cost ratio for
+    ``gamma = 1 .. max_gamma``. With position-wise ``alpha``, ``max_gamma`` is capped at its length.
+    """
+    if np.ndim(c) != 0:
+        raise ValueError(f"c must be a single number, got {c!r}")
+    if isinstance(max_gamma, bool) or not isinstance(max_gamma, (int, np.integer)) or max_gamma < 1:
+        raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+    a = _check_alpha(alpha)
+    if a.ndim > 1:
+        raise ValueError(f"alpha must be a scalar or a 1-D vector of position-wise rates, got shape {a.shape}")
+    if a.ndim == 1:
+        max_gamma = min(int(max_gamma), a.shape[0])
+    gammas = np.arange(1, int(max_gamma) + 1)
+    r = np.asarray(verify_cost, dtype=np.float64)
+    if r.ndim not in (0, 1) or (r.ndim == 1 and r.shape[0] < gammas.size):
+        raise ValueError(f"verify_cost must be a number or an array of >= {gammas.size} values, got shape {r.shape}")
+    r = r if r.ndim == 0 else r[: gammas.size]
+    if a.ndim == 0:
+        tokens = np.asarray(expected_tokens(a, gammas))
+    else:
+        tokens = 1.0 + np.cumsum(np.cumprod(a[: gammas.size]))
+    c_arr = _check_nonneg("c", c)
+    r = _check_nonneg("verify_cost", r, positive=True)
+    return int(gammas[int(np.argmax(tokens / (gammas * c_arr + r)))])
+
+
+def ops_overhead(alpha: ArrayLike, gamma: ArrayLike | None, c_hat: ArrayLike) -> float | np.ndarray:
+    """Expected total arithmetic operations relative to plain decoding (Leviathan Thm. 3.11):
+    ``(gamma c_hat + gamma + 1) / E[tokens]``."""
+    ch = _check_nonneg("c_hat", c_hat)
+    tokens = expected_tokens(alpha, gamma)
+    g = _check_gamma(np.shape(alpha)[-1] if (gamma is None and np.ndim(alpha) > 0) else gamma)
+    return _scalar((g * ch + g + 1.0) / np.asarray(tokens))
+
+
+def free_draft_limit(alpha: ArrayLike) -> float | np.ndarray:
+    """Speedup bound with a free draft and unbounded ``gamma``: ``1 / (1 - alpha)`` (inf at 1)."""
+    a = _check_alpha(alpha)
+    with np.errstate(divide="ignore"):
+        return _scalar(np.where(a == 1.0, np.inf, 1.0 / (1.0 - a)))
