@@ -1,0 +1,52 @@
+# SPADE entry points. Two commands do everything on a fresh clone:
+#   make run   — set up .venv, build the embedded pair, execute every notebook, write figures/
+#   make test  — set up .venv, run the unit tests and the notebooks (smoke profile) under nbval
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.spade-installed
+
+# Offline by design: no hub downloads at run time; HF caches stay inside the project.
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HOME := $(CURDIR)/.cache/hf
+export MPLBACKEND := Agg
+export PYTHONHASHSEED := 0
+export TOKENIZERS_PARALLELISM := false
+
+# Where `make test` puts what the smoke notebooks write (never over the real figures or runs).
+TEST_OUT := $(CURDIR)/runs/test
+
+.PHONY: venv run test unit notebooks bench clean help
+
+help:
+	@echo "make run   - execute all notebooks (default profile) into runs/notebooks/<timestamp>/, figures to figures/"
+	@echo "make test  - unit tests + notebooks under nbval (smoke profile)"
+	@echo "make bench - the benchmarks in benchmarks/ (ratios measured in one run)"
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+run: venv
+	$(BIN)/python -m spade_lib.runbook
+
+test: venv
+	SPADE_PROFILE=smoke SPADE_FIGURES_DIR=$(TEST_OUT)/figures SPADE_RUNS_DIR=$(TEST_OUT) \
+	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+unit: venv
+	$(BIN)/python -m pytest tests -p no:cacheprovider
+
+bench: venv
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf runs/test .pytest_cache

@@ -1,0 +1,64 @@
+"""Static checks of the walk-through notebooks (nbval executes them; this checks their shape).
+
+A stripped ``parameters`` tag makes papermill silently run old defaults and a stripped kernelspec
+breaks papermill, so both are checked here, together with the parameter profiles.
+"""
+
+import re
+
+import nbformat
+import pytest
+import yaml
+
+from spade_lib.params import MARKER, parse_parameters_cell
+from spade_lib.paths import NOTEBOOKS_DIR, PARAMS_DIR
+from spade_lib.runbook import numbered_notebooks
+
+NOTEBOOKS = numbered_notebooks()
+
+
+def test_the_walkthrough_notebooks_exist_in_order():
+    stems = [nb.stem for nb in NOTEBOOKS]
+    assert stems[:4] == [
+        "01_m1_build_benchmark",
+        "02_m2_acceptance_math",
+        "03_m2_speedup_runs",
+        "04_m3_rejection_diagnostics",
+    ], stems
+    numbers = [int(s[:2]) for s in stems]
+    assert numbers == sorted(set(numbers))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_shape(path):
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", "kernelspec missing"
+    assert nb.cells[0].cell_type == "markdown", "first cell must introduce the notebook"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
+    assert tagged[0].source.startswith(MARKER)
+    declared = parse_parameters_cell(tagged[0].source)
+    assert declared, "the parameters cell declares nothing"
+    for d in declared.values():
+        assert d.comment, f"parameter {d.name} has no comment"
+    index = nb.cells.index(tagged[0])
+    follow = nb.cells[index + 1].source
+    assert re.search(rf"setup_notebook\(globals\(\), \"{path.stem}\"\)", follow), (
+        "the cell after the parameters cell must call setup_notebook(globals(), \"<stem>\")"
+    )
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.get("outputs") or cell.execution_count is not None, "stale outputs"
+
+
+@pytest.mark.parametrize("profile", sorted(p.name for p in PARAMS_DIR.iterdir() if p.is_dir()))
+def test_profiles_only_set_declared_parameters(profile):
+    stems = {nb.stem: nb for nb in NOTEBOOKS}
+    for file in sorted((PARAMS_DIR / profile).glob("*.yaml")):
+        assert file.stem in stems, f"{file} names no notebook"
+        nb = nbformat.read(stems[file.stem], as_version=4)
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        declared = parse_parameters_cell(cell.source)
+        values = yaml.safe_load(file.read_text()) or {}
+        unknown = sorted(set(values) - set(declared))
+        assert not unknown, f"{file} sets undeclared parameters {unknown}"
