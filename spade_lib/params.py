@@ -21,8 +21,8 @@ from IPython's input history (``In``), so the declaration is written exactly onc
 4. sets the plotting style and returns the final values as a :class:`NotebookParams` namespace,
    also written back into the notebook's globals.
 
-Outside IPython (a plain script), steps 1 and 2's "explicit wins" rule have no history to read:
-declared values are validated and the profile applies to all of them.
+Where the kernel keeps no input history (nbval executes cells without storing it), the declaration is
+read from ``notebooks/<notebook>.ipynb`` itself and nothing counts as injected.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from spade_lib.paths import PARAMS_DIR
+from spade_lib.paths import NOTEBOOKS_DIR, PARAMS_DIR
 
 MARKER = "# SPADE parameters"
 PAPERMILL_MARKER = "# Parameters"
@@ -130,6 +130,22 @@ def load_profile(profile: str, notebook: str, params_dir: Path = PARAMS_DIR) -> 
     return data
 
 
+def parameters_cell_source(notebook_path: Path) -> str:
+    """Source of the cell tagged ``parameters`` in a notebook file."""
+    import nbformat
+
+    if not notebook_path.is_file():
+        raise ParameterError(
+            f"no executed cell starting with {MARKER!r} in this kernel's history and no notebook file "
+            f"{notebook_path}: pass the notebook's stem to setup_notebook and run the parameters cell first"
+        )
+    nb = nbformat.read(notebook_path, as_version=4)
+    for cell in nb.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            return cell.source
+    raise ParameterError(f"{notebook_path} has no cell tagged 'parameters'")
+
+
 def _history_cells(namespace: dict[str, Any]) -> list[str]:
     history = namespace.get("In") or namespace.get("_ih") or []
     return [cell for cell in history if isinstance(cell, str)]
@@ -200,11 +216,8 @@ def setup_notebook(namespace: dict[str, Any], notebook: str, *, show: bool = Tru
     Call as ``P = setup_notebook(globals(), "03_m2_speedup_runs")`` right after the parameters cell.
     """
     declared_src, injected_src = _find_cells(namespace)
-    if declared_src is None:
-        raise ParameterError(
-            f"notebook {notebook!r}: no executed cell starting with {MARKER!r} was found; "
-            "run the parameters cell first"
-        )
+    if declared_src is None:  # no input history (nbval, plain Python): read the notebook file itself
+        declared_src = parameters_cell_source(NOTEBOOKS_DIR / f"{notebook}.ipynb")
     declared = parse_parameters_cell(declared_src)
     injected = _injected_names(injected_src) if injected_src else []
     profile = os.environ.get("SPADE_PROFILE") or namespace.get("profile")
