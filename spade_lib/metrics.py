@@ -206,19 +206,14 @@ def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     return float(per_draft_token / per_target_step)
 
 
-def predicted_speedup(alpha: float, gamma: float, c: float) -> float:
+def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
     """Leviathan et al. (2023), Theorem 3.8: ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
 
-    The expected walltime improvement of speculative decoding over autoregressive decoding, assuming
-    i.i.d. acceptance ``alpha``, draft cost ``c`` per token relative to a target forward, and a
-    verification forward costing the same as a one-token target forward. ``alpha = 1`` is the limit
-    ``(gamma + 1) / (gamma c + 1)``.
+    The expected walltime improvement over autoregressive decoding, assuming i.i.d. acceptance
+    ``alpha``, a draft forward costing ``c`` target forwards, and a verification forward costing the
+    same as a one-token target forward. Delegates to :func:`spade_lib.theory.speedup` (the closed
+    forms live there); here it is the named metric fed with *measured* alpha and c.
     """
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if gamma < 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
-    if c < 0:
-        raise ValueError(f"c must be >= 0, got {c}")
-    tokens = gamma + 1.0 if alpha == 1.0 else (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-    return float(tokens / (gamma * c + 1.0))
+    from spade_lib.theory import speedup
+
+    return float(speedup(alpha, gamma, c))
