@@ -1,0 +1,41 @@
+"""M3 rejection diagnostics: token-level traces in, tidy tables out.
+
+Every function takes a trace (one row per drafted token, :mod:`spade_lib.trace`'s schema; a DataFrame
+or a run directory) and an optional ``by`` of grouping columns, and returns a tidy ``DataFrame``
+(one row per group x position / bin / token; variables as columns). Figures are thin functions over
+these tables in :mod:`spade_lib.plots.m3`. Notation of Leviathan et al. (2023): ``p`` target, ``q``
+draft, ``x`` the drafted token, ``gamma`` the draft length, ``alpha`` the acceptance rate.
+
+==========================  ==============================================================
+module                      what it answers
+==========================  ==============================================================
+``position``                acceptance per draft position (conditional and unconditional),
+                            accepted-length distribution, the prompt x step heatmap
+``correlates``              entropy at rejected vs accepted positions; acceptance vs H(p),
+                            H(q), TV, KL; a logistic model with held-out AUC
+``calibration``             reliability of q(x) and min(1, p/q) as acceptance predictors; ECE
+``expected``                realised accepts vs the exactly known expectation: a sampler test
+``tokens``                  per-token and per-token-class acceptance, decoded
+``summary``                 per-category summary in Spec-Bench's shape; ``all_tables``
+``synthetic``               traces with known answers (tests, benchmarks)
+``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC)
+==========================  ==============================================================
+"""
+
+from spade_lib.diagnose.calibration import calibration_error, calibration_table
+from spade_lib.diagnose.correlates import LogitFit, acceptance_by_bins, acceptance_logit, entropy_by_outcome
+from spade_lib.diagnose.expected import expected_vs_realised
+from spade_lib.diagnose.frame import as_trace, combine_runs
+from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
+from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
+from spade_lib.diagnose.summary import all_tables, category_summary
+from spade_lib.diagnose.synthetic import expected_position_acceptance, synthetic_trace
+from spade_lib.diagnose.tokens import decode_tokens, token_class, token_class_acceptance, token_table
+
+__all__ = [
+    "LogitFit", "accept_length_hist", "acceptance_by_bins", "acceptance_heatmap", "acceptance_logit",
+    "all_tables", "as_trace", "auc", "binomial_ci", "calibration_error", "calibration_table",
+    "category_summary", "combine_runs", "decode_tokens", "entropy_by_outcome",
+    "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z",
+    "position_acceptance", "synthetic_trace", "token_class", "token_class_acceptance", "token_table",
+]

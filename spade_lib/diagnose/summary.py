@@ -1,0 +1,122 @@
+"""Per-category summary of a run in Spec-Bench's shape, and every M3 table in one call.
+
+Per category (Spec-Bench reports per category and overall), over steps ``s`` with ``N_s`` accepted
+drafts out of ``gamma_s`` and reached / accepted positions ``R``, ``A``:
+
+- ``acceptance = |A| / sum_s gamma_s``        acceptance per drafted token
+- ``alpha = |A| / |R|``                         acceptance per judged (reached) token
+- ``tau = mean_s (N_s + 1)``                    mean accepted length with the bonus/residual token
+  (Spec-Bench's mean of ``accept_lengths``); ``tau_no_bonus = mean_s N_s``
+- ``tokens_per_second = sum_s (N_s + 1) / sum_s (t_draft + t_verify + t_overhead)`` when timings
+  exist, and ``speedup = tokens_per_second / baseline_tokens_per_second`` (ratio of totals) when a
+  baseline rate is given. The last step of a generation may be truncated by ``max_new_tokens``, so
+  ``N_s + 1`` can overcount a generation's new tokens by at most ``gamma`` per generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, step_rows
+
+TIME_COLUMNS = ("t_draft", "t_verify", "t_overhead")
+
+
+def category_summary(trace: TraceLike, by: By = None, *, category: str = "category", overall: bool = True,
+                     baseline_tokens_per_second: float | Mapping[str, float] | None = None) -> pd.DataFrame:
+    """One row per ``by`` group and ``category`` (plus ``"overall"`` rows when ``overall``):
+    ``generations``, ``steps``, ``drafted``, ``reached``, ``accepted``, ``new_tokens``, ``acceptance``,
+    ``alpha``, ``tau``, ``tau_no_bonus``, ``time``, ``tokens_per_second``, ``speedup``.
+
+    ``baseline_tokens_per_second`` is one rate, or a mapping from category (and ``"overall"``) to rate.
+    """
+    df = as_trace(trace, ("prompt_id", "sample", "pos", category, "gamma", "n_accepted", "reached", "accepted"))
+    keys = group_keys(by, df)
+    tok = pd.DataFrame({**{k: df[k] for k in keys}, category: df[category],
+                        "reached": df["reached"].to_numpy(dtype=bool),
+                        "accepted": df["accepted"].to_numpy(dtype=bool)})
+    steps = step_rows(df)
+    has_time = all(c in df.columns for c in TIME_COLUMNS)
+    time = (sum(steps[c].to_numpy(dtype=np.float64) for c in TIME_COLUMNS) if has_time
+            else np.full(len(steps), np.nan))
+    st = pd.DataFrame({**{k: steps[k] for k in keys}, category: steps[category],
+                       "gen": steps["prompt_id"].astype(str) + "#" + steps["sample"].astype(str),
+                       "gamma": steps["gamma"].to_numpy(dtype=np.int64),
+                       "n_acc": steps["n_accepted"].to_numpy(dtype=np.int64), "time": time})
+
+    def summarise(group_cols: list[str]) -> pd.DataFrame:
+        gt = tok.groupby(group_cols, observed=True, sort=True) if group_cols else None
+        gs = st.groupby(group_cols, observed=True, sort=True) if group_cols else None
+        if group_cols:
+            a = gt.agg(reached=("reached", "sum"), accepted=("accepted", "sum"))
+            b = gs.agg(generations=("gen", "nunique"), steps=("gamma", "size"), drafted=("gamma", "sum"),
+                       n_acc=("n_acc", "sum"), time=("time", lambda x: x.sum(min_count=len(x))))
+            return b.join(a).reset_index()
+        return pd.DataFrame({"generations": [st["gen"].nunique()], "steps": [len(st)],
+                             "drafted": [st["gamma"].sum()], "n_acc": [st["n_acc"].sum()],
+                             "time": [st["time"].sum(min_count=len(st))],
+                             "reached": [tok["reached"].sum()], "accepted": [tok["accepted"].sum()]})
+
+    out = summarise(keys + [category])
+    out[category] = out[category].astype(str)
+    if overall:
+        tot = summarise(keys)
+        tot[category] = "overall"
+        out = pd.concat([out, tot], ignore_index=True).sort_values(keys, kind="stable") if keys else \
+            pd.concat([out, tot], ignore_index=True)
+    out["new_tokens"] = out["n_acc"] + out["steps"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["acceptance"] = out["accepted"] / out["drafted"]
+        out["alpha"] = out["accepted"] / out["reached"]
+        out["tau"] = out["new_tokens"] / out["steps"]
+        out["tau_no_bonus"] = out["n_acc"] / out["steps"]
+        out["tokens_per_second"] = out["new_tokens"] / out["time"]
+    if baseline_tokens_per_second is None:
+        base = np.nan
+    elif isinstance(baseline_tokens_per_second, Mapping):
+        base = out[category].map(baseline_tokens_per_second).astype(float)
+    else:
+        base = float(baseline_tokens_per_second)
+    out["speedup"] = out["tokens_per_second"] / base
+    cols = keys + [category, "generations", "steps", "drafted", "reached", "accepted", "new_tokens",
+                   "acceptance", "alpha", "tau", "tau_no_bonus", "time", "tokens_per_second", "speedup"]
+    return out[cols].reset_index(drop=True)
+
+
+def all_tables(trace: TraceLike, tokenizer: Any = None, by: By = None, *, bins: int = 10,
+               min_support: int = 20, seed: int = 0) -> dict[str, pd.DataFrame]:
+    """Every M3 table of ``trace`` (one pass each), keyed by name; what the notebook and the
+    benchmark compute. The logistic model contributes ``logit_coefficients`` and ``logit_scores``."""
+    from spade_lib.diagnose.calibration import calibration_error, calibration_table
+    from spade_lib.diagnose.correlates import acceptance_by_bins, acceptance_logit, entropy_by_outcome
+    from spade_lib.diagnose.expected import expected_vs_realised
+    from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
+    from spade_lib.diagnose.tokens import token_class_acceptance, token_table
+
+    df = as_trace(trace)
+    keys = group_keys(by, df)
+    tables: dict[str, pd.DataFrame] = {
+        "position": position_acceptance(df, keys),
+        "position_by_category": position_acceptance(df, keys + ["category"]),
+        "accept_length": accept_length_hist(df, keys),
+        "entropy": entropy_by_outcome(df, keys),
+        "binned": acceptance_by_bins(df, keys, bins=bins),
+    }
+    fit = acceptance_logit(df, keys, seed=seed)
+    tables["logit_coefficients"], tables["logit_scores"] = fit.coefficients, fit.scores
+    calib = pd.concat([calibration_table(df, keys, score=s, bins=bins) for s in ("q_x", "accept_prob")],
+                      ignore_index=True)
+    tables["calibration"] = calib
+    tables["calibration_error"] = calibration_error(calib, keys)
+    tables["expected_overall"] = expected_vs_realised(df, keys)
+    tables["expected_by_position"] = expected_vs_realised(df, keys + ["pos"])
+    tables["expected_by_category"] = expected_vs_realised(df, keys + ["category"])
+    tables["tokens"] = token_table(df, tokenizer, keys, min_support=min_support)
+    tables["token_classes"] = token_class_acceptance(df, tokenizer, keys)
+    tables["summary"] = category_summary(df, keys)
+    tables["heatmap"] = acceptance_heatmap(df, keys)
+    return tables

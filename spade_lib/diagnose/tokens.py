@@ -1,0 +1,110 @@
+"""Which tokens drafts get rejected on: per-token and per-token-class acceptance, decoded to text.
+
+Over reached positions, per token ``t`` (the drafted token ``x`` by default, or the target's top-1
+``p_top1``): ``n_t`` judged, ``k_t`` accepted, ``rate_t = k_t / n_t`` with binomial bounds, and
+``rejected_share_t = (n_t - k_t) / sum_t (n_t - k_t)``, the token's share of all rejections. Tokens
+with ``n_t < min_support`` are dropped so rates are not dominated by noise.
+
+Token classes group decoded text by shape (checked in this order): ``whitespace`` (only blanks and
+newlines), ``identifier`` (a name, optionally after leading blanks: ``" self"``), ``number``,
+``punctuation`` (operators and brackets only), ``other`` (mixed); e.g. whitespace vs identifiers
+in code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, reached_rows
+from spade_lib.diagnose.stats import add_rate
+
+TOKEN_CLASSES = ("whitespace", "identifier", "number", "punctuation", "other")
+
+
+def decode_tokens(ids: Iterable[int], tokenizer: Any = None) -> dict[int, str]:
+    """Text of each id: ``tokenizer.decode([id])`` when it has ``decode``, else
+    ``convert_ids_to_tokens`` / ``id_to_token``; ``None`` gives the id as a string (``"<17>"``)."""
+    ids = [int(i) for i in ids]
+    if tokenizer is None:
+        return {i: f"<{i}>" for i in ids}
+    if hasattr(tokenizer, "decode"):
+        return {i: tokenizer.decode([i]) for i in ids}
+    for name in ("convert_ids_to_tokens", "id_to_token"):
+        if hasattr(tokenizer, name):
+            fn = getattr(tokenizer, name)
+            return {i: str(fn(i)) for i in ids}
+    raise ValueError(f"tokenizer must have decode, convert_ids_to_tokens or id_to_token, "
+                     f"got {type(tokenizer).__name__}")
+
+
+def show_text(text: str) -> str:
+    """Printable form of a token: spaces as '·', newlines and tabs escaped (for tables and plots)."""
+    return text.replace(" ", "·").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def token_class(text: str) -> str:
+    """Shape class of a decoded token (module docstring)."""
+    if text.strip() == "":
+        return "whitespace"
+    core = text.lstrip()
+    if core.isidentifier():
+        return "identifier"
+    if core.replace(".", "", 1).replace("_", "").isdigit():
+        return "number"
+    if all(not ch.isalnum() and not ch.isspace() and ch != "_" for ch in core):
+        return "punctuation"
+    return "other"
+
+
+def _token_counts(trace: TraceLike, by: By, token: str) -> tuple[pd.DataFrame, list[str]]:
+    df = as_trace(trace, ("reached", "accepted", token))
+    keys = group_keys(by, df)
+    r = reached_rows(df)
+    work = pd.DataFrame({**{k: r[k] for k in keys}, "token": r[token].to_numpy(dtype=np.int64),
+                         "acc": r["accepted"].to_numpy(dtype=bool)})
+    t = work.groupby(keys + ["token"], observed=True, sort=True).agg(
+        n=("acc", "size"), accepted=("acc", "sum")).reset_index()
+    t["rejected"] = t["n"] - t["accepted"]
+    return t, keys
+
+
+def token_table(trace: TraceLike, tokenizer: Any = None, by: By = None, *, token: str = "draft_token",
+                min_support: int = 20, level: float = 0.95, method: str = "wilson") -> pd.DataFrame:
+    """Per ``by`` group and token with ``n >= min_support``: ``token``, ``text``, ``display``,
+    ``token_class``, ``n``, ``accepted``, ``rejected``, ``rate`` (bounds), ``rejected_share``;
+    sorted by most rejections first."""
+    if min_support < 1:
+        raise ValueError(f"min_support must be >= 1, got {min_support}")
+    t, keys = _token_counts(trace, by, token)
+    total_rej = t.groupby(keys, observed=True)["rejected"].transform("sum") if keys else t["rejected"].sum()
+    t["rejected_share"] = t["rejected"] / np.maximum(total_rej, 1)
+    t = t[t["n"] >= min_support].copy()
+    text = decode_tokens(t["token"].unique(), tokenizer)
+    t.insert(len(keys) + 1, "text", t["token"].map(text))
+    t.insert(len(keys) + 2, "display", t["text"].map(show_text))
+    t.insert(len(keys) + 3, "token_class", t["text"].map(token_class))
+    add_rate(t, "accepted", "n", "rate", level, method)
+    return t.sort_values(keys + ["rejected", "token"], ascending=[True] * len(keys) + [False, True],
+                         kind="stable").reset_index(drop=True)
+
+
+def token_class_acceptance(trace: TraceLike, tokenizer: Any = None, by: By = None, *,
+                           token: str = "draft_token", level: float = 0.95,
+                           method: str = "wilson") -> pd.DataFrame:
+    """Acceptance per ``by`` group and token class (all tokens, no support cut): ``token_class``,
+    ``tokens`` (distinct ids), ``n``, ``accepted``, ``rejected``, ``rate`` (bounds), ``rejected_share``."""
+    t, keys = _token_counts(trace, by, token)
+    text = decode_tokens(t["token"].unique(), tokenizer)
+    t["token_class"] = pd.Categorical(t["token"].map(text).map(token_class), categories=TOKEN_CLASSES)
+    out = t.groupby(keys + ["token_class"], observed=True, sort=True).agg(
+        tokens=("token", "nunique"), n=("n", "sum"), accepted=("accepted", "sum"),
+        rejected=("rejected", "sum")).reset_index()
+    out["token_class"] = out["token_class"].astype(str)
+    add_rate(out, "accepted", "n", "rate", level, method)
+    total = out.groupby(keys, observed=True)["rejected"].transform("sum") if keys else out["rejected"].sum()
+    out["rejected_share"] = out["rejected"] / np.maximum(total, 1)
+    return out
