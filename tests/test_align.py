@@ -1,0 +1,199 @@
+"""Teacher-forced scoring against references: prefix-by-prefix forwards, the closed forms of
+``spade_lib.theory``, a Monte Carlo of the renewal process, and (slow) the tiny pair's own decoding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spade_lib import align, measures, theory
+from spade_lib.sampling import SamplingConfig, adjust
+
+V = 48
+
+
+def _model(layers: int, hidden: int, seed: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    return _model(2, 32, seed=0), _model(1, 16, seed=1)
+
+
+@pytest.fixture(scope="module")
+def sequences():
+    g = torch.Generator().manual_seed(2)
+    lengths = [9, 17, 5, 12]
+    return [torch.randint(1, V, (n,), generator=g).tolist() for n in lengths], [3, 6, 2, 1]
+
+
+@pytest.fixture(scope="module")
+def prefix_logits(models, sequences):
+    """Reference logits: one forward per prefix, no padding, no mask. ``{(k, t): (lp, lq)}``."""
+    target, draft = models
+    seqs, _ = sequences
+    out = {}
+    with torch.no_grad():
+        for k, seq in enumerate(seqs):
+            for t in range(1, len(seq)):
+                ids = torch.tensor([seq[:t]])
+                out[k, t] = target(ids).logits[0, -1].double(), draft(ids).logits[0, -1].double()
+    return out
+
+
+def _reference(prefix_logits, k, seq, start, sampling):
+    """Row per predicted token ``seq[t]``, from the prefix-by-prefix logits."""
+    rows = []
+    for t in range(start, len(seq)):
+        lp, lq = prefix_logits[k, t]
+        p, q = adjust(lp, sampling, torch.float64), adjust(lq, sampling, torch.float64)
+        rows.append([float(measures.alpha(p, q)), float(measures.kl(p, q)), float(measures.kl(q, p)),
+                     float(measures.entropy(p)), float(measures.entropy(q)), float(p[seq[t]]), float(q[seq[t]]),
+                     bool(lp.argmax() == lq.argmax())])
+    return np.array(rows, dtype=np.float64)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.7, top_k=20, top_p=0.9)])
+def test_scores_match_prefix_by_prefix_forwards(models, sequences, prefix_logits, side, sampling):
+    target, draft = models
+    seqs, prompts = sequences
+    scores = align.score_sequences(target, draft, seqs, prompts, sampling,
+                                   align.AlignConfig(batch_size=3, padding_side=side))
+    assert list(scores.columns) == list(align.SCORE_COLUMNS)
+    for k, (seq, m) in enumerate(zip(seqs, prompts)):
+        got = scores[scores["seq"] == k]
+        assert got["i"].tolist() == list(range(len(seq) - m))
+        assert got["token"].tolist() == seq[m:]
+        ref = _reference(prefix_logits, k, seq, m, sampling)
+        cols = ["alpha", "kl_pq", "kl_qp", "h_p", "h_q", "p_x", "q_x", "top1_agree"]
+        np.testing.assert_allclose(got[cols].to_numpy(np.float64), ref, atol=2e-5, rtol=1e-4)
+        np.testing.assert_allclose(got["tv"], 1 - got["alpha"], atol=1e-12)
+
+
+def test_score_prompt_scores_from_the_second_token(models, sequences):
+    target, draft = models
+    seqs, prompts = sequences
+    scores = align.score_sequences(target, draft, seqs, prompts, config=align.AlignConfig(score_prompt=True))
+    for k, (seq, m) in enumerate(zip(seqs, prompts)):
+        assert scores.loc[scores["seq"] == k, "i"].tolist() == list(range(1 - m, len(seq) - m))
+    summary = align.summarize(scores)
+    assert summary["n_positions"] == sum(len(s) - m for s, m in zip(seqs, prompts))
+
+
+def test_bad_inputs_are_value_errors(models, sequences):
+    target, draft = models
+    seqs, _ = sequences
+    with pytest.raises(ValueError, match="prompt_lengths"):
+        align.score_sequences(target, draft, seqs, [1, 2])
+    with pytest.raises(ValueError, match=r"prompt_lengths\[0\]"):
+        align.score_sequences(target, draft, seqs, [0, 1, 1, 1])
+    with pytest.raises(ValueError, match="sequences"):
+        align.score_sequences(target, draft, [])
+    with pytest.raises(ValueError, match="padding_side"):
+        align.AlignConfig(padding_side="middle")
+    with pytest.raises(ValueError, match="methods"):
+        align.predict_tau([np.ones(3)], [2], methods=["magic"])
+    with pytest.raises(ValueError, match="outside"):
+        align.predict_tau([np.array([0.5, 1.5])], [2])
+
+
+# -- predictions -----------------------------------------------------------------------------------
+
+def test_constant_alpha_predictions_are_leviathans_closed_form():
+    alphas = [np.full(40, 0.6), np.full(25, 0.6)]
+    pred = align.predict_tau(alphas, [1, 3, 7])
+    for _, row in pred.iterrows():
+        assert row["tau"] == pytest.approx(theory.expected_tokens(0.6, row["gamma"]), rel=1e-12)
+
+
+def test_block_prediction_is_the_position_wise_closed_form():
+    a = np.array([0.9, 0.2, 0.8, 0.5, 0.7])
+    got = align.block_tokens(a, 2)
+    fill = a.mean()
+    ext = np.concatenate([a, [fill, fill]])
+    for t in range(5):
+        assert got[t] == pytest.approx(1 + ext[t] + ext[t] * ext[t + 1])
+
+
+def test_renewal_prediction_matches_a_monte_carlo_of_decoding_blocks():
+    """Simulate blocks on a text with varying alpha: start at 0, accept each draft w.p. alpha_t,
+    next block where this one ended; tau = tokens / steps over many runs."""
+    rng = np.random.default_rng(0)
+    alpha = np.clip(0.65 + 0.3 * np.sin(np.arange(60) / 4.0) + 0.05 * rng.standard_normal(60), 0, 1)
+    gamma, runs = 4, 3000
+    tokens = steps = 0
+    ext = np.concatenate([alpha, np.full(gamma + 1, alpha.mean())])
+    for _ in range(runs):
+        t = 0
+        while t < len(alpha):
+            k = 0
+            while k < gamma and rng.random() < ext[t + k]:
+                k += 1
+            tokens, steps, t = tokens + k + 1, steps + 1, t + k + 1
+    mc = tokens / steps
+    pred = align.predict_tau([alpha], [gamma]).set_index("method")["tau"]
+    assert pred["renewal"] == pytest.approx(mc, abs=0.02)   # se of mc ~ 0.005
+    iid = theory.expected_tokens(alpha.mean(), gamma)
+    assert pred["iid"] == pytest.approx(iid)
+    # here renewal < iid: blocks pile up where alpha is low (short blocks, more of them), which
+    # outweighs Jensen's gain from runs of high alpha; the iid formula cannot see either effect
+    assert pred["renewal"] != pytest.approx(iid, abs=0.05)
+
+
+def test_predict_adds_cost_and_speedup(models, sequences):
+    target, draft = models
+    seqs, prompts = sequences
+    scores = align.score_sequences(target, draft, seqs, prompts)
+    out = align.predict(scores, [1, 2, 4], c=0.1, verify_cost=lambda g: 1 + 0.1 * g)
+    row = out[(out["gamma"] == 4) & (out["method"] == "iid")].iloc[0]
+    a = scores["alpha"].mean()
+    assert row["tau"] == pytest.approx(theory.expected_tokens(a, 4))
+    assert row["speedup"] == pytest.approx(theory.speedup(a, 4, 0.1, 1.4))
+
+
+# -- the tiny pair: scoring what decoding emitted ---------------------------------------------------
+
+@pytest.mark.slow
+def test_on_decoded_text_alpha_is_the_traces_and_predicted_tau_matches_measured():
+    from spade_lib.decode import SpeculativeDecoder
+    from spade_lib.zoo import load_pair
+
+    pair = load_pair("tiny")
+    tok = pair.tokenizer
+    texts = ["def main(", "import os\n", "class Foo:\n    def", "for i in range(", "# Return the",
+             "if __name__ ==", "    return self.", "The following", "x = [", "with open("]
+    gamma, sampling = 4, SamplingConfig()
+    dec = SpeculativeDecoder(pair.target, pair.draft, gamma=gamma, sampling=sampling, eos_token_id=[])
+    seqs, prompts, n_acc, trace_rows = [], [], [], []
+    for k, text in enumerate(texts):
+        ids = tok(text)["input_ids"]
+        res = dec.generate(ids, max_new_tokens=64, seed=k)
+        seqs.append(ids + res.tokens)
+        prompts.append(len(ids))
+        n_acc += [s.n_accepted for s in res.steps if s.gamma == gamma]
+        trace_rows += [dict(r, seq=k) for r in res.records()]
+    scores = align.score_sequences(pair.target, pair.draft, seqs, prompts, sampling)
+
+    # 1. at every reached draft position the context is the decoded text: alpha_t == 1 - tv of the trace
+    import pandas as pd
+    tr = pd.DataFrame(trace_rows)
+    tf = scores[["seq", "i", "alpha", "token"]].rename(columns={"i": "abs_pos"})
+    reached = tr[tr["reached"]].merge(tf, on=["seq", "abs_pos"])
+    assert len(reached) == tr["reached"].sum()
+    accepted = reached[reached["accepted"]]
+    assert (accepted["draft_token"] == accepted["token"]).all()  # an accepted draft is the decoded token
+    np.testing.assert_allclose(reached["alpha"], 1 - reached["tv"], atol=2e-4)
+
+    # 2. predicted tau vs decoding-measured tau (fixed-gamma steps), within 4 standard errors + 0.1
+    measured = 1 + np.mean(n_acc)
+    se = np.std(np.array(n_acc) + 1.0, ddof=1) / np.sqrt(len(n_acc))
+    pred = align.predict_tau(align.alphas_by_sequence(scores), [gamma]).set_index("method")["tau"]
+    assert abs(pred["renewal"] - measured) < 4 * se + 0.1, (pred.to_dict(), measured, se)
