@@ -1,0 +1,192 @@
+"""Runner: resumable atomic shards (kill -9 included), metadata, baselines, config hashing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pandas as pd
+import pytest
+import torch
+
+from spade_lib import paths, runner, trace
+from spade_lib.bench import Suite
+
+N_NEW = 12
+
+
+def mini_suite(n: int = 4) -> Suite:
+    rows = [{"question_id": i, "category": ("code", "prose")[i % 2],
+             "turns": [f"def f{i}(x):\n    \"\"\"Return x plus {i}.\"\"\"\n" if i % 2 == 0
+                       else f"The value {i} is returned when the function is called with"]}
+            for i in range(n)]
+    return Suite("mini", rows, {})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from spade_lib.zoo import load_pair
+
+    before = torch.get_num_threads()
+    yield load_pair("tiny")
+    torch.set_num_threads(before)
+
+
+def cfg(**kw) -> runner.RunConfig:
+    base = dict(max_new_tokens=N_NEW, device="cpu", threads=1, warmup=0)
+    return runner.RunConfig(**{**base, **kw})
+
+
+def deterministic(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=trace.TIMING_COLUMNS)
+
+
+def test_run_writes_trace_summary_metadata(pair, tmp_path):
+    suite = mini_suite()
+    c = cfg(temperature=1.0, n_samples=2)
+    d = runner.run_suite(pair, suite, c, tmp_path / "run", progress=False)
+    df = trace.read_trace(d)
+    s = runner.read_summary(d)
+    assert sorted(p.name for p in trace.shard_paths(d)) == [f"{i}.parquet" for i in range(4)]
+    assert len(s) == 8 and s["question_id"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert (s["new_tokens"] == N_NEW).all() and (s["wall_time"] > 0).all()
+    # the summary's accept lengths (n + 1 per step) agree with the trace's steps; a step that
+    # drafted nothing (e.g. the last token of the budget) has no trace rows
+    steps = df.groupby(["prompt_id", "sample", "step"])["n_accepted"].first()
+    for (pid, sample, step), n in steps.items():
+        row = s[(s.question_id == int(pid)) & (s["sample"] == sample)].iloc[0]
+        assert row["accept_lengths"][step] == n + 1
+    assert len(steps) <= s["n_steps"].sum()
+    assert set(df["prompt_id"]) == {"0", "1", "2", "3"} and set(df["sample"]) == {0, 1}
+    assert len(set(s["seed"])) == 8
+    meta = trace.read_metadata(d)
+    assert meta["suite"]["sha256"] == suite.sha256 and meta["config_hash"] == c.hash
+    assert meta["environment"]["torch_threads"] == 1
+    for key in ("cpu_model", "torch", "transformers", "git_commit"):
+        assert key in meta["environment"]
+    assert trace.read_shard_metadata(d / "trace" / "0.parquet")["config"] == c.to_dict()
+
+
+def test_resume_skips_finished_shards(pair, tmp_path):
+    suite = mini_suite()
+    d = runner.run_suite(pair, suite, cfg(), tmp_path / "run", progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in trace.shard_paths(d)}
+    os.unlink(d / "trace" / "2.parquet")
+    written = []
+    runner.run_suite(pair, suite, cfg(), d, progress=False, on_shard=written.append)
+    assert [p.name for p in written] == ["2.parquet"]
+    after = {p.name: p.stat().st_mtime_ns for p in trace.shard_paths(d)}
+    assert {k: v for k, v in after.items() if k != "2.parquet"} == \
+           {k: v for k, v in stamps.items() if k != "2.parquet"}
+    assert len(runner.read_summary(d)) == 4
+
+
+def test_temporaries_and_unreadable_shards_are_redone(pair, tmp_path):
+    suite = mini_suite(2)
+    d = runner.run_suite(pair, suite, cfg(), tmp_path / "run", progress=False)
+    reference = trace.read_trace(d)
+    (d / "trace" / ".1.abcd.parquet").write_bytes(b"half")   # a write cut short by a crash
+    (d / "trace" / "1.parquet").write_bytes(b"not parquet")  # cannot happen with atomic writes, still
+    written = []
+    runner.run_suite(pair, suite, cfg(), d, progress=False, on_shard=written.append)
+    assert [p.name for p in written] == ["1.parquet"]
+    assert not list((d / "trace").glob(".*"))
+    pd.testing.assert_frame_equal(deterministic(trace.read_trace(d)), deterministic(reference))
+
+
+def test_same_dir_different_run_is_refused(pair, tmp_path):
+    d = runner.run_suite(pair, mini_suite(2), cfg(), tmp_path / "run", progress=False)
+    with pytest.raises(ValueError, match="different run.*config"):
+        runner.run_suite(pair, mini_suite(2), cfg(gamma=2), d, progress=False)
+
+
+def test_baselines_and_greedy_equality(pair, tmp_path):
+    suite = mini_suite(2)
+    spade = runner.read_summary(runner.run_suite(pair, suite, cfg(), tmp_path / "s", progress=False))
+    ar_dir = runner.run_suite(pair, suite, cfg(method="ar"), tmp_path / "ar", progress=False)
+    ar = runner.read_summary(ar_dir)
+    hf = runner.read_summary(runner.run_suite(pair, suite, cfg(method="hf"), tmp_path / "hf", progress=False))
+    assert trace.read_trace(ar_dir).empty and (ar["accept_lengths"].map(len) == 0).all()
+    # greedy speculative decoding in fp32 reproduces greedy autoregressive decoding token for token
+    assert spade["output_ids"].tolist() == ar["output_ids"].tolist() == hf["output_ids"].tolist()
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_equals_uninterrupted(pair, tmp_path):
+    """A subprocess is SIGKILLed after its second shard; resuming gives the uninterrupted trace."""
+    n = 8
+    killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(paths.REPO_ROOT)!r})
+        from spade_lib import runner
+        from spade_lib.zoo import load_pair
+        from tests.test_runner import cfg, mini_suite
+        pair = load_pair("tiny")
+        runner.run_suite(pair, mini_suite({n}), cfg(temperature=1.0), {str(killed_dir)!r}, progress=False,
+                         on_shard=lambda p: print(p.name, flush=True))
+        print("finished", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=paths.REPO_ROOT)
+    lines = []
+    try:
+        while len(lines) < 2:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert len(lines) == 2 and "finished" not in lines, lines
+    done_before = len(trace.shard_paths(killed_dir))
+    assert 2 <= done_before < n
+    assert not (killed_dir / "summary.jsonl").exists()
+
+    written = []
+    runner.run_suite(pair, mini_suite(n), cfg(temperature=1.0), killed_dir, progress=False,
+                     on_shard=written.append)
+    assert len(written) == n - done_before
+    runner.run_suite(pair, mini_suite(n), cfg(temperature=1.0), clean_dir, progress=False)
+    pd.testing.assert_frame_equal(deterministic(trace.read_trace(killed_dir)),
+                                  deterministic(trace.read_trace(clean_dir)))
+    cols = ["question_id", "sample", "seed", "new_tokens", "accept_lengths", "output_ids", "text"]
+    pd.testing.assert_frame_equal(runner.read_summary(killed_dir)[cols], runner.read_summary(clean_dir)[cols])
+    assert len(json.loads((killed_dir / "metadata.json").read_text())["sessions"]) == 2
+
+
+def test_run_dir_for_and_config_hash(monkeypatch):
+    a, b = cfg(), cfg(gamma=2)
+    assert a.hash == cfg().hash and a.hash != b.hash
+    d = runner.run_dir_for("tiny", "mini", a)
+    assert d.parent == paths.RUNS_DIR / "traces" / "tiny" / "mini" and d.name.endswith(a.hash)
+    with pytest.raises(ValueError, match="suite_name"):
+        runner.run_dir_for("tiny", "a/b", a)
+
+
+def test_generation_seed_is_stable():
+    assert runner.generation_seed(0, 5, 1) == runner.generation_seed(0, 5, 1)
+    assert len({runner.generation_seed(0, q, s) for q in range(20) for s in range(5)}) == 100
+    assert runner.generation_seed(0, 5, 1) == 5483192104208182565
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(method="beam"), "method"), (dict(policy="oracle"), "policy"), (dict(gamma=0), "gamma"),
+    (dict(temperature=-1.0), "temperature"), (dict(dtype="int8"), "dtype"), (dict(repeats=0), "repeats"),
+    (dict(method="hf_assisted", draft="ngram"), "ngram"), (dict(chat_template="maybe"), "chat_template"),
+])
+def test_bad_config_names_the_field(kw, match):
+    with pytest.raises(ValueError, match=match):
+        runner.RunConfig(**kw)
+
+
+def test_bad_draft_and_placement(pair, tmp_path):
+    with pytest.raises(ValueError, match="draft: pair 'tiny' has drafts"):
+        runner.run_suite(pair, mini_suite(1), cfg(draft="huge"), tmp_path / "x", progress=False)
+    with pytest.raises(ValueError, match="dtype"):
+        runner.run_suite(pair, mini_suite(1), cfg(dtype="bfloat16"), tmp_path / "y", progress=False)
