@@ -77,9 +77,9 @@ def _lines(text: str, start: int, end: int) -> str:
     return "\n".join(text.splitlines()[start - 1 : end])
 
 
-def code_completion(name: str, text: str, tree: ast.AST, cfg: EmbeddedConfig) -> list[dict]:
+def code_completion(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig) -> list[dict]:
     rows = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
             continue
         if len(node.body) < 2:
@@ -95,10 +95,11 @@ def code_completion(name: str, text: str, tree: ast.AST, cfg: EmbeddedConfig) ->
     return rows
 
 
-def docstring(name: str, text: str, tree: ast.AST, cfg: EmbeddedConfig) -> list[dict]:
+def docstring(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig) -> list[dict]:
     rows = []
-    nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
     for node in nodes:
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
         doc = ast.get_docstring(node)
         if doc is None or len(doc.split()) < cfg.min_prose_words:
             continue
@@ -153,9 +154,9 @@ def reference_prose(name: str, text: str, cfg: EmbeddedConfig) -> list[dict]:
     return rows
 
 
-def _literal_rows(name: str, text: str, tree: ast.AST, cfg: EmbeddedConfig) -> list[dict]:
+def _literal_rows(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig) -> list[dict]:
     rows, lines, w = [], text.splitlines(), cfg.literal_window
-    for node in ast.walk(tree):
+    for node in nodes:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         value = node.value
@@ -192,10 +193,10 @@ def _is_constant_like(value: ast.AST) -> bool:
     return False
 
 
-def _constant_runs(name: str, text: str, tree: ast.AST, cfg: EmbeddedConfig, min_run: int = 5) -> list[dict]:
+def _constant_runs(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig, min_run: int = 5) -> list[dict]:
     """Runs of >= ``min_run`` consecutive one-line constant assignments (``START_ELEMENT = "..."``)."""
     rows, lines = [], text.splitlines()
-    for node in ast.walk(tree):
+    for node in nodes:
         body, run = getattr(node, "body", None), []
         if not isinstance(body, list):
             continue
@@ -259,10 +260,24 @@ def _enumerations(name: str, text: str, cfg: EmbeddedConfig) -> list[dict]:
     return rows
 
 
-def structured(name: str, text: str, tree: ast.AST | None, cfg: EmbeddedConfig) -> list[dict]:
-    if tree is None:
+def structured(name: str, text: str, nodes: list[ast.AST] | None, cfg: EmbeddedConfig) -> list[dict]:
+    if nodes is None:
         return _grammar_blocks(name, text, cfg) + _enumerations(name, text, cfg)
-    return _literal_rows(name, text, tree, cfg) + _constant_runs(name, text, tree, cfg) + _enumerations(name, text, cfg)
+    return (_literal_rows(name, text, nodes, cfg) + _constant_runs(name, text, nodes, cfg)
+            + _enumerations(name, text, cfg))
+
+
+_CORPUS = None
+
+
+def heldout_corpus():
+    """The default corpus, built once per process (it depends only on the Python installation)."""
+    global _CORPUS
+    if _CORPUS is None:
+        from spade_lib.zoo.corpus import build_corpus
+
+        _CORPUS = build_corpus()
+    return _CORPUS
 
 
 def embedded_candidates(categories: tuple[str, ...] = CATEGORIES, config: EmbeddedConfig | None = None,
@@ -272,23 +287,20 @@ def embedded_candidates(categories: tuple[str, ...] = CATEGORIES, config: Embedd
     if unknown:
         raise ValueError(f"categories: unknown embedded categories {unknown}; known: {list(CATEGORIES)}")
     cfg = config or EmbeddedConfig()
-    if corpus is None:
-        from spade_lib.zoo.corpus import build_corpus
-
-        corpus = build_corpus()
+    corpus = corpus or heldout_corpus()
     rows = []
     for doc in corpus.heldout:
-        tree = None
+        nodes = None
         if doc.kind == "code":
             try:
-                tree = ast.parse(doc.text)
+                nodes = list(ast.walk(ast.parse(doc.text)))  # breadth-first, deterministic
             except SyntaxError:
                 continue
         found = {
-            "code_completion": lambda: code_completion(doc.name, doc.text, tree, cfg) if tree else [],
-            "docstring": lambda: docstring(doc.name, doc.text, tree, cfg) if tree else [],
+            "code_completion": lambda: code_completion(doc.name, doc.text, nodes, cfg) if nodes else [],
+            "docstring": lambda: docstring(doc.name, doc.text, nodes, cfg) if nodes else [],
             "reference_prose": lambda: reference_prose(doc.name, doc.text, cfg) if doc.kind == "prose" else [],
-            "structured": lambda: structured(doc.name, doc.text, tree, cfg),
+            "structured": lambda: structured(doc.name, doc.text, nodes, cfg),
         }
         for c in categories:
             part = found[c]()

@@ -72,10 +72,11 @@ class EmbeddedSource:
     license: str = embedded.LICENSE
 
     def load(self) -> list[dict]:
-        rows = embedded.embedded_candidates(tuple(self.categories), self.config, corpus=_heldout_corpus())
-        for r in rows:
-            r["source"] = self.name
-        return rows
+        key = (tuple(self.categories), self.config)
+        if key not in _CANDIDATES:
+            _CANDIDATES[key] = embedded.embedded_candidates(key[0], self.config, corpus=_heldout_corpus())
+        return [{**r, "turns": list(r["turns"]), "reference": list(r["reference"]), "source": self.name}
+                for r in _CANDIDATES[key]]
 
     def provenance(self) -> dict:
         corpus = _heldout_corpus()
@@ -83,17 +84,8 @@ class EmbeddedSource:
                 "heldout_documents": [d.name for d in corpus.heldout]}
 
 
-_CORPUS = None
-
-
-def _heldout_corpus():
-    """The default corpus, built once per process (it only depends on the Python installation)."""
-    global _CORPUS
-    if _CORPUS is None:
-        from spade_lib.zoo.corpus import build_corpus
-
-        _CORPUS = build_corpus()
-    return _CORPUS
+_CANDIDATES: dict = {}  # (categories, config) -> candidate rows; the inputs never change within a process
+_heldout_corpus = embedded.heldout_corpus
 
 
 @register_source
@@ -170,6 +162,7 @@ class HFSource:
     data_files: str | list[str] | None = None  # local files for the "json"/"csv"/"parquet" builders
     revision: str | None = None     # hub revision (commit) to pin
     from_disk: bool = False         # path is a Dataset / DatasetDict saved with save_to_disk
+    cache_dir: str | None = None    # datasets cache (default: HF_DATASETS_CACHE); not part of the data
     template: str = "{text}"        # prompt template over the ``fields`` variables
     fields: dict[str, str] = field(default_factory=lambda: {"text": "text"})
     turns_field: str | None = None  # path to a list of turns (multi-turn sources)
@@ -194,8 +187,8 @@ class HFSource:
                         raise ValueError(f"no split {self.split!r}; splits: {sorted(ds)}")
                     ds = ds[self.split]
                 return ds
-            return datasets.load_dataset(self.path, self.config, split=self.split,
-                                         data_files=self.data_files, revision=self.revision)
+            return datasets.load_dataset(self.path, self.config, split=self.split, data_files=self.data_files,
+                                         revision=self.revision, cache_dir=self.cache_dir)
         except Exception as e:  # datasets raises many types; the user needs the dataset named, not a deep trace
             msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
             hint = ("" if self.from_disk or self.data_files else
