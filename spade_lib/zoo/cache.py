@@ -1,0 +1,107 @@
+"""Build-once cache entries: lock, build into a temporary folder, verify, atomically rename.
+
+An entry is a folder ``CACHE_DIR/zoo/<name>-<key>`` where ``key`` is a sha256 prefix of the recipe
+(config, corpus hash, build-format version). It is complete iff it exists: a builder writes into a
+temporary sibling folder and ``os.rename``s it into place only after ``manifest.json`` (which lists
+the sha256 of every other file) is written. A ``filelock`` lock ``<entry>.lock`` serialises builders,
+so two processes (two notebooks) asking for the same missing entry build it once: the second waits,
+then finds the entry.
+
+Every load re-hashes the files against the manifest. A corrupted entry (missing file, changed bytes)
+is moved aside and **rebuilt with a warning** — embedded builds are deterministic, so the rebuilt
+entry is equivalent; pass ``rebuild=True`` to force a rebuild of a valid entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+
+from spade_lib.io import write_json
+
+MANIFEST = "manifest.json"
+
+
+def cache_key(recipe: dict) -> str:
+    """A 12-hex-digit sha256 prefix of the canonical JSON of ``recipe``."""
+    blob = json.dumps(recipe, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` except the manifest, keyed by POSIX relative path."""
+    return {p.relative_to(root).as_posix(): sha256_file(p)
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST}
+
+
+def read_manifest(entry: Path) -> dict:
+    return json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
+
+
+def verify_entry(entry: Path) -> str | None:
+    """``None`` if ``entry`` matches its manifest, else a description of the first problem found."""
+    try:
+        expected = read_manifest(entry)["files"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"unreadable {MANIFEST}: {e}"
+    actual = file_hashes(entry)
+    for rel, digest in expected.items():
+        if rel not in actual:
+            return f"missing file {rel}"
+        if actual[rel] != digest:
+            return f"sha256 mismatch for {rel}"
+    extra = sorted(set(actual) - set(expected))
+    return f"unexpected file {extra[0]}" if extra else None
+
+
+def _discard(entry: Path) -> None:
+    aside = entry.with_name(f".{entry.name}.discarded-{uuid.uuid4().hex[:8]}")
+    os.rename(entry, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def get_or_build(entry: Path, build: Callable[[Path], dict], *, rebuild: bool = False) -> Path:
+    """Return ``entry``, building it first (under the lock) if it is missing, corrupted or ``rebuild``.
+
+    ``build(tmp_dir)`` writes the entry's files into ``tmp_dir`` and returns the manifest body; the
+    ``files`` hashes and a fresh ``build_id`` are added here.
+    """
+    if not rebuild and entry.is_dir() and verify_entry(entry) is None:
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(entry) + ".lock"):
+        if entry.is_dir():
+            problem = verify_entry(entry)
+            if problem is None and not rebuild:
+                return entry  # built by another process while we waited
+            if problem is not None:
+                warnings.warn(f"cache entry {entry} is corrupted ({problem}); rebuilding it", stacklevel=3)
+            _discard(entry)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
+        try:
+            manifest = build(tmp)
+            manifest["files"] = file_hashes(tmp)
+            manifest["build_id"] = uuid.uuid4().hex
+            write_json(tmp / MANIFEST, manifest)
+            os.rename(tmp, entry)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return entry

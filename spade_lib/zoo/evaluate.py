@@ -1,0 +1,94 @@
+"""Held-out quality and cost figures of a pair, recorded in its build manifest.
+
+On held-out windows ``x`` (teacher forcing: every position conditions on the true prefix), with
+``p`` the target's and ``q`` a draft's next-token distribution at temperature ``T`` (softmax of
+logits / T):
+
+- validation loss ``-mean_t log p(x_{t+1} | x_{<=t})`` (nats/token), perplexity ``exp(loss)``;
+- acceptance rate ``alpha(T) = mean_t sum_v min(p_t(v), q_t(v)) = 1 - mean_t TV(p_t, q_t)``
+  (Leviathan et al. 2023: the probability that speculative sampling accepts a drafted token);
+- greedy top-1 agreement ``mean_t [argmax p_t = argmax q_t]`` (alpha of greedy decoding).
+
+Costs, measured with a KV cache holding ``context`` tokens (median over ``reps`` timed forwards,
+the cache cropped back after each):
+
+- ``c = t_draft(1) / t_target(1)``: the draft/target cost ratio of one decode step;
+- ``verify_cost_ratio = t_target(gamma + 1) / t_target(1)``: the target's cost of verifying a block of
+  ``gamma`` drafted tokens (plus the bonus position) relative to one plain decode step.
+Timings depend on the machine and on its load; they are recorded, never asserted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def teacher_forced_stats(target, drafts: dict, windows: torch.Tensor, temperatures=(1.0,),
+                         batch_size: int = 8) -> dict:
+    """Validation loss/perplexity of every model and alpha/top-1 agreement of every draft vs the target."""
+    inputs, labels = windows[:, :-1], windows[:, 1:]
+    sums = {"target": 0.0, **{f"{n}": 0.0 for n in drafts}}
+    alpha = {n: {t: 0.0 for t in temperatures} for n in drafts}
+    top1 = {n: 0.0 for n in drafts}
+    n_pos = 0
+    for i in range(0, len(inputs), batch_size):
+        x, y = inputs[i: i + batch_size], labels[i: i + batch_size]
+        p_logits = target(input_ids=x, use_cache=False).logits.float()
+        sums["target"] += F.cross_entropy(p_logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+        for name, draft in drafts.items():
+            q_logits = draft(input_ids=x, use_cache=False).logits.float()
+            sums[name] += F.cross_entropy(q_logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+            top1[name] += (p_logits.argmax(-1) == q_logits.argmax(-1)).sum().item()
+            for t in temperatures:
+                p, q = torch.softmax(p_logits / t, -1), torch.softmax(q_logits / t, -1)
+                alpha[name][t] += torch.minimum(p, q).sum(-1).sum().item()
+        n_pos += y.numel()
+    loss = {k: v / n_pos for k, v in sums.items()}
+    out = {"n_positions": n_pos, "target": {"val_loss": loss["target"], "val_ppl": math.exp(loss["target"])}}
+    for name in drafts:
+        out[name] = {
+            "val_loss": loss[name],
+            "val_ppl": math.exp(loss[name]),
+            "alpha": alpha[name][temperatures[0]] / n_pos,
+            "alpha_by_temperature": {str(t): alpha[name][t] / n_pos for t in temperatures},
+            "top1_agreement": top1[name] / n_pos,
+        }
+    return out
+
+
+@torch.no_grad()
+def decode_step_seconds(model, n_tokens: int, *, context: int = 64, reps: int = 50, warmup: int = 3,
+                        seed: int = 0) -> float:
+    """Median seconds of one cached forward of ``n_tokens`` new tokens after ``context`` cached tokens."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    ctx = torch.randint(1, vocab, (1, context), generator=g)
+    new = torch.randint(1, vocab, (1, n_tokens), generator=g)
+    cache = model(input_ids=ctx, use_cache=True).cache  # transformers 5.x: `cache`, not `past_key_values`
+    times = []
+    for r in range(warmup + reps):
+        t0 = time.perf_counter()
+        model(input_ids=new, cache=cache, use_cache=True)
+        dt = time.perf_counter() - t0
+        cache.crop(-n_tokens)  # negative: number of tokens to remove
+        if r >= warmup:
+            times.append(dt)
+    return statistics.median(times)
+
+
+def cost_ratios(target, drafts: dict, *, gamma: int = 4, context: int = 64, reps: int = 50) -> dict:
+    """``c`` of every draft and the target's verify-cost ratio, with the raw step times (seconds)."""
+    t1 = decode_step_seconds(target, 1, context=context, reps=reps)
+    tg = decode_step_seconds(target, gamma + 1, context=context, reps=reps)
+    out = {"gamma": gamma, "context": context, "reps": reps, "threads": torch.get_num_threads(),
+           "target_step_s": t1, "target_verify_step_s": tg, "verify_cost_ratio": tg / t1, "drafts": {}}
+    for name, draft in drafts.items():
+        td = decode_step_seconds(draft, 1, context=context, reps=reps)
+        out["drafts"][name] = {"step_s": td, "c": td / t1}
+    return out

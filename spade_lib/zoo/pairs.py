@@ -1,0 +1,155 @@
+"""``load_pair``: a target, its drafts and their shared tokenizer, embedded or from Hugging Face.
+
+Embedded pairs (``load_pair("tiny")``, ``load_pair("default")``) are built on first use into the
+project cache (``build.py``) and then loaded exactly like a hub pair: ``AutoModelForCausalLM`` /
+``AutoTokenizer.from_pretrained`` on the saved folders, safetensors only.
+
+Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
+drafts via ``drafts={"name": ref}``). Hub downloads are skipped when ``HF_HUB_OFFLINE`` is set
+(``local_files_only``). Speculative sampling needs ``p`` and ``q`` over the same vocabulary, so a draft
+whose tokenizer vocabulary differs from the target's is refused. ``trust_remote_code`` stays ``False``
+unless the caller opts in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spade_lib.zoo.build import pair_entry, tokenizer_entry
+from spade_lib.zoo.cache import read_manifest
+from spade_lib.zoo.configs import PAIRS, get_config
+
+
+@dataclass
+class Pair:
+    """A target model, named drafts (all in eval mode) and the tokenizer they share."""
+
+    name: str
+    target: Any
+    drafts: dict[str, Any]
+    default_draft: str
+    tokenizer: Any
+    manifest: dict
+    path: Path | None = None
+
+    @property
+    def draft(self):
+        """The default draft."""
+        return self.drafts[self.default_draft]
+
+
+def pair_names() -> list[str]:
+    """Names of the embedded pairs."""
+    return sorted(PAIRS)
+
+
+def load_tokenizer(name: str = "default"):
+    """The tokenizer of embedded pair ``name`` (built if needed, without training any model)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_entry(get_config(name)))
+
+
+def load_pair(name: str | None = "default", *, target: str | None = None, draft: str | None = None,
+              drafts: dict[str, str] | None = None, device: str | torch.device = "cpu",
+              dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
+              rebuild: bool = False) -> Pair:
+    """Load an embedded pair by ``name`` or a real pair from ``target`` + ``draft``/``drafts``.
+
+    Embedded: ``draft`` optionally names which of the pair's drafts is the default one
+    (``"distilled"`` unless given). Real: ``target`` and every draft are hub ids or local folders;
+    ``draft`` becomes the default draft (named ``"draft"``), ``drafts`` adds named ones; ``name`` is
+    then only a label. ``rebuild=True`` rebuilds an embedded pair even if a valid cache entry exists
+    (a corrupted entry is always rebuilt, with a warning).
+    """
+    if target is None:
+        if drafts is not None:
+            raise ValueError("drafts: only allowed with target= (a real pair); embedded pairs have fixed drafts")
+        if name is None:
+            raise ValueError(f"name: give an embedded pair name ({pair_names()}) or target=/draft= references")
+        config = get_config(name)
+        entry = pair_entry(config, rebuild=rebuild)
+        manifest = read_manifest(entry)
+        refs = {d.name: str(entry / "drafts" / d.name) for d in config.drafts}
+        default = draft if draft is not None else config.default_draft
+        if default not in refs:
+            raise ValueError(f"draft: embedded pair {name!r} has drafts {sorted(refs)}, not {default!r}")
+        pair = _load_models(str(entry / "target"), refs, default, device=device, dtype=dtype,
+                            trust_remote_code=False, local_only=True)
+        pair.name, pair.manifest, pair.path = name, manifest, entry
+        return pair
+
+    refs = dict(drafts or {})
+    if draft is not None:
+        if "draft" in refs:
+            raise ValueError("drafts: the name 'draft' is reserved for the draft= argument")
+        refs = {"draft": draft, **refs}
+    if not refs:
+        raise ValueError("draft: a real pair needs draft= or drafts= alongside target=")
+    pair = _load_models(target, refs, next(iter(refs)), device=device, dtype=dtype,
+                        trust_remote_code=trust_remote_code, local_only=_hub_offline())
+    pair.name = name if name not in (None, *PAIRS) else target
+    pair.manifest = {"kind": "hf", "target": target, "drafts": refs, "dtype": str(dtype),
+                     "trust_remote_code": trust_remote_code}
+    return pair
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _resolve(ref: str, arg: str) -> str:
+    """A local folder as an absolute path, or a hub id unchanged; ``FileNotFoundError`` for a missing path."""
+    if not isinstance(ref, (str, os.PathLike)) or not str(ref):
+        raise ValueError(f"{arg}: expected a hub id or a local path, got {ref!r}")
+    ref = str(ref)
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{arg}: {ref!r} is a file; give the model's folder")
+        return str(path.resolve())
+    looks_local = ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
+    if looks_local:
+        raise FileNotFoundError(f"{arg}: local path {ref!r} does not exist")
+    return ref
+
+
+def _from_pretrained(loader, ref: str, arg: str, local_only: bool, **kwargs):
+    try:
+        return loader.from_pretrained(ref, local_files_only=local_only, **kwargs)
+    except (OSError, ValueError) as e:
+        where = "local folder" if Path(ref).exists() else (
+            "hub id (HF_HUB_OFFLINE is set, so only the local HF cache was searched)" if local_only else "hub id")
+        raise OSError(f"{arg}: could not load {loader.__name__} from {where} {ref!r}: {e}") from e
+
+
+def _load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, device, dtype,
+                 trust_remote_code: bool, local_only: bool) -> Pair:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_ref = _resolve(target_ref, "target")
+    draft_refs = {n: _resolve(r, f"drafts[{n!r}]" if n != "draft" else "draft") for n, r in draft_refs.items()}
+    common = {"trust_remote_code": trust_remote_code}
+    tokenizer = _from_pretrained(AutoTokenizer, target_ref, "target", local_only, **common)
+    vocab = tokenizer.get_vocab()
+    for name, ref in draft_refs.items():
+        draft_vocab = _from_pretrained(AutoTokenizer, ref, f"draft {name!r}", local_only, **common).get_vocab()
+        if draft_vocab != vocab:
+            diff = len(set(vocab.items()) ^ set(draft_vocab.items()))
+            raise ValueError(
+                f"draft: tokenizer vocabularies differ between target {target_ref!r} ({len(vocab)} tokens) and "
+                f"draft {name!r} {ref!r} ({len(draft_vocab)} tokens; {diff} (token, id) pairs not shared); "
+                "speculative decoding needs p and q over the same vocabulary")
+
+    def model(ref: str, arg: str):
+        m = _from_pretrained(AutoModelForCausalLM, ref, arg, local_only, dtype=dtype, use_safetensors=True, **common)
+        return m.to(device).eval()
+
+    target = model(target_ref, "target")
+    drafts = {name: model(ref, f"draft {name!r}") for name, ref in draft_refs.items()}
+    return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={})

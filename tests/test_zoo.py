@@ -1,0 +1,180 @@
+"""The embedded pair: load_pair("tiny") from an empty cache, save/load round trips, bad input."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from spade_lib import paths
+from spade_lib.zoo import PAIRS, load_pair, load_tokenizer, pair_names
+from spade_lib.zoo.build import pair_entry
+from spade_lib.zoo.cache import read_manifest, verify_entry
+from spade_lib.zoo.configs import TINY, ModelConfig, TokenizerConfig, TrainConfig
+from spade_lib.zoo.corpus import Document
+from spade_lib.zoo.data import encode_documents, eval_windows
+from spade_lib.zoo.evaluate import teacher_forced_stats
+from spade_lib.zoo.tokenizer import train_tokenizer
+from spade_lib.zoo.train import new_model, train_model
+
+
+@pytest.fixture(scope="session")
+def zoo_cache(tmp_path_factory):
+    """An empty project cache for this session (``spade_lib.paths.CACHE_DIR`` is read at call time)."""
+    cache = tmp_path_factory.mktemp("spade_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(paths, "CACHE_DIR", cache)
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def tiny(zoo_cache):
+    assert not (zoo_cache / "zoo").exists()
+    return load_pair("tiny")
+
+
+def test_tiny_pair_from_empty_cache(tiny, zoo_cache):
+    assert tiny.name == "tiny" and tiny.path.parent == zoo_cache / "zoo"
+    assert set(tiny.drafts) == {"distilled", "data_only"} and tiny.draft is tiny.drafts["distilled"]
+    assert verify_entry(tiny.path) is None
+    for model in (tiny.target, *tiny.drafts.values()):
+        assert not model.training and model.dtype == torch.float32
+        assert model.config.vocab_size == len(tiny.tokenizer)
+        assert model.config.bos_token_id == model.config.eos_token_id == model.config.pad_token_id == 0
+    tok = tiny.tokenizer
+    assert tok.convert_ids_to_tokens(0) == "<|endoftext|>"
+    assert tok.bos_token_id == tok.eos_token_id == tok.pad_token_id == 0
+    text = "def f(x):\n    return x ** 2  # é\n"
+    assert tok.decode(tok(text)["input_ids"]) == text
+    m = tiny.manifest
+    assert m["corpus"]["sha256"] and m["environment"]["python_version"]
+    assert set(m["models"]) == {"target", "distilled", "data_only"}
+    assert all(v["train_curve"] for v in m["models"].values())
+    assert 0 < m["models"]["distilled"]["alpha"] <= 1 and m["costs"]["verify_cost_ratio"] > 0
+
+
+def test_second_load_reuses_the_entry(tiny):
+    again = load_pair("tiny", draft="data_only")
+    assert again.path == tiny.path and again.manifest["build_id"] == tiny.manifest["build_id"]
+    assert again.draft is again.drafts["data_only"]
+    for a, b in zip(again.target.state_dict().values(), tiny.target.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_loaded_models_reproduce_the_build_figures(tiny):
+    """The manifest's figures were computed on the in-memory models before saving."""
+    held = encode_documents(tiny.tokenizer, _heldout())
+    windows = eval_windows(held, TINY.eval.n_windows, TINY.eval.seq_len)
+    stats = teacher_forced_stats(tiny.target, tiny.drafts, windows, temperatures=TINY.eval.temperatures)
+    for name in ("target", "distilled", "data_only"):
+        assert stats[name]["val_loss"] == pytest.approx(tiny.manifest["models"][name]["val_loss"], rel=1e-6)
+    for name in tiny.drafts:
+        assert stats[name]["alpha"] == pytest.approx(tiny.manifest["models"][name]["alpha"], rel=1e-6)
+
+
+def _heldout() -> list[Document]:
+    from spade_lib.zoo.build import cached_corpus
+
+    return cached_corpus(TINY.corpus).heldout
+
+
+def test_save_pretrained_round_trip_gives_equal_logits(tiny, tmp_path):
+    """A freshly trained model saved like the zoo saves it and loaded back through the Auto classes."""
+    vocab = len(tiny.tokenizer)
+    model = new_model(ModelConfig(n_layers=1, hidden=32, n_heads=2, intermediate=64, max_positions=128), vocab, 3)
+    stream = torch.randint(1, vocab, (2000,), generator=torch.Generator().manual_seed(0))
+    train_model(model, stream, TrainConfig(steps=3, batch_size=2, seq_len=16, warmup=1))
+    model.save_pretrained(tmp_path / "m")
+    tiny.tokenizer.save_pretrained(tmp_path / "m")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.float32, use_safetensors=True).eval()
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    x = torch.tensor([tok("import os\nclass A:\n    pass")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=x).logits, loaded(input_ids=x).logits)
+    assert tok.get_vocab() == tiny.tokenizer.get_vocab()
+
+
+def test_real_pair_from_local_folders_matches_embedded(tiny):
+    pair = load_pair(target=str(tiny.path / "target"), draft=str(tiny.path / "drafts" / "data_only"))
+    assert pair.default_draft == "draft" and pair.manifest["kind"] == "hf"
+    x = torch.tensor([tiny.tokenizer("for i in range(10):")["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(pair.target(input_ids=x).logits, tiny.target(input_ids=x).logits)
+        assert torch.equal(pair.draft(input_ids=x).logits, tiny.drafts["data_only"](input_ids=x).logits)
+
+
+def test_load_tokenizer_matches_the_pair(tiny):
+    tok = load_tokenizer("tiny")
+    assert tok.get_vocab() == tiny.tokenizer.get_vocab() and tok.eos_token_id == 0
+
+
+def test_unknown_name_lists_known_pairs():
+    with pytest.raises(ValueError, match="default.*tiny"):
+        load_pair("huge")
+    with pytest.raises(ValueError, match="known pairs"):
+        load_tokenizer("huge")
+    assert pair_names() == sorted(PAIRS)
+
+
+def test_bad_draft_arguments(tiny):
+    with pytest.raises(ValueError, match="draft"):
+        load_pair("tiny", draft="nope")
+    with pytest.raises(ValueError, match="drafts"):
+        load_pair("tiny", drafts={"a": "b"})
+    with pytest.raises(ValueError, match="draft"):
+        load_pair(target=str(tiny.path / "target"))
+
+
+def test_missing_local_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="target.*does not exist"):
+        load_pair(target=str(tmp_path / "nope"), draft=str(tmp_path / "nope2"))
+
+
+def test_unreachable_hub_id_is_a_clear_error(tiny, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(OSError, match="draft.*HF_HUB_OFFLINE"):
+        load_pair(target=str(tiny.path / "target"), draft="spade-test/no-such-model")
+
+
+def test_mismatched_vocabularies_are_refused(tiny, tmp_path):
+    other = tmp_path / "other_draft"
+    shutil.copytree(tiny.path / "drafts" / "data_only", other)
+    tok = train_tokenizer(["def f(x):\n    return x\n" * 50, "print('hello world')\n" * 50],
+                          TokenizerConfig(vocab_size=300))
+    tok.save_pretrained(other)
+    with pytest.raises(ValueError, match=r"vocabularies differ.*target.*draft"):
+        load_pair(target=str(tiny.path / "target"), draft=str(other))
+
+
+def test_same_seed_gives_identical_weights():
+    cfg = ModelConfig(n_layers=1, hidden=32, n_heads=2, intermediate=64, max_positions=64)
+    stream = torch.randint(1, 300, (3000,), generator=torch.Generator().manual_seed(1))
+    runs = []
+    for _ in range(2):
+        model = new_model(cfg, 300, seed=5)
+        runs.append((train_model(model, stream, TrainConfig(steps=4, batch_size=2, seq_len=16, warmup=1)),
+                     model.state_dict()))
+    assert [c["loss"] for c in runs[0][0]] == [c["loss"] for c in runs[1][0]]
+    for a, b in zip(runs[0][1].values(), runs[1][1].values()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_corrupted_entry_is_rebuilt_with_a_warning(tiny, tmp_path, monkeypatch):
+    """Corrupt a copy of the cache: loading warns, rebuilds, and gives the same weights (deterministic)."""
+    shutil.copytree(paths.CACHE_DIR, tmp_path / "cache")
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")
+    entry = pair_entry(TINY)
+    assert entry.parent == tmp_path / "cache" / "zoo"
+    weights = entry / "target" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert "sha256 mismatch" in verify_entry(entry)
+    with pytest.warns(UserWarning, match="corrupted.*rebuilding"):
+        pair = load_pair("tiny")
+    assert verify_entry(entry) is None and pair.manifest["build_id"] != tiny.manifest["build_id"]
+    assert read_manifest(entry)["files"] == tiny.manifest["files"]  # same seed, same threads: same bytes
