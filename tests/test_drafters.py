@@ -1,0 +1,164 @@
+"""Drafters: the model drafter's proposals and cache bookkeeping, the prompt-lookup drafter's lookups."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spade_lib.drafters import ModelDrafter, NGramDrafter, _match_vocab
+from spade_lib.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
+from spade_lib.sampling import SamplingConfig, adjust
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+def tiny_llama(vocab=64, seed=0, init=0.5):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                      initializer_range=init, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return tiny_llama()
+
+
+def fresh_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1]
+
+
+def test_model_drafter_greedy_matches_the_drafts_own_greedy_decode(draft):
+    prompt = [3, 17, 9, 40]
+    d = ModelDrafter(draft)
+    d.reset(torch.tensor(prompt), 64)
+    out = d.propose(5, FixedGamma(5), GREEDY, None)
+    ref = draft.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False,
+                         attention_mask=torch.ones(1, 4, dtype=torch.long))[0, 4:].tolist()
+    assert out.tokens.tolist() == ref
+    assert out.gamma == 5 and out.stop == "max_gamma"
+    assert out.q.shape == (5, 64) and torch.equal(out.q.argmax(-1), out.tokens)
+    assert torch.allclose(out.q.sum(-1), torch.ones(5))
+
+
+@pytest.mark.parametrize("n_accepted", [0, 1, 3, 4])
+def test_model_drafter_cache_after_accept_equals_fresh_prefill(draft, n_accepted):
+    """After any accept/reject the next draft distribution equals a cache-free forward on the committed text."""
+    prompt = [5, 6, 7]
+    sampling = SamplingConfig(temperature=0.8)
+    d = ModelDrafter(draft)
+    d.reset(prompt, 64)
+    gen = torch.Generator().manual_seed(0)
+    committed = list(prompt)
+    for next_token in (11, 12):
+        out = d.propose(4, FixedGamma(4), sampling, gen)
+        d.accept(n_accepted, next_token)
+        committed += out.tokens[:n_accepted].tolist() + [next_token]
+        nxt = d.propose(1, FixedGamma(1), sampling, gen)
+        expect = adjust(fresh_logits(draft, committed), sampling)
+        torch.testing.assert_close(nxt.q[0], expect, rtol=1e-5, atol=1e-6)
+        d.accept(0, 20)
+        committed.append(20)
+    assert d.adapter.length == len(committed) - 1  # the newest token is fed on the next propose
+
+
+def test_model_drafter_accept_without_proposal(draft):
+    d = ModelDrafter(draft)
+    d.reset([1, 2], 64)
+    d.accept(0, 9)  # a plain target step happened: nothing was drafted
+    out = d.propose(1, FixedGamma(1), GREEDY, None)
+    assert out.q[0].argmax().item() == fresh_logits(draft, [1, 2, 9]).argmax().item()
+
+
+def test_model_drafter_sampling_replays_with_the_same_generator(draft):
+    d = ModelDrafter(draft)
+    runs = []
+    for _ in range(2):
+        d.reset([4, 4, 4], 64)
+        runs.append(d.propose(6, FixedGamma(6), SamplingConfig(1.0), torch.Generator().manual_seed(7)).tokens)
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_model_drafter_policies_stop_drafting(draft):
+    d = ModelDrafter(draft)
+    d.reset([1, 2, 3], 64)
+    out = d.propose(5, ConfidenceThreshold(threshold=1.0, max_gamma=5), GREEDY, None)
+    assert out.gamma == 1 and out.stop == "policy"  # the low-confidence token is kept, drafting stops after it
+    d.reset([1, 2, 3], 64)
+    assert d.propose(5, ConfidenceThreshold(threshold=0.0, max_gamma=5), GREEDY, None).gamma == 5
+    d.reset([1, 2, 3], 64)
+    out = d.propose(5, EntropyThreshold(threshold=0.0, max_gamma=5), GREEDY, None)
+    assert out.gamma == 1 and out.stop == "policy"
+
+
+def test_vocabulary_is_matched_to_the_target():
+    z = torch.tensor([[0.0, 1.0, 2.0]])
+    assert _match_vocab(z, 3) is z
+    assert _match_vocab(z, 2).tolist() == [[0.0, 1.0]]
+    padded = _match_vocab(z, 5)
+    assert padded.shape == (1, 5) and torch.isneginf(padded[0, 3:]).all()
+    small = tiny_llama(vocab=48)
+    d = ModelDrafter(small)
+    d.reset([1, 2], 64)
+    out = d.propose(2, FixedGamma(2), SamplingConfig(1.0), torch.Generator().manual_seed(0))
+    assert out.q.shape == (2, 64) and out.q[:, 48:].sum() == 0
+
+
+def test_model_drafter_rejects_empty_prompt(draft):
+    with pytest.raises(ValueError, match="prompt_ids"):
+        ModelDrafter(draft).reset([], 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt lookup
+
+
+def propose(d, gamma):
+    return d.propose(gamma, FixedGamma(gamma), GREEDY, None)
+
+
+def test_ngram_proposes_what_followed_the_trailing_ngram():
+    d = NGramDrafter(max_ngram=3)
+    d.reset([1, 2, 3, 4, 1, 2], 10)
+    out = propose(d, 3)
+    assert out.tokens.tolist() == [3, 4, 1] and out.stop == "max_gamma"
+    assert torch.equal(out.q, torch.nn.functional.one_hot(out.tokens, 10).float())
+    assert out.logits is None and d.deterministic
+
+
+def test_ngram_prefers_longest_then_latest_match():
+    d = NGramDrafter(max_ngram=2)
+    d.reset([5, 6, 7, 5, 6, 8, 5, 6], 10)
+    assert propose(d, 1).tokens.tolist() == [8]  # latest earlier (5, 6) was followed by 8
+    d = NGramDrafter(max_ngram=2)
+    d.reset([9, 6, 1, 5, 6, 2, 3, 5, 6], 10)
+    assert propose(d, 2).tokens.tolist() == [2, 3]  # bigram (5, 6) beats the later unigram (6)
+
+
+def test_ngram_short_or_no_proposal():
+    d = NGramDrafter()
+    d.reset([1, 2, 3], 10)
+    out = propose(d, 4)
+    assert out.gamma == 0 and out.stop == "no_match" and out.q.shape == (0, 10)
+    d.reset([7, 8, 7], 10)
+    out = propose(d, 4)
+    assert out.tokens.tolist() == [8, 7] and out.stop == "no_match"  # fewer than asked
+
+
+def test_ngram_accept_extends_the_context_and_index():
+    d = NGramDrafter(max_ngram=2)
+    d.reset([1, 2, 3, 1, 2], 10)
+    assert propose(d, 2).tokens.tolist() == [3, 1]
+    d.accept(1, 9)  # context: 1 2 3 1 2 3 9
+    assert d._ctx == [1, 2, 3, 1, 2, 3, 9]
+    assert propose(d, 2).gamma == 0
+    d.accept(0, 3)  # ... 9 3 -> (9, 3) unseen, (3) last followed by 9
+    assert propose(d, 2).tokens.tolist() == [9, 3]
+
+
+def test_ngram_bad_arguments():
+    with pytest.raises(ValueError, match="min_ngram"):
+        NGramDrafter(max_ngram=1, min_ngram=2)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        NGramDrafter().reset([], 10)
