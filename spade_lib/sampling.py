@@ -100,10 +100,9 @@ def adjust_logits(
         z = z.masked_fill(z < kth, -math.inf)
     if config.top_p < 1.0:
         z_sorted, order = torch.sort(z, dim=-1, descending=True, stable=True)
-        probs = z_sorted.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        remove_sorted = mass_before >= config.top_p
-        remove_sorted[..., 0] = False  # the top token always survives
+        cum = z_sorted.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = torch.zeros_like(cum, dtype=torch.bool)
+        remove_sorted[..., 1:] = cum[..., :-1] >= config.top_p  # mass strictly before; top token stays
         remove = torch.empty_like(remove_sorted).scatter_(-1, order, remove_sorted)
         z = z.masked_fill(remove, -math.inf)
     return z

@@ -1,0 +1,92 @@
+"""Closed-form theory: Leviathan et al. (2023) Table 1 and Eq. 1, limits, and Monte-Carlo agreement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spade_lib.theory import expected_tokens, free_draft_limit, ops_overhead, optimal_gamma, speedup
+
+
+@pytest.mark.parametrize("alpha,gamma,tokens,ops", [(0.8, 5, 3.69, 1.63), (0.9, 10, 6.86, 1.60)])
+def test_leviathan_table_1(alpha, gamma, tokens, ops):
+    assert round(expected_tokens(alpha, gamma), 2) == tokens
+    assert round(ops_overhead(alpha, gamma, 0.0), 2) == ops
+
+
+def test_expected_tokens_limits_and_broadcasting():
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1 - 1e-12, 4) == pytest.approx(5.0)
+    np.testing.assert_allclose(expected_tokens(0.5, np.array([1, 2, 3])), [1.5, 1.75, 1.875])
+    np.testing.assert_allclose(expected_tokens(1.0, np.array([1, 2])), [2.0, 3.0])
+
+
+def test_per_position_form():
+    rates = [0.9, 0.8, 0.5]
+    assert expected_tokens(rates) == pytest.approx(1 + 0.9 + 0.72 + 0.36)
+    assert expected_tokens(rates, 2) == pytest.approx(1 + 0.9 + 0.72)
+    assert expected_tokens([0.7] * 6) == pytest.approx(expected_tokens(0.7, 6))
+    np.testing.assert_allclose(expected_tokens(np.array([[0.5, 0.5], [1.0, 1.0]])), [1.75, 3.0])
+    assert speedup(rates, None, 0.1) == pytest.approx(expected_tokens(rates) / 1.3)
+    with pytest.raises(ValueError, match="gamma"):
+        expected_tokens(rates, 4)
+
+
+def test_expected_tokens_matches_simulation():
+    rng = np.random.default_rng(0)
+    alpha, gamma = 0.7, 4
+    accepted = rng.random((200_000, gamma)) < alpha
+    n = np.cumprod(accepted, axis=1).sum(axis=1)
+    assert (n + 1).mean() == pytest.approx(expected_tokens(alpha, gamma), abs=0.01)
+
+
+def test_speedup():
+    assert speedup(0.8, 5, 0.0) == pytest.approx(expected_tokens(0.8, 5))
+    assert speedup(0.8, 5, 0.1) == pytest.approx(expected_tokens(0.8, 5) / 1.5)
+    assert speedup(0.8, 5, 0.1, verify_cost=1.3) == pytest.approx(expected_tokens(0.8, 5) / 1.8)
+    grid = speedup(0.8, np.arange(1, 4)[:, None], np.array([0.0, 0.1]))
+    assert grid.shape == (3, 2)
+    assert speedup(0.0, 3, 0.1) < 1  # nothing accepted: speculation costs time
+
+
+def test_optimal_gamma():
+    gammas = np.arange(1, 33)
+    for alpha, c in [(0.8, 0.05), (0.6, 0.2), (0.95, 0.01), (0.9, 0.1)]:
+        best = optimal_gamma(alpha, c)
+        assert best == gammas[np.argmax(speedup(alpha, gammas, c))]
+    assert optimal_gamma(1.0, 0.0, max_gamma=16) == 16
+    assert optimal_gamma(0.0, 0.1) == 1
+    assert optimal_gamma([0.9, 0.9, 0.1, 0.1], 0.05) == 2
+    costs = 1 + 0.2 * np.arange(1, 9)  # verify cost growing with gamma favours shorter drafts
+    assert optimal_gamma(0.8, 0.02, max_gamma=8, verify_cost=costs) < optimal_gamma(0.8, 0.02, max_gamma=8)
+
+
+def test_free_draft_limit_bounds_speedup():
+    assert free_draft_limit(0.75) == pytest.approx(4.0)
+    assert free_draft_limit(1.0) == np.inf
+    np.testing.assert_allclose(free_draft_limit(np.array([0.0, 0.5])), [1.0, 2.0])
+    assert speedup(0.75, 200, 0.0) == pytest.approx(4.0)
+    assert speedup(0.75, 10, 0.0) < free_draft_limit(0.75)
+
+
+def test_ops_overhead():
+    assert ops_overhead(1.0, 4, 0.0) == pytest.approx(1.0)  # everything accepted: no waste
+    assert ops_overhead(0.0, 4, 0.1) == pytest.approx(4 * 0.1 + 4 + 1)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: expected_tokens(1.2, 3), "alpha"),
+    (lambda: expected_tokens(0.5, 0), "gamma"),
+    (lambda: expected_tokens(0.5, 2.5), "gamma"),
+    (lambda: expected_tokens(0.5), "gamma is required"),
+    (lambda: speedup(0.5, 3, -0.1), "c must"),
+    (lambda: speedup(0.5, 3, 0.1, verify_cost=0), "verify_cost"),
+    (lambda: ops_overhead(0.5, 3, -1), "c_hat"),
+    (lambda: optimal_gamma(0.5, 0.1, max_gamma=0), "max_gamma"),
+    (lambda: optimal_gamma(0.5, [0.1, 0.2]), "c must"),
+    (lambda: free_draft_limit(float("nan")), "alpha"),
+])
+def test_validation(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
