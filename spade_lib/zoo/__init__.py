@@ -5,9 +5,21 @@
 pair's tokenizer alone. Modules: ``corpus`` (text), ``tokenizer`` (BPE), ``configs`` (recipes),
 ``data``, ``train``, ``evaluate`` (alpha, perplexity, costs), ``cache`` (lock + atomic build),
 ``build``, ``pairs``.
+
+``Pair``, ``load_pair``, ``load_tokenizer`` and ``pair_names`` are imported lazily, so that
+``spade_lib.zoo.corpus`` and ``spade_lib.zoo.configs`` stay cheap to import (no torch).
 """
 
 from spade_lib.zoo.configs import PAIRS, PairConfig, get_config
-from spade_lib.zoo.pairs import Pair, load_pair, load_tokenizer, pair_names
+
+_LAZY = {"Pair", "load_pair", "load_tokenizer", "pair_names"}
 
 __all__ = ["PAIRS", "Pair", "PairConfig", "get_config", "load_pair", "load_tokenizer", "pair_names"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from spade_lib.zoo import pairs
+
+        return getattr(pairs, name)
+    raise AttributeError(f"module 'spade_lib.zoo' has no attribute {name!r}")
