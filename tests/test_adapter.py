@@ -1,0 +1,144 @@
+"""The cache-safe adapter: extend/rollback leave exactly the states of a fresh prefill, on several
+architecture families; clear errors for uncroppable caches, context overruns and bad arguments."""
+
+import pytest
+import torch
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MambaConfig,
+                          MambaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+from spade_lib.adapter import CausalLMAdapter, as_token_tensor, context_limit
+
+V = 96
+
+
+def llama(dtype=torch.float32):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        initializer_range=0.2)).to(dtype).eval()
+
+
+def gpt2():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                      bos_token_id=0, eos_token_id=0, initializer_range=0.2)).eval()
+
+
+def qwen2():
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        initializer_range=0.2)).eval()
+
+
+FAMILIES = {"llama": llama, "gpt2": gpt2, "qwen2": qwen2}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def model(request):
+    return FAMILIES[request.param]()
+
+
+def full_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def test_random_extend_rollback_sequence_matches_fresh_prefill(model):
+    """Any interleaving of extends and rollbacks gives the logits of a cache-free forward on the kept text."""
+    rng = torch.Generator().manual_seed(1)
+    a = CausalLMAdapter(model)
+    kept: list[int] = []
+    for _ in range(12):
+        k = int(torch.randint(1, 6, (1,), generator=rng))
+        new = torch.randint(0, V, (k,), generator=rng).tolist()
+        logits = a.extend(torch.tensor(new))
+        kept += new
+        assert logits.shape == (k, V) and a.length == len(kept)
+        torch.testing.assert_close(logits, full_logits(model, kept)[-k:], rtol=1e-4, atol=1e-5)
+        drop = int(torch.randint(0, k + 1, (1,), generator=rng))  # reject a suffix of what was just fed
+        a.rollback(len(kept) - drop)
+        kept = kept[:len(kept) - drop]
+        assert a.length == len(kept) == a.cache.get_seq_length()
+
+
+def test_prefill_resets_and_returns_last_logits(model):
+    a = CausalLMAdapter(model)
+    a.extend(torch.tensor([1, 2, 3]))
+    last = a.prefill(torch.tensor([4, 5, 6, 7]))
+    assert a.length == 4 and last.shape == (V,)
+    torch.testing.assert_close(last, full_logits(model, [4, 5, 6, 7])[-1], rtol=1e-4, atol=1e-5)
+    only = a.extend(torch.tensor([8, 9]), last_only=True)
+    torch.testing.assert_close(only[0], full_logits(model, [4, 5, 6, 7, 8, 9])[-1], rtol=1e-4, atol=1e-5)
+
+
+def test_context_limit(model):
+    a = CausalLMAdapter(model)
+    assert a.max_length == context_limit(model) == 64
+    a.extend(torch.zeros(64, dtype=torch.long))  # exactly at the limit
+    with pytest.raises(ValueError, match="context limit"):
+        a.extend(torch.zeros(1, dtype=torch.long))
+    b = CausalLMAdapter(model, max_length=8)
+    assert b.max_length == 8
+    with pytest.raises(ValueError, match="context limit"):
+        b.extend(torch.zeros(9, dtype=torch.long))
+
+
+def test_bad_arguments(model):
+    a = CausalLMAdapter(model)
+    a.extend(torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="length"):
+        a.rollback(4)
+    with pytest.raises(ValueError, match="length"):
+        a.rollback(-1)
+    with pytest.raises(ValueError, match="ids"):
+        a.extend(torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="max_length"):
+        CausalLMAdapter(model, max_length=0)
+
+
+def test_refuses_a_model_whose_cache_cannot_be_cropped():
+    torch.manual_seed(0)
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4)).eval()
+    with pytest.raises(ValueError, match="cannot be cropped"):
+        CausalLMAdapter(mamba)
+
+
+def test_refuses_a_model_without_a_cache_argument():
+    class NoCache(torch.nn.Module):
+        config = LlamaConfig()
+
+        def forward(self, input_ids):
+            return input_ids
+
+    with pytest.raises(ValueError, match="KV cache"):
+        CausalLMAdapter(NoCache())
+    with pytest.raises(ValueError, match="model"):
+        CausalLMAdapter(object())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision(dtype):
+    m = llama(dtype)
+    a = CausalLMAdapter(m)
+    assert a.dtype == dtype and a.device == torch.device("cpu")
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    a.extend(torch.tensor(ids[:5]))
+    a.extend(torch.tensor(ids[5:]))
+    a.rollback(6)
+    logits = a.extend(torch.tensor(ids[6:]))
+    assert logits.dtype == dtype
+    ref = full_logits(m, ids)[-2:]
+    assert (logits.float() - ref.float()).abs().max() < 0.1  # same text, rounding-level differences only
+
+
+def test_as_token_tensor():
+    assert as_token_tensor([1, 2], "cpu").tolist() == [1, 2]
+    assert as_token_tensor(torch.tensor([[1, 2]]), "cpu").tolist() == [1, 2]
+    assert as_token_tensor(torch.tensor([1, 2], dtype=torch.int32), "cpu").dtype == torch.long
+    with pytest.raises(ValueError, match="batch size"):
+        as_token_tensor(torch.zeros(2, 3, dtype=torch.long), "cpu")
+    with pytest.raises(ValueError, match="integers"):
+        as_token_tensor(torch.zeros(3), "cpu")
+    with pytest.raises(ValueError, match="prompt_ids"):
+        as_token_tensor(5, "cpu")
