@@ -21,7 +21,7 @@ import re
 import unicodedata
 from typing import Any
 
-DEFAULT_TIER_EDGES = (64, 256)  # tokens: short < 64 <= medium < 256 <= long
+DEFAULT_TIER_EDGES = (32, 128)  # tokens: short < 32 <= medium < 128 <= long
 
 
 def normalise(text: str) -> str:
@@ -97,7 +97,11 @@ def render_prompt(text: str, tokenizer: Any, chat_template: bool | str = "auto")
 
 
 def count_tokens(text: str, tokenizer: Any, chat_template: bool | str = "auto") -> int:
-    return len(tokenizer.encode(render_prompt(text, tokenizer, chat_template), add_special_tokens=False))
+    text = render_prompt(text, tokenizer, chat_template)
+    try:  # verbose=False: counting a long prompt is not an attempt to feed it to a model
+        return len(tokenizer.encode(text, add_special_tokens=False, verbose=False))
+    except TypeError:
+        return len(tokenizer.encode(text, add_special_tokens=False))
 
 
 def length_tier(n_tokens: int | None, edges: tuple[int, int] = DEFAULT_TIER_EDGES) -> str | None:
