@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, reached_rows
+from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import add_rate, bin_edges, digitize
 
 SCORES = ("q_x", "accept_prob", "q_top_prob")
@@ -29,21 +29,23 @@ def calibration_table(trace: TraceLike, by: By = None, *, score: str = "q_x", bi
     ``binning="uniform"`` uses ``bins`` equal bins of ``[0, 1]``; ``"quantile"`` equal-count bins."""
     df = as_trace(trace, ("reached", "accepted", score))
     keys = group_keys(by, df)
-    r = reached_rows(df)
-    s = r[score].to_numpy(dtype=np.float64)
+    reached = df["reached"].to_numpy(dtype=bool)
+    x = df[score].to_numpy(dtype=np.float64)
     if binning == "uniform":
-        edges = bin_edges(s, bins, "uniform", 0.0, 1.0)
+        edges = bin_edges(x[reached], bins, "uniform", 0.0, 1.0)
     else:
-        edges = bin_edges(s, bins, binning)
-    work = pd.DataFrame({**{k: r[k] for k in keys}, "bin": digitize(s, edges), "s": s,
-                         "acc": r["accepted"].to_numpy(dtype=bool)})
-    work = work[work["bin"].to_numpy() >= 0]
-    t = work.groupby(keys + ["bin"], observed=True, sort=True).agg(
-        n=("acc", "size"), accepted=("acc", "sum"), confidence=("s", "mean")).reset_index()
+        edges = bin_edges(x[reached], bins, binning)
+    b = digitize(x, edges)
+    ok = reached & (b >= 0)
+    g = Groups(df, keys + ["bin"], mask=ok, extra={"bin": np.where(ok, b, 0)})
+    t = g.frame()
     t.insert(len(keys), "score", score)
-    b = t["bin"].to_numpy()
-    t.insert(len(keys) + 2, "bin_low", edges[b])
-    t.insert(len(keys) + 3, "bin_high", edges[b + 1])
+    k = t["bin"].to_numpy()
+    t.insert(len(keys) + 2, "bin_low", edges[k])
+    t.insert(len(keys) + 3, "bin_high", edges[k + 1])
+    t["n"] = g.sum()
+    t["accepted"] = g.sum(df["accepted"].to_numpy(dtype=bool)).astype(np.int64)
+    t["confidence"] = g.sum(x) / t["n"]
     add_rate(t, "accepted", "n", "rate", level, method)
     t["gap"] = t["rate"] - t["confidence"]
     return t

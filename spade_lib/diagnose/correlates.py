@@ -13,8 +13,8 @@ All three look only at *reached* positions (the verifier judged them), with outc
 - :func:`acceptance_logit` — ``P(accepted | reached, z) = sigmoid(b0 + sum_j b_j z_j)`` fitted by
   Newton-Raphson (IRLS) with a small ridge ``l2`` on the slopes, on features standardised to unit
   variance (``coef_per_sd``) and reported on their raw scale too (``coef = coef_per_sd / sd_j``);
-  standard errors from the inverse Hessian. Generations ``(prompt_id, sample)`` are split into train
-  and held-out sets (seeded), so the held-out AUC scores unseen generations. Note that ``H(p)`` is
+  standard errors from the inverse Hessian. Within each group, generations ``(prompt_id, sample)``
+  are split into train and held-out sets (seeded), so the held-out AUC scores unseen generations. Note that ``H(p)`` is
   known only after the target's forward: the model *explains* rejections, it is not a stop rule.
 """
 
@@ -27,8 +27,10 @@ import numpy as np
 import pandas as pd
 from scipy import special, stats
 
-from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, reached_rows
-from spade_lib.diagnose.stats import add_rate, auc, bin_edges, digitize, mean_ci
+from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
+from spade_lib.diagnose.stats import (
+    add_rate, auc, bin_edges, digitize, grouped_mannwhitney, grouped_quantiles, mean_ci,
+)
 
 BIN_MEASURES = ("h_p", "h_q", "tv", "kl")
 LOGIT_FEATURES = ("pos", "h_p", "h_q", "q_top_prob")
@@ -40,33 +42,35 @@ def entropy_by_outcome(trace: TraceLike, by: By = None, *, measures: Sequence[st
     ``mean`` (``mean_low``, ``mean_high``), ``std``, ``q25``, ``median``, ``q75``; with ``test``, the
     Mann-Whitney ``p_value`` and ``auc_rejected`` of the group (same on both outcome rows)."""
     df = as_trace(trace, ("pos", "reached", "accepted", *measures))
-    keys = group_keys(by, df) + ["pos"]
-    r = reached_rows(df)
-    outcome = np.where(r["accepted"].to_numpy(dtype=bool), "accepted", "rejected")
+    g = Groups(df, group_keys(by, df) + ["pos"], mask=df["reached"].to_numpy(dtype=bool))
+    rejected = ~df["accepted"].to_numpy(dtype=bool)
+    ids = np.where(g.ids >= 0, 2 * g.ids + rejected, -1)  # (group, outcome) cells
+    n_cells = 2 * g.n
+    base = g.keys.loc[np.repeat(np.arange(g.n), 2)].reset_index(drop=True)
+    base["outcome"] = np.tile(["accepted", "rejected"], g.n)
     parts = []
     for m in measures:
-        work = pd.DataFrame({**{k: r[k] for k in keys}, "outcome": outcome,
-                             "x": r[m].to_numpy(dtype=np.float64)})
-        g = work.groupby(keys + ["outcome"], observed=True, sort=True)["x"]
-        t = g.agg(["size", "mean", "std"]).rename(columns={"size": "n"})
-        q = g.quantile([0.25, 0.5, 0.75]).unstack()
-        q.columns = ["q25", "median", "q75"]
-        t = t.join(q).reset_index()
-        t.insert(len(keys), "measure", m)
+        x = df[m].to_numpy(dtype=np.float64)
+        ok = (ids >= 0) & np.isfinite(x)
+        cell = np.where(ok, ids, -1)
+        n = np.bincount(cell[ok], minlength=n_cells).astype(np.int64)
+        s1 = np.bincount(cell[ok], weights=x[ok], minlength=n_cells)
+        s2 = np.bincount(cell[ok], weights=x[ok] ** 2, minlength=n_cells)
+        t = base.copy()
+        t.insert(len(t.columns) - 1, "measure", m)
+        t["n"] = n
+        with np.errstate(invalid="ignore", divide="ignore"):
+            t["mean"] = np.where(n > 0, s1 / n, np.nan)
+            t["std"] = np.where(n > 1, np.sqrt(np.maximum(s2 - n * t["mean"] ** 2, 0.0) / (n - 1)), np.nan)
+        x_order = np.flatnonzero(ok)
+        x_order = x_order[np.argsort(x[x_order])]  # one sort of the values serves both groupings
+        t[["q25", "median", "q75"]] = grouped_quantiles(cell, x, n_cells, (0.25, 0.5, 0.75), x_order)
         t["mean_low"], t["mean_high"] = mean_ci(t["mean"], t["std"], t["n"], level)
         if test:
-            t["p_value"], t["auc_rejected"] = np.nan, np.nan
-            for gkey, sub in work.groupby(keys, observed=True, sort=False):
-                acc = sub["outcome"].to_numpy() == "accepted"
-                x = sub["x"].to_numpy()
-                if acc.all() or not acc.any():
-                    continue
-                res = stats.mannwhitneyu(x[~acc], x[acc], alternative="two-sided", method="asymptotic")
-                gkey = gkey if isinstance(gkey, tuple) else (gkey,)
-                mask = np.logical_and.reduce([t[k].to_numpy() == v for k, v in zip(keys, gkey)])
-                t.loc[mask, "p_value"] = res.pvalue
-                t.loc[mask, "auc_rejected"] = res.statistic / ((~acc).sum() * acc.sum())
-        parts.append(t)
+            _, area, pval = grouped_mannwhitney(np.where(ok, g.ids, -1), x, rejected, g.n, x_order)
+            t["p_value"] = np.repeat(pval, 2)
+            t["auc_rejected"] = np.repeat(area, 2)
+        parts.append(t[t["n"] > 0])
     return pd.concat(parts, ignore_index=True)
 
 
@@ -78,23 +82,25 @@ def acceptance_by_bins(trace: TraceLike, by: By = None, *, measures: Sequence[st
     ``rate`` (bounds) and ``expected`` (mean ``1 - tv`` in the bin)."""
     df = as_trace(trace, ("reached", "accepted", "tv", *measures))
     keys = group_keys(by, df)
-    r = reached_rows(df)
-    acc = r["accepted"].to_numpy(dtype=bool)
-    alpha = 1.0 - r["tv"].to_numpy(dtype=np.float64)
+    reached = df["reached"].to_numpy(dtype=bool)
+    acc = df["accepted"].to_numpy(dtype=bool)
+    alpha = 1.0 - df["tv"].to_numpy(dtype=np.float64)
     parts = []
     for m in measures:
-        x = r[m].to_numpy(dtype=np.float64)
-        edges = bin_edges(x, bins, binning)
-        work = pd.DataFrame({**{k: r[k] for k in keys}, "bin": digitize(x, edges), "x": x,
-                             "acc": acc, "alpha": alpha})
-        work = work[work["bin"].to_numpy() >= 0]
-        t = work.groupby(keys + ["bin"], observed=True, sort=True).agg(
-            x_mean=("x", "mean"), n=("acc", "size"), accepted=("acc", "sum"), expected=("alpha", "mean"),
-        ).reset_index()
+        x = df[m].to_numpy(dtype=np.float64)
+        edges = bin_edges(x[reached], bins, binning)
+        b = digitize(x, edges)
+        ok = reached & (b >= 0)
+        g = Groups(df, keys + ["bin"], mask=ok, extra={"bin": np.where(ok, b, 0)})
+        t = g.frame()
         t.insert(len(keys), "measure", m)
-        b = t["bin"].to_numpy()
-        t.insert(len(keys) + 2, "bin_low", edges[b])
-        t.insert(len(keys) + 3, "bin_high", edges[b + 1])
+        k = t["bin"].to_numpy()
+        t.insert(len(keys) + 2, "bin_low", edges[k])
+        t.insert(len(keys) + 3, "bin_high", edges[k + 1])
+        t["n"] = g.sum()
+        t["x_mean"] = g.sum(x) / t["n"]
+        t["accepted"] = g.sum(acc).astype(np.int64)
+        t["expected"] = g.sum(alpha) / t["n"]
         add_rate(t, "accepted", "n", "rate", level, method)
         parts.append(t)
     return pd.concat(parts, ignore_index=True)
@@ -129,25 +135,24 @@ def _newton_logit(X: np.ndarray, y: np.ndarray, l2: float, max_iter: int = 50,
     return w, np.linalg.inv(hess), it
 
 
-def _heldout_mask(r: pd.DataFrame, test_fraction: float, seed: int) -> np.ndarray:
-    """True for rows of generations ``(prompt_id, sample)`` drawn (seeded) into the held-out set."""
-    codes, uniques = pd.factorize(pd.MultiIndex.from_arrays([r["prompt_id"], r["sample"]]), sort=True)
-    n_gen = len(uniques)
-    n_test = int(round(test_fraction * n_gen))
-    if n_gen >= 2:
-        n_test = min(max(n_test, 1), n_gen - 1)
-    test_gen = np.zeros(n_gen, dtype=bool)
-    test_gen[np.random.default_rng(seed).permutation(n_gen)[:n_test]] = True
-    return test_gen[codes]
+def _heldout(generation: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+    """True for rows whose generation id is drawn (seeded) into the held-out set: a fraction
+    ``test_fraction`` of the distinct generations, at least one and never all."""
+    gens = np.unique(generation)
+    n_test = int(round(test_fraction * len(gens)))
+    if len(gens) >= 2:
+        n_test = min(max(n_test, 1), len(gens) - 1)
+    test_gens = np.random.default_rng(seed).permutation(gens)[:n_test]
+    return np.isin(generation, test_gens)
 
 
 def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str] = LOGIT_FEATURES,
-                     test_fraction: float = 0.3, l2: float = 1e-3, max_rows: int | None = 2_000_000,
+                     test_fraction: float = 0.3, l2: float = 1e-3, max_rows: int | None = 500_000,
                      seed: int = 0) -> LogitFit:
     """Fit ``P(accepted | reached, features)`` per ``by`` group (module docstring).
 
-    ``max_rows`` caps the training rows (a seeded subsample; ``None``: all) to bound the time on very
-    large traces; the held-out AUC always uses every held-out row.
+    ``max_rows`` caps the training rows of each group (a seeded subsample; ``None``: all) to bound the
+    time on very large traces; the held-out AUC always uses every held-out row.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
@@ -155,18 +160,23 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
         raise ValueError("features must name at least one column")
     df = as_trace(trace, ("prompt_id", "sample", "reached", "accepted", *features))
     keys = group_keys(by, df)
-    r = reached_rows(df)
-    groups = r.groupby(keys, observed=True, sort=True) if keys else [((), r)]
+    reached = np.flatnonzero(df["reached"].to_numpy(dtype=bool))
+    Z_all = np.column_stack([df[f].to_numpy()[reached] for f in features]).astype(np.float64)
+    ok = np.all(np.isfinite(Z_all), axis=1)
+    reached, Z_all = reached[ok], Z_all[ok]
+    mask = np.zeros(len(df), dtype=bool)
+    mask[reached] = True
+    g = Groups(df, keys, mask=mask)
+    gid = g.ids[reached]
+    generation = Groups(df, ["prompt_id", "sample"]).ids[reached]
+    y_all = df["accepted"].to_numpy()[reached].astype(np.float64)
+    order = np.argsort(gid, kind="stable")
+    sizes = np.bincount(gid, minlength=g.n)
     coefs, scores = [], []
-    for gkey, sub in groups:
-        gkey = gkey if isinstance(gkey, tuple) else (gkey,)
-        label = dict(zip(keys, gkey))
-        y = sub["accepted"].to_numpy(dtype=np.float64)
-        Z = np.column_stack([sub[f].to_numpy(dtype=np.float64) for f in features])
-        ok = np.all(np.isfinite(Z), axis=1)
-        test = _heldout_mask(sub, test_fraction, seed) & ok
-        train = ~test & ok
-        idx = np.flatnonzero(train)
+    for j, rows in enumerate(np.split(order, np.cumsum(sizes)[:-1])):
+        label = {k: g.keys[k].iloc[j] for k in keys}
+        y, Z, test = y_all[rows], Z_all[rows], _heldout(generation[rows], test_fraction, seed)
+        idx = np.flatnonzero(~test)
         if max_rows is not None and len(idx) > max_rows:
             idx = np.sort(np.random.default_rng(seed).choice(idx, max_rows, replace=False))
         if len(idx) < len(features) + 2 or y[idx].min() == y[idx].max():

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, reached_rows
+from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import poisson_binomial_z
 
 BASES = {"accept_prob": "min(1, p(x)/q(x))", "tv": "1 - TV(p, q)"}
@@ -38,22 +38,18 @@ def expected_vs_realised(trace: TraceLike, by: By = None, *,
     if unknown or not bases:
         raise ValueError(f"bases must be a non-empty subset of {list(BASES)}, got {list(bases)}")
     df = as_trace(trace, ("reached", "accepted", *bases))
-    keys = group_keys(by, df)
-    r = reached_rows(df)
+    g = Groups(df, group_keys(by, df), mask=df["reached"].to_numpy(dtype=bool))
+    acc = df["accepted"].to_numpy(dtype=bool)
     parts = []
     for basis in bases:
-        x = r[basis].to_numpy(dtype=np.float64)
+        x = df[basis].to_numpy(dtype=np.float64)
         pi = np.clip(x if basis == "accept_prob" else 1.0 - x, 0.0, 1.0)
-        work = pd.DataFrame({**{k: r[k] for k in keys}, "acc": r["accepted"].to_numpy(dtype=bool),
-                             "pi": pi, "var": pi * (1.0 - pi)})
-        if keys:
-            t = work.groupby(keys, observed=True, sort=True).agg(
-                n=("acc", "size"), realised=("acc", "sum"), expected=("pi", "sum"), variance=("var", "sum"),
-            ).reset_index()
-        else:
-            t = pd.DataFrame({"n": [len(work)], "realised": [int(work["acc"].sum())],
-                              "expected": [work["pi"].sum()], "variance": [work["var"].sum()]})
+        t = g.frame()
         t.insert(0, "basis", basis)
+        t["n"] = g.sum()
+        t["realised"] = g.sum(acc).astype(np.int64)
+        t["expected"] = g.sum(pi)
+        t["variance"] = g.sum(pi * (1.0 - pi))
         parts.append(t)
     out = pd.concat(parts, ignore_index=True)
     n = out["n"].to_numpy(dtype=np.float64)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, step_rows
+from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, categorize, group_keys, step_rows
 
 TIME_COLUMNS = ("t_draft", "t_verify", "t_overhead")
 
@@ -36,38 +36,39 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     """
     df = as_trace(trace, ("prompt_id", "sample", "pos", category, "gamma", "n_accepted", "reached", "accepted"))
     keys = group_keys(by, df)
-    tok = pd.DataFrame({**{k: df[k] for k in keys}, category: df[category],
-                        "reached": df["reached"].to_numpy(dtype=bool),
-                        "accepted": df["accepted"].to_numpy(dtype=bool)})
     steps = step_rows(df)
     has_time = all(c in df.columns for c in TIME_COLUMNS)
     time = (sum(steps[c].to_numpy(dtype=np.float64) for c in TIME_COLUMNS) if has_time
             else np.full(len(steps), np.nan))
-    st = pd.DataFrame({**{k: steps[k] for k in keys}, category: steps[category],
-                       "gen": steps["prompt_id"].astype(str) + "#" + steps["sample"].astype(str),
-                       "gamma": steps["gamma"].to_numpy(dtype=np.int64),
-                       "n_acc": steps["n_accepted"].to_numpy(dtype=np.int64), "time": time})
+    reached = df["reached"].to_numpy(dtype=bool)
+    accepted = df["accepted"].to_numpy(dtype=bool)
 
-    def summarise(group_cols: list[str]) -> pd.DataFrame:
-        gt = tok.groupby(group_cols, observed=True, sort=True) if group_cols else None
-        gs = st.groupby(group_cols, observed=True, sort=True) if group_cols else None
-        if group_cols:
-            a = gt.agg(reached=("reached", "sum"), accepted=("accepted", "sum"))
-            b = gs.agg(generations=("gen", "nunique"), steps=("gamma", "size"), drafted=("gamma", "sum"),
-                       n_acc=("n_acc", "sum"), time=("time", lambda x: x.sum(min_count=len(x))))
-            return b.join(a).reset_index()
-        return pd.DataFrame({"generations": [st["gen"].nunique()], "steps": [len(st)],
-                             "drafted": [st["gamma"].sum()], "n_acc": [st["n_acc"].sum()],
-                             "time": [st["time"].sum(min_count=len(st))],
-                             "reached": [tok["reached"].sum()], "accepted": [tok["accepted"].sum()]})
+    def summarise(cols: list[str]) -> pd.DataFrame:
+        gs = Groups(steps, cols)
+        out = gs.frame()
+        gens = Groups(steps, cols + ["prompt_id", "sample"]).keys
+        if cols:
+            per = gens.groupby(cols, observed=True).size().rename("generations").reset_index()
+            out = out.merge(per, on=cols, how="left", sort=False)
+        else:
+            out["generations"] = len(gens)
+        out["steps"] = gs.sum()
+        out["drafted"] = gs.sum(steps["gamma"].to_numpy()).astype(np.int64)
+        out["n_acc"] = gs.sum(steps["n_accepted"].to_numpy()).astype(np.int64)
+        out["time"] = gs.sum(time)
+        gt = Groups(df, cols)
+        out["reached"] = gt.sum(reached).astype(np.int64)
+        out["accepted"] = gt.sum(accepted).astype(np.int64)
+        return out
 
     out = summarise(keys + [category])
     out[category] = out[category].astype(str)
     if overall:
         tot = summarise(keys)
         tot[category] = "overall"
-        out = pd.concat([out, tot], ignore_index=True).sort_values(keys, kind="stable") if keys else \
-            pd.concat([out, tot], ignore_index=True)
+        out = pd.concat([out, tot], ignore_index=True)
+        if keys:
+            out = out.sort_values(keys, kind="stable")
     out["new_tokens"] = out["n_acc"] + out["steps"]
     with np.errstate(invalid="ignore", divide="ignore"):
         out["acceptance"] = out["accepted"] / out["drafted"]
@@ -97,7 +98,7 @@ def all_tables(trace: TraceLike, tokenizer: Any = None, by: By = None, *, bins: 
     from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
     from spade_lib.diagnose.tokens import token_class_acceptance, token_table
 
-    df = as_trace(trace)
+    df = categorize(as_trace(trace))
     keys = group_keys(by, df)
     tables: dict[str, pd.DataFrame] = {
         "position": position_acceptance(df, keys),

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys, reached_rows
+from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import add_rate
 
 TOKEN_CLASSES = ("whitespace", "identifier", "number", "punctuation", "other")
@@ -63,11 +63,11 @@ def token_class(text: str) -> str:
 def _token_counts(trace: TraceLike, by: By, token: str) -> tuple[pd.DataFrame, list[str]]:
     df = as_trace(trace, ("reached", "accepted", token))
     keys = group_keys(by, df)
-    r = reached_rows(df)
-    work = pd.DataFrame({**{k: r[k] for k in keys}, "token": r[token].to_numpy(dtype=np.int64),
-                         "acc": r["accepted"].to_numpy(dtype=bool)})
-    t = work.groupby(keys + ["token"], observed=True, sort=True).agg(
-        n=("acc", "size"), accepted=("acc", "sum")).reset_index()
+    g = Groups(df, keys + [token], mask=df["reached"].to_numpy(dtype=bool))
+    t = g.frame().rename(columns={token: "token"})
+    t["token"] = t["token"].astype(np.int64)
+    t["n"] = g.sum()
+    t["accepted"] = g.sum(df["accepted"].to_numpy(dtype=bool)).astype(np.int64)
     t["rejected"] = t["n"] - t["accepted"]
     return t, keys
 

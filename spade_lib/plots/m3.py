@@ -1,0 +1,302 @@
+"""M3 figures: thin functions over the tables of :mod:`spade_lib.diagnose`.
+
+Each function takes one tidy table (and ``by``, the grouping column the table was computed with, if
+any: one colour per group), draws it, and returns the ``Figure``; saving is the caller's
+``save_figure(fig, "m3_<name>")``. No statistics are computed here beyond reshaping, so a figure
+shows exactly the numbers of its table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
+
+MEASURE_LABELS = {
+    "h_p": "target entropy H(p) [nats]", "h_q": "draft entropy H(q) [nats]",
+    "tv": "TV(p, q)", "kl": "KL(p || q) [nats]",
+    "q_x": "draft confidence q(x)", "accept_prob": "min(1, p(x)/q(x))", "q_top_prob": "draft max prob",
+}
+
+
+def _groups(table: pd.DataFrame, by: str | None) -> list[tuple[str | None, pd.DataFrame]]:
+    if by is None:
+        return [(None, table)]
+    if by not in table.columns:
+        raise ValueError(f"by={by!r} is not a column of the table")
+    return [(str(k), sub) for k, sub in table.groupby(by, observed=True, sort=True)]
+
+
+def _check(table: pd.DataFrame, columns: Sequence[str], name: str) -> None:
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ValueError(f"{name}: table is missing column(s) {missing}")
+    if table.empty:
+        raise ValueError(f"{name}: table is empty")
+
+
+def _colors(n: int) -> list:
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    return [cycle[i % len(cycle)] for i in range(n)]
+
+
+def acceptance_by_position(table: pd.DataFrame, by: str | None = None) -> Figure:
+    """Conditional (solid) and unconditional (dashed) acceptance per draft position with their
+    binomial intervals, and the exact expectation ``mean(1 - TV)`` (crosses); a
+    :func:`~spade_lib.diagnose.position_acceptance` table."""
+    _check(table, ["pos", "alpha_cond", "alpha_cond_low", "alpha_cond_high", "alpha_uncond",
+                   "alpha_uncond_low", "alpha_uncond_high", "expected_cond"], "acceptance_by_position")
+    fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
+    groups = _groups(table, by)
+    for (label, sub), color in zip(groups, _colors(len(groups))):
+        x = sub["pos"].to_numpy()
+        name = f"{label}: " if label else ""
+        ax.plot(x, sub["alpha_cond"], "-o", color=color, label=f"{name}conditional")
+        ax.fill_between(x, sub["alpha_cond_low"], sub["alpha_cond_high"], color=color, alpha=0.2, lw=0)
+        ax.plot(x, sub["alpha_uncond"], "--s", color=color, label=f"{name}unconditional")
+        ax.fill_between(x, sub["alpha_uncond_low"], sub["alpha_uncond_high"], color=color, alpha=0.12, lw=0)
+        ax.plot(x, sub["expected_cond"], "x", color=color, ms=5)
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.02)
+    ax.set_xticks(np.unique(table["pos"]))
+    ax.legend(loc="lower left", fontsize=6)
+    return fig
+
+
+def accept_length_hist(table: pd.DataFrame, by: str | None = None) -> Figure:
+    """Accepted-length distribution ``P(N = k)`` (bars) and survival ``P(N >= k)`` (right panel);
+    an :func:`~spade_lib.diagnose.accept_length_hist` table."""
+    _check(table, ["n_accepted", "fraction", "survival"], "accept_length_hist")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(DOUBLE_COLUMN * 0.7, 2.2))
+    groups = _groups(table, by)
+    width = 0.8 / len(groups)
+    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+        k = sub["n_accepted"].to_numpy()
+        ax1.bar(k - 0.4 + width * (j + 0.5), sub["fraction"], width=width, color=color, label=label)
+        ax2.plot(k, sub["survival"], "-o", color=color, label=label)
+    ax1.set_xlabel("accepted drafts per step N")
+    ax1.set_ylabel("P(N = k)")
+    ax2.set_xlabel("k")
+    ax2.set_ylabel("P(N >= k)")
+    ax2.set_ylim(0, 1.02)
+    for ax in (ax1, ax2):
+        ax.set_xticks(np.unique(table["n_accepted"]))
+    if by is not None:
+        ax1.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def entropy_rejected_vs_accepted(table: pd.DataFrame, by: str | None = None) -> Figure:
+    """Median and interquartile range of each entropy at accepted vs rejected positions, per draft
+    position (one panel per measure, one row per group); an
+    :func:`~spade_lib.diagnose.entropy_by_outcome` table."""
+    _check(table, ["pos", "measure", "outcome", "median", "q25", "q75"], "entropy_rejected_vs_accepted")
+    measures = list(dict.fromkeys(table["measure"]))
+    groups = _groups(table, by)
+    fig, axes = plt.subplots(len(groups), len(measures), figsize=(DOUBLE_COLUMN * 0.7, 1.9 * len(groups)),
+                             squeeze=False, sharey=True)
+    styles = {"accepted": ("C2", -0.1, "o"), "rejected": ("C3", 0.1, "v")}
+    for r, (label, sub) in enumerate(groups):
+        for c, m in enumerate(measures):
+            ax = axes[r, c]
+            for outcome, (color, dx, marker) in styles.items():
+                s = sub[(sub["measure"] == m) & (sub["outcome"] == outcome)]
+                x = s["pos"].to_numpy() + dx
+                ax.errorbar(x, s["median"], yerr=[s["median"] - s["q25"], s["q75"] - s["median"]],
+                            fmt=marker, color=color, capsize=2, label=outcome)
+            ax.set_title(f"{label}: {MEASURE_LABELS.get(m, m)}" if label else MEASURE_LABELS.get(m, m), fontsize=7)
+            ax.set_xticks(np.unique(sub["pos"]))
+            if r == len(groups) - 1:
+                ax.set_xlabel("draft position i")
+        axes[r, 0].set_ylabel("entropy [nats]")
+    axes[0, 0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_vs_measure(table: pd.DataFrame, by: str | None = None) -> Figure:
+    """Conditional acceptance against binned H(p), H(q), TV, KL (points with binomial intervals)
+    and the exact expectation ``mean(1 - TV)`` per bin (dashed); an
+    :func:`~spade_lib.diagnose.acceptance_by_bins` table."""
+    _check(table, ["measure", "x_mean", "rate", "rate_low", "rate_high", "expected"], "acceptance_vs_measure")
+    measures = list(dict.fromkeys(table["measure"]))
+    fig, axes = plt.subplots(1, len(measures), figsize=(DOUBLE_COLUMN, 2.0), squeeze=False, sharey=True)
+    groups = _groups(table, by)
+    for (label, sub), color in zip(groups, _colors(len(groups))):
+        for ax, m in zip(axes[0], measures):
+            s = sub[sub["measure"] == m]
+            ax.errorbar(s["x_mean"], s["rate"], yerr=[s["rate"] - s["rate_low"], s["rate_high"] - s["rate"]],
+                        fmt="o-", color=color, capsize=1.5, label=label)
+            ax.plot(s["x_mean"], s["expected"], "--", color=color, lw=0.8)
+            ax.set_xlabel(MEASURE_LABELS.get(m, m))
+    axes[0, 0].set_ylabel("P(accept | reached)")
+    axes[0, 0].set_ylim(0, 1.02)
+    if by is not None:
+        axes[0, 0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def calibration(table: pd.DataFrame, by: str | None = None, errors: pd.DataFrame | None = None) -> Figure:
+    """Reliability diagram per score: empirical acceptance against mean score per bin, the diagonal
+    of perfect calibration, and the ECE in the legend when ``errors`` (a
+    :func:`~spade_lib.diagnose.calibration_error` table) is given; a
+    :func:`~spade_lib.diagnose.calibration_table` table."""
+    _check(table, ["score", "confidence", "rate", "rate_low", "rate_high"], "calibration")
+    scores = list(dict.fromkeys(table["score"]))
+    fig, axes = plt.subplots(1, len(scores), figsize=(SINGLE_COLUMN * len(scores) * 0.8, 2.4), squeeze=False)
+    groups = _groups(table, by)
+    for (label, sub), color in zip(groups, _colors(len(groups))):
+        for ax, sc in zip(axes[0], scores):
+            s = sub[sub["score"] == sc]
+            name = label or "empirical"
+            if errors is not None:
+                e = errors[errors["score"] == sc]
+                if by is not None:
+                    e = e[e[by].astype(str) == label]
+                if len(e):
+                    name += f" (ECE {float(e['ece'].iloc[0]):.3f})"
+            ax.errorbar(s["confidence"], s["rate"], yerr=[s["rate"] - s["rate_low"], s["rate_high"] - s["rate"]],
+                        fmt="o-", color=color, capsize=1.5, label=name)
+    for ax, sc in zip(axes[0], scores):
+        ax.plot([0, 1], [0, 1], ":", color="grey", lw=0.8)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(MEASURE_LABELS.get(sc, sc))
+        ax.legend(fontsize=6, loc="upper left")
+    axes[0, 0].set_ylabel("empirical acceptance")
+    fig.tight_layout()
+    return fig
+
+
+def expected_vs_realised(table: pd.DataFrame, x: str = "pos", by: str | None = None) -> Figure:
+    """Realised acceptance rate (points, +-1.96 Poisson-binomial standard errors) against the exactly
+    known expectation (crosses), per ``x`` (e.g. ``pos`` or ``category``), one panel per basis, with
+    the p-value of each group; an :func:`~spade_lib.diagnose.expected_vs_realised` table."""
+    _check(table, ["basis", x, "n", "realised_rate", "expected_rate", "variance", "p_value"], "expected_vs_realised")
+    bases = list(dict.fromkeys(table["basis"]))
+    fig, axes = plt.subplots(1, len(bases), figsize=(SINGLE_COLUMN * len(bases) * 0.85, 2.3), squeeze=False,
+                             sharey=True)
+    groups = _groups(table, by)
+    cats = list(dict.fromkeys(table[x].astype(str)))
+    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+        dx = (j - (len(groups) - 1) / 2) * 0.15
+        for ax, basis in zip(axes[0], bases):
+            s = sub[sub["basis"] == basis]
+            pos = np.array([cats.index(v) for v in s[x].astype(str)]) + dx
+            se = 1.96 * np.sqrt(s["variance"].to_numpy()) / s["n"].to_numpy()
+            ax.errorbar(pos, s["realised_rate"], yerr=se, fmt="o", color=color, capsize=2, label=label or "realised")
+            ax.plot(pos, s["expected_rate"], "x", color="k", ms=5)
+            for px, py, pv in zip(pos, s["realised_rate"], s["p_value"]):
+                ax.annotate(f"p={pv:.2g}", (px, py), textcoords="offset points", xytext=(3, 4), fontsize=5)
+            ax.set_title(f"basis: {basis}", fontsize=7)
+    for ax in axes[0]:
+        ax.set_xticks(range(len(cats)))
+        ax.set_xticklabels(cats, rotation=30 if x != "pos" else 0, fontsize=6)
+        ax.set_xlabel(x)
+    axes[0, 0].set_ylabel("acceptance rate (x: expected)")
+    axes[0, 0].legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_heatmap(table: pd.DataFrame, by: str | None = None, *, max_generations: int = 40) -> Figure:
+    """Fraction of drafts kept per generation (rows, grouped by category) and step (columns); white
+    after a generation ended; an :func:`~spade_lib.diagnose.acceptance_heatmap` table."""
+    _check(table, ["prompt_id", "sample", "category", "step", "rate"], "acceptance_heatmap")
+    groups = _groups(table, by)
+    fig, axes = plt.subplots(1, len(groups), figsize=(DOUBLE_COLUMN if len(groups) > 1 else SINGLE_COLUMN * 1.3,
+                                                      2.8), squeeze=False)
+    image = None
+    for ax, (label, sub) in zip(axes[0], groups):
+        gen = sub["category"].astype(str) + " | " + sub["prompt_id"].astype(str) + "#" + sub["sample"].astype(str)
+        grid = pd.DataFrame({"gen": gen, "step": sub["step"], "rate": sub["rate"]}).pivot_table(
+            index="gen", columns="step", values="rate", sort=True)
+        grid = grid.iloc[:max_generations]
+        image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
+        ax.set_yticks(range(len(grid)))
+        ax.set_yticklabels(grid.index, fontsize=4)
+        steps = grid.columns.to_numpy()
+        ticks = np.linspace(0, len(steps) - 1, min(6, len(steps))).astype(int)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels(steps[ticks])
+        ax.set_xlabel("verification step")
+        ax.grid(False)
+        if label:
+            ax.set_title(label, fontsize=7)
+    fig.colorbar(image, ax=axes[0].tolist(), label="fraction of drafts kept", shrink=0.9)
+    return fig
+
+
+def token_rejections(table: pd.DataFrame, by: str | None = None, *, top: int = 15) -> Figure:
+    """The ``top`` tokens with most rejections (bars: rejections; labels: acceptance rate and support);
+    a :func:`~spade_lib.diagnose.token_table` table."""
+    _check(table, ["display", "rejected", "rate", "n"], "token_rejections")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    groups = _groups(table, by)
+    fig, axes = plt.subplots(1, len(groups), figsize=(SINGLE_COLUMN * 1.1 * len(groups), 0.16 * top + 0.8),
+                             squeeze=False)
+    for ax, (label, sub), color in zip(axes[0], groups, _colors(len(groups))):
+        s = sub.sort_values("rejected", ascending=False, kind="stable").head(top).iloc[::-1]
+        y = np.arange(len(s))
+        ax.barh(y, s["rejected"], color=color)
+        ax.set_yticks(y)
+        ax.set_yticklabels([repr(t)[1:-1][:14] for t in s["display"]], fontsize=6, family="monospace")
+        for yy, (rej, rate, n) in enumerate(zip(s["rejected"], s["rate"], s["n"])):
+            ax.annotate(f"{rate:.2f} of {n}", (rej, yy), textcoords="offset points", xytext=(2, -2), fontsize=5)
+        ax.set_xlabel("rejections")
+        ax.margins(x=0.25)
+        if label:
+            ax.set_title(label, fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def logit_coefficients(table: pd.DataFrame, by: str | None = None) -> Figure:
+    """Standardised logistic coefficients (change in log-odds of acceptance per standard deviation of
+    each feature) with 95 % intervals; the ``coefficients`` of
+    :func:`~spade_lib.diagnose.acceptance_logit`."""
+    _check(table, ["term", "coef_per_sd", "z"], "logit_coefficients")
+    t = table[table["term"] != "intercept"]
+    terms = list(dict.fromkeys(t["term"]))
+    groups = _groups(t, by)
+    fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 0.35 * len(terms) + 0.9))
+    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+        y = np.array([terms.index(v) for v in sub["term"]]) + (j - (len(groups) - 1) / 2) * 0.2
+        se = np.abs(sub["coef_per_sd"] / sub["z"])
+        ax.errorbar(sub["coef_per_sd"], y, xerr=1.96 * se, fmt="o", color=color, capsize=2, label=label)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(range(len(terms)))
+    ax.set_yticklabels(terms)
+    ax.invert_yaxis()
+    ax.set_xlabel("log-odds of acceptance per SD")
+    if by is not None:
+        ax.legend(fontsize=6)
+    return fig
+
+
+def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str = "tau") -> Figure:
+    """One bar per category (and group) of a :func:`~spade_lib.diagnose.category_summary` column
+    (default ``tau``, the mean accepted length with the bonus token)."""
+    _check(table, ["category", value], "category_summary")
+    cats = list(dict.fromkeys(table["category"].astype(str)))
+    groups = _groups(table, by)
+    width = 0.8 / len(groups)
+    fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.2))
+    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+        x = np.array([cats.index(c) for c in sub["category"].astype(str)]) - 0.4 + width * (j + 0.5)
+        ax.bar(x, sub[value], width=width, color=color, label=label)
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=30, fontsize=6)
+    ax.set_ylabel(value)
+    if by is not None:
+        ax.legend(fontsize=6)
+    return fig
