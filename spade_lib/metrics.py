@@ -217,3 +217,38 @@ def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
     from spade_lib.theory import speedup
 
     return float(speedup(alpha, gamma, c))
+
+
+def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFrame | None = None,
+                gamma: int | None = None) -> dict[str, float]:
+    """Every metric above for one run (or one category of it), as a flat dict.
+
+    ``baseline`` (an autoregressive run over the same generations) adds the speedups, the cost ratio
+    ``c`` and, with the run's fixed ``gamma``, Theorem 3.8's prediction from the measured ``alpha`` and
+    ``c`` and the gap to it (``measured / predicted``, and ``predicted - measured``). Trace-based
+    entries are NaN for runs that drafted nothing (baselines).
+    """
+    nan = float("nan")
+    out: dict[str, float] = {
+        "generations": float(len(summary)), "new_tokens": float(summary["new_tokens"].sum()),
+        "tokens_per_s": tokens_per_second(summary),
+    }
+    drafted = len(trace) > 0 and bool(trace["reached"].any())
+    out["alpha"] = acceptance_rate(trace) if drafted else nan
+    out["alpha_expected"] = expected_acceptance_rate(trace) if drafted else nan
+    has_steps = "accept_lengths" in summary.columns and summary["accept_lengths"].map(len).sum() > 0
+    out["tau"] = mean_accepted_length(summary) if has_steps else nan
+    out["tau_no_bonus"] = mean_accepted_length(summary, with_bonus=False) if has_steps else nan
+    out["block_efficiency"] = block_efficiency(summary) if has_steps else nan
+    out["mean_gamma"] = float(steps(trace)["gamma"].mean()) if drafted else nan
+    if baseline is not None:
+        out["speedup"] = speedup_ratio_of_totals(summary, baseline)
+        out["speedup_mean_of_ratios"] = speedup_mean_of_ratios(summary, baseline)
+        out["c"] = cost_ratio(trace, baseline) if drafted else nan
+        if drafted and gamma is not None:
+            out["predicted"] = predicted_speedup(out["alpha"], gamma, out["c"])
+            out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
+            out["gap"] = out["predicted"] - out["speedup"]
+        else:
+            out["predicted"] = out["fraction_of_prediction"] = out["gap"] = nan
+    return out

@@ -1,7 +1,7 @@
 """Run a draft/target pair over a suite: one Parquet trace shard per prompt, resumable, timed.
 
 ``run_suite(pair, suite, config)`` decodes the first turn of every suite prompt ``n_samples`` times
-with one method and writes, under the run folder ``run_dir_for(pair.name, suite.name, config)``::
+with one method and writes, under the run folder ``run_dir_for(pair.name, suite_key(suite), config)``::
 
     <run_dir>/metadata.json          the run: pair, suite (+ sha256), config, environment, schema
     <run_dir>/trace/<qid>.parquet    one shard per prompt: its token-level trace (spade_lib.trace),
@@ -146,6 +146,12 @@ def run_dir_for(pair_name: str, suite_name: str, config: RunConfig) -> Path:
     return paths.RUNS_DIR / "traces" / pair_name / suite_name / f"{config.label}-{config.hash}"
 
 
+def suite_key(suite) -> str:
+    """``<suite name>-<first 8 hex of its sha256>``: a folder name that changes when the prompts do
+    (a filtered sub-suite keeps its parent's name but not its hash)."""
+    return f"{suite.name}-{suite.sha256[:8]}"
+
+
 def generation_seed(seed: int, question_id: Any, sample: int) -> int:
     """A 63-bit seed from (run seed, question_id, sample): stable across processes and platforms."""
     digest = hashlib.sha256(f"{seed}:{question_id}:{sample}".encode()).digest()
@@ -284,7 +290,7 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
     if not suite.rows:
         raise ValueError(f"suite {suite.name!r} has no prompts")
     device = _check_pair_placement(pair, config)
-    run_dir = Path(run_dir) if run_dir is not None else run_dir_for(pair.name, suite.name, config)
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_for(pair.name, suite_key(suite), config)
     trace_dir = paths.ensure_dir(run_dir / "trace")
     _clean_temporaries(trace_dir)
 

@@ -112,3 +112,16 @@ def test_bad_input_names_the_argument():
         metrics.acceptance_rate(trace_from_blocks([]).reindex(columns=["accepted", "reached"]))
     with pytest.raises(ValueError, match="wall_time must be positive"):
         metrics.tokens_per_second(summary(["a"], [3], [0.0]))
+
+
+def test_run_metrics_collects_everything():
+    t = trace_from_blocks([("a", 2, 3), ("a", 3, 3), ("b", 0, 3)], t_draft=0.003)
+    s = summary(["a", "b"], [7, 1], [0.5, 0.1], [[3, 4], [1]])
+    ar = summary(["a", "b"], [7, 1], [1.0, 0.2])
+    m = metrics.run_metrics(t, s, ar, gamma=3)
+    assert m["alpha"] == pytest.approx(5 / 7) and m["tau"] == pytest.approx(8 / 3)
+    assert m["speedup"] == pytest.approx(2.0) and m["mean_gamma"] == 3
+    assert m["predicted"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c"]))
+    assert m["fraction_of_prediction"] == pytest.approx(2.0 / m["predicted"])
+    b = metrics.run_metrics(t.iloc[:0], ar, ar, gamma=3)  # a baseline: no trace rows
+    assert b["speedup"] == 1.0 and math.isnan(b["alpha"]) and math.isnan(b["predicted"])

@@ -190,3 +190,13 @@ def test_bad_draft_and_placement(pair, tmp_path):
         runner.run_suite(pair, mini_suite(1), cfg(draft="huge"), tmp_path / "x", progress=False)
     with pytest.raises(ValueError, match="dtype"):
         runner.run_suite(pair, mini_suite(1), cfg(dtype="bfloat16"), tmp_path / "y", progress=False)
+
+
+def test_default_run_dir_uses_the_suite_hash(pair, tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    suite = mini_suite(1)
+    d = runner.run_suite(pair, suite, cfg(method="ar"), progress=False)
+    assert d == runner.run_dir_for("tiny", runner.suite_key(suite), cfg(method="ar"))
+    assert runner.suite_key(suite) == f"mini-{suite.sha256[:8]}"
+    runs = runner.list_runs(tmp_path / "traces")
+    assert runs[["pair", "method", "config_hash"]].values.tolist() == [["tiny", "ar", cfg(method="ar").hash]]
