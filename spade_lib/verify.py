@@ -184,18 +184,40 @@ def _check_uniforms(name: str, u: torch.Tensor, shape: tuple[int, ...]) -> None:
 # sampling helpers
 
 
-def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Index ``t`` with ``C(t-1) <= u * C(V-1) < C(t)``, ``C`` the float64 cumulative sum of ``weights``.
+_BLOCK = 256  # inverse-CDF sampling searches block sums first, then one block
 
-    ``weights [..., V]`` are non-negative (need not be normalised), ``u [...]`` in ``[0, 1)``. A
-    token of zero weight is never returned (the chosen ``t`` has ``C(t) > C(t-1)``).
+
+def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Index ``t`` with ``C(t-1) <= u * C(V-1) < C(t)``, ``C`` the cumulative sum of ``weights``.
+
+    ``weights [..., V]`` are non-negative (need not be normalised), ``u [...]`` in ``[0, 1)``. The
+    search is two-level and allocates nothing of size ``V``: cumulative sums (float64) of
+    ``_BLOCK``-token block sums locate the block, a float64 cumulative sum inside that block locates
+    the token. A token of zero weight is never returned.
     """
-    c = weights.to(torch.float64).cumsum(dim=-1)
+    V = weights.shape[-1]
+    lead = weights.shape[:-1]
+    n_full, tail = divmod(V, _BLOCK)
+    parts = []
+    if n_full:
+        parts.append(weights[..., : n_full * _BLOCK].reshape(*lead, n_full, _BLOCK).sum(dim=-1))
+    if tail:
+        parts.append(weights[..., n_full * _BLOCK:].sum(dim=-1, keepdim=True))
+    block_mass = torch.cat(parts, dim=-1).to(torch.float64)      # [..., n_blocks]
+    c = block_mass.cumsum(dim=-1)
     total = c[..., -1:]
     target = u.to(torch.float64).unsqueeze(-1) * total
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-    idx = torch.searchsorted(c.contiguous(), target.contiguous(), right=True).squeeze(-1)
-    return idx.clamp_(max=weights.shape[-1] - 1)
+    block = torch.searchsorted(c.contiguous(), target.contiguous(), right=True)
+    block = block.clamp_(max=c.shape[-1] - 1)                    # [..., 1]
+    rest = target - (c.gather(-1, block) - block_mass.gather(-1, block))
+    idx = block * _BLOCK + torch.arange(_BLOCK, device=weights.device)
+    inside = idx < V
+    w = weights.gather(-1, idx.clamp(max=V - 1)).to(torch.float64) * inside
+    cw = w.cumsum(dim=-1)
+    rest = torch.minimum(rest.clamp(min=0.0), torch.nextafter(cw[..., -1:], torch.zeros_like(rest)))
+    j = torch.searchsorted(cw.contiguous(), rest.contiguous(), right=True).clamp_(max=_BLOCK - 1)
+    return (block * _BLOCK + j).squeeze(-1)
 
 
 def _draw(shape: tuple[int, ...], generator, like: torch.Tensor) -> torch.Tensor:
@@ -299,19 +321,26 @@ def verify(
     else:
         u_next = _draw((B,), residual_generator, p)
 
+    # weights of the next-token draw, built in place in fresh [B, V] copies (large temporaries are
+    # costly: each is a page-faulting allocation)
     if mode in ("exact", "lenience"):
-        scale = 1.0 if mode == "exact" else opts["lenience"]
-        weights = torch.clamp(p_next - scale * q[rows, at], min=0.0)
+        weights = q[rows, at]
+        if mode == "lenience":
+            weights.mul_(opts["lenience"])
+        torch.sub(p_next, weights, out=weights).clamp_(min=0.0)   # max(0, p - q)
     elif mode in ("one_hot_q", "sample_match"):
-        weights = p_next.scatter(-1, x[rows, at].unsqueeze(-1), 0.0)
+        weights = p_next.clone().scatter_(-1, x[rows, at].unsqueeze(-1), 0.0)
     else:  # typical: sample the target itself
         weights = p_next
-    weights = torch.where(bonus.unsqueeze(-1), p_next, weights)
     mass = weights.sum(dim=-1, keepdim=True)
-    # a rejection with an empty residual has probability 0 in exact arithmetic; fall back to p
-    weights = torch.where(mass > 0, weights, p_next)
-    next_dist = weights / weights.sum(dim=-1, keepdim=True)
+    # the bonus samples p_gamma; a rejection with an empty residual has probability 0 in exact
+    # arithmetic, and falls back to p
+    use_p = bonus | (mass.squeeze(-1) <= 0)
+    if weights is not p_next and bool(use_p.any()):
+        weights[use_p] = p_next[use_p]
+        mass = weights.sum(dim=-1, keepdim=True)
     next_token = sample_inverse_cdf(weights, u_next)
+    next_dist = weights.div_(mass)
     if sampled is not None:  # sample_match emits the target's own sample at the rejection
         next_token = torch.where(bonus, next_token, sampled[rows, at])
     return VerifyResult(n_accepted, next_token, accept_prob, u, accepted, reached, p_x, q_x,
