@@ -10,7 +10,7 @@ from spade_lib import paths
 from spade_lib.bench import (EMBEDDED_CATEGORIES, MT_BENCH_CATEGORIES, SPEC_BENCH_SUBTASKS, Suite, SuiteSpec,
                              build_suite, dedup, default_suite, from_specbench, length_tier, load_suite,
                              manifest_path, named_source, normalise, prompt_token_ids, read_jsonl,
-                             render_prompt, source_from_dict)
+                             render_prompt, source_from_dict, spec_from_manifest)
 from spade_lib.bench.embedded import embedded_candidates, split_prose
 from spade_lib.bench.process import stratified_sample
 from spade_lib.bench.sources import source_to_dict
@@ -213,6 +213,37 @@ def test_same_seed_gives_identical_bytes(tok, tmp_path):
     assert a.to_jsonl() != c.to_jsonl()
 
 
+def test_rebuild_from_manifest_reproduces_bytes(tok, tmp_path):
+    suite = build_suite(SuiteSpec("r", ["embedded"], n_per_category=3, seed=5, tokenizer=tok, tier_edges=(20, 90)))
+    path = suite.save(tmp_path / "r.jsonl")
+    spec = spec_from_manifest(load_suite(path).manifest, tokenizer=tok)
+    assert spec.seed == 5 and spec.tier_edges == (20, 90)
+    assert build_suite(spec).to_jsonl() == path.read_bytes()
+
+
+def test_empty_category_and_allow_fewer(tok):
+    # every structured prompt is longer than 5 tokens: the category is empty after the length filter
+    with pytest.raises(ValueError, match=r"no prompts for \['structured'\] \(after filtering\)"):
+        build_suite(SuiteSpec("e", ["embedded"], categories=["structured"], tokenizer=tok, max_tokens=5))
+    s = build_suite(SuiteSpec("f", ["embedded"], categories=["reference_prose", "docstring"], n_per_category=500,
+                              tokenizer=tok, allow_fewer=True))
+    counts = s.manifest["counts"]
+    assert counts["short_categories"] == ["docstring", "reference_prose"]
+    assert counts["per_category"] == counts["available_per_category"]
+    assert s.categories == ["reference_prose", "docstring"]  # the requested order
+
+
+def test_source_without_prompts_is_refused(tmp_path):
+    class Empty:
+        kind, name, license = "empty", "empty", "none"
+
+        def load(self):
+            return []
+
+    with pytest.raises(ValueError, match="source 'empty' produced no prompts"):
+        build_suite(SuiteSpec("x", [Empty()]))
+
+
 def test_unknown_names_list_the_known_ones(tok):
     with pytest.raises(ValueError, match="known: .*embedded.*spec_bench"):
         named_source("wikipedia")
@@ -278,3 +309,27 @@ def test_real_specbench_file_480_prompts_6_subtasks():
     assert suite.manifest["counts"]["per_subtask"] == {s: 80 for s in SPEC_BENCH_SUBTASKS}
     assert len(suite.categories) == 13
     assert sum(len(r["turns"]) == 2 for r in suite.rows) == 80  # MT-bench is two-turn
+
+
+# --- the committed suite --------------------------------------------------------------------------
+
+COMMITTED = paths.DATA_DIR / "embedded.jsonl"
+
+
+@pytest.mark.skipif(not COMMITTED.is_file(), reason="no committed embedded suite under data/")
+def test_committed_suite_verifies():
+    suite = load_suite(COMMITTED)
+    assert suite.manifest["counts"]["per_category"] == {c: 40 for c in EMBEDDED_CATEGORIES}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not COMMITTED.is_file(), reason="no committed embedded suite under data/")
+def test_committed_suite_is_reproduced_byte_for_byte():
+    import platform
+
+    manifest = load_suite(COMMITTED).manifest
+    built_on = manifest["provenance"]["embedded"]["python_version"]
+    if built_on.rsplit(".", 1)[0] != platform.python_version().rsplit(".", 1)[0]:
+        pytest.skip(f"suite built on CPython {built_on}; this is {platform.python_version()} (another stdlib)")
+    rebuilt = build_suite(spec_from_manifest(manifest))  # loads the "default" tokenizer from the zoo
+    assert rebuilt.to_jsonl() == COMMITTED.read_bytes()

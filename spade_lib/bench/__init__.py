@@ -8,7 +8,7 @@ Typical use::
 """
 
 from spade_lib.bench.build import (SuiteSpec, build_suite, default_suite, from_specbench, named_source,
-                                   prompt_token_ids)
+                                   prompt_token_ids, spec_from_manifest)
 from spade_lib.bench.embedded import CATEGORIES as EMBEDDED_CATEGORIES, EmbeddedConfig
 from spade_lib.bench.format import Suite, load_suite, manifest_path, read_jsonl
 from spade_lib.bench.process import DEFAULT_TIER_EDGES, dedup, length_tier, normalise, render_prompt
@@ -21,5 +21,5 @@ __all__ = [
     "MT_BENCH_CATEGORIES", "SOURCE_KINDS", "SPEC_BENCH_SUBTASKS", "SpecBenchSource", "Suite", "SuiteSpec",
     "build_suite", "dedup", "default_suite", "from_specbench", "hf_spec", "length_tier", "load_suite",
     "manifest_path", "named_source", "normalise", "prompt_token_ids", "read_jsonl", "register_source",
-    "render_prompt", "source_from_dict",
+    "render_prompt", "source_from_dict", "spec_from_manifest",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 from spade_lib.bench import process
 from spade_lib.bench.embedded import CATEGORIES as EMBEDDED_CATEGORIES
 from spade_lib.bench.format import FORMAT_VERSION, Suite, validate_row
-from spade_lib.bench.sources import EmbeddedSource, SpecBenchSource, source_to_dict
+from spade_lib.bench.sources import EmbeddedSource, SpecBenchSource, source_from_dict, source_to_dict
 from spade_lib.bench.specs import HF_SPECS
 
 PRESET_SOURCES = ("embedded", "spec_bench")
@@ -78,6 +78,24 @@ def spec_to_dict(spec: SuiteSpec, tokenizer_name: str | None) -> dict:
         "allow_fewer": spec.allow_fewer, "renumber": spec.renumber, "version": spec.version,
         "description": spec.description,
     }
+
+
+def spec_from_manifest(manifest: dict, tokenizer: Any = None) -> SuiteSpec:
+    """The :class:`SuiteSpec` a saved suite was built from (``build_suite`` of it rebuilds the suite).
+
+    The tokenizer is recorded by name; pass the object when it was not a zoo name."""
+    if "spec" not in manifest:
+        raise ValueError("manifest has no 'spec' (not built by build_suite?)")
+    d = dict(manifest["spec"])
+    d["sources"] = [source_from_dict(s) for s in d["sources"]]
+    d["tier_edges"] = tuple(d["tier_edges"])
+    if tokenizer is not None:
+        d["tokenizer"] = tokenizer
+    known = set(SuiteSpec.__dataclass_fields__)
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"manifest spec has unknown field(s) {unknown}; SuiteSpec fields: {sorted(known)}")
+    return SuiteSpec(**d)
 
 
 def build_suite(spec: SuiteSpec) -> Suite:
@@ -207,6 +225,6 @@ def prompt_token_ids(suite: Suite, tokenizer: Any, chat_template: bool | str = "
     for r in suite.rows:
         text = process.render_prompt(r["turns"][0], tokenizer, chat_template)
         # a chat template already carries its special tokens; do not add a second BOS
-        special = add_special_tokens and not (text is not r["turns"][0])
+        special = add_special_tokens and text is r["turns"][0]
         out[r["question_id"]] = list(tokenizer.encode(text, add_special_tokens=special))
     return out
