@@ -8,7 +8,8 @@ predictability differs — which is the point: acceptance ``alpha`` depends on t
 - ``docstring``        the first part of a docstring or ``#`` comment block -> the rest (prose about code).
 - ``reference_prose``  the first part of a reference-manual paragraph -> the rest (technical English).
 - ``structured``       the first lines of a long literal (dict / list / tuple), a run of constant
-                       assignments, or a grammar block -> the following lines (highly regular text).
+                       assignments, a bulleted / numbered list, or a grammar block -> the following
+                       lines (highly regular text).
 
 Every candidate is a row ``{"category", "subtask", "turns": [prompt], "reference": [continuation],
 "source": "embedded", "source_id": "<document>:<line>"}``; the order is deterministic (documents in
