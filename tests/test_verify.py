@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -173,6 +175,10 @@ def test_matches_hf_speculative_sampling(monkeypatch):
     the same uniforms, and the same residual / bonus distribution (captured from its multinomial)."""
     from transformers.generation import utils as hf
 
+    params = inspect.signature(hf._speculative_sampling).parameters
+    if list(params)[:4] != ["candidate_input_ids", "candidate_logits", "candidate_length", "new_logits"]:
+        pytest.skip(f"unknown _speculative_sampling signature {list(params)}")
+    extra = {"is_done_candidate": False} if "is_done_candidate" in params else {}  # transformers < 5.2x
     gamma, V = 4, 10
     seen = []
     real_multinomial = torch.multinomial
@@ -191,7 +197,7 @@ def test_matches_hf_speculative_sampling(monkeypatch):
         x = real_multinomial(q[0], 1, generator=gen).T  # [1, gamma]
         torch.manual_seed(seed)
         tokens, n_hf = hf._speculative_sampling(torch.cat([torch.zeros(1, 3, dtype=torch.long), x], 1),
-                                                z_q, gamma, z_p)
+                                                z_q, gamma, z_p, **extra)
         torch.manual_seed(seed)
         u = torch.rand(gamma)[None]  # what torch.rand_like drew inside
         res = verify(z_p.softmax(-1), q, x, uniforms=u)
