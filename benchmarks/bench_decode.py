@@ -52,6 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--repeats", type=int, default=3, help="timed generations per prompt and method")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all CPUs of this process)")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto (the pair is fp32 either way)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="also cProfile SPADE's decode loop")
     return ap.parse_args(argv)
@@ -84,21 +85,22 @@ def main(argv=None) -> None:
     from spade_lib.zoo import load_pair
 
     threads = timing.fix_threads(args.threads or None)
+    device = timing.resolve_device(args.device)
     t0 = time.perf_counter()
-    pair = load_pair(args.pair)
+    pair = load_pair(args.pair, device=device)
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
     print(f"pair={pair.name} draft={args.draft} suite={suite.name} ({len(suite.rows)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
-          f"T={args.temperature:g} repeats={args.repeats} threads={threads} "
+          f"T={args.temperature:g} repeats={args.repeats} threads={threads} device={device} "
           f"(setup {time.perf_counter() - t0:.1f} s)")
-    fp = timing.environment_fingerprint("cpu")
-    print(f"cpu={fp['cpu_model']!r} torch={fp['torch']} transformers={fp['transformers']} "
+    fp = timing.environment_fingerprint(device)
+    print(f"cpu={fp['cpu_model']!r} gpu={fp['gpu']!r} torch={fp['torch']} transformers={fp['transformers']} "
           f"git={str(fp['git_commit'])[:10]}{'+dirty' if fp['git_dirty'] else ''}")
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"] * 3
     print(f"load average before: {' '.join(load)} (other processes share these cores if > {threads})")
 
     configs = {m: runner.RunConfig(method=m, draft=args.draft, gamma=args.gamma, temperature=args.temperature,
-                                   max_new_tokens=args.max_new_tokens, seed=args.seed, device="cpu",
+                                   max_new_tokens=args.max_new_tokens, seed=args.seed, device=str(device),
                                    warmup=0, repeats=args.repeats) for m in METHODS}
     gens = {m: runner.make_generate(pair, c) for m, c in configs.items()}
     prompts = [(r, runner.prompt_ids(pair.tokenizer, r["turns"][0], configs["ar"])) for r in suite.rows]
@@ -111,7 +113,7 @@ def main(argv=None) -> None:
         seed = runner.generation_seed(args.seed, row["question_id"], 0)
         order = METHODS[i % 4:] + METHODS[:i % 4]  # rotate so no method always runs first
         for m in order:
-            gen, t = runner._timed(gens[m], ids, configs[m], seed, torch.device("cpu"))
+            gen, t = runner.timed_generation(gens[m], ids, configs[m], seed, device)
             rows[m].append({"question_id": row["question_id"], "category": row["category"], "sample": 0,
                             "new_tokens": len(gen.output_ids), "wall_time": t.median,
                             "rel_spread": t.rel_spread, "accept_lengths": gen.accept_lengths,

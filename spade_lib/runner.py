@@ -329,7 +329,7 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
             records, summaries = [], []
             for sample in range(config.n_samples):
                 seed = generation_seed(config.seed, row["question_id"], sample)
-                gen, t = _timed(generate, ids, config, seed, device)
+                gen, t = timed_generation(generate, ids, config, seed, device)
                 for r in gen.records:
                     records.append({"prompt_id": str(row["question_id"]), "category": row["category"],
                                     "sample": sample, **r})
@@ -341,7 +341,7 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
     return run_dir
 
 
-def _timed(generate, ids, config: RunConfig, seed: int, device) -> tuple[Generation, timing.Timing]:
+def timed_generation(generate, ids, config: RunConfig, seed: int, device) -> tuple[Generation, timing.Timing]:
     """Time ``config.repeats`` identical generations; they must agree token for token."""
     outputs: list[Generation] = []
 
