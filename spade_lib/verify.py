@@ -41,14 +41,15 @@ mode                      kind      acceptance at position i; token at the first
 
 Randomness and replay: acceptance uniforms (``B * gamma`` of them, drawn for every position whether
 or not it is reached, so the stream never depends on the outcome) come from ``generator``; the
-next-token draw (one uniform per row, inverse-CDF sampling, cumulative sums in float64) comes from
+next-token draw (one uniform per row, inverse-CDF sampling by :func:`sample_inverse_cdf`) comes from
 ``residual_generator`` (default: ``generator``). Both are returned; passing them back as
 ``uniforms=`` / ``next_uniforms=`` reproduces the decision bit for bit. Deterministic modes record
 NaN uniforms.
 
 Everything is vectorised over ``B`` and ``gamma``; only the ``gamma`` drafted probabilities and one
 ``V``-row per batch row (the rejection or bonus position) are read, so with ``validate=False`` the
-cost is ``O(B * (gamma + V))``. ``validate=True`` (default) adds two reads of ``p`` and ``q``.
+cost is ``O(B * (gamma + V))`` (``sample_match`` samples the target at every position: ``O(B * gamma * V)``).
+``validate=True`` (default) adds two reads of ``p`` and ``q`` (row sums and the minimum).
 """
 
 from __future__ import annotations
