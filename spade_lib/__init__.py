@@ -23,6 +23,15 @@ __version__ = "0.1.0"
 # Public names re-exported at the top level -> the module that defines them.
 _EXPORTS = {
     "SamplingConfig": "spade_lib.sampling",
+    "adjust": "spade_lib.sampling",
+    "VerifyResult": "spade_lib.verify",
+    "distribution_stats": "spade_lib.measures",
+    "expected_tokens": "spade_lib.theory",
+    "speedup": "spade_lib.theory",
+    "optimal_gamma": "spade_lib.theory",
+    "load_suite": "spade_lib.bench",
+    "default_suite": "spade_lib.bench",
+    "build_suite": "spade_lib.bench",
     "load_pair": "spade_lib.zoo",
     "setup_notebook": "spade_lib.params",
     "save_figure": "spade_lib.plots",
