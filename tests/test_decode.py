@@ -1,0 +1,463 @@
+"""The speculative decoder against references: HF greedy decoding token for token, the exact
+target distribution of the first tokens (chi-square, p-value reported), fresh-prefill logits after
+every rollback; plus EOS / max_new_tokens / context edge cases, replay and the record schema."""
+
+import copy
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from spade_lib import trace
+from spade_lib.adapter import CausalLMAdapter
+from spade_lib.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder, seed_streams
+from spade_lib.drafters import ModelDrafter, NGramDrafter
+from spade_lib.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.sampling import SamplingConfig, adjust
+
+GREEDY = SamplingConfig(temperature=0)
+SMOKE_PROMPTS = [  # one per kind of text the embedded suite holds
+    "def fibonacci(n):\n    ",
+    "import os\nimport sys\n\n",
+    "The return value is",
+    "class Queue:\n    def __init__(self",
+    "x = [1, 2, 3]\nfor i in",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from spade_lib.zoo.pairs import load_pair
+
+    return load_pair("tiny")
+
+
+def llama(vocab=128, seed=0, layers=2, hidden=32, init=0.3, max_pos=64):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_pos,
+                      initializer_range=init, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                      tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def perturbed(model, scale, seed=1):
+    """A draft that agrees with ``model`` often but not always: its weights plus Gaussian noise."""
+    d = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0.0))
+    return d
+
+
+def hf_greedy(model, ids, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# greedy equality with HF generate
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [1, 2, 4, 6])
+def test_greedy_equals_hf_generate_on_the_tiny_pair(tiny, gamma):
+    dec = SpeculativeDecoder(tiny.target, tiny.draft, gamma=gamma, sampling=GREEDY, tokenizer=tiny.tokenizer)
+    same = perturbed(tiny.target, 0.05)  # a close draft: long accepted blocks, rejections too
+    dec_close = SpeculativeDecoder(tiny.target, same, gamma=gamma, sampling=GREEDY)
+    for text in SMOKE_PROMPTS:
+        ids = tiny.tokenizer(text)["input_ids"]
+        ref = hf_greedy(tiny.target, ids, 40)
+        for d in (dec, dec_close):
+            out = d.generate(ids, 40)
+            assert out.tokens == ref, (text, gamma)
+            assert sum(out.emitted_lengths) == len(ref)
+        assert out.text is None and dec.generate(ids, 3).text == tiny.tokenizer.decode(ref[:3])
+    assert max(out.accept_lengths) > 1  # the close draft exercised accepted blocks
+
+
+def test_greedy_equals_hf_generate_for_prompt_lookup_and_policies(tiny):
+    t = tiny.target
+    close = perturbed(t, 0.05)
+    decoders = [SpeculativeDecoder(t, NGramDrafter(max_ngram=3), gamma=4, sampling=GREEDY),
+                SpeculativeDecoder(t, close, policy=ConfidenceThreshold(0.4, max_gamma=8), sampling=GREEDY),
+                SpeculativeDecoder(t, close, policy=EntropyThreshold(2.0, max_gamma=8), sampling=GREEDY)]
+    lookups = 0
+    for text in SMOKE_PROMPTS:
+        ids = tiny.tokenizer(text)["input_ids"]
+        ref = hf_greedy(t, ids, 40)
+        for dec in decoders:
+            out = dec.generate(ids, 40)
+            assert out.tokens == ref
+        lookups += sum(g > 0 for g in decoders[0].generate(ids, 40).gammas)
+    assert lookups > 0  # prompt lookup did propose (the tiny target repeats itself)
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_greedy_equals_hf_generate_on_gpt2(gamma):
+    torch.manual_seed(0)
+    target = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=96,
+                                        initializer_range=0.3, bos_token_id=None, eos_token_id=None)).eval()
+    draft = perturbed(target, 0.1)
+    dec = SpeculativeDecoder(target, draft, gamma=gamma, sampling=GREEDY)
+    rng = torch.Generator().manual_seed(gamma)
+    accepted = 0
+    for L in (1, 5, 12):
+        ids = torch.randint(0, 128, (L,), generator=rng).tolist()
+        out = dec.generate(ids, 30)
+        assert out.tokens == hf_greedy(target, ids, 30)
+        accepted += sum(s.n_accepted for s in out.steps)
+    assert accepted > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling: the output distribution is the target's
+
+
+N_TOKENS, VOCAB, TEMP = 3, 6, 0.5
+
+
+class ToyLM(torch.nn.Module):
+    """A one-layer, one-head causal-attention LM in plain torch with the HF forward interface
+    (``cache=`` a ``DynamicCache``, ``position_ids``, ``logits_to_keep``). The Monte-Carlo tests need
+    thousands of generations, and an HF model's fixed per-forward overhead would dominate them."""
+
+    def __init__(self, vocab, seed, dim=8, scale=0.3, max_pos=16):
+        super().__init__()
+        self.config = LlamaConfig(vocab_size=vocab, hidden_size=dim, num_hidden_layers=1, num_attention_heads=1,
+                                  num_key_value_heads=1, max_position_embeddings=max_pos, bos_token_id=None,
+                                  eos_token_id=None, pad_token_id=None)
+        g = torch.Generator().manual_seed(seed)
+        self.emb = torch.nn.Parameter(torch.randn(vocab, dim, generator=g))
+        self.pos = torch.nn.Parameter(torch.randn(max_pos, dim, generator=g))
+        self.w = torch.nn.Parameter(torch.randn(3, dim, dim, generator=g) / dim ** 0.5)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.randn(vocab, dim, generator=g) * scale / dim ** 0.5)
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def forward(self, input_ids, cache=None, use_cache=False, position_ids=None, logits_to_keep=0):
+        n = input_ids.shape[1]
+        past = 0 if cache is None else cache.get_seq_length()
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n)[None]
+        h = self.emb[input_ids] + self.pos[position_ids]
+        q, k, v = h @ self.w[0], h @ self.w[1], h @ self.w[2]
+        if cache is not None:
+            k, v = (t[:, 0] for t in cache.update(k[:, None], v[:, None], 0))
+        att = (q @ k.transpose(-1, -2)) / h.shape[-1] ** 0.5
+        mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)
+        out = h + att.masked_fill(~mask, -math.inf).softmax(-1) @ v
+        if logits_to_keep:
+            out = out[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self.head(out))
+
+
+def exact_joint(target, prompt, sampling):
+    """P(first N_TOKENS tokens = t) under target-only sampling, by enumeration: [VOCAB ** N_TOKENS]."""
+    probs = torch.ones(1, dtype=torch.float64)
+    seqs = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(N_TOKENS):
+            p = adjust(target(seqs).logits[:, -1], sampling, dtype=torch.float64)  # [S, V]
+            probs = (probs[:, None] * p).flatten()
+            seqs = torch.cat([seqs.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(len(seqs))[:, None]], 1)
+    return probs.numpy()
+
+
+def chi_square(counts, expected_probs, min_expected=5.0):
+    """Pearson chi-square goodness of fit; cells with expected count < min_expected are pooled."""
+    n = counts.sum()
+    exp = expected_probs * n
+    small = exp < min_expected
+    obs_c = np.append(counts[~small], counts[small].sum())
+    exp_c = np.append(exp[~small], exp[small].sum())
+    return scipy.stats.chisquare(obs_c, exp_c * obs_c.sum() / exp_c.sum()).pvalue
+
+
+def sample_counts(decoder, prompt, n_runs):
+    counts = np.zeros(VOCAB ** N_TOKENS, dtype=np.int64)
+    steps = []
+    for seed in range(n_runs):
+        out = decoder.generate(prompt, N_TOKENS, seed=seed)
+        t = out.tokens
+        counts[(t[0] * VOCAB + t[1]) * VOCAB + t[2]] += 1
+        steps.append(out.accept_lengths[0])
+    return counts, steps
+
+
+@pytest.fixture(scope="module")
+def mc_pair():
+    target = ToyLM(VOCAB, seed=0)
+    return target, perturbed(target, 0.5)  # alpha ~ 0.5-0.8 per position at TEMP
+
+
+def test_toy_lm_cache_matches_its_full_forward(mc_pair):
+    target, _ = mc_pair
+    a = CausalLMAdapter(target)
+    a.extend(torch.tensor([1, 2, 3]))
+    a.extend(torch.tensor([4, 5]))
+    a.rollback(4)
+    torch.testing.assert_close(a.extend(torch.tensor([0, 2])), target(torch.tensor([[1, 2, 3, 4, 0, 2]])).logits[0, -2:])
+
+
+@pytest.mark.slow
+def test_sampling_distribution_equals_target_only_sampling(mc_pair, record_property):
+    target, draft = mc_pair
+    sampling = SamplingConfig(temperature=TEMP)
+    prompt = [2]
+    expected = exact_joint(target, prompt, sampling)
+    dec = SpeculativeDecoder(target, draft, gamma=2, sampling=sampling, record="light")
+    counts, first_lengths = sample_counts(dec, prompt, 2000)
+    p_spade = chi_square(counts, expected)
+    ar_counts, _ = sample_counts(AutoregressiveDecoder(target, sampling=sampling), prompt, 1000)
+    p_ar = chi_square(ar_counts, expected)
+    record_property("p_value_speculative", p_spade)
+    record_property("p_value_autoregressive", p_ar)
+    print(f"chi-square vs exact target joint of {N_TOKENS} tokens: speculative p = {p_spade:.4f}, "
+          f"autoregressive p = {p_ar:.4f}; first-step accept lengths {np.bincount(first_lengths).tolist()}")
+    assert set(first_lengths) == {1, 2, 3}  # rejections, partial and full acceptance all happened
+    assert p_spade > 1e-3 and p_ar > 1e-3
+
+
+def test_sampling_test_detects_an_unwarped_q(mc_pair, monkeypatch, record_property):
+    """Injected bug: the draft samples from the warped q but reports the unwarped softmax to verify."""
+    target, draft = mc_pair
+    sampling = SamplingConfig(temperature=TEMP)
+    original = ModelDrafter.propose
+
+    def buggy(self, *args, **kwargs):
+        d = original(self, *args, **kwargs)
+        d.q = d.logits.float().softmax(-1)
+        return d
+
+    monkeypatch.setattr(ModelDrafter, "propose", buggy)
+    dec = SpeculativeDecoder(target, draft, gamma=2, sampling=sampling, record="light")
+    counts, _ = sample_counts(dec, [2], 600)
+    p_bug = chi_square(counts, exact_joint(target, [2], sampling))
+    record_property("p_value_injected_bug", p_bug)
+    print(f"chi-square with the unwarped-q bug: p = {p_bug:.3g}")
+    assert p_bug < 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# rollback: the caches always equal a fresh prefill
+
+
+class CheckedAdapter(CausalLMAdapter):
+    """Compares every extend's logits with a cache-free forward on the whole token history."""
+
+    def reset(self):
+        super().reset()
+        self.history: list[int] = []
+        self.checks = self.crops = 0
+
+    def extend(self, ids, *, last_only=False):
+        logits = super().extend(ids, last_only=last_only)
+        self.history += ids.tolist()
+        with torch.no_grad():
+            ref = self.model(torch.tensor([self.history])).logits[0, -logits.shape[0]:]
+        torch.testing.assert_close(logits, ref, rtol=1e-4, atol=1e-5)
+        self.checks += 1
+        return logits
+
+    def rollback(self, length):
+        self.crops += length < self.length
+        super().rollback(length)
+        del self.history[length:]
+
+
+def test_rollback_equals_fresh_prefill_after_accepts_and_rejects(tiny):
+    target = CheckedAdapter(tiny.target)
+    draft = CheckedAdapter(perturbed(tiny.target, 1.0))
+    dec = SpeculativeDecoder(target, ModelDrafter(draft), gamma=4, sampling=SamplingConfig(1.0), eos_token_id=[])
+    ids = tiny.tokenizer(SMOKE_PROMPTS[0])["input_ids"]
+    out = dec.generate(ids, 40, seed=3)
+    assert target.crops > 0 and draft.crops > 0 and target.checks == 1 + out.n_steps  # prefill + steps
+    ns = {s.n_accepted for s in out.steps}
+    assert 0 in ns and len(ns) > 1
+    # the final state too: the committed text minus the newest token is cached
+    assert target.history == ids + out.tokens[:-1]
+
+
+# ---------------------------------------------------------------------------------------------
+# edge cases
+
+
+@pytest.fixture(scope="module")
+def same_pair():
+    """Draft = target: every draft is accepted, so blocks are gamma + 1 long."""
+    t = llama(vocab=64, seed=3, max_pos=64)
+    return t, copy.deepcopy(t)
+
+
+def test_eos_inside_an_accepted_block_stops_there(same_pair):
+    target, draft = same_pair
+    prompt = [1, 2, 3]
+    ref = hf_greedy(target, prompt, 30)
+    j = next(j for j in range(7, 30) if ref[j] not in ref[:j] and j % 5 not in (0, 4))  # mid-block
+    out = SpeculativeDecoder(target, draft, gamma=4, sampling=GREEDY, eos_token_id=ref[j]).generate(prompt, 30)
+    assert out.tokens == ref[:j + 1] and out.stop_reason == "eos"
+    assert out.accept_lengths[-1] == 5 and out.emitted_lengths[-1] < 5  # verified whole, emitted truncated
+    sampled = SpeculativeDecoder(target, draft, gamma=4, sampling=SamplingConfig(1.0), eos_token_id=[])
+    free = sampled.generate(prompt, 30, seed=0).tokens
+    e = free[8]
+    stopped = SpeculativeDecoder(target, draft, gamma=4, sampling=SamplingConfig(1.0),
+                                 eos_token_id=[e]).generate(prompt, 30, seed=0)
+    assert stopped.tokens == free[:free.index(e) + 1] and stopped.tokens[-1] == e
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 4, 5, 6, 9, 11])
+def test_max_new_tokens_is_exact(same_pair, m):
+    target, draft = same_pair
+    ref = hf_greedy(target, [4, 5], 12)
+    out = SpeculativeDecoder(target, draft, gamma=4, sampling=GREEDY).generate([4, 5], m)
+    assert out.tokens == ref[:m] and out.stop_reason == "max_new_tokens"
+    assert sum(out.emitted_lengths) == m and all(g <= 4 for g in out.gammas)
+
+
+def test_one_token_prompt_and_gamma_one(tiny):
+    for tok in (0, 77, 300):
+        ref = hf_greedy(tiny.target, [tok], 20)
+        for gamma in (1, 3):
+            assert SpeculativeDecoder(tiny.target, tiny.draft, gamma=gamma, sampling=GREEDY,
+                                      eos_token_id=[]).generate([tok], 20).tokens == ref
+
+
+def test_context_limit(same_pair):
+    target, draft = same_pair  # 64 positions
+    dec = SpeculativeDecoder(target, perturbed(target, 0.2), gamma=4, sampling=GREEDY)
+    ar = AutoregressiveDecoder(target, sampling=GREEDY)
+    prompt = list(range(1, 61))
+    out = dec.generate(prompt, 10)
+    assert out.tokens == hf_greedy(target, prompt, 4) == ar.generate(prompt, 10).tokens
+    assert out.stop_reason == "context_limit" and len(prompt) + len(out.tokens) == 64
+    at_limit = dec.generate(list(range(64)), 5)
+    assert at_limit.tokens == [] and at_limit.stop_reason == "context_limit"
+    assert dec.generate(list(range(63)), 5).tokens == hf_greedy(target, list(range(63)), 1)
+    with pytest.raises(ValueError, match="prompt_ids: 65 tokens exceed the context limit of 64"):
+        dec.generate(list(range(65)), 5)
+
+
+def test_bad_arguments(same_pair):
+    target, draft = same_pair
+    dec = SpeculativeDecoder(target, draft, gamma=2)
+    with pytest.raises(ValueError, match="prompt_ids: empty prompt"):
+        dec.generate([], 5)
+    with pytest.raises(ValueError, match="prompt_ids: empty prompt"):
+        AutoregressiveDecoder(target).generate(torch.zeros(1, 0, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dec.generate([1], -1)
+    with pytest.raises(ValueError, match="seed"):
+        dec.generate([1], 2, seed=-3)
+    with pytest.raises(ValueError, match="gamma/policy"):
+        SpeculativeDecoder(target, draft)
+    with pytest.raises(ValueError, match="mode"):
+        SpeculativeDecoder(target, draft, gamma=2, mode="fast")
+    with pytest.raises(ValueError, match="record"):
+        SpeculativeDecoder(target, draft, gamma=2, record="all")
+    with pytest.raises(ValueError, match="draft"):
+        SpeculativeDecoder(target, "gpt2", gamma=2)
+    with pytest.raises(ValueError, match="sampling"):
+        SpeculativeDecoder(target, draft, gamma=2, sampling={"temperature": 0})
+
+
+# ---------------------------------------------------------------------------------------------
+# replay, records, modes
+
+
+def test_same_seed_replays_bit_exactly_and_seeds_differ(tiny):
+    dec = SpeculativeDecoder(tiny.target, tiny.draft, gamma=3, sampling=SamplingConfig(1.0, top_k=50), record_topk=4)
+    ids = tiny.tokenizer(SMOKE_PROMPTS[2])["input_ids"]
+    a, b, c = dec.generate(ids, 30, seed=5), dec.generate(ids, 30, seed=5), dec.generate(ids, 30, seed=6)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith("t_")} for r in rs]  # noqa: E731
+    assert a.tokens == b.tokens and strip(a.records()) == strip(b.records())
+    assert a.tokens != c.tokens
+    gens = seed_streams(5, "cpu")
+    assert len({torch.rand(1, generator=g).item() for g in gens.values()}) == 3
+
+
+def test_records_follow_the_trace_schema_and_verify_math(tiny):
+    dec = SpeculativeDecoder(tiny.target, perturbed(tiny.target, 0.3), gamma=4, sampling=SamplingConfig(0.8),
+                             record_topk=3)
+    ids = tiny.tokenizer(SMOKE_PROMPTS[1])["input_ids"]
+    out = dec.generate(ids, 40, seed=1)
+    rows = out.records()
+    assert len(rows) == sum(out.gammas)
+    assert all(list(r)[:len(RECORD_COLUMNS)] == list(RECORD_COLUMNS) for r in rows)
+    for step, s in enumerate(out.steps):
+        block = [r for r in rows if r["step"] == step]
+        assert [r["pos"] for r in block] == list(range(s.gamma))
+        assert sum(r["accepted"] for r in block) == s.n_accepted
+        for r in block:
+            assert r["abs_pos"] == s.abs_pos + r["pos"] and r["gamma"] == s.gamma
+            assert r["reached"] == (r["pos"] <= s.n_accepted)
+            assert r["accepted"] == (r["reached"] and r["uniform"] < r["accept_prob"])
+            assert r["accept_prob"] == pytest.approx(min(1.0, r["p_x"] / r["q_x"]), rel=1e-5)
+            assert 0 <= r["tv"] <= 1 and r["kl"] >= -1e-6 and r["q_top_prob"] >= r["q_x_raw"]
+            assert r["p_margin"] >= 0 and len(r["p_topk_ids"]) == 3
+    emitted = []
+    for step, s in enumerate(out.steps):
+        drafts = [r["draft_token"] for r in rows if r["step"] == step]
+        emitted += (drafts[:s.n_accepted] + [s.next_token])[:s.emitted]
+    assert emitted == out.tokens
+    table = trace.records_to_table([{**r, "prompt_id": "p0", "category": "code", "sample": 0} for r in rows])
+    assert table.num_rows == len(rows)
+    assert set(out.timing) == {"prefill", "draft", "verify", "overhead", "total"}
+    assert out.timing["total"] >= out.timing["draft"] + out.timing["verify"]
+
+
+def test_greedy_records_carry_unwarped_statistics(tiny):
+    dec = SpeculativeDecoder(tiny.target, tiny.draft, gamma=2, sampling=GREEDY)
+    rows = dec.generate(tiny.tokenizer(SMOKE_PROMPTS[0])["input_ids"], 10).records()
+    r = rows[0]
+    assert r["p_x"] in (0.0, 1.0) and r["q_x"] == 1.0 and math.isnan(r["uniform"])
+    assert 0 < r["q_x_raw"] < 1 and r["h_p_raw"] > 0 and r["h_q_raw"] > 0 and 0 < r["tv_raw"] < 1
+
+
+def test_light_and_unrecorded_runs_give_the_same_tokens(tiny):
+    ids = tiny.tokenizer(SMOKE_PROMPTS[3])["input_ids"]
+    outs = [SpeculativeDecoder(tiny.target, tiny.draft, gamma=3, sampling=SamplingConfig(1.0), record=r)
+            .generate(ids, 25, seed=2) for r in (True, "light", False)]
+    assert outs[0].tokens == outs[1].tokens == outs[2].tokens
+    assert outs[0].accept_lengths == outs[1].accept_lengths
+    with pytest.raises(ValueError, match="record"):
+        outs[1].records()
+    assert math.isnan(outs[2].timing["draft"]) and outs[2].timing["total"] > 0
+
+
+def test_prompt_lookup_with_sampling_uses_one_hot_q(tiny):
+    dec = SpeculativeDecoder(tiny.target, NGramDrafter(), gamma=3, sampling=SamplingConfig(1.0))
+    assert dec.mode == "one_hot_q"
+    out = dec.generate(list(range(5, 15)) * 3, 20, seed=0)
+    rows = out.records()
+    assert rows and all(r["q_x"] == 1.0 and r["h_q"] == 0.0 for r in rows)
+    assert len(out.tokens) == 20
+
+
+def test_autoregressive_baseline_matches_hf_greedy_and_replays(tiny):
+    ids = tiny.tokenizer(SMOKE_PROMPTS[4])["input_ids"]
+    ar = AutoregressiveDecoder(tiny.target, sampling=GREEDY, tokenizer=tiny.tokenizer)
+    out = ar.generate(ids, 25)
+    assert out.tokens == hf_greedy(tiny.target, ids, 25)[:len(out.tokens)]
+    assert out.n_steps == len(out.tokens) and out.accept_lengths == [1] * len(out.tokens)
+    s = AutoregressiveDecoder(tiny.target, sampling=SamplingConfig(0.9, top_p=0.9))
+    assert s.generate(ids, 20, seed=4).tokens == s.generate(ids, 20, seed=4).tokens
