@@ -71,6 +71,14 @@ def test_failed_build_leaves_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["e.lock"]
 
 
+def test_leftovers_of_a_killed_builder_are_removed(tmp_path):
+    stale = tmp_path / ".e.abc123.building"
+    stale.mkdir()
+    (stale / "half.bin").write_bytes(b"x")
+    get_or_build(tmp_path / "e", _builder([]))
+    assert not stale.exists()
+
+
 def test_cache_key_is_canonical():
     assert cache_key({"a": 1, "b": [1, 2]}) == cache_key({"b": [1, 2], "a": 1})
     assert cache_key({"a": 1}) != cache_key({"a": 2}) and len(cache_key({})) == 12

@@ -94,6 +94,8 @@ def get_or_build(entry: Path, build: Callable[[Path], dict], *, rebuild: bool = 
             if problem is not None:
                 warnings.warn(f"cache entry {entry} is corrupted ({problem}); rebuilding it", stacklevel=3)
             _discard(entry)
+        for stale in entry.parent.glob(f".{entry.name}.*.building"):  # left by a killed builder
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", suffix=".building", dir=entry.parent))
         try:
             manifest = build(tmp)
