@@ -115,7 +115,26 @@ class PairConfig:
 
 
 _TINY_TARGET = ModelConfig(n_layers=2, hidden=64, n_heads=2, intermediate=128, max_positions=512)
-_TINY# The default recipe is FEASIBILITY.md's, with fewer steps: that prototype trained in bf16 on an
+_TINY_DRAFT = ModelConfig(n_layers=1, hidden=32, n_heads=1, intermediate=64, max_positions=512)
+_TINY_TRAIN = TrainConfig(steps=40, batch_size=8, seq_len=64, lr=3e-3, warmup=5, log_every=5)
+
+TINY = PairConfig(
+    name="tiny",
+    tokenizer=TokenizerConfig(vocab_size=512, max_chars=400_000),
+    target=_TINY_TARGET,
+    target_train=_TINY_TRAIN,
+    drafts=(
+        DraftSpec("distilled", _TINY_DRAFT, dataclasses.replace(_TINY_TRAIN, objective="kl", seed=1)),
+        DraftSpec("data_only", _TINY_DRAFT, dataclasses.replace(_TINY_TRAIN, seed=1)),
+    ),
+    default_draft="distilled",
+    train_chars=400_000,
+    eval=EvalConfig(n_windows=8, seq_len=64, context=32, timing_reps=5),
+    autocast="off",
+    threads=1,  # tiny matmuls gain nothing from threads, and one thread keeps builds fast on a busy machine
+)
+
+# The default recipe is FEASIBILITY.md's, with fewer steps: that prototype trained in bf16 on an
 # AVX-512-bf16 CPU, while these machines (AVX2, no native bf16: autocast is ~17x *slower* there, so
 # "auto" turns it off) train the 12 M target in fp32 at ~1.3 CPU-seconds per 8 x 128-token step.
 # 400 target steps + 600 steps per draft keep the build near 10 minutes on two idle cores; an
