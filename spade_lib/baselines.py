@@ -37,6 +37,14 @@ def hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
             "top_p": float(sampling.top_p)}
 
 
+def _pad_id(model: torch.nn.Module) -> int:
+    for source in (getattr(model, "generation_config", None), model.config):
+        pad = getattr(source, "pad_token_id", None)
+        if isinstance(pad, int):
+            return pad
+    return 0  # batch size 1: padding never happens, generate only wants an id
+
+
 @torch.inference_mode()
 def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
                 sampling: SamplingConfig = SamplingConfig(), assistant: torch.nn.Module | None = None,
@@ -56,7 +64,7 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
     eos = sorted(_eos_set(target, eos_token_id))
     kwargs = dict(hf_sampling_kwargs(sampling), max_new_tokens=max_new_tokens,
                   attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long, device=device),
-                  eos_token_id=eos or None, pad_token_id=eos[0] if eos else None)
+                  eos_token_id=eos, pad_token_id=eos[0] if eos else _pad_id(target))  # [] disables EOS
     if limit is not None:
         kwargs["max_new_tokens"] = min(max_new_tokens, limit - prompt.numel())
     saved = None
