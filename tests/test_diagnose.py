@@ -10,7 +10,7 @@ from scipy import stats
 
 from spade_lib import diagnose as dg
 from spade_lib.diagnose.frame import Groups
-from spade_lib.diagnose.stats import grouped_mannwhitney, grouped_quantiles
+from spade_lib.diagnose.stats import digitize, grouped_mannwhitney, grouped_quantiles
 from spade_lib.trace import TRACE_SCHEMA, write_shard
 
 ALPHA = (0.8, 0.7, 0.6, 0.5)
@@ -93,18 +93,34 @@ def test_binomial_ci_matches_scipy(method, ref):
 
 
 def test_grouped_mannwhitney_and_quantiles_match_scipy_and_numpy():
+    """Both work at float32 precision, the trace's storage type."""
     rng = np.random.default_rng(0)
     ids = rng.integers(-1, 4, 3000)  # -1: excluded rows
-    x = np.round(rng.normal(size=3000) + 0.3 * ids, 1)  # rounded: many ties
+    x = np.round(rng.normal(size=3000) + 0.3 * ids, 1).astype(np.float32)  # rounded: many ties
     flag = rng.random(3000) < 0.3 + 0.2 * (x > 0)
     u, area, p = grouped_mannwhitney(ids, x, flag, 4)
     q = grouped_quantiles(ids, x, 4, (0.1, 0.5, 0.9))
     for g in range(4):
         m = ids == g
-        ref = stats.mannwhitneyu(x[m & flag], x[m & ~flag], method="asymptotic")
+        ref = stats.mannwhitneyu(x[m & flag].astype(float), x[m & ~flag].astype(float), method="asymptotic")
         assert u[g] == ref.statistic and p[g] == pytest.approx(ref.pvalue, rel=1e-9)
         assert area[g] == pytest.approx(ref.statistic / ((m & flag).sum() * (m & ~flag).sum()))
         assert np.allclose(q[g], np.quantile(x[m], (0.1, 0.5, 0.9)))
+    smooth = rng.normal(size=3000).astype(np.float32)  # no ties: the other code path
+    u, area, p = grouped_mannwhitney(ids, smooth, flag, 4)
+    for g in range(4):
+        m = ids == g
+        ref = stats.mannwhitneyu(smooth[m & flag].astype(float), smooth[m & ~flag].astype(float),
+                                 method="asymptotic")
+        assert u[g] == ref.statistic and p[g] == pytest.approx(ref.pvalue, rel=1e-9)
+
+
+def test_digitize_matches_searchsorted():
+    x = np.random.default_rng(1).normal(size=5000).astype(np.float32)
+    x[7] = np.nan
+    for edges in (np.array([-5, -1, 0, 0.5, 1, 5.0]), np.linspace(-3, 3, 100)):
+        ref = np.clip(np.searchsorted(edges, x.astype(float), side="right") - 1, 0, len(edges) - 2)
+        assert (digitize(x, edges) == np.where(np.isfinite(x), ref, -1)).all()
 
 
 def test_auc_is_the_probability_of_a_correct_ranking():

@@ -30,14 +30,12 @@ def calibration_table(trace: TraceLike, by: By = None, *, score: str = "q_x", bi
     df = as_trace(trace, ("reached", "accepted", score))
     keys = group_keys(by, df)
     reached = df["reached"].to_numpy(dtype=bool)
-    x = df[score].to_numpy(dtype=np.float64)
+    x = df[score].to_numpy()
     if binning == "uniform":
         edges = bin_edges(x[reached], bins, "uniform", 0.0, 1.0)
     else:
         edges = bin_edges(x[reached], bins, binning)
-    b = digitize(x, edges)
-    ok = reached & (b >= 0)
-    g = Groups(df, keys + ["bin"], mask=ok, extra={"bin": np.where(ok, b, 0)})
+    g = Groups(df, keys, mask=reached).refine("bin", digitize(x, edges), np.arange(len(edges) - 1))
     t = g.frame()
     t.insert(len(keys), "score", score)
     k = t["bin"].to_numpy()

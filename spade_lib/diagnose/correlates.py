@@ -29,7 +29,7 @@ from scipy import special, stats
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import (
-    add_rate, auc, bin_edges, digitize, grouped_mannwhitney, grouped_quantiles, mean_ci,
+    add_rate, auc, bin_edges, digitize, grouped_compare, grouped_quantiles, mean_ci,
 )
 
 BIN_MEASURES = ("h_p", "h_q", "tv", "kl")
@@ -43,33 +43,34 @@ def entropy_by_outcome(trace: TraceLike, by: By = None, *, measures: Sequence[st
     Mann-Whitney ``p_value`` and ``auc_rejected`` of the group (same on both outcome rows)."""
     df = as_trace(trace, ("pos", "reached", "accepted", *measures))
     g = Groups(df, group_keys(by, df) + ["pos"], mask=df["reached"].to_numpy(dtype=bool))
-    rejected = ~df["accepted"].to_numpy(dtype=bool)
-    ids = np.where(g.ids >= 0, 2 * g.ids + rejected, -1)  # (group, outcome) cells
+    rejected = ~g.take(df["accepted"]).astype(bool)
+    cell = 2 * g.ids + rejected  # (group, outcome) cells, outcome 1 = rejected
     n_cells = 2 * g.n
     base = g.keys.loc[np.repeat(np.arange(g.n), 2)].reset_index(drop=True)
     base["outcome"] = np.tile(["accepted", "rejected"], g.n)
     parts = []
     for m in measures:
-        x = df[m].to_numpy(dtype=np.float64)
-        ok = (ids >= 0) & np.isfinite(x)
-        cell = np.where(ok, ids, -1)
-        n = np.bincount(cell[ok], minlength=n_cells).astype(np.int64)
-        s1 = np.bincount(cell[ok], weights=x[ok], minlength=n_cells)
-        s2 = np.bincount(cell[ok], weights=x[ok] ** 2, minlength=n_cells)
+        x = g.take(df[m])
+        ok = np.isfinite(x)
+        c, xv = (cell, x) if ok.all() else (cell[ok], x[ok])
+        xv = xv.astype(np.float64)
+        n = np.bincount(c, minlength=n_cells)
+        s1 = np.bincount(c, weights=xv, minlength=n_cells)
+        s2 = np.bincount(c, weights=xv * xv, minlength=n_cells)
         t = base.copy()
         t.insert(len(t.columns) - 1, "measure", m)
         t["n"] = n
         with np.errstate(invalid="ignore", divide="ignore"):
             t["mean"] = np.where(n > 0, s1 / n, np.nan)
             t["std"] = np.where(n > 1, np.sqrt(np.maximum(s2 - n * t["mean"] ** 2, 0.0) / (n - 1)), np.nan)
-        x_order = np.flatnonzero(ok)
-        x_order = x_order[np.argsort(x[x_order])]  # one sort of the values serves both groupings
-        t[["q25", "median", "q75"]] = grouped_quantiles(cell, x, n_cells, (0.25, 0.5, 0.75), x_order)
-        t["mean_low"], t["mean_high"] = mean_ci(t["mean"], t["std"], t["n"], level)
         if test:
-            _, area, pval = grouped_mannwhitney(np.where(ok, g.ids, -1), x, rejected, g.n, x_order)
-            t["p_value"] = np.repeat(pval, 2)
-            t["auc_rejected"] = np.repeat(area, 2)
+            r = grouped_compare(g.ids, x, rejected, g.n, (0.25, 0.5, 0.75))
+            t[["q25", "median", "q75"]] = r["quantiles"].reshape(n_cells, 3)
+            t["p_value"] = np.repeat(r["p_value"], 2)
+            t["auc_rejected"] = np.repeat(r["auc"], 2)
+        else:
+            t[["q25", "median", "q75"]] = grouped_quantiles(cell, x, n_cells, (0.25, 0.5, 0.75))
+        t["mean_low"], t["mean_high"] = mean_ci(t["mean"], t["std"], t["n"], level)
         parts.append(t[t["n"] > 0])
     return pd.concat(parts, ignore_index=True)
 
@@ -83,15 +84,15 @@ def acceptance_by_bins(trace: TraceLike, by: By = None, *, measures: Sequence[st
     df = as_trace(trace, ("reached", "accepted", "tv", *measures))
     keys = group_keys(by, df)
     reached = df["reached"].to_numpy(dtype=bool)
+    base = Groups(df, keys, mask=reached)
     acc = df["accepted"].to_numpy(dtype=bool)
     alpha = 1.0 - df["tv"].to_numpy(dtype=np.float64)
     parts = []
     for m in measures:
-        x = df[m].to_numpy(dtype=np.float64)
-        edges = bin_edges(x[reached], bins, binning)
-        b = digitize(x, edges)
-        ok = reached & (b >= 0)
-        g = Groups(df, keys + ["bin"], mask=ok, extra={"bin": np.where(ok, b, 0)})
+        x = df[m].to_numpy()
+        xr = base.take(x)
+        edges = bin_edges(xr, bins, binning)
+        g = base.refine("bin", digitize(xr, edges), np.arange(len(edges) - 1))
         t = g.frame()
         t.insert(len(keys), "measure", m)
         k = t["bin"].to_numpy()
@@ -135,15 +136,17 @@ def _newton_logit(X: np.ndarray, y: np.ndarray, l2: float, max_iter: int = 50,
     return w, np.linalg.inv(hess), it
 
 
-def _heldout(generation: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
-    """True for rows whose generation id is drawn (seeded) into the held-out set: a fraction
-    ``test_fraction`` of the distinct generations, at least one and never all."""
-    gens = np.unique(generation)
+def _heldout(generation: np.ndarray, n_generations: int, test_fraction: float, seed: int) -> np.ndarray:
+    """True for rows whose generation id (``0 .. n_generations - 1``) is drawn (seeded) into the
+    held-out set: a fraction ``test_fraction`` of the distinct generations present, at least one and
+    never all."""
+    gens = np.flatnonzero(np.bincount(generation, minlength=n_generations))
     n_test = int(round(test_fraction * len(gens)))
     if len(gens) >= 2:
         n_test = min(max(n_test, 1), len(gens) - 1)
-    test_gens = np.random.default_rng(seed).permutation(gens)[:n_test]
-    return np.isin(generation, test_gens)
+    is_test = np.zeros(n_generations, dtype=bool)
+    is_test[np.random.default_rng(seed).permutation(gens)[:n_test]] = True
+    return is_test[generation]
 
 
 def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str] = LOGIT_FEATURES,
@@ -160,31 +163,34 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
         raise ValueError("features must name at least one column")
     df = as_trace(trace, ("prompt_id", "sample", "reached", "accepted", *features))
     keys = group_keys(by, df)
-    reached = np.flatnonzero(df["reached"].to_numpy(dtype=bool))
-    Z_all = np.column_stack([df[f].to_numpy()[reached] for f in features]).astype(np.float64)
-    ok = np.all(np.isfinite(Z_all), axis=1)
-    reached, Z_all = reached[ok], Z_all[ok]
-    mask = np.zeros(len(df), dtype=bool)
-    mask[reached] = True
-    g = Groups(df, keys, mask=mask)
-    gid = g.ids[reached]
-    generation = Groups(df, ["prompt_id", "sample"]).ids[reached]
-    y_all = df["accepted"].to_numpy()[reached].astype(np.float64)
-    order = np.argsort(gid, kind="stable")
-    sizes = np.bincount(gid, minlength=g.n)
+    reached = df["reached"].to_numpy(dtype=bool)
+    g = Groups(df, keys, mask=reached)
+    gen = Groups(df, ["prompt_id", "sample"], mask=reached)
+    y_all = g.take(df["accepted"]).astype(np.float64)
+    columns = [df[f].to_numpy() for f in features]
+
+    def design(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Features and outcomes of the selected rows ``rows`` (rows with a non-finite feature dropped)."""
+        Z = np.column_stack([c[g.rows[rows]] for c in columns]).astype(np.float64)
+        ok = np.all(np.isfinite(Z), axis=1)
+        return (Z, y_all[rows]) if ok.all() else (Z[ok], y_all[rows[ok]])
+
+    order = np.argsort(g.ids, kind="stable") if g.n > 1 else np.arange(len(g.ids))
+    sizes = np.bincount(g.ids, minlength=g.n)
     coefs, scores = [], []
     for j, rows in enumerate(np.split(order, np.cumsum(sizes)[:-1])):
         label = {k: g.keys[k].iloc[j] for k in keys}
-        y, Z, test = y_all[rows], Z_all[rows], _heldout(generation[rows], test_fraction, seed)
-        idx = np.flatnonzero(~test)
-        if max_rows is not None and len(idx) > max_rows:
-            idx = np.sort(np.random.default_rng(seed).choice(idx, max_rows, replace=False))
-        if len(idx) < len(features) + 2 or y[idx].min() == y[idx].max():
+        test = _heldout(gen.ids[rows], gen.n, test_fraction, seed)
+        train = rows[~test]
+        if max_rows is not None and len(train) > max_rows:
+            train = np.sort(np.random.default_rng(seed).choice(train, max_rows, replace=False))
+        Zt, yt = design(train)
+        Zh, yh = design(rows[test])
+        if len(yt) < len(features) + 2 or yt.min() == yt.max():
             raise ValueError(f"group {label or 'all'}: too few rows or a single outcome to fit the model")
-        mean, sd = Z[idx].mean(axis=0), Z[idx].std(axis=0)
+        mean, sd = Zt.mean(axis=0), Zt.std(axis=0)
         sd = np.where(sd > 0, sd, 1.0)
-        X = np.column_stack([np.ones(len(Z)), (Z - mean) / sd])
-        w, cov, iters = _newton_logit(X[idx], y[idx], l2)
+        w, cov, iters = _newton_logit(np.column_stack([np.ones(len(yt)), (Zt - mean) / sd]), yt, l2)
         se = np.sqrt(np.diag(cov))
         # Back to raw units: slope b_j / sd_j, intercept b_0 - sum_j b_j mean_j / sd_j.
         raw = np.concatenate([[w[0] - np.sum(w[1:] * mean / sd)], w[1:] / sd])
@@ -193,10 +199,9 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
                           "z": w / se, "p_value": 2.0 * stats.norm.sf(np.abs(w / se)),
                           "coef_per_sd": w, "sd": np.concatenate([[np.nan], sd]),
                           "mean": np.concatenate([[np.nan], mean])})
-        score = X @ w
-        s = pd.DataFrame({"n_train": [len(idx)], "n_test": [int(test.sum())],
-                          "auc_train": [auc(score[idx], y[idx])],
-                          "auc_test": [auc(score[test], y[test]) if test.any() else np.nan],
+        s = pd.DataFrame({"n_train": [len(yt)], "n_test": [len(yh)],
+                          "auc_train": [auc(Zt @ raw[1:], yt)],
+                          "auc_test": [auc(Zh @ raw[1:], yh) if len(yh) else np.nan],
                           "iterations": [iters]})
         for k, v in reversed(label.items()):
             c.insert(0, k, v)

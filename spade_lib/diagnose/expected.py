@@ -39,15 +39,16 @@ def expected_vs_realised(trace: TraceLike, by: By = None, *,
         raise ValueError(f"bases must be a non-empty subset of {list(BASES)}, got {list(bases)}")
     df = as_trace(trace, ("reached", "accepted", *bases))
     g = Groups(df, group_keys(by, df), mask=df["reached"].to_numpy(dtype=bool))
-    acc = df["accepted"].to_numpy(dtype=bool)
+    acc = g.take(df["accepted"]).astype(bool)
+    realised = g.sum(acc).astype(np.int64)
     parts = []
     for basis in bases:
-        x = df[basis].to_numpy(dtype=np.float64)
+        x = g.take(df[basis]).astype(np.float64)
         pi = np.clip(x if basis == "accept_prob" else 1.0 - x, 0.0, 1.0)
         t = g.frame()
         t.insert(0, "basis", basis)
         t["n"] = g.sum()
-        t["realised"] = g.sum(acc).astype(np.int64)
+        t["realised"] = realised
         t["expected"] = g.sum(pi)
         t["variance"] = g.sum(pi * (1.0 - pi))
         parts.append(t)

@@ -92,57 +92,86 @@ def combine_runs(runs: Mapping[str, TraceLike], key: str = "run") -> pd.DataFram
 
 
 class Groups:
-    """Integer group ids of trace rows for a list of key columns, for ``np.bincount`` aggregation.
+    """Integer group ids of the selected rows of a trace, for ``np.bincount`` aggregation.
 
-    ``ids[i]`` is the group of row ``i`` (``-1`` for rows outside ``mask``); ``keys`` holds one row
-    per group present (sorted by the key columns; categorical keys in category order). Sums, means and
-    counts over 10 M rows then cost one ``bincount`` each instead of a pandas groupby.
+    ``rows`` are the selected row positions (``mask``; all rows when ``None``), ``ids[j]`` the group
+    of row ``rows[j]``, and ``keys`` one row per group present (sorted by the key columns; categorical
+    keys in category order). Sums and counts over 10 M rows then cost one ``bincount`` each instead of
+    a pandas groupby. ``extra`` supplies key columns as arrays (one value per trace row).
     """
 
     def __init__(self, trace: pd.DataFrame, keys: Sequence[str], mask: np.ndarray | None = None,
                  extra: Mapping[str, np.ndarray] | None = None):
-        n = len(trace)
-        columns: list[tuple[str, np.ndarray, pd.Index]] = []
+        self.n_rows = len(trace)
+        self.rows = None if mask is None else np.flatnonzero(np.asarray(mask, dtype=bool))
+        gid = np.zeros(self.n_rows if self.rows is None else len(self.rows), dtype=np.int64)
+        names, sizes, uniques = [], [], []
         for k in keys:
             values = extra[k] if extra is not None and k in extra else trace[k]
-            codes, uniques = _codes(values)
-            columns.append((k, codes, uniques))
-        sel = np.ones(n, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-        gid = np.zeros(n, dtype=np.int64)
-        sizes = [len(u) for _, _, u in columns]
-        total = int(np.prod(sizes, dtype=np.float64)) if sizes else 1
-        for (_, codes, u), size in zip(columns, sizes):
-            gid = gid * size + codes
-        if total <= max(4 * n, 1 << 20):
-            present = np.flatnonzero(np.bincount(gid[sel], minlength=total)) if n else np.zeros(0, np.int64)
-            remap = np.full(total, -1, dtype=np.int64)
-            remap[present] = np.arange(len(present))
-            ids = remap[gid]
-        else:
-            present, inverse = np.unique(gid[sel], return_inverse=True)
-            ids = np.full(n, -1, dtype=np.int64)
-            ids[sel] = inverse
-        ids[~sel] = -1
-        self.ids = ids
-        self.n = len(present)
-        key_cols = {}
-        rest = present
-        for (name, _, u), size in reversed(list(zip(columns, sizes))):
-            key_cols[name] = u.take(rest % size) if len(u) else u[:0]
+            codes, u = _codes(values)
+            gid *= len(u)
+            gid += codes if self.rows is None else codes[self.rows]
+            names.append(k)
+            sizes.append(len(u))
+            uniques.append(u)
+        self._set(gid, int(np.prod(sizes, dtype=np.float64)) if sizes else 1)
+        cols, rest = {}, self._present
+        for name, size, u in reversed(list(zip(names, sizes, uniques))):
+            cols[name] = u.take(rest % size)
             rest = rest // size
-        self.keys = pd.DataFrame({name: np.asarray(key_cols[name]) if not isinstance(
-            key_cols[name].dtype, pd.CategoricalDtype) else pd.Categorical(key_cols[name])
-            for name, _, _ in columns}, index=range(self.n))
-        self._bins = np.where(ids >= 0, ids, self.n)  # rows outside the mask go to a spare bin
+        self.keys = pd.DataFrame({k: cols[k] for k in names}, index=range(self.n))
+        del self._present
 
-    def sum(self, values: np.ndarray | None = None) -> np.ndarray:
-        """Per-group sum of ``values`` (count of rows when ``None``)."""
+    def _set(self, gid: np.ndarray, total: int) -> None:
+        """Compress combined codes ``gid`` (``0 .. total-1``) to ids ``0 .. n-1`` of the groups present."""
+        if total <= max(4 * len(gid), 1 << 20):
+            counts = np.bincount(gid, minlength=total)
+            present = np.flatnonzero(counts)
+            if len(present) == total:
+                ids = gid
+            else:
+                remap = np.zeros(total, dtype=np.int64)
+                remap[present] = np.arange(len(present))
+                ids = remap[gid]
+        else:
+            present, ids = np.unique(gid, return_inverse=True)
+        self.ids = ids.astype(np.intp, copy=False)
+        self.n = len(present)
+        self._present = present
+
+    def take(self, values) -> np.ndarray:
+        """``values`` (one per trace row, or already one per selected row) at the selected rows."""
+        v = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+        if self.rows is None or len(v) == len(self.ids) and len(v) != self.n_rows:
+            return v
+        if len(v) != self.n_rows:
+            raise ValueError(f"values have {len(v)} entries; expected {self.n_rows} or {len(self.ids)}")
+        return v[self.rows]
+
+    def refine(self, name: str, codes: np.ndarray, labels: Sequence) -> Groups:
+        """These groups split further by ``codes`` (one per trace row or selected row,
+        ``0 .. len(labels) - 1``; negative drops the row), with a new last key column ``name``."""
+        size = len(labels)
+        codes = self.take(codes).astype(np.int64, copy=False)
+        keep = codes >= 0
+        new = object.__new__(Groups)
+        new.n_rows = self.n_rows
+        all_kept = bool(keep.all())
+        base_rows = np.arange(self.n_rows) if self.rows is None else self.rows
+        new.rows = self.rows if all_kept else base_rows[keep]
+        gid = self.ids * size + codes if all_kept else self.ids[keep] * size + codes[keep]
+        new._set(gid, self.n * size)
+        new.keys = self.keys.take(new._present // size).reset_index(drop=True)
+        new.keys[name] = np.asarray(labels)[new._present % size]
+        del new._present
+        return new
+
+    def sum(self, values=None) -> np.ndarray:
+        """Per-group sum of ``values`` (one per trace row or per selected row); row counts if ``None``."""
         if values is None:
-            return np.bincount(self._bins, minlength=self.n + 1)[: self.n].astype(np.int64)
-        w = np.asarray(values)
-        if w.dtype != np.float64:
-            w = w.astype(np.float64)
-        return np.bincount(self._bins, weights=w, minlength=self.n + 1)[: self.n]
+            return np.bincount(self.ids, minlength=self.n).astype(np.int64)
+        w = self.take(values)
+        return np.bincount(self.ids, weights=w if w.dtype == np.float64 else w.astype(np.float64), minlength=self.n)
 
     def frame(self) -> pd.DataFrame:
         """A copy of the group keys, to which aggregates are added as columns."""
@@ -151,22 +180,25 @@ class Groups:
 
 def _codes(values) -> tuple[np.ndarray, pd.Index]:
     """Integer codes ``0..k-1`` and the sorted distinct values (categorical: its categories in order)."""
-    if isinstance(getattr(values, "dtype", None), pd.CategoricalDtype):
+    dtype = getattr(values, "dtype", None)
+    if isinstance(dtype, pd.CategoricalDtype):
         cat = values.array if isinstance(values, pd.Series) else values
-        codes = np.asarray(cat.codes, dtype=np.int64)
-        if (codes < 0).any():
+        codes = np.asarray(cat.codes)
+        if len(codes) and codes.min() < 0:
             raise ValueError("grouping columns must not contain missing values")
         return codes, pd.CategoricalIndex(cat.categories, categories=cat.categories, ordered=cat.ordered)
-    dtype = getattr(values, "dtype", None)
     arr = np.asarray(values) if isinstance(dtype, np.dtype) or dtype is None else None
     if arr is not None and arr.dtype.kind in "iub" and len(arr):
         lo, hi = int(arr.min()), int(arr.max())
         if hi - lo < max(4 * len(arr), 1 << 16):
-            present = np.flatnonzero(np.bincount(arr.astype(np.int64) - lo, minlength=hi - lo + 1))
+            shifted = arr.astype(np.int64) - lo if lo != 0 or arr.dtype.kind == "b" else arr
+            present = np.flatnonzero(np.bincount(shifted, minlength=hi - lo + 1))
+            if len(present) == hi - lo + 1:
+                return shifted, pd.Index((present + lo).astype(arr.dtype))
             remap = np.zeros(hi - lo + 1, dtype=np.int64)
             remap[present] = np.arange(len(present))
-            return remap[arr.astype(np.int64) - lo], pd.Index((present + lo).astype(arr.dtype))
+            return remap[shifted], pd.Index((present + lo).astype(arr.dtype))
     codes, uniques = pd.factorize(values, sort=True, use_na_sentinel=True)
-    if (codes < 0).any():
+    if len(codes) and codes.min() < 0:
         raise ValueError("grouping columns must not contain missing values")
-    return codes.astype(np.int64), pd.Index(uniques)
+    return codes, pd.Index(uniques)

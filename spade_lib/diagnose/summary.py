@@ -1,7 +1,8 @@
 """Per-category summary of a run in Spec-Bench's shape, and every M3 table in one call.
 
 Per category (Spec-Bench reports per category and overall), over steps ``s`` with ``N_s`` accepted
-drafts out of ``gamma_s`` and reached / accepted positions ``R``, ``A``:
+drafts out of ``gamma_s``, so ``|A| = sum_s N_s`` accepted and ``|R| = sum_s min(N_s + 1, gamma_s)``
+reached (judged) positions (all computed from the step-level columns):
 
 - ``acceptance = |A| / sum_s gamma_s``        acceptance per drafted token
 - ``alpha = |A| / |R|``                         acceptance per judged (reached) token
@@ -34,14 +35,15 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
 
     ``baseline_tokens_per_second`` is one rate, or a mapping from category (and ``"overall"``) to rate.
     """
-    df = as_trace(trace, ("prompt_id", "sample", "pos", category, "gamma", "n_accepted", "reached", "accepted"))
+    df = as_trace(trace, ("prompt_id", "sample", "pos", category, "gamma", "n_accepted"))
     keys = group_keys(by, df)
     steps = step_rows(df)
     has_time = all(c in df.columns for c in TIME_COLUMNS)
     time = (sum(steps[c].to_numpy(dtype=np.float64) for c in TIME_COLUMNS) if has_time
             else np.full(len(steps), np.nan))
-    reached = df["reached"].to_numpy(dtype=bool)
-    accepted = df["accepted"].to_numpy(dtype=bool)
+    n_acc = steps["n_accepted"].to_numpy()
+    gamma = steps["gamma"].to_numpy()
+    reached = np.minimum(n_acc.astype(np.int64) + 1, gamma)  # a block is judged up to its first rejection
 
     def summarise(cols: list[str]) -> pd.DataFrame:
         gs = Groups(steps, cols)
@@ -53,12 +55,11 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
         else:
             out["generations"] = len(gens)
         out["steps"] = gs.sum()
-        out["drafted"] = gs.sum(steps["gamma"].to_numpy()).astype(np.int64)
-        out["n_acc"] = gs.sum(steps["n_accepted"].to_numpy()).astype(np.int64)
+        out["drafted"] = gs.sum(gamma).astype(np.int64)
+        out["n_acc"] = gs.sum(n_acc).astype(np.int64)
         out["time"] = gs.sum(time)
-        gt = Groups(df, cols)
-        out["reached"] = gt.sum(reached).astype(np.int64)
-        out["accepted"] = gt.sum(accepted).astype(np.int64)
+        out["reached"] = gs.sum(reached).astype(np.int64)
+        out["accepted"] = out["n_acc"]
         return out
 
     out = summarise(keys + [category])
