@@ -178,3 +178,15 @@ def test_corrupted_entry_is_rebuilt_with_a_warning(tiny, tmp_path, monkeypatch):
         pair = load_pair("tiny")
     assert verify_entry(entry) is None and pair.manifest["build_id"] != tiny.manifest["build_id"]
     assert read_manifest(entry)["files"] == tiny.manifest["files"]  # same seed, same threads: same bytes
+
+
+def test_alpha_is_one_minus_total_variation(tiny):
+    """Teacher-forced alpha against a direct 1 - TV reference; a draft equal to the target has alpha 1."""
+    x = torch.tensor([tiny.tokenizer("import sys\nprint(sys.argv)\n" * 3)["input_ids"]])
+    stats = teacher_forced_stats(tiny.target, {"same": tiny.target, "d": tiny.draft}, x, temperatures=(1.0, 0.5))
+    assert stats["same"]["alpha"] == pytest.approx(1.0, abs=1e-6) and stats["same"]["top1_agreement"] == 1.0
+    with torch.no_grad():
+        p = torch.softmax(tiny.target(input_ids=x[:, :-1]).logits / 0.5, -1)
+        q = torch.softmax(tiny.draft(input_ids=x[:, :-1]).logits / 0.5, -1)
+    reference = 1 - 0.5 * (p - q).abs().sum(-1).mean().item()
+    assert stats["d"]["alpha_by_temperature"]["0.5"] == pytest.approx(reference, abs=1e-5)

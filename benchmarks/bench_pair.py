@@ -1,0 +1,56 @@
+"""Figures of an embedded pair: held-out quality from its build manifest, costs measured afresh.
+
+    .venv/bin/python benchmarks/bench_pair.py --pair default --rounds 5 --reps 100
+
+Costs (see ``spade_lib.zoo.evaluate``): ``c = t_draft(1) / t_target(1)`` per draft and the target's
+``verify_cost_ratio = t_target(gamma + 1) / t_target(1)``, each the median over ``reps`` cached
+forwards, repeated over ``rounds`` (median and range printed). Ratios measured in one run; absolute
+times depend on the machine and on whatever else it is running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from spade_lib.zoo import load_pair
+from spade_lib.zoo.evaluate import cost_ratios
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="default", help="embedded pair name")
+    ap.add_argument("--rounds", type=int, default=5, help="repetitions of the whole cost measurement")
+    ap.add_argument("--reps", type=int, default=100, help="timed forwards per model and shape per round")
+    ap.add_argument("--gamma", type=int, default=4, help="draft length of the verify-cost ratio")
+    ap.add_argument("--context", type=int, default=64, help="tokens in the KV cache")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair = load_pair(args.pair)
+    m = pair.manifest
+    print(f"pair {pair.name} at {pair.path}")
+    print(f"build: {m['seconds']['total']:.0f} s wall, {m['seconds'].get('cpu_total', float('nan')):.0f} s CPU, "
+          f"{m['environment']['threads']} threads, python {m['environment']['python_version']}, "
+          f"corpus {m['corpus']['sha256'][:12]}")
+    for name, s in m["models"].items():
+        extra = f"  alpha(T=1) {s['alpha']:.3f}  top-1 {s['top1_agreement']:.3f}" if "alpha" in s else ""
+        print(f"  {name:10s} {s['n_parameters'] / 1e6:6.2f} M params  val ppl {s['val_ppl']:8.2f}{extra}")
+    runs = [cost_ratios(pair.target, pair.drafts, gamma=args.gamma, context=args.context, reps=args.reps)
+            for _ in range(args.rounds)]
+    table = {"verify_cost_ratio": [r["verify_cost_ratio"] for r in runs],
+             "target_step_ms": [1e3 * r["target_step_s"] for r in runs]}
+    for name in pair.drafts:
+        table[f"c[{name}]"] = [r["drafts"][name]["c"] for r in runs]
+    print(f"costs over {args.rounds} rounds x {args.reps} reps (threads {torch.get_num_threads()}):")
+    for key, values in table.items():
+        print(f"  {key:22s} median {statistics.median(values):.4f}  range [{min(values):.4f}, {max(values):.4f}]")
+    print(json.dumps({k: statistics.median(v) for k, v in table.items()}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
