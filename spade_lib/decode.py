@@ -329,17 +329,19 @@ class SpeculativeDecoder(_Base):
                 res = verify(p[None], draft.q[None], draft.tokens[None], mode=self.mode,
                              generator=gens["accept"], residual_generator=gens["residual"], validate=False,
                              **self.mode_options)
-                head = torch.cat([res.n_accepted, res.next_token]).to(torch.float64)
+                # one device -> host transfer per step: n, next token, the drafts (and the statistics)
+                head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
                 if full:
                     host = torch.cat([head, self._stats(logits_p, p, draft, res)]).tolist()
-                    stats = host[2:]
+                    stats = host[2 + g:]
                     topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
                 else:
                     host, stats, topk = head.tolist(), None, None
                 n_acc, next_token = int(host[0]), int(host[1])
+                drafted = [int(t) for t in host[2:2 + n_acc]]
             tc = _clock(dev) if timed else 0.0
 
-            block = (draft.tokens[:n_acc].tolist() if n_acc else []) + [next_token]
+            block = (drafted if n_acc else []) + [next_token]
             emitted, hit_eos = _truncate(block, budget, self.eos)
             target.rollback(cur + 1 + n_acc)
             drafter.accept(n_acc, next_token)
