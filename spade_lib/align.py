@@ -126,6 +126,11 @@ def score_sequences(
     sampling = sampling if sampling is not None else SamplingConfig()
     prompts = _check_sequences(sequences, prompt_lengths)
     seqs = [[int(x) for x in s] for s in sequences]
+    vocab = min(int(target.config.vocab_size), int(draft.config.vocab_size)) if hasattr(target, "config") \
+        and hasattr(draft, "config") else None
+    for k, s in enumerate(seqs):
+        if vocab is not None and (min(s) < 0 or max(s) >= vocab):
+            raise ValueError(f"sequences[{k}] holds token ids outside [0, {vocab}) (the models' vocabulary)")
     frames: list[pd.DataFrame] = []
     order = sorted(range(len(seqs)), key=lambda k: len(seqs[k]))  # similar lengths share a batch: less padding
     for start in range(0, len(order), config.batch_size):
