@@ -162,6 +162,7 @@ class NGramDrafter(Drafter):
     deterministic = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: torch.device | str = "cpu"):
+        """``device``: where proposals are made until ``reset`` is given a tensor (then: its device)."""
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"min_ngram/max_ngram: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram
@@ -174,6 +175,8 @@ class NGramDrafter(Drafter):
         self._proposed: list[int] = []
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if isinstance(prompt_ids, torch.Tensor):
+            self.device = prompt_ids.device  # propose on the decoder's device
         ids = as_token_tensor(prompt_ids, "cpu").tolist()
         if not ids:
             raise ValueError("prompt_ids: empty prompt")

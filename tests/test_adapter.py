@@ -62,6 +62,24 @@ def test_random_extend_rollback_sequence_matches_fresh_prefill(model):
         assert a.length == len(kept) == a.cache.get_seq_length()
 
 
+def test_sliding_window_cache_rolls_back_past_the_window():
+    """Sliding-window layers keep their past (``activate_past_recording``) so a crop can undo a step."""
+    torch.manual_seed(0)
+    m = Qwen2ForCausalLM(Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                     use_sliding_window=True, sliding_window=6, max_window_layers=0)).eval()
+    a = CausalLMAdapter(m)
+    assert all(layer.is_sliding for layer in a.cache.layers)
+    ids = torch.randint(0, V, (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    full = full_logits(m, ids)
+    a.extend(torch.tensor(ids[:10]))
+    a.extend(torch.tensor(ids[10:15]))
+    a.rollback(12)
+    torch.testing.assert_close(a.extend(torch.tensor(ids[12:20])), full[12:20], rtol=1e-4, atol=1e-5)
+    a.rollback(17)
+    torch.testing.assert_close(a.extend(torch.tensor(ids[17:])), full[17:], rtol=1e-4, atol=1e-5)
+
+
 def test_prefill_resets_and_returns_last_logits(model):
     a = CausalLMAdapter(model)
     a.extend(torch.tensor([1, 2, 3]))
