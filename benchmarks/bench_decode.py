@@ -102,10 +102,10 @@ def main(argv=None) -> None:
     configs = {m: runner.RunConfig(method=m, draft=args.draft, gamma=args.gamma, temperature=args.temperature,
                                    max_new_tokens=args.max_new_tokens, seed=args.seed, device=str(device),
                                    warmup=0, repeats=args.repeats) for m in METHODS}
-    gens = {m: runner.make_generate(pair, c) for m, c in configs.items()}
+    gens = {m: runner.make_generator(pair, c) for m, c in configs.items()}
     prompts = [(r, runner.prompt_ids(pair.tokenizer, r["turns"][0], configs["ar"])) for r in suite.rows]
     for m in METHODS:  # warm-up: every method once on the first prompt
-        gens[m](prompts[0][1], args.max_new_tokens, 1)
+        gens[m].timed(prompts[0][1], args.max_new_tokens, 1)
 
     rows, records = {m: [] for m in METHODS}, []
     t_bench = time.perf_counter()
@@ -164,12 +164,18 @@ def main(argv=None) -> None:
     print(f"spade_vs_hf_assisted={ratio:.3f} fraction_of_prediction={fraction:.3f}")
 
 
-def profile_spade(generate, prompts, args) -> None:
-    """cProfile of SPADE's decode loop over the first prompts; top 25 functions by own time."""
+def profile_spade(generator, prompts, args) -> None:
+    """Cost of token-level recording, and a cProfile of SPADE's timed loop (top functions by own time)."""
+    sub = prompts[: min(4, len(prompts))]
+    for name, fn in (("record='light' (timed)", generator.timed), ("record=True (trace pass)", generator.recorded)):
+        t0 = time.perf_counter()
+        for row, ids in sub:
+            fn(ids, args.max_new_tokens, 1)
+        print(f"{name:<26} {time.perf_counter() - t0:.3f} s over {len(sub)} prompts")
     prof = cProfile.Profile()
     prof.enable()
     for row, ids in prompts[: min(4, len(prompts))]:
-        generate(ids, args.max_new_tokens, 1)
+        generator.timed(ids, args.max_new_tokens, 1)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)

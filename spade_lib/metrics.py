@@ -12,7 +12,8 @@ Two inputs:
 - a **summary** (``summary.jsonl`` of a run, Spec-Bench's answer shape): one row per generation
   (``question_id``, ``category``, ``sample``) with ``new_tokens`` (tokens emitted, after truncation
   and stop tokens), ``wall_time`` (seconds, median of the timed repeats) and ``accept_lengths``
-  (``n + 1`` per step, the verification's outcome before truncation; ``[]`` for baselines).
+  (``n + 1`` per step, the verification's outcome before truncation; all 1 for autoregressive
+  decoding, ``[]`` for HF generate, which does not expose its steps).
 
 Definitions (sums run over the rows of the frame passed in; group by ``category`` for per-category
 figures):

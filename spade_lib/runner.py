@@ -29,6 +29,11 @@ first prompt, then each generation timed ``repeats`` times, median kept):
   and ``num_assistant_tokens = gamma`` (constant schedule), the baseline a reader asks about.
 
 Baselines draft nothing, so their shards hold no rows; their summaries carry the timings.
+
+**Instrumentation is not timed.** SPADE's token-level statistics (entropies, TV, KL over the
+vocabulary at every drafted position) are computed in a separate, untimed pass with the same seed;
+the timed passes record step-level facts only and must reproduce its tokens exactly (see
+:class:`Generator`). The trace's ``t_*`` columns are the last timed pass's step timings.
 """
 
 from __future__ import annotations
@@ -165,19 +170,37 @@ class Generation:
     output_ids: list[int]
     text: str
     records: list[dict]        # trace records (DEVELOPERS.md columns minus prompt_id/category/sample)
-    accept_lengths: list[int]  # n + 1 per verification step ([] for baselines)
+    accept_lengths: list[int]  # n + 1 per verification step (1s for "ar"; [] for HF, which hides its steps)
     stop_reason: str           # "eos", "max_new_tokens" or "context_limit"
+    step_times: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (draft, verify, rest)
+
+
+@dataclass
+class Generator:
+    """How a run generates: ``timed(ids, max_new_tokens, seed)`` is what the clock measures;
+    ``recorded`` (SPADE only) is the same decoder with token-level recording, run once untimed.
+
+    SPADE's token-level records cost per-position statistics over the vocabulary (entropies, TV,
+    KL, top-k) that a deployed decoder would not compute, so they are kept out of the timing: the
+    timed decoder records step-level facts only (``record="light"``), and the two must produce the
+    same tokens (same seed, same decisions), which :func:`timed_generation` checks.
+    """
+
+    timed: Callable[[list[int], int, int], Generation]
+    recorded: Callable[[list[int], int, int], Generation] | None = None
 
 
 # ---------------------------------------------------------------- methods
 
 def _from_result(r, records: bool) -> Generation:
+    steps = getattr(r, "steps", [])
     return Generation(list(r.tokens), r.text or "", r.records() if records else [],
-                      list(r.accept_lengths) if records else [], r.stop_reason)
+                      list(r.accept_lengths) if steps else [], r.stop_reason,
+                      [(s.t_draft, s.t_verify, s.t_overhead) for s in steps if s.gamma > 0])
 
 
-def make_generate(pair, config: RunConfig) -> Callable[[list[int], int, int], Generation]:
-    """``generate(prompt_ids, max_new_tokens, seed) -> Generation`` for ``config.method``."""
+def make_generator(pair, config: RunConfig) -> Generator:
+    """The :class:`Generator` of ``config.method`` on ``pair``."""
     from spade_lib import baselines, decode
 
     sampling = config.sampling()
@@ -185,23 +208,28 @@ def make_generate(pair, config: RunConfig) -> Callable[[list[int], int, int], Ge
         raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or 'ngram'), "
                          f"not {config.draft!r}")
     if config.method == "spade":
-        if config.draft == NGRAM:
-            from spade_lib.drafters import NGramDrafter
+        def decoder(record):
+            if config.draft == NGRAM:
+                from spade_lib.drafters import NGramDrafter
 
-            draft = NGramDrafter(max_ngram=config.ngram_max, device=next(pair.target.parameters()).device)
-        else:
-            draft = pair.drafts[config.draft]
-        decoder = decode.SpeculativeDecoder(
-            pair.target, draft, policy=config.make_policy(), sampling=sampling, tokenizer=pair.tokenizer,
-            mode=None if config.mode == "auto" else config.mode, record_topk=config.record_topk)
-        return lambda ids, n, seed: _from_result(decoder.generate(ids, n, seed=seed), records=True)
+                draft = NGramDrafter(max_ngram=config.ngram_max, device=next(pair.target.parameters()).device)
+            else:
+                draft = pair.drafts[config.draft]
+            return decode.SpeculativeDecoder(
+                pair.target, draft, policy=config.make_policy(), sampling=sampling, tokenizer=pair.tokenizer,
+                mode=None if config.mode == "auto" else config.mode, record=record,
+                record_topk=config.record_topk if record is True else 0)
+
+        light, full = decoder("light"), decoder(True)
+        return Generator(lambda ids, n, seed: _from_result(light.generate(ids, n, seed=seed), records=False),
+                         lambda ids, n, seed: _from_result(full.generate(ids, n, seed=seed), records=True))
     if config.method == "ar":
         ar = decode.AutoregressiveDecoder(pair.target, sampling=sampling, tokenizer=pair.tokenizer)
-        return lambda ids, n, seed: _from_result(ar.generate(ids, n, seed=seed), records=False)
+        return Generator(lambda ids, n, seed: _from_result(ar.generate(ids, n, seed=seed), records=False))
     assistant = pair.drafts[config.draft] if config.method == "hf_assisted" else None
-    return lambda ids, n, seed: _from_result(
+    return Generator(lambda ids, n, seed: _from_result(
         baselines.hf_generate(pair.target, ids, n, sampling=sampling, assistant=assistant, gamma=config.gamma,
-                              seed=seed, tokenizer=pair.tokenizer), records=False)
+                              seed=seed, tokenizer=pair.tokenizer), records=False))
 
 
 # ---------------------------------------------------------------- prompts and metadata
@@ -318,10 +346,10 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
     rows = suite.rows
     todo = [r for r in rows if not (resume and _shard_done(trace_dir / f"{r['question_id']}.parquet"))]
     if todo:
-        generate = make_generate(pair, config)
+        generator = make_generator(pair, config)
         first = prompt_ids(pair.tokenizer, rows[0]["turns"][0], config)
         for w in range(config.warmup):
-            generate(first, config.max_new_tokens, generation_seed(config.seed, "warmup", w))
+            generator.timed(first, config.max_new_tokens, generation_seed(config.seed, "warmup", w))
         bar = _progress(todo, progress, f"{pair.name}/{suite.name} {config.label}")
         for row in bar:
             shard = trace_dir / f"{row['question_id']}.parquet"
@@ -329,7 +357,7 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
             records, summaries = [], []
             for sample in range(config.n_samples):
                 seed = generation_seed(config.seed, row["question_id"], sample)
-                gen, t = timed_generation(generate, ids, config, seed, device)
+                gen, t = timed_generation(generator, ids, config, seed, device)
                 for r in gen.records:
                     records.append({"prompt_id": str(row["question_id"]), "category": row["category"],
                                     "sample": sample, **r})
@@ -341,19 +369,33 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
     return run_dir
 
 
-def timed_generation(generate, ids, config: RunConfig, seed: int, device) -> tuple[Generation, timing.Timing]:
-    """Time ``config.repeats`` identical generations; they must agree token for token."""
+def timed_generation(generator: Generator, ids, config: RunConfig, seed: int, device
+                     ) -> tuple[Generation, timing.Timing]:
+    """One generation: the recorded pass (if any) once, untimed; then ``config.repeats`` timed passes,
+    which must agree with it token for token. The records keep the last timed pass's step timings."""
+    rec = generator.recorded(ids, config.max_new_tokens, seed) if generator.recorded is not None else None
     outputs: list[Generation] = []
 
     def once() -> Generation:
-        g = generate(ids, config.max_new_tokens, seed)
+        g = generator.timed(ids, config.max_new_tokens, seed)
         outputs.append(g)
         return g
 
     gen, t = timing.measure(once, warmup=0, repeats=config.repeats, device=device)
-    if any(o.output_ids != gen.output_ids for o in outputs):
-        raise RuntimeError(f"seed {seed}: repeated generations differ; decoding is not deterministic here")
-    return gen, t
+    ref = rec if rec is not None else gen
+    if any(o.output_ids != ref.output_ids or o.accept_lengths != ref.accept_lengths for o in outputs):
+        raise RuntimeError(f"seed {seed}: repeated generations differ (or differ from the recorded one); "
+                           "decoding is not deterministic here")
+    if rec is None:
+        return gen, t
+    by_step: dict[int, tuple[float, float, float]] = {}
+    steps_with_rows = sorted({r["step"] for r in rec.records})
+    if len(steps_with_rows) != len(gen.step_times):
+        raise RuntimeError(f"seed {seed}: recorded and timed passes drafted in different steps")
+    by_step = dict(zip(steps_with_rows, gen.step_times))
+    for r in rec.records:
+        r["t_draft"], r["t_verify"], r["t_overhead"] = by_step[r["step"]]
+    return rec, t
 
 
 def _progress(items, enabled: bool, desc: str):
