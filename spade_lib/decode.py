@@ -321,7 +321,7 @@ class SpeculativeDecoder(_Base):
                 logits_p = target.extend(pending, last_only=True)
                 p = adjust(logits_p, sampling, validate=False)
                 nxt = self._sample(p, gens["residual"])
-                n_acc, next_token = 0, int(nxt.item())
+                n_acc, next_token, drafted = 0, int(nxt.item()), []
                 stats = topk = None
             else:
                 logits_p = target.extend(torch.cat([pending, draft.tokens]))  # [g + 1, V]
@@ -341,7 +341,7 @@ class SpeculativeDecoder(_Base):
                 drafted = [int(t) for t in host[2:2 + n_acc]]
             tc = _clock(dev) if timed else 0.0
 
-            block = (drafted if n_acc else []) + [next_token]
+            block = drafted + [next_token]
             emitted, hit_eos = _truncate(block, budget, self.eos)
             target.rollback(cur + 1 + n_acc)
             drafter.accept(n_acc, next_token)
