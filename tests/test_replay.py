@@ -213,3 +213,66 @@ def test_frontier_and_best_rules_per_category():
         replay.replay_stop_rule(trace, replay.StopRule("fixed", 7), c=0.1)
     with pytest.raises(ValueError, match="policy"):
         replay.StopRule("sometimes", 3)
+
+
+# -- the tiny pair: replays against direct runs ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Runs of the tiny pair on a small embedded suite: fixed gamma 6 (the trace to replay), fixed
+    gamma 2, and a confidence policy, all at temperature 1 with top-k slices recorded."""
+    from spade_lib.bench import default_suite
+    from spade_lib.runner import RunConfig, run_suite
+    from spade_lib.trace import read_trace
+    from spade_lib.zoo import load_pair
+
+    pair = load_pair("tiny")
+    suite = default_suite(tokenizer="tiny", n_per_category=2)
+    root = tmp_path_factory.mktemp("runs")
+    threads = torch.get_num_threads()
+    base = dict(temperature=1.0, max_new_tokens=48, n_samples=3, warmup=0, repeats=1, max_prompt_tokens=128,
+                record_topk=8, threads=1)  # one thread: tiny models only lose from a second one
+    try:
+        g6 = read_trace(run_suite(pair, suite, RunConfig(gamma=6, **base), root / "g6", progress=False))
+        g2 = read_trace(run_suite(pair, suite, RunConfig(gamma=2, **base), root / "g2", progress=False))
+        threshold = float(g6["q_top_prob"].median())
+        conf = read_trace(run_suite(pair, suite, RunConfig(policy="confidence", threshold=threshold, max_gamma=6,
+                                                           **base), root / "conf", progress=False))
+    finally:
+        torch.set_num_threads(threads)
+    return {"g6": g6, "g2": g2, "conf": conf, "threshold": threshold}
+
+
+def _tau_and_se(trace: pd.DataFrame) -> tuple[float, float]:
+    n = trace.groupby(replay.STEP_KEYS)["n_accepted"].first().to_numpy(np.float64) + 1
+    return float(n.mean()), float(n.std(ddof=1) / np.sqrt(len(n)))
+
+
+@pytest.mark.slow
+def test_exact_replay_of_a_tiny_pair_trace_reproduces_every_decision(tiny_runs):
+    tr = tiny_runs["g6"]
+    got = replay.replay_decisions(tr, "exact")
+    for col in ("reached", "accepted", "n_accepted"):
+        np.testing.assert_array_equal(got[col].to_numpy(), tr[col].to_numpy())
+    cf = replay.counterfactual(tr).set_index("rule")
+    assert cf.loc["exact", "tau_path"] == cf.loc["exact", "tau_recorded"]
+    assert cf.loc["lenience", "tau_path"] >= cf.loc["exact", "tau_path"]     # u < a/l accepts a superset
+    alpha = replay.rule_alpha_topk(tr, "exact")
+    truth = 1 - tr["tv"].to_numpy()
+    assert (alpha["alpha_lower"] <= truth + 1e-5).all() and (truth <= alpha["alpha_upper"] + 1e-5).all()
+
+
+@pytest.mark.slow
+def test_stop_rule_replays_predict_direct_runs(tiny_runs):
+    """Replayed fixed gamma 2 and a confidence policy vs runs made with them: tau within 4 combined
+    standard errors (different blocks, different uniforms: a statistical comparison)."""
+    tr = tiny_runs["g6"]
+    for actual, rule in ((tiny_runs["g2"], replay.StopRule("fixed", 2)),
+                         (tiny_runs["conf"], replay.StopRule("confidence", 6, tiny_runs["threshold"]))):
+        pred = replay.replay_stop_rule(tr, rule, c=0.1).iloc[0]
+        per = tr.groupby(replay.STEP_KEYS)["n_accepted"].first()
+        tau, se = _tau_and_se(actual)
+        se_pred = 2 * per.std() / np.sqrt(len(per))
+        assert abs(pred["tau"] - tau) < 4 * np.hypot(se, se_pred), (rule.label, pred["tau"], tau, se)
+        g_actual = actual.groupby(replay.STEP_KEYS)["gamma"].first()
+        assert abs(pred["g_mean"] - g_actual.mean()) < 4 * np.hypot(g_actual.std() / np.sqrt(len(g_actual)), 0.1) + 0.05
