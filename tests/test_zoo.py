@@ -40,6 +40,7 @@ def test_tiny_pair_from_empty_cache(tiny, zoo_cache):
     assert tiny.name == "tiny" and tiny.path.parent == zoo_cache / "zoo"
     assert set(tiny.drafts) == {"distilled", "data_only"} and tiny.draft is tiny.drafts["distilled"]
     assert verify_entry(tiny.path) is None
+    assert repr(tiny).startswith("Pair(name='tiny', target=LlamaForCausalLM(") and len(repr(tiny)) < 400
     for model in (tiny.target, *tiny.drafts.values()):
         assert not model.training and model.dtype == torch.float32
         assert model.config.vocab_size == len(tiny.tokenizer)

@@ -61,7 +61,10 @@ def verify_entry(entry: Path) -> str | None:
         expected = read_manifest(entry)["files"]
     except (OSError, ValueError, KeyError) as e:
         return f"unreadable {MANIFEST}: {e}"
-    actual = file_hashes(entry)
+    try:
+        actual = file_hashes(entry)
+    except OSError as e:  # e.g. a file vanished while another process replaced the entry
+        return f"unreadable file: {e}"
     for rel, digest in expected.items():
         if rel not in actual:
             return f"missing file {rel}"

@@ -42,6 +42,14 @@ class Pair:
         """The default draft."""
         return self.drafts[self.default_draft]
 
+    def __repr__(self) -> str:
+        def size(m) -> str:
+            return f"{type(m).__name__}({sum(p.numel() for p in m.parameters()) / 1e6:.2f} M params)"
+
+        drafts = ", ".join(f"{n!r}: {size(m)}" for n, m in self.drafts.items())
+        return (f"Pair(name={self.name!r}, target={size(self.target)}, drafts={{{drafts}}}, "
+                f"default_draft={self.default_draft!r}, vocab={len(self.tokenizer)}, path={self.path})")
+
 
 def pair_names() -> list[str]:
     """Names of the embedded pairs."""
