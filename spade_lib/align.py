@@ -328,3 +328,47 @@ def continuations_from_trace(trace: pd.DataFrame) -> dict[tuple[str, int], list[
             tokens.append(int(block["next_token"].iloc[0]))
         out[(str(pid), int(sample))] = tokens
     return out
+
+
+def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int], pd.DataFrame]:
+    """The text a run emitted, ready to score: ``(sequences, prompt_lengths, keys)``.
+
+    Each generation of ``summary.jsonl`` becomes ``prompt ids + output_ids``, the prompt re-tokenised
+    exactly as the runner did (``spade_lib.runner.prompt_ids`` with the run's own config, checked
+    against the stored ``prompt_tokens``). ``keys`` has one row per sequence: ``seq``,
+    ``question_id``, ``prompt_id`` (as in traces), ``category``, ``sample``.
+    """
+    from spade_lib import runner, trace
+
+    meta = trace.read_metadata(run_dir)
+    config = runner.RunConfig(**meta["config"])
+    summary = runner.read_summary(run_dir)
+    rows = {str(r["question_id"]): r for r in suite.rows}
+    seqs, prompts, keys = [], [], []
+    for _, s in summary.iterrows():
+        qid = str(s["question_id"])
+        if qid not in rows:
+            raise ValueError(f"suite has no question_id {qid!r} of run {run_dir}")
+        ids = runner.prompt_ids(tokenizer, rows[qid]["turns"][0], config)
+        if len(ids) != int(s["prompt_tokens"]):
+            raise ValueError(f"question {qid!r}: re-tokenised prompt has {len(ids)} tokens, the run had "
+                             f"{int(s['prompt_tokens'])} (another tokenizer or chat template?)")
+        keys.append({"seq": len(seqs), "question_id": s["question_id"], "prompt_id": qid,
+                     "category": s["category"], "sample": int(s["sample"])})
+        seqs.append(ids + [int(t) for t in s["output_ids"]])
+        prompts.append(len(ids))
+    return seqs, prompts, pd.DataFrame(keys)
+
+
+def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, float, int]:
+    """Decoding-measured tau ``= mean(n + 1)`` over the steps that drafted ``gamma`` tokens (all steps
+    when ``None``; blocks capped by ``max_new_tokens`` are left out when ``gamma`` is given), with its
+    standard error and the number of steps."""
+    steps = trace.groupby(["prompt_id", "sample", "step"], sort=False)[["gamma", "n_accepted"]].first()
+    if gamma is not None:
+        steps = steps[steps["gamma"] == gamma]
+    if len(steps) == 0:
+        raise ValueError(f"trace has no steps with gamma = {gamma}")
+    n = steps["n_accepted"].to_numpy(np.float64) + 1.0
+    se = float(n.std(ddof=1) / np.sqrt(len(n))) if len(n) > 1 else float("nan")
+    return float(n.mean()), se, int(len(n))

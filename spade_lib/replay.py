@@ -437,3 +437,26 @@ def best_rules(frontier: pd.DataFrame, by: Sequence[str] = (), column: str = "sp
     keys = [*by, "policy"]
     idx = frontier.groupby(keys, sort=True)[column].idxmax()
     return frontier.loc[idx].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Costs
+# --------------------------------------------------------------------------------------------------
+
+def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
+    """``r(g) = 1 + (ratio - 1) g / at_gamma``: the cost of verifying ``g + 1`` tokens in one target
+    forward, relative to a 1-token forward, interpolated linearly through the one measured point
+    ``r(at_gamma) = ratio`` (memory-bound forwards grow slowly and about linearly in the tokens)."""
+    if ratio < 1 or at_gamma < 1:
+        raise ValueError(f"ratio must be >= 1 and at_gamma >= 1, got {ratio}, {at_gamma}")
+    slope = (ratio - 1.0) / at_gamma
+    return lambda g: 1.0 + slope * g
+
+
+def pair_costs(manifest: dict, draft: str) -> tuple[float, Callable[[int], float]]:
+    """``(c, r)`` of an embedded pair from its build manifest: the draft's measured cost ratio ``c``
+    and :func:`linear_verify_cost` through the measured verify-cost ratio."""
+    costs = manifest.get("costs") if isinstance(manifest, dict) else None
+    if not costs or draft not in costs.get("drafts", {}):
+        raise KeyError(f"manifest has no measured costs for draft {draft!r}")
+    return float(costs["drafts"][draft]["c"]), linear_verify_cost(float(costs["verify_cost_ratio"]), int(costs["gamma"]))
