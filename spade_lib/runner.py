@@ -144,11 +144,15 @@ class RunConfig:
 
 
 def run_dir_for(pair_name: str, suite_name: str, config: RunConfig) -> Path:
-    """``RUNS_DIR/traces/<pair>/<suite>/<label>-<config hash>``: where a run of ``config`` lives."""
+    """``RUNS_DIR/traces/<pair>/<suite>/<label>-<config hash>``: where a run of ``config`` lives.
+
+    A ``/`` in a name (a hub id such as ``Qwen/Qwen2.5-7B``) becomes ``--``, as in the HF cache."""
+    parts = []
     for arg, v in (("pair_name", pair_name), ("suite_name", suite_name)):
-        if not isinstance(v, str) or not v or "/" in v or v.startswith("."):
-            raise ValueError(f"{arg} must be a non-empty name without '/', got {v!r}")
-    return paths.RUNS_DIR / "traces" / pair_name / suite_name / f"{config.label}-{config.hash}"
+        if not isinstance(v, str) or not v.strip("/") or v.startswith(".") or ".." in v.split("/"):
+            raise ValueError(f"{arg} must be a non-empty name, got {v!r}")
+        parts.append(v.strip("/").replace("/", "--"))
+    return paths.RUNS_DIR / "traces" / parts[0] / parts[1] / f"{config.label}-{config.hash}"
 
 
 def suite_key(suite) -> str:

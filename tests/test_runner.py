@@ -166,8 +166,11 @@ def test_run_dir_for_and_config_hash(monkeypatch):
     assert a.hash == cfg().hash and a.hash != b.hash
     d = runner.run_dir_for("tiny", "mini", a)
     assert d.parent == paths.RUNS_DIR / "traces" / "tiny" / "mini" and d.name.endswith(a.hash)
+    assert runner.run_dir_for("Qwen/Qwen2.5-7B", "mini", a).parts[-3] == "Qwen--Qwen2.5-7B"
     with pytest.raises(ValueError, match="suite_name"):
-        runner.run_dir_for("tiny", "a/b", a)
+        runner.run_dir_for("tiny", "", a)
+    with pytest.raises(ValueError, match="pair_name"):
+        runner.run_dir_for("../x", "mini", a)
 
 
 def test_generation_seed_is_stable():
