@@ -47,8 +47,10 @@ def binomial_ci(k, n, level: float = 0.95, method: str = "wilson") -> tuple[np.n
         else:
             raise ValueError(f"method must be one of {CI_METHODS}, got {method!r}")
     empty = n <= 0
-    low = np.where(empty, np.nan, np.clip(low, 0.0, 1.0))
-    high = np.where(empty, np.nan, np.clip(high, 0.0, 1.0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = k / n
+    low = np.where(empty, np.nan, np.clip(np.minimum(low, rate), 0.0, 1.0))  # rounding never excludes k/n
+    high = np.where(empty, np.nan, np.clip(np.maximum(high, rate), 0.0, 1.0))
     return low, high
 
 

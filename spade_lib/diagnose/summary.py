@@ -8,10 +8,13 @@ reached (judged) positions (all computed from the step-level columns):
 - ``alpha = |A| / |R|``                         acceptance per judged (reached) token
 - ``tau = mean_s (N_s + 1)``                    mean accepted length with the bonus/residual token
   (Spec-Bench's mean of ``accept_lengths``); ``tau_no_bonus = mean_s N_s``
-- ``tokens_per_second = sum_s (N_s + 1) / sum_s (t_draft + t_verify + t_overhead)`` when timings
-  exist, and ``speedup = tokens_per_second / baseline_tokens_per_second`` (ratio of totals) when a
-  baseline rate is given. The last step of a generation may be truncated by ``max_new_tokens``, so
-  ``N_s + 1`` can overcount a generation's new tokens by at most ``gamma`` per generation.
+- ``emitted = sum_s (N_s + 1)``, the tokens the drafted steps produced (Spec-Bench's ``new_tokens``
+  up to truncation: the last step of a generation may be cut by ``max_new_tokens``, and steps that
+  drafted nothing have no trace rows);
+- ``tokens_per_second = emitted / sum_s (t_draft + t_verify + t_overhead)`` when timings exist, and
+  ``speedup = tokens_per_second / baseline_tokens_per_second`` (ratio of totals) when a baseline
+  rate is given. Wall-clock speedups of whole generations come from the runs' summaries
+  (:mod:`spade_lib.metrics`), as notebook 04 does.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ TIME_COLUMNS = ("t_draft", "t_verify", "t_overhead")
 def category_summary(trace: TraceLike, by: By = None, *, category: str = "category", overall: bool = True,
                      baseline_tokens_per_second: float | Mapping[str, float] | None = None) -> pd.DataFrame:
     """One row per ``by`` group and ``category`` (plus ``"overall"`` rows when ``overall``):
-    ``generations``, ``steps``, ``drafted``, ``reached``, ``accepted``, ``new_tokens``, ``acceptance``,
+    ``generations``, ``steps``, ``drafted``, ``reached``, ``accepted``, ``emitted``, ``acceptance``,
     ``alpha``, ``tau``, ``tau_no_bonus``, ``time``, ``tokens_per_second``, ``speedup``.
 
     ``baseline_tokens_per_second`` is one rate, or a mapping from category (and ``"overall"``) to rate.
@@ -70,13 +73,13 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
         out = pd.concat([out, tot], ignore_index=True)
         if keys:
             out = out.sort_values(keys, kind="stable")
-    out["new_tokens"] = out["n_acc"] + out["steps"]
+    out["emitted"] = out["n_acc"] + out["steps"]
     with np.errstate(invalid="ignore", divide="ignore"):
         out["acceptance"] = out["accepted"] / out["drafted"]
         out["alpha"] = out["accepted"] / out["reached"]
-        out["tau"] = out["new_tokens"] / out["steps"]
+        out["tau"] = out["emitted"] / out["steps"]
         out["tau_no_bonus"] = out["n_acc"] / out["steps"]
-        out["tokens_per_second"] = out["new_tokens"] / out["time"]
+        out["tokens_per_second"] = out["emitted"] / out["time"]
     if baseline_tokens_per_second is None:
         base = np.nan
     elif isinstance(baseline_tokens_per_second, Mapping):
@@ -84,7 +87,7 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     else:
         base = float(baseline_tokens_per_second)
     out["speedup"] = out["tokens_per_second"] / base
-    cols = keys + [category, "generations", "steps", "drafted", "reached", "accepted", "new_tokens",
+    cols = keys + [category, "generations", "steps", "drafted", "reached", "accepted", "emitted",
                    "acceptance", "alpha", "tau", "tau_no_bonus", "time", "tokens_per_second", "speedup"]
     return out[cols].reset_index(drop=True)
 

@@ -21,6 +21,7 @@ MEASURE_LABELS = {
     "h_p": "target entropy H(p) [nats]", "h_q": "draft entropy H(q) [nats]",
     "tv": "TV(p, q)", "kl": "KL(p || q) [nats]",
     "q_x": "draft confidence q(x)", "accept_prob": "min(1, p(x)/q(x))", "q_top_prob": "draft max prob",
+    "h_p_raw": "H(p) at T=1 [nats]", "h_q_raw": "H(q) at T=1 [nats]", "tv_raw": "TV(p, q) at T=1",
 }
 
 
@@ -38,6 +39,12 @@ def _check(table: pd.DataFrame, columns: Sequence[str], name: str) -> None:
         raise ValueError(f"{name}: table is missing column(s) {missing}")
     if table.empty:
         raise ValueError(f"{name}: table is empty")
+
+
+def _yerr(center, low, high) -> list[np.ndarray]:
+    """Asymmetric error bar lengths, never negative (interval bounds may round past the point)."""
+    c, lo, hi = (np.asarray(v, dtype=np.float64) for v in (center, low, high))
+    return [np.maximum(c - lo, 0.0), np.maximum(hi - c, 0.0)]
 
 
 def _colors(n: int) -> list:
@@ -109,7 +116,7 @@ def entropy_rejected_vs_accepted(table: pd.DataFrame, by: str | None = None) -> 
             for outcome, (color, dx, marker) in styles.items():
                 s = sub[(sub["measure"] == m) & (sub["outcome"] == outcome)]
                 x = s["pos"].to_numpy() + dx
-                ax.errorbar(x, s["median"], yerr=[s["median"] - s["q25"], s["q75"] - s["median"]],
+                ax.errorbar(x, s["median"], yerr=_yerr(s["median"], s["q25"], s["q75"]),
                             fmt=marker, color=color, capsize=2, label=outcome)
             ax.set_title(f"{label}: {MEASURE_LABELS.get(m, m)}" if label else MEASURE_LABELS.get(m, m), fontsize=7)
             ax.set_xticks(np.unique(sub["pos"]))
@@ -132,7 +139,7 @@ def acceptance_vs_measure(table: pd.DataFrame, by: str | None = None) -> Figure:
     for (label, sub), color in zip(groups, _colors(len(groups))):
         for ax, m in zip(axes[0], measures):
             s = sub[sub["measure"] == m]
-            ax.errorbar(s["x_mean"], s["rate"], yerr=[s["rate"] - s["rate_low"], s["rate_high"] - s["rate"]],
+            ax.errorbar(s["x_mean"], s["rate"], yerr=_yerr(s["rate"], s["rate_low"], s["rate_high"]),
                         fmt="o-", color=color, capsize=1.5, label=label)
             ax.plot(s["x_mean"], s["expected"], "--", color=color, lw=0.8)
             ax.set_xlabel(MEASURE_LABELS.get(m, m))
@@ -163,7 +170,7 @@ def calibration(table: pd.DataFrame, by: str | None = None, errors: pd.DataFrame
                     e = e[e[by].astype(str) == label]
                 if len(e):
                     name += f" (ECE {float(e['ece'].iloc[0]):.3f})"
-            ax.errorbar(s["confidence"], s["rate"], yerr=[s["rate"] - s["rate_low"], s["rate_high"] - s["rate"]],
+            ax.errorbar(s["confidence"], s["rate"], yerr=_yerr(s["rate"], s["rate_low"], s["rate_high"]),
                         fmt="o-", color=color, capsize=1.5, label=name)
     for ax, sc in zip(axes[0], scores):
         ax.plot([0, 1], [0, 1], ":", color="grey", lw=0.8)
@@ -214,15 +221,17 @@ def acceptance_heatmap(table: pd.DataFrame, by: str | None = None, *, max_genera
     groups = _groups(table, by)
     fig, axes = plt.subplots(1, len(groups), figsize=(DOUBLE_COLUMN if len(groups) > 1 else SINGLE_COLUMN * 1.3,
                                                       2.8), squeeze=False)
+    def gen_label(t: pd.DataFrame) -> pd.Series:
+        return t["category"].astype(str) + " | " + t["prompt_id"].astype(str) + "#" + t["sample"].astype(str)
+
+    rows = sorted(set(gen_label(table)))[:max_generations]  # the same generations, same order, per panel
     image = None
-    for ax, (label, sub) in zip(axes[0], groups):
-        gen = sub["category"].astype(str) + " | " + sub["prompt_id"].astype(str) + "#" + sub["sample"].astype(str)
-        grid = pd.DataFrame({"gen": gen, "step": sub["step"], "rate": sub["rate"]}).pivot_table(
-            index="gen", columns="step", values="rate", sort=True)
-        grid = grid.iloc[:max_generations]
+    for j, (ax, (label, sub)) in enumerate(zip(axes[0], groups)):
+        grid = pd.DataFrame({"gen": gen_label(sub), "step": sub["step"], "rate": sub["rate"]}).pivot_table(
+            index="gen", columns="step", values="rate", sort=True).reindex(rows)
         image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
         ax.set_yticks(range(len(grid)))
-        ax.set_yticklabels(grid.index, fontsize=4)
+        ax.set_yticklabels(grid.index if j == 0 else [], fontsize=4)
         steps = grid.columns.to_numpy()
         ticks = np.linspace(0, len(steps) - 1, min(6, len(steps))).astype(int)
         ax.set_xticks(ticks)

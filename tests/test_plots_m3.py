@@ -1,0 +1,101 @@
+"""M3 figures: each draws its table (checked on the artists), rejects a wrong table, and saves to
+byte-identical PDF and PNG files twice in a row."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from spade_lib import diagnose as dg
+from spade_lib.plots import m3, save_figure, use_style
+
+
+@pytest.fixture(scope="module")
+def tables():
+    use_style()
+    a = dg.synthetic_trace(600, 4, (0.8, 0.7, 0.6, 0.5), n_prompts=6, entropy_slope=-0.8, seed=1)
+    b = dg.synthetic_trace(600, 4, (0.6, 0.5, 0.4, 0.3), n_prompts=6, entropy_slope=-0.4, seed=2)
+    return dg.all_tables(dg.combine_runs({"distilled": a, "data_only": b}, "draft"), by="draft", min_support=5)
+
+
+def _figures(t):
+    calib = t["calibration"]
+    return {
+        "acceptance_by_position": m3.acceptance_by_position(t["position"], by="draft"),
+        "accept_length_hist": m3.accept_length_hist(t["accept_length"], by="draft"),
+        "entropy_rejected_vs_accepted": m3.entropy_rejected_vs_accepted(t["entropy"], by="draft"),
+        "acceptance_vs_entropy": m3.acceptance_vs_measure(t["binned"], by="draft"),
+        "logit_coefficients": m3.logit_coefficients(t["logit_coefficients"], by="draft"),
+        "calibration": m3.calibration(calib, by="draft", errors=t["calibration_error"]),
+        "expected_vs_realised": m3.expected_vs_realised(t["expected_by_position"], x="pos", by="draft"),
+        "expected_by_category": m3.expected_vs_realised(t["expected_by_category"], x="category", by="draft"),
+        "token_rejections": m3.token_rejections(t["tokens"], by="draft", top=8),
+        "acceptance_heatmap": m3.acceptance_heatmap(t["heatmap"], by="draft"),
+        "category_summary": m3.category_summary(t["summary"], by="draft"),
+    }
+
+
+def test_every_figure_draws(tables):
+    for name, fig in _figures(tables).items():
+        assert isinstance(fig, Figure), name
+        fig.canvas.draw()  # lays out and renders every artist at screen resolution
+        plt.close(fig)
+
+
+def _saves_twice_identically(fig, name, tmp_path):
+    first = save_figure(fig, name, directory=tmp_path / "a")
+    second = save_figure(fig, name, directory=tmp_path / "b")
+    for ext in ("pdf", "png"):
+        assert first[ext].read_bytes() == second[ext].read_bytes(), (name, ext)
+    plt.close(fig)
+
+
+def test_figures_save_deterministically(tables, tmp_path):
+    _saves_twice_identically(m3.acceptance_by_position(tables["position"], by="draft"),
+                             "m3_acceptance_by_position", tmp_path)
+    _saves_twice_identically(m3.category_summary(tables["summary"], by="draft"), "m3_category_summary", tmp_path)
+
+
+@pytest.mark.slow
+def test_every_figure_saves_deterministically(tables, tmp_path):
+    for name, fig in _figures(tables).items():
+        _saves_twice_identically(fig, f"m3_{name}", tmp_path)
+
+
+def test_figures_show_their_tables(tables):
+    fig = m3.acceptance_by_position(tables["position"], by="draft")
+    ax = fig.axes[0]
+    cond = [line for line in ax.lines if line.get_label() == "distilled: conditional"][0]
+    expected = tables["position"].query("draft == 'distilled'")["alpha_cond"].to_numpy()
+    assert np.allclose(cond.get_ydata(), expected)
+    plt.close(fig)
+
+    fig = m3.acceptance_by_position(tables["position"][tables["position"]["draft"] == "distilled"])
+    assert [line.get_label() for line in fig.axes[0].lines][:2] == ["conditional", "unconditional"]
+    plt.close(fig)
+
+    fig = m3.entropy_rejected_vs_accepted(tables["entropy"], by="draft")
+    assert len(fig.axes) == 2 * 2  # groups x measures
+    plt.close(fig)
+
+    fig = m3.token_rejections(tables["tokens"], by="draft", top=5)
+    assert all(len(ax.patches) == 5 for ax in fig.axes)
+    plt.close(fig)
+
+    fig = m3.calibration(tables["calibration"], by="draft", errors=tables["calibration_error"])
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any("ECE" in label for label in labels)
+    plt.close(fig)
+
+
+def test_figures_reject_wrong_tables(tables):
+    with pytest.raises(ValueError, match="missing column"):
+        m3.acceptance_by_position(tables["accept_length"])
+    with pytest.raises(ValueError, match="empty"):
+        m3.calibration(tables["calibration"].iloc[:0])
+    with pytest.raises(ValueError, match="by="):
+        m3.accept_length_hist(tables["accept_length"], by="nope")
+    with pytest.raises(ValueError, match="top"):
+        m3.token_rejections(tables["tokens"], top=0)
