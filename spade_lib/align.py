@@ -336,7 +336,9 @@ def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int]
     Each generation of ``summary.jsonl`` becomes ``prompt ids + output_ids``, the prompt re-tokenised
     exactly as the runner did (``spade_lib.runner.prompt_ids`` with the run's own config, checked
     against the stored ``prompt_tokens``). ``keys`` has one row per sequence: ``seq``,
-    ``question_id``, ``prompt_id`` (as in traces), ``category``, ``sample``.
+    ``question_id``, ``prompt_id`` (as in traces), ``category``, ``sample``, ``new_tokens``. A trace
+    can hold drafted positions past ``new_tokens`` (after an EOS, or cut by ``max_new_tokens``): they
+    have no scored counterpart.
     """
     from spade_lib import runner, trace
 
@@ -354,7 +356,7 @@ def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int]
             raise ValueError(f"question {qid!r}: re-tokenised prompt has {len(ids)} tokens, the run had "
                              f"{int(s['prompt_tokens'])} (another tokenizer or chat template?)")
         keys.append({"seq": len(seqs), "question_id": s["question_id"], "prompt_id": qid,
-                     "category": s["category"], "sample": int(s["sample"])})
+                     "category": s["category"], "sample": int(s["sample"]), "new_tokens": int(s["new_tokens"])})
         seqs.append(ids + [int(t) for t in s["output_ids"]])
         prompts.append(len(ids))
     return seqs, prompts, pd.DataFrame(keys)
