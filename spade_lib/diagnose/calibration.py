@@ -19,7 +19,7 @@ import pandas as pd
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import add_rate, bin_edges, digitize
 
-SCORES = ("q_x", "accept_prob", "q_top_prob")
+SCORES = ("q_x", "accept_prob", "q_top_prob")  # scores in [0, 1] a reliability diagram makes sense for
 
 
 def calibration_table(trace: TraceLike, by: By = None, *, score: str = "q_x", bins: int = 10,

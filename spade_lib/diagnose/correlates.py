@@ -14,8 +14,12 @@ All three look only at *reached* positions (the verifier judged them), with outc
   Newton-Raphson (IRLS) with a small ridge ``l2`` on the slopes, on features standardised to unit
   variance (``coef_per_sd``) and reported on their raw scale too (``coef = coef_per_sd / sd_j``);
   standard errors from the inverse Hessian. Within each group, generations ``(prompt_id, sample)``
-  are split into train and held-out sets (seeded), so the held-out AUC scores unseen generations. Note that ``H(p)`` is
-  known only after the target's forward: the model *explains* rejections, it is not a stop rule.
+  are split into train and held-out sets (seeded), so the held-out AUC scores unseen generations.
+  ``H(p)`` is known only after the target's forward: the model *explains* rejections, it is not a
+  stop rule.
+
+Quantiles, Mann-Whitney ranks and AUCs compare values at float32 precision, the trace's storage type
+(one ``np.sort`` of packed keys per measure, :func:`spade_lib.diagnose.stats.grouped_compare`).
 """
 
 from __future__ import annotations

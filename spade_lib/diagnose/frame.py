@@ -56,11 +56,6 @@ def step_rows(trace: pd.DataFrame) -> pd.DataFrame:
     return trace[trace["pos"].to_numpy() == 0]
 
 
-def reached_rows(trace: pd.DataFrame) -> pd.DataFrame:
-    """Rows the verifier judged (``reached``): the population of every conditional acceptance."""
-    return trace[trace["reached"].to_numpy(dtype=bool)]
-
-
 def categorize(trace: pd.DataFrame, columns: Sequence[str] = ("prompt_id", "category")) -> pd.DataFrame:
     """``trace`` with its string ``columns`` (those present) as categoricals, a cheap shallow copy.
 
