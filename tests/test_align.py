@@ -197,3 +197,32 @@ def test_on_decoded_text_alpha_is_the_traces_and_predicted_tau_matches_measured(
     se = np.std(np.array(n_acc) + 1.0, ddof=1) / np.sqrt(len(n_acc))
     pred = align.predict_tau(align.alphas_by_sequence(scores), [gamma]).set_index("method")["tau"]
     assert abs(pred["renewal"] - measured) < 4 * se + 0.1, (pred.to_dict(), measured, se)
+
+
+@pytest.mark.slow
+def test_run_sequences_rebuild_the_emitted_text_of_a_run(tmp_path):
+    from spade_lib import metrics
+    from spade_lib.bench import default_suite
+    from spade_lib.runner import RunConfig, run_suite
+    from spade_lib.trace import read_trace
+    from spade_lib.zoo import load_pair
+
+    pair = load_pair("tiny")
+    suite = default_suite(tokenizer="tiny", n_per_category=1)
+    threads = torch.get_num_threads()
+    try:
+        run = run_suite(pair, suite, RunConfig(gamma=3, temperature=1.0, max_new_tokens=24, warmup=0,
+                                               max_prompt_tokens=64, threads=1), tmp_path / "run", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    seqs, prompts, keys = align.run_sequences(run, pair.tokenizer, suite)
+    tr = read_trace(run)
+    assert len(seqs) == len(suite.rows) and (keys["new_tokens"] == [len(s) - m for s, m in zip(seqs, prompts)]).all()
+    emitted = {(k.prompt_id, k.sample): seqs[k.seq][prompts[k.seq]:] for k in keys.itertuples()}
+    for row in tr[tr["accepted"]].itertuples():
+        out = emitted[(row.prompt_id, row.sample)]
+        if row.abs_pos < len(out):
+            assert out[row.abs_pos] == row.draft_token
+    assert align.measured_tau(tr)[0] == pytest.approx(metrics.mean_accepted_length(tr))
+    with pytest.raises(ValueError, match="gamma = 9"):
+        align.measured_tau(tr, 9)
