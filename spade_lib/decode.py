@@ -18,7 +18,7 @@ a plain target step. An EOS inside the emitted block ends generation there; ``ma
 
 Randomness: three ``torch.Generator``s seeded from ``seed`` through ``numpy.random.SeedSequence`` —
 draft sampling, acceptance uniforms, residual/bonus sampling — so the same seed and inputs replay bit
-for bit and a change in one stream (e.g. another draft length) leaves the others' draws in place.
+for bit, and what one stream draws does not depend on how many draws the others consumed.
 
 Records (``record=True``): one row per drafted token with the trace columns of ``DEVELOPERS.md``
 (:meth:`GenerationResult.records`). Per step the statistics are computed vectorised over the ``gamma``
