@@ -31,10 +31,13 @@ What the trace cannot replay: the *residual token* at a counterfactual rejection
 ``norm(max(0, p - q))``; the trace stores the recorded one only), the text after a changed step, and
 rules that change *drafting* (a greedy draft instead of a sampled one: different blocks). The
 per-position acceptance rate of a *fresh* draft under a rule, ``alpha_rule = sum_x q(x) a(x)``, needs
-the full distributions; with top-k slices (``record_topk > 0``) :func:`rule_alpha_topk` gives it as an
-interval ``[sum_{x in S} q(x) a(x), that + q(outside S)]``, exact when the slice holds all of ``q``'s
-mass (e.g. ``top_k <= record_topk`` sampling). Pathwise replays need ``uniform`` at every position a
-rule reaches; where a trace stores NaN (deterministic modes), only the expected values are given.
+the full distributions; with top-k slices (``record_topk > 0``) :func:`rule_alpha_topk` bounds it:
+the sum over ``q``'s slice ``S``, with ``p(x)`` bounded where ``x`` is outside ``p``'s slice, plus at
+most ``q(outside S)``; exact when the slices hold all of the mass (e.g. ``top_k <= record_topk``
+sampling). Pathwise replays need ``uniform`` at every position a rule reaches; where a trace stores
+NaN (deterministic modes), only the expected values are given. ``one_hot_q`` and ``greedy`` replay the
+*verification* rule on the recorded, sampled drafts; a real run in those modes may draft otherwise
+(a deterministic drafter, greedy drafts).
 
 The **expected** tokens of a block under a rule (Rao-Blackwellised over the uniforms, lower variance)
 is ``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``.
@@ -50,7 +53,8 @@ accepted length is exactly ``min(n, g)``:
   (capped at ``max_gamma``);
 - ``entropy``:    the same with ``h_q_raw <= threshold``.
 
-A step costs ``C(g) = d(g) c + r(g)`` target-forward units, with ``d(g)`` draft forwards (``g``) and
+Per block this is exact (same uniforms); a real run with another policy draws its uniforms in
+another order, so it agrees in distribution, not token for token. A step costs ``C(g) = d(g) c + r(g)`` target-forward units, with ``d(g)`` draft forwards (``g``) and
 ``r(g)`` the cost of verifying ``g + 1`` tokens; the predicted speedup over plain decoding (1 token
 per unit) is the ratio of totals ``sum_steps (min(n, g) + 1) / sum_steps C(g)``.
 """
