@@ -29,13 +29,11 @@ def calibration_table(trace: TraceLike, by: By = None, *, score: str = "q_x", bi
     ``binning="uniform"`` uses ``bins`` equal bins of ``[0, 1]``; ``"quantile"`` equal-count bins."""
     df = as_trace(trace, ("reached", "accepted", score))
     keys = group_keys(by, df)
-    reached = df["reached"].to_numpy(dtype=bool)
+    base = Groups(df, keys, mask=df["reached"].to_numpy(dtype=bool))
     x = df[score].to_numpy()
-    if binning == "uniform":
-        edges = bin_edges(x[reached], bins, "uniform", 0.0, 1.0)
-    else:
-        edges = bin_edges(x[reached], bins, binning)
-    g = Groups(df, keys, mask=reached).refine("bin", digitize(x, edges), np.arange(len(edges) - 1))
+    xr = base.take(x)
+    edges = bin_edges(xr, bins, "uniform", 0.0, 1.0) if binning == "uniform" else bin_edges(xr, bins, binning)
+    g = base.refine("bin", digitize(xr, edges), np.arange(len(edges) - 1))
     t = g.frame()
     t.insert(len(keys), "score", score)
     k = t["bin"].to_numpy()

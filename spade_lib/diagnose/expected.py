@@ -43,8 +43,9 @@ def expected_vs_realised(trace: TraceLike, by: By = None, *,
     realised = g.sum(acc).astype(np.int64)
     parts = []
     for basis in bases:
-        x = g.take(df[basis]).astype(np.float64)
-        pi = np.clip(x if basis == "accept_prob" else 1.0 - x, 0.0, 1.0)
+        x = g.take(df[basis])  # float32 in a trace: the per-row arithmetic stays in float32
+        pi = x.copy() if basis == "accept_prob" else 1 - x
+        np.clip(pi, 0, 1, out=pi)
         t = g.frame()
         t.insert(0, "basis", basis)
         t["n"] = g.sum()

@@ -126,6 +126,8 @@ def bin_edges(x: np.ndarray, bins: int, binning: str = "quantile",
         lo = float(x.min()) if lo is None else lo
         hi = float(x.max()) if hi is None else hi
         edges = np.linspace(lo, hi, bins + 1)
+        if x.dtype == np.float32:
+            edges = np.unique(edges.astype(np.float32).astype(np.float64))
     else:
         raise ValueError(f"binning must be 'quantile' or 'uniform', got {binning!r}")
     if len(edges) < 2:
