@@ -287,8 +287,15 @@ def test_acceptance_logit_held_out_generations_and_groups(sloped):
     fit = dg.acceptance_logit(sloped, by="category", features=("h_p",), test_fraction=0.25, seed=3)
     assert fit.scores["category"].tolist() == ["code", "prose"]
     assert (fit.scores["n_test"] > 0).all()
+    all_accepted = sloped.assign(accepted=sloped["reached"])
     with pytest.raises(ValueError, match="single outcome"):
-        dg.acceptance_logit(sloped.assign(accepted=sloped["reached"]), features=("h_p",))
+        dg.acceptance_logit(all_accepted, features=("h_p",))
+    half = pd.concat([all_accepted[all_accepted["category"] == "code"], sloped[sloped["category"] == "prose"]])
+    skipped = dg.acceptance_logit(half, by="category", features=("h_p",), skip_degenerate=True)
+    assert skipped.scores["fitted"].tolist() == [False, True]
+    assert set(skipped.coefficients["category"]) == {"prose"}
+    none = dg.acceptance_logit(all_accepted, features=("h_p",), skip_degenerate=True)
+    assert none.coefficients.empty and not none.scores["fitted"].any()
     with pytest.raises(ValueError):
         dg.acceptance_logit(sloped, test_fraction=1.0)
 

@@ -116,7 +116,7 @@ class LogitFit:
     """A fitted acceptance model: ``coefficients`` (one row per term) and ``scores`` (AUCs)."""
 
     coefficients: pd.DataFrame  # term, coef, se, z, p_value, coef_per_sd, sd, mean (+ by columns)
-    scores: pd.DataFrame  # n_train, n_test, auc_train, auc_test, iterations (+ by columns)
+    scores: pd.DataFrame  # n_train, n_test, auc_train, auc_test, iterations, fitted (+ by columns)
 
 
 def _newton_logit(X: np.ndarray, y: np.ndarray, l2: float, max_iter: int = 50,
@@ -155,11 +155,13 @@ def _heldout(generation: np.ndarray, n_generations: int, test_fraction: float, s
 
 def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str] = LOGIT_FEATURES,
                      test_fraction: float = 0.3, l2: float = 1e-3, max_rows: int | None = 500_000,
-                     seed: int = 0) -> LogitFit:
+                     seed: int = 0, skip_degenerate: bool = False) -> LogitFit:
     """Fit ``P(accepted | reached, features)`` per ``by`` group (module docstring).
 
     ``max_rows`` caps the training rows of each group (a seeded subsample; ``None``: all) to bound the
-    time on very large traces; the held-out AUC always uses every held-out row.
+    time on very large traces; the held-out AUC always uses every held-out row. A group whose training
+    rows are too few or all of one outcome (a greedy run that accepts everything) raises a
+    ``ValueError``, or with ``skip_degenerate`` gets no coefficients and a ``fitted = False`` score row.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
@@ -191,7 +193,14 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
         Zt, yt = design(train)
         Zh, yh = design(rows[test])
         if len(yt) < len(features) + 2 or yt.min() == yt.max():
-            raise ValueError(f"group {label or 'all'}: too few rows or a single outcome to fit the model")
+            if not skip_degenerate:
+                raise ValueError(f"group {label or 'all'}: too few rows or a single outcome to fit the model")
+            s = pd.DataFrame({"n_train": [len(yt)], "n_test": [len(yh)], "auc_train": [np.nan],
+                              "auc_test": [np.nan], "iterations": [0], "fitted": [False]})
+            for k, v in reversed(label.items()):
+                s.insert(0, k, v)
+            scores.append(s)
+            continue
         mean, sd = Zt.mean(axis=0), Zt.std(axis=0)
         sd = np.where(sd > 0, sd, 1.0)
         w, cov, iters = _newton_logit(np.column_stack([np.ones(len(yt)), (Zt - mean) / sd]), yt, l2)
@@ -206,10 +215,12 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
         s = pd.DataFrame({"n_train": [len(yt)], "n_test": [len(yh)],
                           "auc_train": [auc(Zt @ raw[1:], yt)],
                           "auc_test": [auc(Zh @ raw[1:], yh) if len(yh) else np.nan],
-                          "iterations": [iters]})
+                          "iterations": [iters], "fitted": [True]})
         for k, v in reversed(label.items()):
             c.insert(0, k, v)
             s.insert(0, k, v)
         coefs.append(c)
         scores.append(s)
-    return LogitFit(pd.concat(coefs, ignore_index=True), pd.concat(scores, ignore_index=True))
+    columns = [*keys, "term", "coef", "se", "z", "p_value", "coef_per_sd", "sd", "mean"]
+    coefficients = pd.concat(coefs, ignore_index=True) if coefs else pd.DataFrame(columns=columns)
+    return LogitFit(coefficients, pd.concat(scores, ignore_index=True))
