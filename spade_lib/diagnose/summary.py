@@ -111,7 +111,7 @@ def all_tables(trace: TraceLike, tokenizer: Any = None, by: By = None, *, bins: 
         "entropy": entropy_by_outcome(df, keys),
         "binned": acceptance_by_bins(df, keys, bins=bins),
     }
-    fit = acceptance_logit(df, keys, seed=seed)
+    fit = acceptance_logit(df, keys, seed=seed, skip_degenerate=True)
     tables["logit_coefficients"], tables["logit_scores"] = fit.coefficients, fit.scores
     calib = pd.concat([calibration_table(df, keys, score=s, bins=bins) for s in ("q_x", "accept_prob")],
                       ignore_index=True)
