@@ -50,10 +50,10 @@ def group_keys(by: By, trace: pd.DataFrame | None = None) -> list[str]:
     return keys
 
 
-def step_rows(trace: pd.DataFrame) -> pd.DataFrame:
-    """One row per verification step: the ``pos == 0`` row of each block (step-level columns such as
-    ``n_accepted``, ``gamma`` and the timings are repeated on every row of a block)."""
-    return trace[trace["pos"].to_numpy() == 0]
+def step_rows(trace: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    """One row per verification step, with ``columns`` only: the ``pos == 0`` row of each block
+    (step-level columns such as ``n_accepted``, ``gamma`` and the timings repeat on every row)."""
+    return trace[list(dict.fromkeys(columns))][trace["pos"].to_numpy() == 0]
 
 
 def categorize(trace: pd.DataFrame, columns: Sequence[str] = ("prompt_id", "category")) -> pd.DataFrame:

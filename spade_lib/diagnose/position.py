@@ -50,7 +50,7 @@ def accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
     ``accept_length = k + 1`` (tokens emitted by such a step)."""
     df = as_trace(trace, ("pos", "n_accepted", "gamma"))
     keys = group_keys(by, df)
-    steps = step_rows(df)
+    steps = step_rows(df, keys + ["n_accepted", "gamma"])
     k_max = int(steps["gamma"].max()) if len(steps) else 0
     g = Groups(steps, keys)
     n_acc = steps["n_accepted"].to_numpy(dtype=np.int64)
@@ -76,7 +76,7 @@ def acceptance_heatmap(trace: TraceLike, by: By = None, *, step_bin: int = 1) ->
         raise ValueError(f"step_bin must be >= 1, got {step_bin}")
     df = as_trace(trace, ("prompt_id", "category", "sample", "step", "pos", "gamma", "n_accepted"))
     keys = group_keys(by, df)
-    steps = step_rows(df)
+    steps = step_rows(df, keys + ["prompt_id", "sample", "step", "category", "gamma", "n_accepted"])
     step_of_bin = steps["step"].to_numpy(dtype=np.int64) // step_bin
     g = Groups(steps, keys + ["prompt_id", "sample", "step"], extra={"step": step_of_bin})
     out = g.frame()

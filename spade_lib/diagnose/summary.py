@@ -40,8 +40,9 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     """
     df = as_trace(trace, ("prompt_id", "sample", "pos", category, "gamma", "n_accepted"))
     keys = group_keys(by, df)
-    steps = step_rows(df)
     has_time = all(c in df.columns for c in TIME_COLUMNS)
+    steps = step_rows(df, keys + ["prompt_id", "sample", category, "gamma", "n_accepted",
+                                  *(TIME_COLUMNS if has_time else ())])
     time = (sum(steps[c].to_numpy(dtype=np.float64) for c in TIME_COLUMNS) if has_time
             else np.full(len(steps), np.nan))
     n_acc = steps["n_accepted"].to_numpy()
