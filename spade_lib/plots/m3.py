@@ -245,8 +245,8 @@ def acceptance_heatmap(table: pd.DataFrame, by: str | None = None, *, max_genera
 
 
 def token_rejections(table: pd.DataFrame, by: str | None = None, *, top: int = 15) -> Figure:
-    """The ``top`` tokens with most rejections (bars: rejections; labels: acceptance rate and support);
-    a :func:`~spade_lib.diagnose.token_table` table."""
+    """The ``top`` tokens with most rejections (bars: rejections; labels: acceptance rate and support;
+    tokens never rejected are left out); a :func:`~spade_lib.diagnose.token_table` table."""
     _check(table, ["display", "rejected", "rate", "n"], "token_rejections")
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
@@ -254,7 +254,9 @@ def token_rejections(table: pd.DataFrame, by: str | None = None, *, top: int = 1
     fig, axes = plt.subplots(1, len(groups), figsize=(SINGLE_COLUMN * 1.1 * len(groups), 0.16 * top + 0.8),
                              squeeze=False)
     for ax, (label, sub), color in zip(axes[0], groups, _colors(len(groups))):
-        s = sub.sort_values("rejected", ascending=False, kind="stable").head(top).iloc[::-1]
+        s = sub[sub["rejected"] > 0].sort_values("rejected", ascending=False, kind="stable").head(top).iloc[::-1]
+        if s.empty:
+            ax.text(0.5, 0.5, "no rejections", ha="center", va="center", transform=ax.transAxes)
         y = np.arange(len(s))
         ax.barh(y, s["rejected"], color=color)
         ax.set_yticks(y)
@@ -263,6 +265,7 @@ def token_rejections(table: pd.DataFrame, by: str | None = None, *, top: int = 1
             ax.annotate(f"{rate:.2f} of {n}", (rej, yy), textcoords="offset points", xytext=(2, -2), fontsize=5)
         ax.set_xlabel("rejections")
         ax.margins(x=0.25)
+        ax.set_xlim(left=0)
         if label:
             ax.set_title(label, fontsize=7)
     fig.tight_layout()
