@@ -21,16 +21,16 @@ from spade_lib.zoo.tokenizer import train_tokenizer
 from spade_lib.zoo.train import new_model, train_model
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def zoo_cache(tmp_path_factory):
-    """An empty project cache for this session (``spade_lib.paths.CACHE_DIR`` is read at call time)."""
+    """An empty project cache for this module (``spade_lib.paths.CACHE_DIR`` is read at call time)."""
     cache = tmp_path_factory.mktemp("spade_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(paths, "CACHE_DIR", cache)
         yield cache
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny(zoo_cache):
     assert not (zoo_cache / "zoo").exists()
     return load_pair("tiny")
