@@ -34,7 +34,9 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
+# The embedded pair is built first, alone: a build sharing the two cores with a notebook is much slower.
 run: venv
+	$(BIN)/python -m spade_lib.zoo default
 	$(BIN)/python -m spade_lib.runbook
 
 test: venv

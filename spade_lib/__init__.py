@@ -33,6 +33,9 @@ _EXPORTS = {
     "default_suite": "spade_lib.bench",
     "build_suite": "spade_lib.bench",
     "load_pair": "spade_lib.zoo",
+    "load_tokenizer": "spade_lib.zoo",
+    "Pair": "spade_lib.zoo",
+    "pair_names": "spade_lib.zoo",
     "setup_notebook": "spade_lib.params",
     "save_figure": "spade_lib.plots",
 }
