@@ -10,7 +10,7 @@ target and draft per ``--batch-size`` sequences, every per-position measure). Bo
     scored_tokens=<N> generate_s=<s> score_s=<s> score_vs_generate=<ratio>
 
 Usage: ``.venv/bin/python benchmarks/bench_align.py [--pair tiny] [--prompts 16] [--max-new-tokens 128]
-[--gamma 4] [--temperature 1] [--batch-size 16] [--repeats 3] [--threads 2]``. Timings on a shared
+[--gamma 4] [--temperature 1] [--batch-size 16] [--repeats 3] [--threads 2] [--device cpu]``. Timings on a shared
 machine vary run to run: quote the load (``uptime``) next to them.
 """
 
@@ -44,6 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=16, help="sequences per scoring forward")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help='"cpu", "cuda" or "auto"')
     return ap.parse_args(argv)
 
 
@@ -60,7 +61,8 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     timing.fix_threads(args.threads)
-    pair = load_pair(args.pair)
+    device = timing.resolve_device(args.device)
+    pair = load_pair(args.pair, device=device)
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))
     config = runner.RunConfig(max_new_tokens=args.max_new_tokens)
@@ -84,7 +86,7 @@ def main(argv=None) -> None:
     assert len(scores) == n_tokens
     steps = sum(r.n_steps for r, _ in results)
     print(f"pair {args.pair!r} draft {args.draft!r}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, "
-          f"gamma {args.gamma}, T {args.temperature:g}, {torch.get_num_threads()} threads")
+          f"gamma {args.gamma}, T {args.temperature:g}, {device}, {torch.get_num_threads()} threads")
     print(f"generate (trace, {steps} steps): {t_gen:.3f} s  = {n_tokens / t_gen:.0f} tok/s")
     print(f"score (teacher-forced, batch {args.batch_size}): {t_score:.3f} s  = {n_tokens / t_score:.0f} tok/s")
     print(f"scored_tokens={n_tokens} generate_s={t_gen:.4f} score_s={t_score:.4f} score_vs_generate={t_gen / t_score:.1f}")

@@ -61,12 +61,15 @@ class AlignConfig:
     padding_side: str = "right"    # "right" or "left"; both give the same scores (position ids follow the mask)
     score_prompt: bool = False     # also score the prompt's own tokens (from its second token on)
     pad_id: int = 0                # token id used for padding (masked out, never scored)
+    stats_dtype: str = "float32"   # dtype of the per-position measures ("float64" for exactness checks)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
+        if self.stats_dtype not in ("float32", "float64"):
+            raise ValueError(f"stats_dtype must be 'float32' or 'float64', got {self.stats_dtype!r}")
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -152,16 +155,16 @@ def score_sequences(
         cols_t = torch.as_tensor(np.concatenate(cols))
         tokens = ids[rows_t, cols_t + 1]
         frames.append(_stats(lp[rows_t, cols_t], lq[rows_t, cols_t], tokens, sampling,
-                             np.concatenate(seq_index), np.concatenate(rel)))
+                             np.concatenate(seq_index), np.concatenate(rel), getattr(torch, config.stats_dtype)))
     out = pd.concat(frames, ignore_index=True).sort_values(["seq", "i"], kind="stable").reset_index(drop=True)
     out.attrs["sampling"] = repr(sampling)
     return out
 
 
 def _stats(lp: torch.Tensor, lq: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig,
-           seq: np.ndarray, rel: np.ndarray) -> pd.DataFrame:
-    p = adjust(lp, sampling, torch.float64)
-    q = adjust(lq, sampling, torch.float64)
+           seq: np.ndarray, rel: np.ndarray, dtype: torch.dtype) -> pd.DataFrame:
+    p = adjust(lp, sampling, dtype)
+    q = adjust(lq, sampling, dtype)
     alpha = measures.alpha(p, q)
     idx = tokens.to(p.device).unsqueeze(-1)
     return pd.DataFrame({
