@@ -62,3 +62,17 @@ def test_profiles_only_set_declared_parameters(profile):
         values = yaml.safe_load(file.read_text()) or {}
         unknown = sorted(set(values) - set(declared))
         assert not unknown, f"{file} sets undeclared parameters {unknown}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_documents_every_parameter(path):
+    """`papermill --help-notebook` must list every declared parameter (it drops lines it cannot parse)."""
+    import papermill
+
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    declared = parse_parameters_cell(cell.source)
+    inferred = papermill.inspect_notebook(str(path))
+    assert sorted(inferred) == sorted(declared)
+    for name, d in declared.items():
+        assert inferred[name]["help"] == d.comment, name
