@@ -47,6 +47,11 @@ _EXPORTS = {
     "EntropyThreshold": "spade_lib.policies",
     "hf_generate": "spade_lib.baselines",
     "compare_greedy": "spade_lib.divergence",
+    "score_sequences": "spade_lib.align",
+    "predict": "spade_lib.align",
+    "counterfactual": "spade_lib.replay",
+    "replay_stop_rule": "spade_lib.replay",
+    "StopRule": "spade_lib.replay",
     "setup_notebook": "spade_lib.params",
     "save_figure": "spade_lib.plots",
 }
