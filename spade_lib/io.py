@@ -15,6 +15,18 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(tmp: str | os.PathLike, path: Path) -> None:
+    """Give the temporary file normal permissions (mkstemp makes it 0600), then rename it onto path."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary sibling of ``path`` for writing; rename it onto ``path`` on success."""
@@ -26,7 +38,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[Any]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -43,7 +55,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -35,3 +35,17 @@ def test_atomic_path_renames_on_success_only(tmp_path):
             raise ValueError
     assert not (tmp_path / "u.bin").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.bin"]
+
+
+def test_written_files_get_normal_permissions(tmp_path):
+    import os
+
+    mask = os.umask(0o022)
+    try:
+        write_text(tmp_path / "p.txt", "x")
+        with atomic_path(tmp_path / "q.bin") as tmp:
+            tmp.write_bytes(b"x")
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "p.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "q.bin").stat().st_mode & 0o777 == 0o644
