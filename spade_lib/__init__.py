@@ -52,6 +52,9 @@ _EXPORTS = {
     "counterfactual": "spade_lib.replay",
     "replay_stop_rule": "spade_lib.replay",
     "StopRule": "spade_lib.replay",
+    "RunConfig": "spade_lib.runner",
+    "run_suite": "spade_lib.runner",
+    "read_trace": "spade_lib.trace",
     "setup_notebook": "spade_lib.params",
     "save_figure": "spade_lib.plots",
 }
