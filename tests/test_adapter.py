@@ -11,15 +11,6 @@ from spade_lib.adapter import CausalLMAdapter, as_token_tensor, context_limit
 V = 96
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def llama(dtype=torch.float32):
     torch.manual_seed(0)
     return LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

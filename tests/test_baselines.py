@@ -14,14 +14,6 @@ from spade_lib.sampling import SamplingConfig
 GREEDY = SamplingConfig(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def pair():
     torch.manual_seed(0)

@@ -29,15 +29,6 @@ SMOKE_PROMPTS = [  # one per kind of text the embedded suite holds
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tiny():
     from spade_lib.zoo.pairs import load_pair

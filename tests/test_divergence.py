@@ -7,15 +7,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from spade_lib.divergence import TIE_THRESHOLDS, compare_greedy, first_difference
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)

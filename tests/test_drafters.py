@@ -11,15 +11,6 @@ from spade_lib.sampling import SamplingConfig, adjust
 GREEDY = SamplingConfig(temperature=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_llama(vocab=64, seed=0, init=0.5):
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
