@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
-from spade_lib.diagnose.stats import add_rate, bin_edges, digitize
+from spade_lib.diagnose.stats import add_rate, bin_edges
 
 SCORES = ("q_x", "accept_prob", "q_top_prob")  # scores in [0, 1] a reliability diagram makes sense for
 
@@ -33,13 +33,7 @@ def calibration_table(trace: TraceLike, by: By = None, *, score: str = "q_x", bi
     x = df[score].to_numpy()
     xr = base.take(x)
     edges = bin_edges(xr, bins, "uniform", 0.0, 1.0) if binning == "uniform" else bin_edges(xr, bins, binning)
-    g = base.refine("bin", digitize(xr, edges), np.arange(len(edges) - 1))
-    t = g.frame()
-    t.insert(len(keys), "score", score)
-    k = t["bin"].to_numpy()
-    t.insert(len(keys) + 2, "bin_low", edges[k])
-    t.insert(len(keys) + 3, "bin_high", edges[k + 1])
-    t["n"] = g.sum()
+    g, t = base.binned(xr, edges, "score", score)
     t["accepted"] = g.sum(df["accepted"].to_numpy(dtype=bool)).astype(np.int64)
     t["confidence"] = g.sum(x) / t["n"]
     add_rate(t, "accepted", "n", "rate", level, method)

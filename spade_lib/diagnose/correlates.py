@@ -33,7 +33,7 @@ from scipy import special, stats
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import (
-    add_rate, auc, bin_edges, digitize, grouped_compare, grouped_quantiles, mean_ci,
+    add_rate, auc, bin_edges, grouped_compare, grouped_quantiles, mean_ci,
 )
 
 BIN_MEASURES = ("h_p", "h_q", "tv", "kl")
@@ -96,13 +96,7 @@ def acceptance_by_bins(trace: TraceLike, by: By = None, *, measures: Sequence[st
         x = df[m].to_numpy()
         xr = base.take(x)
         edges = bin_edges(xr, bins, binning)
-        g = base.refine("bin", digitize(xr, edges), np.arange(len(edges) - 1))
-        t = g.frame()
-        t.insert(len(keys), "measure", m)
-        k = t["bin"].to_numpy()
-        t.insert(len(keys) + 2, "bin_low", edges[k])
-        t.insert(len(keys) + 3, "bin_high", edges[k + 1])
-        t["n"] = g.sum()
+        g, t = base.binned(xr, edges, "measure", m)
         t["x_mean"] = g.sum(x) / t["n"]
         t["accepted"] = g.sum(acc).astype(np.int64)
         t["expected"] = g.sum(alpha) / t["n"]

@@ -161,6 +161,21 @@ class Groups:
         del new._present
         return new
 
+    def binned(self, x: np.ndarray, edges: np.ndarray, column: str, value: str) -> tuple[Groups, pd.DataFrame]:
+        """These groups split by the bin of ``x`` (per selected row) under ``edges``, and their table:
+        the keys, ``column=value`` after them, then ``bin``, ``bin_low``, ``bin_high`` and ``n``."""
+        from spade_lib.diagnose.stats import digitize  # stats is the lower layer; import on use
+
+        g = self.refine("bin", digitize(x, edges), np.arange(len(edges) - 1))
+        t = g.frame()
+        n_keys = len(t.columns) - 1
+        t.insert(n_keys, column, value)
+        k = t["bin"].to_numpy()
+        t.insert(n_keys + 2, "bin_low", edges[k])
+        t.insert(n_keys + 3, "bin_high", edges[k + 1])
+        t["n"] = g.sum()
+        return g, t
+
     def sum(self, values=None) -> np.ndarray:
         """Per-group sum of ``values`` (one per trace row or per selected row); row counts if ``None``."""
         if values is None:
