@@ -8,11 +8,16 @@ each file is written atomically.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg", force=False)  # headless by default; Jupyter's inline backend still wins there
+# Headless by default, but never over a backend already chosen through MPLBACKEND: a Jupyter kernel
+# sets it to its inline backend, and replacing that with Agg leaves notebooks opened in JupyterLab
+# without figures (tests/test_browser.py).
+if not os.environ.get("MPLBACKEND"):
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import seaborn as sns  # noqa: E402
 
