@@ -247,6 +247,10 @@ def test_import_fixture_tables(fixture_files):
     # without a baseline: tau and throughput only
     alone = read_specbench_answers(method).summary
     assert "speedup" not in alone.columns and alone["tau"].iloc[-1] == pytest.approx(30 / 11)
+    # a method that hides its steps (HF generate): no accepted lengths, so no tau
+    hidden = write_lines(method.parent / "hf.jsonl", [answer(1, "qa", "hf", ["t"], [5], [1.0], [])])
+    s = read_specbench_answers(hidden).summary
+    assert s["steps"].tolist() == [0, 0] and s["tau"].isna().all() and s["tokens_per_s"].tolist() == [5, 5]
 
 
 def test_import_errors(fixture_files, tmp_path):

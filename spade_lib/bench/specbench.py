@@ -86,8 +86,12 @@ def model_id_for(meta: dict) -> str:
     ``tiny-spade-distilled-g4-T0-float32`` or ``tiny-ar-T0-float32`` (the baseline)."""
     from spade_lib.runner import RunConfig
 
-    config = RunConfig(**meta["config"])
-    return f"{meta['pair']['name'].replace('/', '--')}-{config.label}-{config.dtype}"
+    pair = meta["pair"]["name"].replace("/", "--")
+    try:
+        config = RunConfig(**meta["config"])
+    except (TypeError, ValueError):  # a run written by another SPADE version: fall back to its hash
+        return f"{pair}-{meta['config'].get('method', 'run')}-{meta['config_hash']}"
+    return f"{pair}-{config.label}-{config.dtype}"
 
 
 def specbench_answers(run_dir: str | os.PathLike, model_id: str | None = None) -> list[dict]:
