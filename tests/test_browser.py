@@ -9,7 +9,9 @@ the browser rendered a figure, and saves a screenshot to ``RUNS_DIR/browser/`` (
 under ``make test``). The server and its kernel are always stopped.
 
 Playwright's own browser download is not needed: any Chromium works through ``executable_path``
-(Debian's ``chromium`` package, as ``.ci/run`` installs; or ``SPADE_CHROMIUM=/path/to/chrome``).
+(Debian's ``chromium`` package, as ``.ci/run`` installs; ``SPADE_CHROMIUM=/path/to/chrome``; or the one
+``python -m playwright install chromium`` downloads). Without one the test skips, saying how to get one
+(in CI, where ``CI=true``, it fails instead).
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ INSTALL_HINT = ("no Chromium found for the browser test: install one with `apt-g
 pytestmark = pytest.mark.slow
 
 
-def find_browser() -> str | None:
+def find_browser(sync_api) -> str | None:
+    """``SPADE_CHROMIUM``, else a Chromium on PATH, else Playwright's own download if present."""
     env = os.environ.get("SPADE_CHROMIUM")
     if env:
         return env if Path(env).is_file() else None
-    return next((p for p in map(shutil.which, BROWSERS) if p), None)
+    found = next((p for p in map(shutil.which, BROWSERS) if p), None)
+    if found is None:
+        with sync_api.sync_playwright() as pw:
+            bundled = pw.chromium.executable_path
+        found = bundled if bundled and Path(bundled).is_file() else None
+    return found
 
 
 def free_port() -> int:
@@ -157,7 +165,7 @@ def dismiss_toasts(page) -> None:
 
 def test_notebook_02_runs_in_jupyterlab(tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see requirements.txt)")
-    browser_path = find_browser()
+    browser_path = find_browser(sync_api)
     if browser_path is None:
         if os.environ.get("CI") == "true":  # .ci/run installs chromium: CI must run this test, not skip it
             pytest.fail(INSTALL_HINT)
