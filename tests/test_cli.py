@@ -169,18 +169,21 @@ def test_several_ranks_refuse_a_fixed_gpu_or_a_device_map():
 
 # ---------------------------------------------------------------- sharding and merging in one process
 
-def test_two_shares_merge_into_the_one_process_run(pair, files, reference, tmp_path, no_launcher):
-    suite, config = load_suite(files["suite"]), cli.load_spec(files["yaml"]).config
+def test_two_shares_merge_into_the_one_process_run(files, reference, tmp_path, no_launcher, monkeypatch):
+    """Ranks started as independent jobs (RANK/WORLD_SIZE set, no MASTER_ADDR: no barrier), in any
+    order, then ``--merge``."""
     out = tmp_path / "sharded"
-    written = {}
-    for rank in (1, 0):  # any order: the shares are disjoint
-        written[rank] = []
-        runner.run_suite(pair, suite, config, out, progress=False, rank=rank, world_size=2,
-                         on_shard=written[rank].append)
-        assert not (out / "summary.jsonl").exists()  # nobody merges inside run_suite
-        assert (out / "metadata.json").exists() == (rank == 0)  # rank 0 alone writes the metadata
-    assert [p.stem for p in written[0]] == ["0", "2", "4"] and [p.stem for p in written[1]] == ["1", "3", "5"]
-    info = cli.main(["--config", str(files["yaml"]), "--out", str(out), "--merge"])
+    argv = ["--config", str(files["yaml"]), "--out", str(out), "--no-progress"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, shards in (("1", {"1", "3", "5"}), ("0", {str(i) for i in range(N_PROMPTS)})):
+        monkeypatch.setenv("RANK", rank)
+        assert cli.main(argv) is None  # no process group: each rank writes its share and stops
+        assert {p.stem for p in trace.shard_paths(out)} == shards
+        assert (out / "metadata.json").exists() == (rank == "0")  # rank 0 alone writes the metadata
+        assert not (out / "summary.jsonl").exists()  # nobody merges before every rank is done
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    info = cli.main(argv + ["--merge"])
     assert info["generations"] == N_PROMPTS
     assert_same_run(out, reference)
 
