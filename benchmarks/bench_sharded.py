@@ -51,7 +51,8 @@ def same_run(a: Path, b: Path) -> None:
     pd.testing.assert_frame_equal(trace.read_trace(a).drop(columns=trace.TIMING_COLUMNS),
                                   trace.read_trace(b).drop(columns=trace.TIMING_COLUMNS))
     timed = ["wall_time", "wall_times"]
-    pd.testing.assert_frame_equal(runner.read_summary(a).drop(columns=timed), runner.read_summary(b).drop(columns=timed))
+    pd.testing.assert_frame_equal(runner.read_summary(a).drop(columns=timed),
+                                  runner.read_summary(b).drop(columns=timed))
 
 
 def main() -> None:

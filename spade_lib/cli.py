@@ -3,7 +3,7 @@ sharded over several::
 
     python -m spade_lib.runner --config params/cli/tiny.yaml --out runs/cli/tiny
     torchrun --nproc-per-node 8 -m spade_lib.runner --config params/cli/qwen2.5_0.5b_7b.yaml --out runs/cli/qwen
-    accelerate launch --num_processes 8 -m spade_lib.runner --config ... --out ...
+    accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runner --config ... --out ...
     python -m spade_lib.runner --config ... --out DIR --merge   # after ranks launched as separate jobs
 
 The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runner.RunConfig`
@@ -229,9 +229,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.merge:
         if not args.out:
             parser.error("--merge needs --out")
-        path = merge_only(spec, Path(args.out))
-        print(f"merged {path}", flush=True)
-        return summarize(Path(args.out), 1, time.perf_counter() - start, 0)
+        merge_only(spec, Path(args.out))
+        info = summarize(Path(args.out), 1, time.perf_counter() - start, 0)
+        _print_summary(info, spec.config)
+        return info
 
     grouped = launch.init_group(ranks)
     try:

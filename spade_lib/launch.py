@@ -1,8 +1,9 @@
 """Several processes, one run: ranks from the launcher's environment, a barrier, and the merge.
 
-``torchrun --nproc-per-node N -m spade_lib.runner ...`` and ``accelerate launch --num_processes N -m
-spade_lib.runner ...`` start N copies of the command with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT`` set. Each copy runs ``run_suite(..., rank, world_size)`` on its
+``torchrun --nproc-per-node N -m spade_lib.runner ...`` and ``accelerate launch --multi_gpu
+--num_processes N -m spade_lib.runner ...`` (which starts torchrun) run N copies of the command with
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. (``accelerate launch
+--cpu`` starts one process; its multi-CPU mode goes through MPI: on a CPU use torchrun.) Each copy runs ``run_suite(..., rank, world_size)`` on its
 share ``rows[rank::world_size]`` of the prompts (one Parquet shard per prompt, written atomically), so
 the ranks never write the same file and need no communication while they decode. They meet once, at a
 ``gloo`` barrier after the last shard (``gloo`` runs on any machine, GPUs or not, and a barrier is all
