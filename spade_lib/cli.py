@@ -65,7 +65,7 @@ class RunSpec:
     resume: bool = True
 
 
-def _coerce(name: str, value: Any, kind: str) -> Any:
+def _coerce(value: Any, kind: str) -> Any:
     """YAML's ``0`` for a float field becomes ``0.0`` (so the config hash equals Python's ``0.0``)."""
     if kind == "float" and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -85,7 +85,7 @@ def spec_from_dict(data: Any, where: str = "config") -> RunSpec:
         raise ValueError(f"{where}: unknown keys {', '.join(hints)}; known keys: RunConfig fields "
                          f"{list(config_fields)} and {list(EXTRA_KEYS)}")
     try:
-        config = runner.RunConfig(**{k: _coerce(k, v, config_fields[k]) for k, v in data.items() if k in config_fields})
+        config = runner.RunConfig(**{k: _coerce(v, config_fields[k]) for k, v in data.items() if k in config_fields})
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
     extra = {k: v for k, v in data.items() if k in EXTRA_KEYS}
