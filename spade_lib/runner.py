@@ -18,6 +18,12 @@ rebuilt from the shards at the end, never appended to. Because every generation 
 resumed ends with the same trace as an uninterrupted one — every column except the timing columns
 ``t_draft``, ``t_verify``, ``t_overhead`` (and the summary's ``wall_time``), which are measurements.
 
+**Sharded.** ``run_suite(..., rank=r, world_size=W)`` decodes only the prompts ``rows[r::W]`` (a
+disjoint share; the shards do not depend on who wrote them). Rank 0 alone writes ``metadata.json``;
+with ``W > 1`` nobody writes ``summary.jsonl`` here: the launcher merges once every rank is done
+(``spade_lib.launch.merge_run``). ``python -m spade_lib.runner --config run.yaml --out DIR`` (under
+``torchrun`` or ``accelerate launch`` for several processes) is the command line (``spade_lib.cli``).
+
 **Methods** (``RunConfig.method``), all counted the same way (``new_tokens`` = tokens emitted after
 the prompt) and timed the same way (``spade_lib.timing``: ``warmup`` untimed generations on the
 first prompt, then each generation timed ``repeats`` times, median kept):
@@ -289,11 +295,15 @@ def _summary_row(row: dict, sample: int, seed: int, ids: list[int], gen: Generat
     }
 
 
-def _clean_temporaries(folder: Path) -> None:
+def _clean_temporaries(folder: Path, stems: set[str] | None = None) -> None:
+    """Delete temporaries left by interrupted writes; with ``stems``, only the shard temporaries
+    (``.<stem>.<random>.parquet``) of those shards (other ranks may be writing theirs right now)."""
     for p in folder.glob(".*.tmp"):
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     for p in folder.glob(".*.parquet"):
+        if stems is not None and p.name[1:].rsplit(".", 2)[0] not in stems:
+            continue
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
 
@@ -311,20 +321,28 @@ def _shard_done(path: Path) -> bool:
 
 def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None = None, *,
               resume: bool = True, progress: bool = True,
-              on_shard: Callable[[Path], None] | None = None) -> Path:
+              on_shard: Callable[[Path], None] | None = None, rank: int = 0, world_size: int = 1) -> Path:
     """Run ``config`` on every prompt of ``suite``; return the run folder (see the module docstring).
 
     ``resume=False`` deletes nothing but re-runs (and overwrites) every shard. ``on_shard(path)`` is
-    called after each shard is written (progress hooks, tests).
+    called after each shard is written (progress hooks, tests). ``rank``/``world_size``: this process
+    takes the prompts ``rows[rank::world_size]``; only rank 0 writes ``metadata.json``, and only a
+    one-process run (``world_size == 1``) writes ``summary.jsonl`` (see "Sharded" above).
     """
     if not isinstance(config, RunConfig):
         raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
+    for name, v, lo in (("world_size", world_size, 1), ("rank", rank, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if rank >= world_size:
+        raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
     if not suite.rows:
         raise ValueError(f"suite {suite.name!r} has no prompts")
     device = _check_pair_placement(pair, config)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(pair.name, suite_key(suite), config)
     trace_dir = paths.ensure_dir(run_dir / "trace")
-    _clean_temporaries(trace_dir)
+    _clean_temporaries(trace_dir, None if world_size == 1 else
+                       {str(r["question_id"]) for r in suite.rows[rank::world_size]})
 
     identity = run_identity(pair, suite, config)
     meta_path = run_dir / "metadata.json"
@@ -339,22 +357,26 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
     if config.threads:
         timing.fix_threads(config.threads)
     env = timing.environment_fingerprint(device)
-    sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env})
-    write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
-                           "sampling": dataclasses.asdict(config.sampling()),
-                           "policy": repr(config.make_policy()) if config.method == "spade" else None,
-                           "device": str(device), "dtype": config.dtype,
-                           "seeds": "generation_seed(config.seed, question_id, sample) = "
-                                    "sha256('seed:question_id:sample')[:8] little-endian >> 1"})
+    sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
+                     "world_size": world_size})
+    if rank == 0:
+        write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
+                               "sampling": dataclasses.asdict(config.sampling()),
+                               "policy": repr(config.make_policy()) if config.method == "spade" else None,
+                               "device": str(device), "dtype": config.dtype,
+                               "seeds": "generation_seed(config.seed, question_id, sample) = "
+                                        "sha256('seed:question_id:sample')[:8] little-endian >> 1"})
 
     rows = suite.rows
-    todo = [r for r in rows if not (resume and _shard_done(trace_dir / f"{r['question_id']}.parquet"))]
+    todo = [r for r in rows[rank::world_size]
+            if not (resume and _shard_done(trace_dir / f"{r['question_id']}.parquet"))]
     if todo:
         generator = make_generator(pair, config)
         first = prompt_ids(pair.tokenizer, rows[0]["turns"][0], config)
         for w in range(config.warmup):
             generator.timed(first, config.max_new_tokens, generation_seed(config.seed, "warmup", w))
-        bar = _progress(todo, progress, f"{pair.name}/{suite.name} {config.label}")
+        where = f"[rank {rank}/{world_size}] " if world_size > 1 else ""
+        bar = _progress(todo, progress, f"{where}{pair.name}/{suite.name} {config.label}", position=rank)
         for row in bar:
             shard = trace_dir / f"{row['question_id']}.parquet"
             ids = prompt_ids(pair.tokenizer, row["turns"][0], config)
@@ -369,7 +391,8 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
             trace.write_shard(records, shard, {**identity, "summary": summaries})
             if on_shard is not None:
                 on_shard(shard)
-    write_summary(run_dir, suite)
+    if world_size == 1:
+        write_summary(run_dir, suite)
     return run_dir
 
 
@@ -402,12 +425,12 @@ def timed_generation(generator: Generator, ids, config: RunConfig, seed: int, de
     return rec, t
 
 
-def _progress(items, enabled: bool, desc: str):
+def _progress(items, enabled: bool, desc: str, position: int = 0):
     if not enabled:
         return items
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc=desc, unit="prompt", leave=False)
+    return tqdm(items, desc=desc, unit="prompt", leave=False, position=position)
 
 
 def write_summary(run_dir: str | os.PathLike, suite=None) -> Path:
@@ -447,3 +470,11 @@ def list_runs(root: str | os.PathLike | None = None):
         out.append({"run_dir": str(meta.parent), "pair": m["pair"]["name"], "suite": m["suite"]["name"],
                     "suite_sha256": m["suite"]["sha256"], "config_hash": m["config_hash"], **m["config"]})
     return pd.DataFrame(out)
+
+
+if __name__ == "__main__":  # python -m spade_lib.runner --config run.yaml --out DIR (see spade_lib.cli)
+    import sys
+
+    from spade_lib.cli import console
+
+    sys.exit(console())

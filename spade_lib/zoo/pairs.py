@@ -9,6 +9,13 @@ drafts via ``drafts={"name": ref}``). Hub downloads are skipped when ``HF_HUB_OF
 (``local_files_only``). Speculative sampling needs ``p`` and ``q`` over the same vocabulary, so a draft
 whose tokenizer vocabulary differs from the target's is refused. ``trust_remote_code`` stays ``False``
 unless the caller opts in.
+
+Big targets: ``load_pair(..., device_map="auto", max_memory={0: "70GiB", "cpu": "200GiB"},
+offload_folder="offload")`` places the target through Hugging Face ``accelerate`` (``from_pretrained``'s
+``device_map``): its modules are spread over the GPUs, then CPU memory, then disk, in that order, each
+device filled up to its ``max_memory``. Outputs are unchanged (the same weights, the same arithmetic;
+offloaded weights are moved to the execution device for each forward). The drafts go whole onto the
+target's first device, where the decoder's inputs and the target's logits live.
 """
 
 from __future__ import annotations
@@ -64,9 +71,11 @@ def load_tokenizer(name: str = "default"):
 
 
 def load_pair(name: str | None = "default", *, target: str | None = None, draft: str | None = None,
-              drafts: dict[str, str] | None = None, device: str | torch.device = "cpu",
+              drafts: dict[str, str] | None = None, device: str | torch.device | None = None,
               dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
-              rebuild: bool = False) -> Pair:
+              rebuild: bool = False, device_map: str | dict | None = None,
+              max_memory: dict[int | str, int | str] | None = None,
+              offload_folder: str | os.PathLike | None = None) -> Pair:
     """Load an embedded pair by ``name`` or a real pair from ``target`` + ``draft``/``drafts``.
 
     Embedded: ``draft`` optionally names which of the pair's drafts is the default one
@@ -74,7 +83,14 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     ``draft`` becomes the default draft (named ``"draft"``), ``drafts`` adds named ones; ``name`` is
     then only a label. ``rebuild=True`` rebuilds an embedded pair even if a valid cache entry exists
     (a corrupted entry is always rebuilt, with a warning).
+
+    ``device`` (default ``"cpu"``) places every model whole. For a target that does not fit one
+    device give ``device_map`` instead (``"auto"``, ``"balanced"``, ``"sequential"`` or an explicit
+    ``{module: device}``; needs ``accelerate``), optionally ``max_memory`` (``{gpu index or "cpu":
+    bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
+    go onto the target's first device (:func:`first_device`).
     """
+    placement = _placement(device, device_map, max_memory, offload_folder)
     if target is None:
         if drafts is not None:
             raise ValueError("drafts: only allowed with target= (a real pair); embedded pairs have fixed drafts")
@@ -87,7 +103,7 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         default = draft if draft is not None else config.default_draft
         if default not in refs:
             raise ValueError(f"draft: embedded pair {name!r} has drafts {sorted(refs)}, not {default!r}")
-        pair = _load_models(str(entry / "target"), refs, default, device=device, dtype=dtype,
+        pair = _load_models(str(entry / "target"), refs, default, placement=placement, dtype=dtype,
                             trust_remote_code=False, local_only=True)
         pair.name, pair.manifest, pair.path = name, manifest, entry
         return pair
@@ -99,12 +115,53 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         refs = {"draft": draft, **refs}
     if not refs:
         raise ValueError("draft: a real pair needs draft= or drafts= alongside target=")
-    pair = _load_models(target, refs, next(iter(refs)), device=device, dtype=dtype,
+    pair = _load_models(target, refs, next(iter(refs)), placement=placement, dtype=dtype,
                         trust_remote_code=trust_remote_code, local_only=_hub_offline())
     pair.name = name if name not in (None, *PAIRS) else target
     pair.manifest = {"kind": "hf", "target": target, "drafts": refs, "dtype": str(dtype),
                      "trust_remote_code": trust_remote_code}
     return pair
+
+
+def _placement(device, device_map, max_memory, offload_folder) -> dict[str, Any]:
+    """Check the placement arguments of :func:`load_pair`; ``from_pretrained`` keywords for the target."""
+    if device_map is None:
+        for arg, v in (("max_memory", max_memory), ("offload_folder", offload_folder)):
+            if v is not None:
+                raise ValueError(f"{arg}: only used with device_map= (e.g. device_map='auto')")
+        return {"device": "cpu" if device is None else device}
+    if device is not None:
+        raise ValueError(f"device: give device= or device_map=, not both (got device={device!r}, "
+                         f"device_map={device_map!r}); with device_map the drafts follow the target")
+    if not isinstance(device_map, (str, dict)):
+        raise ValueError(f"device_map: expected 'auto', 'balanced', 'sequential' or a dict, got {device_map!r}")
+    if max_memory is not None and not isinstance(max_memory, dict):
+        raise ValueError(f"max_memory: expected a dict {{gpu index or 'cpu': size}}, got {max_memory!r}")
+    try:
+        import accelerate  # noqa: F401  (transformers needs it for device_map)
+    except ImportError:
+        raise ImportError("device_map: needs the 'accelerate' package (pip install accelerate)") from None
+    kwargs: dict[str, Any] = {"device_map": device_map}
+    if max_memory is not None:
+        kwargs["max_memory"] = max_memory
+    if offload_folder is not None:
+        kwargs["offload_folder"] = str(Path(offload_folder).expanduser().resolve())
+    return kwargs
+
+
+def first_device(model) -> torch.device:
+    """Where ``model`` takes its inputs and computes: for a model placed with a ``device_map``, the
+    first device of its map that is neither ``"cpu"`` nor ``"disk"`` (accelerate's execution device;
+    modules offloaded to CPU or disk are computed there), else ``"cpu"``; otherwise the device of its
+    first parameter."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return next(model.parameters()).device
+    gpus = [d for d in device_map.values() if d not in ("cpu", "disk")]
+    if not gpus:
+        return torch.device("cpu")
+    first = gpus[0]
+    return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
 
 
 def _hub_offline() -> bool:
@@ -136,7 +193,7 @@ def _from_pretrained(loader, ref: str, arg: str, local_only: bool, **kwargs):
         raise OSError(f"{arg}: could not load {loader.__name__} from {where} {ref!r}: {e}") from e
 
 
-def _load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, device, dtype,
+def _load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, placement: dict[str, Any], dtype,
                  trust_remote_code: bool, local_only: bool) -> Pair:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -154,10 +211,20 @@ def _load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, d
                 f"draft {name!r} {ref!r} ({len(draft_vocab)} tokens; {diff} (token, id) pairs not shared); "
                 "speculative decoding needs p and q over the same vocabulary")
 
-    def model(ref: str, arg: str):
-        m = _from_pretrained(AutoModelForCausalLM, ref, arg, local_only, dtype=dtype, use_safetensors=True, **common)
-        return m.to(device).eval()
+    def model(ref: str, arg: str, **kwargs):
+        return _from_pretrained(AutoModelForCausalLM, ref, arg, local_only, dtype=dtype, use_safetensors=True,
+                                **common, **kwargs).eval()
 
-    target = model(target_ref, "target")
-    drafts = {name: model(ref, f"draft {name!r}") for name, ref in draft_refs.items()}
+    if "device" in placement:
+        device = placement["device"]
+        target = model(target_ref, "target").to(device)
+    else:  # accelerate places the target (GPUs, then CPU, then disk); the drafts follow its first device
+        target = model(target_ref, "target", **placement)
+        device = first_device(target)
+        first = next(target.parameters()).device
+        if first != device:
+            raise ValueError(f"max_memory: the target's first weights landed on {first}, not on its execution "
+                             f"device {device} (device map {target.hf_device_map}); leave room for the input "
+                             "embeddings on the first device")
+    drafts = {name: model(ref, f"draft {name!r}").to(device) for name, ref in draft_refs.items()}
     return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={})
