@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = [
     "ArgumentTypeError", "check_int", "check_float", "check_choice", "check_bool", "check_str",
-    "check_prob_tensor", "check_token_ids", "check_identifier", "check_gamma", "MAX_GAMMA", "safe_name",
+    "check_prob_tensor", "check_token_ids", "check_identifier", "check_gamma", "check_costs", "MAX_GAMMA", "safe_name",
 ]
 
 
@@ -146,6 +146,8 @@ def check_token_ids(name: str, ids: Any, vocab_size: int | None = None) -> list[
         if getattr(ids, "dtype", None) is not None and ("float" in str(ids.dtype) or "bool" in str(ids.dtype)):
             raise ArgumentTypeError(f"{name}: token ids must be integers, got dtype {ids.dtype}")
         ids = ids.tolist()
+    if isinstance(ids, (set, frozenset)):
+        ids = list(ids)
     if not isinstance(ids, Sequence):
         raise ArgumentTypeError(f"{name}: must be a sequence of token ids, got {type(ids).__name__}")
     out = []
@@ -161,6 +163,18 @@ def check_token_ids(name: str, ids: Any, vocab_size: int | None = None) -> list[
     elif out and min(out) < 0:
         raise ValueError(f"{name}: token ids must be >= 0, got {min(out)}")
     return out
+
+
+def check_costs(name: str, values: Any) -> np.ndarray:
+    """Cost ratios (a number or an array, e.g. ``r(gamma)`` evaluated on a grid) as a float64 array,
+    every entry finite and > 0: a zero, negative or NaN cost gives infinite or negative speedups."""
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"{name}: must be a positive number (or numbers), got {values!r}") from None
+    if v.size and (not np.all(np.isfinite(v)) or np.any(v <= 0)):
+        raise ValueError(f"{name}: must be finite and > 0, got {values!r}")
+    return v
 
 
 MAX_GAMMA = 1024

@@ -75,6 +75,9 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     then only a label. ``rebuild=True`` rebuilds an embedded pair even if a valid cache entry exists
     (a corrupted entry is always rebuilt, with a warning).
     """
+    from spade_lib.timing import resolve_device, resolve_dtype
+
+    device, dtype = resolve_device(device), resolve_dtype(dtype)  # refused here, before any model loads
     if target is None:
         if drafts is not None:
             raise ValueError("drafts: only allowed with target= (a real pair); embedded pairs have fixed drafts")
