@@ -6,7 +6,7 @@ Every SPADE notebook declares its parameters in one cell tagged ``parameters`` w
     # SPADE parameters
     n_prompts: int = 8  # prompts per category
     pair: str = "default"  # embedded pair name; range: one of ["tiny", "default"]
-    gamma: int = 4  # draft length; range: >= 1
+    gamma: int = 4  # draft length; range: [1, inf)
 
 and calls :func:`setup_notebook` in the next cell. Papermill injects overrides in a cell of its own
 right after the parameters cell, and only *warns* about names the notebook does not declare; SPADE
@@ -25,9 +25,12 @@ from IPython's input history (``In``), so the declaration is written exactly onc
 
 **Ranges** are declared in the comment, after the description, as ``range: <spec>``:
 
-- comparisons ``>= a``, ``> a``, ``<= b``, ``< b``, combined with ``and`` (``range: > 0 and <= 2``);
-- an interval ``[a, b]``, ``(a, b]``, ``[a, b)`` or ``(a, b)`` (``range: [0, 1]``);
-- a choice ``one of [<literal>, ...]`` (``range: one of ["tiny", "default"]``).
+- an interval ``[a, b]``, ``(a, b]``, ``[a, b)`` or ``(a, b)``, where ``inf`` / ``-inf`` are allowed
+  bounds (``range: [0, 1]``, ``range: [1, inf)``, ``range: (0, inf)``);
+- a choice ``one of [<literal>, ...]`` (``range: one of ["tiny", "default"]``);
+- comparisons ``> a``, ``< b`` (also ``>= a``, ``<= b``), combined with ``and``. Prefer intervals:
+  papermill's ``--help-notebook`` drops any parameter line with two ``=`` signs, so ``>=`` hides
+  the parameter from it (``tests/test_notebooks.py`` checks that every parameter stays listed).
 
 A range applies to a number, to every element of a ``list[...]`` value, and never to ``None`` (for
 ``X | None``). A malformed range is an error when the cell is parsed.
@@ -105,6 +108,16 @@ def parse_parameters_cell(source: str) -> dict[str, Declared]:
 _OPS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b: v <= b, "<": lambda v, b: v < b}
 
 
+def _bound(text: str) -> float | int:
+    text = text.strip()
+    if text in ("inf", "+inf", "-inf"):
+        return float(text)
+    value = ast.literal_eval(text)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(text)
+    return value
+
+
 def _parse_range(spec: str, name: str) -> list[tuple[str, Any]]:
     """``spec`` as a list of ``(op, bound)`` tests (``op`` in ``_OPS`` or ``"in"``)."""
     spec = spec.strip()
@@ -115,21 +128,18 @@ def _parse_range(spec: str, name: str) -> list[tuple[str, Any]]:
                 raise ValueError
             return [("in", list(choices))]
         if spec[:1] in "[(" and spec[-1:] in "])":
-            lo, hi = (ast.literal_eval(x.strip()) for x in spec[1:-1].split(","))
+            lo, hi = (_bound(x) for x in spec[1:-1].split(","))
             return [(">=" if spec[0] == "[" else ">", lo), ("<=" if spec[-1] == "]" else "<", hi)]
         tests = []
         for part in spec.split(" and "):
             part = part.strip()
             op = next(o for o in (">=", "<=", ">", "<") if part.startswith(o))
-            bound = ast.literal_eval(part[len(op):].strip())
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)):
-                raise ValueError
-            tests.append((op, bound))
+            tests.append((op, _bound(part[len(op):])))
         return tests
     except (ValueError, SyntaxError, StopIteration, TypeError):
         raise ParameterError(
-            f"parameter {name!r}: malformed range {spec!r}; write e.g. `range: >= 1`, `range: > 0 and <= 2`, "
-            "`range: [0, 1]` or `range: one of [\"a\", \"b\"]`"
+            f"parameter {name!r}: malformed range {spec!r}; write e.g. `range: [1, inf)`, `range: (0, 1]`, "
+            "`range: > 0` or `range: one of [\"a\", \"b\"]`"
         ) from None
 
 

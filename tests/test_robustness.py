@@ -418,8 +418,9 @@ def test_load_pair_device_and_dtype(kw, exc, name, sandbox):
 # ------------------------------------------------------------------------------------ notebooks / runbook
 
 CELL = """# SPADE parameters
-gamma: int = 4  # draft length; range: >= 1
+gamma: int = 4  # draft length; range: [1, inf)
 p: float = 0.5  # a probability; range: [0, 1]
+rate: float = 1.0  # a rate; range: (0, inf)
 temps: list[float] = [0.0, 1.0]  # temperatures; range: >= 0 and <= 2
 pair: str = "tiny"  # pair; range: one of ["tiny", "default"]
 device: str | None = None  # None = auto
@@ -427,7 +428,8 @@ device: str | None = None  # None = auto
 
 
 @pytest.mark.parametrize("name, value", [
-    ("gamma", 0), ("p", 1.5), ("p", math.nan), ("temps", [0.5, 3.0]), ("pair", "huge"),
+    ("gamma", 0), ("p", 1.5), ("p", math.nan), ("temps", [0.5, 3.0]), ("pair", "huge"), ("rate", 0.0),
+    ("rate", math.inf),
 ])
 def test_parameter_ranges(name, value):
     declared = parse_parameters_cell(CELL)
@@ -436,8 +438,9 @@ def test_parameter_ranges(name, value):
 
 def test_parameter_ranges_accept_good_values_and_none():
     declared = parse_parameters_cell(CELL)
-    p = resolve(declared, {"gamma": 1, "p": 1, "temps": [2], "device": None}, ["gamma", "p", "temps"], "nb", None)
-    assert p.gamma == 1
+    p = resolve(declared, {"gamma": 10**9, "p": 1, "rate": 1e-9, "temps": [2], "device": None},
+                ["gamma", "p", "rate", "temps"], "nb", None)
+    assert p.gamma == 10**9
     check_range("device", None, ">= 1")
 
 
