@@ -548,3 +548,10 @@ def test_alignment_and_replay_refuse(fn, exc, name):
 def test_replay_still_works_on_good_input():
     out = replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1)
     assert np.isfinite(out["speedup"]).all() and (out["speedup"] > 0).all()
+
+
+@pytest.mark.parametrize("profile", sorted(p.name for p in (REPO / "params").iterdir() if p.is_dir()))
+def test_runbook_accepts_the_shipped_profiles(profile, sandbox):
+    notebooks = runbook.numbered_notebooks(REPO / "notebooks")
+    out = runbook.check_parameters(notebooks, profile, REPO / "params" / profile, {})
+    assert set(out) == set(notebooks) and _snapshot(sandbox) == set()
