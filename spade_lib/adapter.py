@@ -24,6 +24,8 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from .validate import check_token_ids
+
 __all__ = ["CausalLMAdapter", "as_token_tensor", "context_limit"]
 
 
@@ -50,10 +52,7 @@ def as_token_tensor(ids, device: torch.device | str, *, name: str = "prompt_ids"
         if t.dtype.is_floating_point or t.dtype == torch.bool:
             raise ValueError(f"{name}: token ids must be integers, got dtype {t.dtype}")
         return t.to(device=device, dtype=torch.long)
-    try:
-        values = [int(i) for i in ids]
-    except TypeError as e:
-        raise ValueError(f"{name}: expected a sequence of token ids, got {type(ids).__name__}") from e
+    values = check_token_ids(name, ids)  # refuses a str (text, not ids), floats, bools, negatives
     return torch.tensor(values, dtype=torch.long, device=device)
 
 

@@ -48,7 +48,9 @@ import pandas as pd
 import torch
 
 from spade_lib import measures, theory
+from spade_lib.adapter import context_limit
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_token_ids
 
 SCORE_COLUMNS = ("seq", "i", "token", "alpha", "tv", "kl_pq", "kl_qp", "h_p", "h_q", "top1_agree",
                  "p_x", "q_x")
@@ -97,8 +99,13 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, posit
 
 
 def _check_sequences(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int] | None) -> list[int]:
+    if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__len__"):
+        raise ArgumentTypeError(f"sequences: must be a list of token-id sequences, got {type(sequences).__name__}")
     if len(sequences) == 0:
         raise ValueError("sequences must not be empty")
+    for k, s in enumerate(sequences):
+        if len(check_token_ids(f"sequences[{k}]", s)) < 1:
+            raise ValueError(f"sequences[{k}]: must hold at least 1 token, got an empty sequence")
     if prompt_lengths is None:
         return [1] * len(sequences)
     if len(prompt_lengths) != len(sequences):
@@ -131,9 +138,13 @@ def score_sequences(
     seqs = [[int(x) for x in s] for s in sequences]
     vocab = min(int(target.config.vocab_size), int(draft.config.vocab_size)) if hasattr(target, "config") \
         and hasattr(draft, "config") else None
+    limits = [context_limit(m) for m in (target, draft) if hasattr(m, "config")]
+    limit = min((x for x in limits if x is not None), default=None)
     for k, s in enumerate(seqs):
         if vocab is not None and (min(s) < 0 or max(s) >= vocab):
             raise ValueError(f"sequences[{k}] holds token ids outside [0, {vocab}) (the models' vocabulary)")
+        if limit is not None and len(s) > limit:  # positions past the context are not scored silently
+            raise ValueError(f"sequences[{k}]: {len(s)} tokens exceed the models' context limit of {limit} positions")
     frames: list[pd.DataFrame] = []
     order = sorted(range(len(seqs)), key=lambda k: len(seqs[k]))  # similar lengths share a batch: less padding
     for start in range(0, len(order), config.batch_size):
@@ -210,8 +221,7 @@ def block_tokens(alpha: np.ndarray, gamma: int) -> np.ndarray:
     blocks near the end are not cut short. Each window is :func:`spade_lib.theory.expected_tokens`'s
     position-wise form. Returns ``(..., n)``.
     """
-    if gamma < 1:
-        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    check_gamma("gamma", gamma)
     alpha = np.asarray(alpha, dtype=np.float64)
     fill = np.nanmean(alpha, axis=-1, keepdims=True)
     ext = np.concatenate([alpha, np.broadcast_to(fill, alpha.shape[:-1] + (gamma,))], axis=-1)
@@ -265,7 +275,7 @@ def predict_tau(alphas: Sequence[np.ndarray], gammas: Iterable[int],
     mean_alpha = float(np.nanmean(mat))
     rows = []
     for gamma in gammas:
-        gamma = int(gamma)
+        gamma = check_gamma("gammas", gamma)  # 2.5 is refused, not truncated to 2
         if gamma < 1:
             raise ValueError(f"gammas must be >= 1, got {gamma}")
         for method in methods:
@@ -294,8 +304,12 @@ def predict(scores: pd.DataFrame, gammas: Iterable[int], c: float,
     ``verify_cost`` is ``r(gamma)``: a constant or a function of gamma (cost of verifying ``gamma + 1``
     tokens in one target forward, relative to a 1-token target forward).
     """
+    c = check_float("c", c, min=0.0)
+    if not callable(verify_cost):
+        check_costs("verify_cost", verify_cost)
     out = predict_tau(alphas_by_sequence(scores), gammas, methods)
     r = out["gamma"].map(lambda g: float(verify_cost(int(g)) if callable(verify_cost) else verify_cost))
+    check_costs("verify_cost", r.to_numpy())
     out["cost"] = out["gamma"] * float(c) + r
     out["speedup"] = out["tau"] / out["cost"]
     return out

@@ -41,7 +41,8 @@ from .drafters import Draft, Drafter, ModelDrafter
 from .measures import entropy, kl, tv
 from .policies import Policy, as_policy
 from .sampling import SamplingConfig, adjust
-from .verify import MODES, sample_inverse_cdf, verify
+from .validate import ArgumentTypeError, check_int, check_token_ids
+from .verify import MODES, _mode_options, sample_inverse_cdf, verify
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder", "GenerationResult", "StepInfo", "RECORD_COLUMNS",
            "seed_streams"]
@@ -160,9 +161,16 @@ def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
             eos_token_id = getattr(model.config, "eos_token_id", None)
     if eos_token_id is None:
         return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset({eos_token_id})
-    return frozenset(int(e) for e in eos_token_id)
+    if isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
+        return frozenset({check_int("eos_token_id", eos_token_id, min=0)})
+    if isinstance(eos_token_id, (str, bytes)):  # "10" would iterate as {1, 0}
+        raise ArgumentTypeError(f"eos_token_id: must be an int or a list of ints, got {eos_token_id!r} (str)")
+    try:
+        return frozenset(check_token_ids("eos_token_id", eos_token_id))
+    except ArgumentTypeError:
+        raise
+    except TypeError:
+        raise ArgumentTypeError(f"eos_token_id: must be an int or a list of ints, got {eos_token_id!r}") from None
 
 
 def _check_budget(max_new_tokens: int) -> None:
@@ -170,11 +178,14 @@ def _check_budget(max_new_tokens: int) -> None:
         raise ValueError(f"max_new_tokens: must be an integer >= 0, got {max_new_tokens!r}")
 
 
-def _check_prompt(prompt: torch.Tensor, limit: int | None) -> None:
+def _check_prompt(prompt: torch.Tensor, limit: int | None, vocab_size: int | None = None) -> None:
     if prompt.numel() == 0:
         raise ValueError("prompt_ids: empty prompt (at least one token, e.g. BOS, is needed to condition on)")
     if limit is not None and prompt.numel() > limit:
         raise ValueError(f"prompt_ids: {prompt.numel()} tokens exceed the context limit of {limit} positions")
+    if vocab_size is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab_size):
+        bad = int(prompt.min()) if int(prompt.min()) < 0 else int(prompt.max())
+        raise ValueError(f"prompt_ids: token ids must lie in [0, {vocab_size}) (the vocabulary), got {bad}")
 
 
 def _truncate(emitted: list[int], budget: int, eos: frozenset[int]) -> tuple[list[int], bool]:
@@ -243,6 +254,7 @@ class SpeculativeDecoder(_Base):
         if mode not in MODES:
             raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
         self.mode = mode
+        _mode_options(mode, mode_options)  # lossy-mode options out of range fail here, not mid-generation
         self.mode_options = mode_options
         if record not in (True, False, "light"):
             raise ValueError(f"record: must be True, 'light' or False, got {record!r}")
@@ -280,7 +292,7 @@ class SpeculativeDecoder(_Base):
         """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (list, 1-D or ``[1, L]`` tensor)."""
         _check_budget(max_new_tokens)
         prompt = as_token_tensor(prompt_ids, self.device)
-        _check_prompt(prompt, self.max_length)
+        _check_prompt(prompt, self.max_length, self.target.vocab_size)
         gens = seed_streams(seed, self.device)
         dev, target, drafter, policy, sampling = self.device, self.target, self.drafter, self.policy, self.sampling
         full, timed = self.record is True, self.record is not False
@@ -381,7 +393,7 @@ class AutoregressiveDecoder(_Base):
     def generate(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> GenerationResult:
         _check_budget(max_new_tokens)
         prompt = as_token_tensor(prompt_ids, self.device)
-        _check_prompt(prompt, self.max_length)
+        _check_prompt(prompt, self.max_length, self.target.vocab_size)
         gen = seed_streams(seed, self.device)["residual"]
         dev, target, sampling = self.device, self.target, self.sampling
         L = int(prompt.numel())

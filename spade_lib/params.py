@@ -5,7 +5,8 @@ Every SPADE notebook declares its parameters in one cell tagged ``parameters`` w
 
     # SPADE parameters
     n_prompts: int = 8  # prompts per category
-    pair: str = "default"  # embedded pair name
+    pair: str = "default"  # embedded pair name; range: one of ["tiny", "default"]
+    gamma: int = 4  # draft length; range: [1, inf)
 
 and calls :func:`setup_notebook` in the next cell. Papermill injects overrides in a cell of its own
 right after the parameters cell, and only *warns* about names the notebook does not declare; SPADE
@@ -18,8 +19,21 @@ from IPython's input history (``In``), so the declaration is written exactly onc
    replace the declared defaults of every parameter papermill did *not* inject (explicit values win);
 3. checks every value against its annotation (``int``, ``float``, ``str``, ``bool``, ``list[...]``,
    ``dict``, ``X | None``); ints are accepted where floats are declared;
-4. sets the plotting style and returns the final values as a :class:`NotebookParams` namespace,
+4. checks every value against its declared range (below), before the notebook prints anything;
+5. sets the plotting style and returns the final values as a :class:`NotebookParams` namespace,
    also written back into the notebook's globals.
+
+**Ranges** are declared in the comment, after the description, as ``range: <spec>``:
+
+- an interval ``[a, b]``, ``(a, b]``, ``[a, b)`` or ``(a, b)``, where ``inf`` / ``-inf`` are allowed
+  bounds (``range: [0, 1]``, ``range: [1, inf)``, ``range: (0, inf)``);
+- a choice ``one of [<literal>, ...]`` (``range: one of ["tiny", "default"]``);
+- comparisons ``> a``, ``< b`` (also ``>= a``, ``<= b``), combined with ``and``. Prefer intervals:
+  papermill's ``--help-notebook`` drops any parameter line with two ``=`` signs, so ``>=`` hides
+  the parameter from it (``tests/test_notebooks.py`` checks that every parameter stays listed).
+
+A range applies to a number, to every element of a ``list[...]`` value, and never to ``None`` (for
+``X | None``). A malformed range is an error when the cell is parsed.
 
 Where the kernel keeps no input history (nbval executes cells without storing it), the declaration is
 read from ``notebooks/<notebook>.ipynb`` itself and nothing counts as injected.
@@ -53,6 +67,7 @@ class Declared:
     annotation: str
     default: Any
     comment: str
+    range: str | None = None  # the ``range:`` spec of the comment (see the module docstring)
 
 
 class NotebookParams(types.SimpleNamespace):
@@ -72,11 +87,15 @@ def parse_parameters_cell(source: str) -> dict[str, Declared]:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
             line = lines[node.lineno - 1]
             comment = line.split("#", 1)[1].strip() if "#" in line[node.value.end_col_offset:] else ""
+            rng = comment.rsplit("range:", 1)[1].strip() if "range:" in comment else None
+            if rng is not None:
+                _parse_range(rng, node.target.id)  # malformed ranges fail here
             declared[node.target.id] = Declared(
                 name=node.target.id,
                 annotation=ast.unparse(node.annotation),
                 default=ast.literal_eval(node.value),
                 comment=comment,
+                range=rng,
             )
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             raise ParameterError(
@@ -84,6 +103,63 @@ def parse_parameters_cell(source: str) -> dict[str, Declared]:
                 "and a literal default, e.g. `n_prompts: int = 8  # prompts per category`"
             )
     return declared
+
+
+_OPS = {">=": lambda v, b: v >= b, ">": lambda v, b: v > b, "<=": lambda v, b: v <= b, "<": lambda v, b: v < b}
+
+
+def _bound(text: str) -> float | int:
+    text = text.strip()
+    if text in ("inf", "+inf", "-inf"):
+        return float(text)
+    value = ast.literal_eval(text)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(text)
+    return value
+
+
+def _parse_range(spec: str, name: str) -> list[tuple[str, Any]]:
+    """``spec`` as a list of ``(op, bound)`` tests (``op`` in ``_OPS`` or ``"in"``)."""
+    spec = spec.strip()
+    try:
+        if spec.startswith("one of"):
+            choices = ast.literal_eval(spec[len("one of"):].strip())
+            if not isinstance(choices, (list, tuple, set)) or not choices:
+                raise ValueError
+            return [("in", list(choices))]
+        if spec[:1] in "[(" and spec[-1:] in "])":
+            lo, hi = (_bound(x) for x in spec[1:-1].split(","))
+            return [(">=" if spec[0] == "[" else ">", lo), ("<=" if spec[-1] == "]" else "<", hi)]
+        tests = []
+        for part in spec.split(" and "):
+            part = part.strip()
+            op = next(o for o in (">=", "<=", ">", "<") if part.startswith(o))
+            tests.append((op, _bound(part[len(op):])))
+        return tests
+    except (ValueError, SyntaxError, StopIteration, TypeError):
+        raise ParameterError(
+            f"parameter {name!r}: malformed range {spec!r}; write e.g. `range: [1, inf)`, `range: (0, 1]`, "
+            "`range: > 0` or `range: one of [\"a\", \"b\"]`"
+        ) from None
+
+
+def check_range(name: str, value: Any, spec: str | None, notebook: str = "") -> None:
+    """Raise :class:`ParameterError` unless ``value`` (each element of a list; None passes) lies in
+    the declared range ``spec``."""
+    if spec is None or value is None:
+        return
+    tests = _parse_range(spec, name)
+    items = value if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        ok = True
+        for op, bound in tests:
+            if op == "in":
+                ok = ok and item in bound
+            elif isinstance(item, (int, float)) and not isinstance(item, bool):
+                ok = ok and item == item and _OPS[op](item, bound)  # NaN is never in range
+        if not ok:
+            where = f" of notebook {notebook!r}" if notebook else ""
+            raise ParameterError(f"parameter {name!r}{where}: must satisfy range {spec}, got {value!r}")
 
 
 def _type_ok(value: Any, annotation: str) -> bool:
@@ -207,6 +283,7 @@ def resolve(
                 f"parameter {name!r} of notebook {notebook!r} must be {declared[name].annotation}, "
                 f"got {value!r} ({type(value).__name__})"
             )
+        check_range(name, value, declared[name].range, notebook)
     return NotebookParams(**values)
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .validate import check_float, check_gamma
+
 __all__ = ["Policy", "FixedGamma", "ConfidenceThreshold", "EntropyThreshold", "as_policy"]
 
 
 def _check_max_gamma(value: int, name: str = "max_gamma") -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
+    check_gamma(name, value)  # an integer in [1, validate.MAX_GAMMA]
 
 
 class Policy:
@@ -69,6 +70,7 @@ class ConfidenceThreshold(Policy):
 
     def __post_init__(self) -> None:
         _check_max_gamma(self.max_gamma)
+        check_float("threshold", self.threshold)
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold: must be in [0, 1], got {self.threshold!r}")
 
@@ -87,6 +89,7 @@ class EntropyThreshold(Policy):
 
     def __post_init__(self) -> None:
         _check_max_gamma(self.max_gamma)
+        check_float("threshold", self.threshold, finite=False)  # +inf: never stop early
         if not self.threshold >= 0.0 or math.isnan(self.threshold):
             raise ValueError(f"threshold: must be >= 0 nats, got {self.threshold!r}")
 

@@ -68,6 +68,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
+
 RULES = ("exact", "lenience", "one_hot_q", "sample_match", "typical", "greedy")
 POLICIES = ("fixed", "confidence", "entropy")
 
@@ -97,6 +99,8 @@ class RuleParams:
     typical_delta: float = 0.3       # typical acceptance: entropy-scaled threshold delta (Medusa's posterior_alpha)
 
     def __post_init__(self) -> None:
+        for name in ("lenience", "typical_eps", "typical_delta"):
+            check_float(name, getattr(self, name))  # NaN or inf: refused
         if not 0 < self.lenience <= 1:
             raise ValueError(f"lenience must be in (0, 1], got {self.lenience}")
         if self.typical_eps < 0 or self.typical_delta < 0:
@@ -343,6 +347,8 @@ class StopRule:
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        check_gamma("gamma", self.gamma)  # an int: 2.5 would silently draft 2
+        check_float("threshold", self.threshold, finite=False)
         if self.gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {self.gamma}")
 
@@ -390,8 +396,11 @@ def replay_stop_rule(trace: pd.DataFrame, rule: StopRule, c: float,
     (optionally by ``by``): mean ``g``, ``tau`` (tokens per step), ``tau_expected``, ``cost`` per step,
     ``speedup = sum tokens / sum cost`` (ratio of totals) and ``speedup_expected``.
     """
-    if c < 0:
-        raise ValueError(f"c must be >= 0, got {c}")
+    c = check_float("c", c, min=0.0)
+    if not isinstance(rule, StopRule):
+        raise ArgumentTypeError(f"rule: must be a StopRule, got {type(rule).__name__}")
+    if not callable(verify_cost):
+        check_costs("verify_cost", verify_cost)
     steps, g = blocks_used(trace, rule)
     df = _blocks(trace)
     _, step_id = _step_index(df)
@@ -401,7 +410,8 @@ def replay_stop_rule(trace: pd.DataFrame, rule: StopRule, c: float,
     per["n"] = np.minimum(per["n_accepted"].to_numpy(), g)
     per["tokens"] = per["n"] + 1
     per["tokens_expected"] = _expected_tokens(a, step_id, df["pos"].to_numpy().astype(int), limit=g)
-    per["cost"] = g * float(c) + np.array([float(verify_cost(int(x)) if callable(verify_cost) else verify_cost) for x in g])
+    per["cost"] = g * float(c) + check_costs("verify_cost", [float(verify_cost(int(x)) if callable(verify_cost) else verify_cost)
+                                                            for x in g])
     rows = []
     groups = per.groupby(list(by), sort=True) if by else [((), per)]
     for key, grp in groups:
@@ -451,6 +461,8 @@ def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
     """``r(g) = 1 + (ratio - 1) g / at_gamma``: the cost of verifying ``g + 1`` tokens in one target
     forward, relative to a 1-token forward, interpolated linearly through the one measured point
     ``r(at_gamma) = ratio`` (memory-bound forwards grow slowly and about linearly in the tokens)."""
+    check_float("ratio", ratio)
+    check_int("at_gamma", at_gamma)
     if ratio < 1 or at_gamma < 1:
         raise ValueError(f"ratio must be >= 1 and at_gamma >= 1, got {ratio}, {at_gamma}")
     slope = (ratio - 1.0) / at_gamma

@@ -14,6 +14,12 @@ Options::
 ``DIR/<notebook>.yaml`` to papermill as explicit parameters, exactly like
 ``papermill notebook.ipynb out.ipynb -f DIR/<notebook>.yaml``. ``-p NAME VALUE`` is passed to every
 selected notebook, so combine it with ``--only`` (a notebook rejects parameters it does not declare).
+
+Everything is checked before papermill runs and before the output folder is made
+(:func:`check_parameters`): the ``--params`` folder exists and holds mappings; every parameter name
+is a Python identifier declared in the notebook's ``parameters`` cell (papermill pastes names into
+code, so an undeclared name must never reach it); values have the declared types and ranges; the
+profile exists.
 """
 
 from __future__ import annotations
@@ -43,9 +49,38 @@ def _parameters_for(notebook: Path, params_dir: Path | None, extra: dict) -> dic
     if params_dir is not None:
         path = Path(params_dir) / f"{notebook.stem}.yaml"
         if path.is_file():
-            values.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+            try:
+                data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            except (yaml.YAMLError, UnicodeDecodeError) as e:
+                raise ValueError(f"params_dir: {path} is not valid YAML: {e}") from None
+            if not isinstance(data, dict):
+                raise ValueError(f"params_dir: {path} must hold a flat mapping of parameter name -> value, "
+                                 f"got {type(data).__name__}")
+            values.update(data)
     values.update(extra)
     return values
+
+
+def check_parameters(notebooks: list[Path], profile: str | None, params_dir: Path | None,
+                     extra: dict) -> dict[Path, dict]:
+    """Each notebook's explicit parameters, checked without running anything: names are identifiers
+    declared in its ``parameters`` cell, values fit the declared types and ranges, the profile (if
+    any) exists. Raises ``ValueError`` (``params.ParameterError``) naming the parameter."""
+    from spade_lib.params import parameters_cell_source, parse_parameters_cell, resolve
+    from spade_lib.validate import check_identifier
+
+    if params_dir is not None and not Path(params_dir).is_dir():
+        raise ValueError(f"params_dir: no such folder {params_dir} (known: "
+                         f"{sorted(p.name for p in paths.PARAMS_DIR.iterdir() if p.is_dir())} under {paths.PARAMS_DIR})")
+    out = {}
+    for nb in notebooks:
+        values = _parameters_for(nb, params_dir, extra)
+        for name in values:
+            check_identifier("parameter name", name)
+        declared = parse_parameters_cell(parameters_cell_source(nb))
+        resolve(declared, values, list(values), nb.stem, profile or os.environ.get("SPADE_PROFILE"))
+        out[nb] = values
+    return out
 
 
 def run_notebooks(
@@ -63,6 +98,7 @@ def run_notebooks(
         notebooks = [nb for nb in notebooks if any(nb.name.startswith(o) for o in only)]
         if not notebooks:
             raise SystemExit(f"no notebook matches {only}; known: {[n.name for n in numbered_notebooks()]}")
+    parameters = check_parameters(notebooks, profile, params_dir, extra or {})
     if profile:
         os.environ["SPADE_PROFILE"] = profile
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -77,7 +113,7 @@ def run_notebooks(
             pm.execute_notebook(
                 str(nb),
                 str(output),
-                parameters=_parameters_for(nb, params_dir, extra or {}),
+                parameters=parameters[nb],
                 kernel_name=KERNEL,
                 cwd=str(paths.NOTEBOOKS_DIR),
                 progress_bar=True,
@@ -99,8 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="one parameter for every notebook (value parsed as YAML)")
     args = parser.parse_args(argv)
-    extra = {name: yaml.safe_load(value) for name, value in args.parameter}
-    run_notebooks(args.only, args.profile, args.params, extra)
+    try:
+        extra = {name: yaml.safe_load(value) for name, value in args.parameter}
+    except yaml.YAMLError as e:
+        parser.error(f"-p: a value is not valid YAML: {e}")
+    try:
+        run_notebooks(args.only, args.profile, args.params, extra)
+    except ValueError as e:  # bad options: nothing was run or written
+        parser.error(str(e))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
 with one method and writes, under the run folder ``run_dir_for(pair.name, suite_key(suite), config)``::
 
     <run_dir>/metadata.json          the run: pair, suite (+ sha256), config, environment, schema
-    <run_dir>/trace/<qid>.parquet    one shard per prompt: its token-level trace (spade_lib.trace),
-                                     with the prompt's summary rows in the file's metadata
+    <run_dir>/trace/<id>.parquet     one shard per prompt: its token-level trace (spade_lib.trace),
+                                     with the prompt's summary rows and the run's identity (config
+                                     hash, schema version) in the file's metadata; ``<id>`` is
+                                     ``validate.safe_name(question_id)``
+    <run_dir>/trace/<id>.lock        the shard's lock; ``<run_dir>/.meta.lock`` guards metadata.json
     <run_dir>/summary.jsonl          one row per generation, Spec-Bench's answer shape plus SPADE's:
                                      question_id, category, sample, seed, new_tokens, wall_time,
                                      accept_lengths, wall_times, n_steps, prompt_tokens, stop_reason,
@@ -23,6 +26,11 @@ disjoint share; the shards do not depend on who wrote them). Rank 0 alone writes
 with ``W > 1`` nobody writes ``summary.jsonl`` here: the launcher merges once every rank is done
 (``spade_lib.launch.merge_run``). ``python -m spade_lib.runner --config run.yaml --out DIR`` (under
 ``torchrun`` or ``accelerate launch`` for several processes) is the command line (``spade_lib.cli``).
+
+**One run per folder.** Resuming into a folder whose ``metadata.json`` -- or, if that file was
+deleted, any shard -- describes another run (config hash, schema version, pair, suite) is refused
+before anything is written. Concurrent processes on one folder (or ranks) share the work: each shard
+is computed under its ``filelock`` lock by whichever process takes it first, never twice.
 
 **Methods** (``RunConfig.method``), all counted the same way (``new_tokens`` = tokens emitted after
 the prompt) and timed the same way (``spade_lib.timing``: ``warmup`` untimed generations on the
@@ -59,10 +67,12 @@ import pyarrow.parquet as pq
 
 from spade_lib import paths, timing, trace
 from spade_lib.io import write_json, write_text
+from spade_lib.validate import ArgumentTypeError, check_int, safe_name
 
 METHODS = ("spade", "ar", "hf", "hf_assisted")
 POLICIES = ("fixed", "confidence", "entropy")
 NGRAM = "ngram"
+META_LOCK = ".meta.lock"
 
 
 @dataclass(frozen=True)
@@ -93,24 +103,27 @@ class RunConfig:
     threads: int = 0             # torch intra-op threads (0 = leave as set; recorded either way)
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        for name in ("gamma", "max_gamma", "max_new_tokens", "n_samples", "repeats", "ngram_max"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        from spade_lib import validate as v
+        from spade_lib.verify import MODES
+
+        v.check_choice("method", self.method, METHODS)
+        v.check_str("draft", self.draft)
+        v.check_choice("policy", self.policy, POLICIES)
+        v.check_choice("mode", self.mode, ("auto", *MODES))
+        for name in ("gamma", "max_gamma"):
+            v.check_gamma(name, getattr(self, name))
+        for name in ("max_new_tokens", "n_samples", "repeats", "ngram_max"):
+            v.check_int(name, getattr(self, name), min=1)
         for name in ("record_topk", "max_prompt_tokens", "warmup", "threads", "seed"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+            v.check_int(name, getattr(self, name), min=0)
+        v.check_float("threshold", self.threshold)
         if self.method == "hf_assisted" and self.draft == NGRAM:
-            raise ValueError("draft 'ngram' is not available for method 'hf_assisted' (use method 'hf' "
+            raise ValueError("draft: 'ngram' is not available for method 'hf_assisted' (use method 'hf' "
                              "with prompt lookup in spade_lib.baselines instead)")
-        if self.chat_template not in (True, False, "auto"):
-            raise ValueError(f"chat_template must be True, False or 'auto', got {self.chat_template!r}")
+        v.check_choice("chat_template", self.chat_template, (True, False, "auto"))
+        v.check_str("device", self.device)
         self.sampling()  # validates temperature / top_k / top_p
+        self.make_policy()  # validates threshold / max_gamma against the policy's range
         timing.resolve_dtype(self.dtype)
 
     def sampling(self):
@@ -214,9 +227,7 @@ def make_generator(pair, config: RunConfig) -> Generator:
     from spade_lib import baselines, decode
 
     sampling = config.sampling()
-    if config.method in ("spade", "hf_assisted") and config.draft != NGRAM and config.draft not in pair.drafts:
-        raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or 'ngram'), "
-                         f"not {config.draft!r}")
+    _check_draft(pair, config)
     if config.method == "spade":
         def decoder(record):
             if config.draft == NGRAM:
@@ -296,25 +307,87 @@ def _summary_row(row: dict, sample: int, seed: int, ids: list[int], gen: Generat
 
 
 def _clean_temporaries(folder: Path, stems: set[str] | None = None) -> None:
-    """Delete temporaries left by interrupted writes; with ``stems``, only the shard temporaries
-    (``.<stem>.<random>.parquet``) of those shards (other ranks may be writing theirs right now)."""
-    for p in folder.glob(".*.tmp"):
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
-    for p in folder.glob(".*.parquet"):
-        if stems is not None and p.name[1:].rsplit(".", 2)[0] not in stems:
+    """Delete temporary files that interrupted writes left (``.<stem>.<random>.parquet`` from
+    ``io.atomic_path``, ``.<name>.<random>.tmp`` from ``io.atomic_write``). A temporary is deleted
+    only while its shard's lock is free: another process writing that shard now keeps its file. With
+    ``stems``, only the temporaries of those shards (a rank's own share) are considered."""
+    for p in [*folder.glob(".*.tmp"), *folder.glob(".*.parquet")]:
+        stem = p.name[1:].rsplit(".", 2)[0]
+        stem = stem[: -len(".parquet")] if stem.endswith(".parquet") else stem
+        if stems is not None and stem not in stems:
             continue
-        with contextlib.suppress(FileNotFoundError):
-            p.unlink()
+        lock = _lock(folder / f"{stem}.lock", timeout=0)
+        try:
+            lock.acquire()
+        except TimeoutError:
+            continue
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        finally:
+            lock.release()
 
 
-def _shard_done(path: Path) -> bool:
+def shard_path(run_dir: str | os.PathLike, question_id: Any) -> Path:
+    """``<run_dir>/trace/<safe_name(question_id)>.parquet``: a question id from the data never chooses
+    a path outside the run folder (``validate.safe_name``)."""
+    return Path(run_dir) / "trace" / f"{safe_name(question_id)}.parquet"
+
+
+def _identity_diff(found: dict, identity: dict) -> list[str]:
+    """The identity keys (schema_version, pair, suite, config, config_hash) on which ``found`` differs."""
+    return [k for k in identity if found.get(k) != identity[k]]
+
+
+def _shard_done(path: Path, identity: dict) -> bool:
+    """Whether ``path`` is a finished shard of *this* run. An unreadable or partial file is redone
+    (False); a readable shard of another run (other config hash, schema version, pair or suite) is
+    refused with a ``ValueError`` naming it, so one folder never mixes two configurations."""
+    if not path.is_file():
+        return False
     try:
         pq.read_schema(path)
-        trace.read_shard_metadata(path)
-        return True
+        meta = trace.read_shard_metadata(path)
     except Exception:  # unreadable: redo it
         return False
+    diff = _identity_diff(meta, identity)
+    if diff:
+        raise ValueError(f"run_dir: shard {path} belongs to another run (differs in {diff}: config_hash "
+                         f"{meta.get('config_hash')!r} vs {identity['config_hash']!r}, schema_version "
+                         f"{meta.get('schema_version')!r} vs {identity['schema_version']!r}); "
+                         "choose another run_dir or delete that shard")
+    return True
+
+
+def _check_existing(run_dir: Path, identity: dict) -> None:
+    """Refuse ``run_dir`` if its ``metadata.json`` or, when that file is gone, any of its shards
+    describes another run."""
+    meta_path = run_dir / "metadata.json"
+    if meta_path.is_file():
+        try:
+            old = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"run_dir: {meta_path} is not valid JSON ({e}); delete it or choose another run_dir") from e
+        mismatched = _identity_diff(old, identity) if isinstance(old, dict) else ["metadata.json is not a mapping"]
+        if mismatched:
+            raise ValueError(f"run_dir: {run_dir} holds a different run (differs in {mismatched}); "
+                             "choose another run_dir or delete it")
+    if (run_dir / "trace").is_dir():
+        for shard in trace.shard_paths(run_dir):
+            _shard_done(shard, identity)
+
+
+def _lock(path: Path, timeout: float = -1):
+    """A ``filelock`` lock file (released by the OS if the process dies, ``kill -9`` included)."""
+    from filelock import FileLock
+
+    return FileLock(str(path), timeout=timeout)
+
+
+def _check_draft(pair, config: RunConfig) -> None:
+    if config.method in ("spade", "hf_assisted") and config.draft != NGRAM and config.draft not in pair.drafts:
+        raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or 'ngram'), "
+                         f"not {config.draft!r}")
 
 
 # ---------------------------------------------------------------- the runner
@@ -330,69 +403,99 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
     one-process run (``world_size == 1``) writes ``summary.jsonl`` (see "Sharded" above).
     """
     if not isinstance(config, RunConfig):
-        raise ValueError(f"config must be a RunConfig, got {type(config).__name__}")
-    for name, v, lo in (("world_size", world_size, 1), ("rank", rank, 0)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if rank >= world_size:
-        raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
+        raise ArgumentTypeError(f"config: must be a RunConfig, got {type(config).__name__}")
+    check_int("world_size", world_size, min=1)
+    check_int("rank", rank, min=0, max=world_size - 1)
     if not suite.rows:
-        raise ValueError(f"suite {suite.name!r} has no prompts")
+        raise ValueError(f"suite: {suite.name!r} has no prompts")
+    names: dict[str, Any] = {}
+    for row in suite.rows:  # two ids with one file name would share a shard
+        name = safe_name(row["question_id"])
+        if names.setdefault(name, row["question_id"]) != row["question_id"]:
+            raise ValueError(f"suite: question_ids {names[name]!r} and {row['question_id']!r} map to one shard name")
     device = _check_pair_placement(pair, config)
+    _check_draft(pair, config)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(pair.name, suite_key(suite), config)
-    trace_dir = paths.ensure_dir(run_dir / "trace")
-    _clean_temporaries(trace_dir, None if world_size == 1 else
-                       {str(r["question_id"]) for r in suite.rows[rank::world_size]})
-
     identity = run_identity(pair, suite, config)
     meta_path = run_dir / "metadata.json"
-    sessions = []
-    if meta_path.is_file():
-        old = json.loads(meta_path.read_text(encoding="utf-8"))
-        mismatched = [k for k in identity if old.get(k) != identity[k]]
-        if mismatched:
-            raise ValueError(f"run_dir {run_dir} holds a different run (differs in {mismatched}); "
-                             "choose another run_dir or delete it")
-        sessions = old.get("sessions", [])
-    if config.threads:
-        timing.fix_threads(config.threads)
-    env = timing.environment_fingerprint(device)
-    sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
-                     "world_size": world_size})
-    if rank == 0:
-        write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
-                               "sampling": dataclasses.asdict(config.sampling()),
-                               "policy": repr(config.make_policy()) if config.method == "spade" else None,
-                               "device": str(device), "dtype": config.dtype,
-                               "seeds": "generation_seed(config.seed, question_id, sample) = "
-                                        "sha256('seed:question_id:sample')[:8] little-endian >> 1"})
+    if run_dir.is_dir():  # refuse a folder of another run before writing anything into it
+        _check_existing(run_dir, identity)
+    trace_dir = paths.ensure_dir(run_dir / "trace")
+    share = suite.rows[rank::world_size]
+
+    with _lock(run_dir / META_LOCK):
+        _check_existing(run_dir, identity)
+        _clean_temporaries(trace_dir, None if world_size == 1 else {safe_name(r["question_id"]) for r in share})
+        sessions = []
+        if meta_path.is_file():
+            sessions = json.loads(meta_path.read_text(encoding="utf-8")).get("sessions", [])
+        if config.threads:
+            timing.fix_threads(config.threads)
+        env = timing.environment_fingerprint(device)
+        sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
+                         "world_size": world_size})
+        if rank == 0:
+            write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
+                                   "sampling": dataclasses.asdict(config.sampling()),
+                                   "policy": repr(config.make_policy()) if config.method == "spade" else None,
+                                   "device": str(device), "dtype": config.dtype,
+                                   "seeds": "generation_seed(config.seed, question_id, sample) = "
+                                            "sha256('seed:question_id:sample')[:8] little-endian >> 1"})
 
     rows = suite.rows
-    todo = [r for r in rows[rank::world_size]
-            if not (resume and _shard_done(trace_dir / f"{r['question_id']}.parquet"))]
-    if todo:
-        generator = make_generator(pair, config)
-        first = prompt_ids(pair.tokenizer, rows[0]["turns"][0], config)
-        for w in range(config.warmup):
-            generator.timed(first, config.max_new_tokens, generation_seed(config.seed, "warmup", w))
-        where = f"[rank {rank}/{world_size}] " if world_size > 1 else ""
-        bar = _progress(todo, progress, f"{where}{pair.name}/{suite.name} {config.label}", position=rank)
-        for row in bar:
-            shard = trace_dir / f"{row['question_id']}.parquet"
-            ids = prompt_ids(pair.tokenizer, row["turns"][0], config)
-            records, summaries = [], []
-            for sample in range(config.n_samples):
-                seed = generation_seed(config.seed, row["question_id"], sample)
-                gen, t = timed_generation(generator, ids, config, seed, device)
-                for r in gen.records:
-                    records.append({"prompt_id": str(row["question_id"]), "category": row["category"],
-                                    "sample": sample, **r})
-                summaries.append(_summary_row(row, sample, seed, ids, gen, t))
-            trace.write_shard(records, shard, {**identity, "summary": summaries})
-            if on_shard is not None:
-                on_shard(shard)
-    if world_size == 1:
-        write_summary(run_dir, suite)
+    todo = [r for r in share if not (resume and _shard_done(shard_path(run_dir, r["question_id"]), identity))]
+    state: dict[str, Generator] = {}
+
+    def generator() -> Generator:  # built (and warmed up) only once this process computes a shard
+        if "g" not in state:
+            state["g"] = make_generator(pair, config)
+            first = prompt_ids(pair.tokenizer, rows[0]["turns"][0], config)
+            for w in range(config.warmup):
+                state["g"].timed(first, config.max_new_tokens, generation_seed(config.seed, "warmup", w))
+        return state["g"]
+
+    def compute(row: dict, shard: Path) -> None:
+        ids = prompt_ids(pair.tokenizer, row["turns"][0], config)
+        records, summaries = [], []
+        for sample in range(config.n_samples):
+            seed = generation_seed(config.seed, row["question_id"], sample)
+            gen, t = timed_generation(generator(), ids, config, seed, device)
+            for r in gen.records:
+                records.append({"prompt_id": str(row["question_id"]), "category": row["category"],
+                                "sample": sample, **r})
+            summaries.append(_summary_row(row, sample, seed, ids, gen, t))
+        trace.write_shard(records, shard, {**identity, "summary": summaries})
+        if on_shard is not None:
+            on_shard(shard)
+
+    # Each shard is computed under its own lock ``trace/<safe id>.lock``, so concurrent processes on
+    # one run folder never compute a shard twice. First pass: the prompts no other process holds;
+    # second pass: wait for the ones another process was computing and redo them only if it did not
+    # finish them (it may have been killed).
+    deferred: list[dict] = []
+    where = f"[rank {rank}/{world_size}] " if world_size > 1 else ""
+    for row in _progress(todo, progress, f"{where}{pair.name}/{suite.name} {config.label}", position=rank):
+        shard = shard_path(run_dir, row["question_id"])
+        lock = _lock(shard.with_suffix(".lock"), timeout=0)
+        try:
+            lock.acquire()
+        except TimeoutError:  # filelock.Timeout: another process computes this shard now
+            deferred.append(row)
+            continue
+        try:
+            # another process may have finished it between the listing and the lock
+            if not resume or not _shard_done(shard, identity):
+                compute(row, shard)
+        finally:
+            lock.release()
+    for row in deferred:
+        shard = shard_path(run_dir, row["question_id"])
+        with _lock(shard.with_suffix(".lock")):
+            if not _shard_done(shard, identity):
+                compute(row, shard)
+    if world_size == 1:  # several ranks: the launcher merges once all are done
+        with _lock(run_dir / META_LOCK):
+            write_summary(run_dir, suite)
     return run_dir
 
 

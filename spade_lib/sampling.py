@@ -7,7 +7,8 @@ the draft's logits (giving ``q``). Shipped samplers have broken this silently (H
 
 For logits ``z`` over a vocabulary of size ``V`` and a :class:`SamplingConfig`:
 
-1. temperature ``T > 0``:  ``z <- z / T``;
+1. temperature ``T > 0``:  ``z <- z / T`` (for ``T < 1`` computed as ``(z - max z) / T``, which cannot
+   overflow however small ``T`` is);
 2. top-k ``k > 0``:        keep ``{v : z_v >= z_(k)}`` where ``z_(k)`` is the k-th largest logit
    (ties with the k-th value are kept, as in HF's ``TopKLogitsWarper``);
 3. top-p ``0 < P < 1``:    sort the survivors by probability (descending, ties by lower index),
@@ -28,6 +29,9 @@ from dataclasses import dataclass
 import torch
 
 
+_MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """How logits are turned into a sampling distribution (applied identically to target and draft)."""
@@ -40,6 +44,9 @@ class SamplingConfig:
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if 0 < t < _MIN_TEMPERATURE:  # would round to 0 in float32, and z / 0 is NaN
+            raise ValueError(f"temperature: must be 0 (greedy) or >= {_MIN_TEMPERATURE:g} (the smallest normal "
+                             f"float32), got {t!r}")
         k = self.top_k
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
@@ -92,6 +99,11 @@ def adjust_logits(
     if config.greedy:
         return torch.log(_one_hot_argmax(logits, dtype))
     z = logits.to(dtype)
+    if config.temperature < 1.0:
+        # z / T overflows (inf - inf = NaN in softmax) for a tiny T; shifting each row by its max first
+        # keeps every entry <= 0 and changes nothing else (softmax is shift-invariant): as T -> 0 the
+        # distribution tends to the uniform one over the tied argmax, never to NaN
+        z = z - z.amax(dim=-1, keepdim=True)
     if config.temperature != 1.0:
         z = z / config.temperature
     vocab = z.shape[-1]

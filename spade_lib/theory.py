@@ -27,6 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .validate import check_gamma
+
 ArrayLike = float | int | Sequence[float] | np.ndarray
 
 
@@ -104,8 +106,7 @@ def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: 
     """
     if np.ndim(c) != 0:
         raise ValueError(f"c must be a single number, got {c!r}")
-    if isinstance(max_gamma, bool) or not isinstance(max_gamma, (int, np.integer)) or max_gamma < 1:
-        raise ValueError(f"max_gamma must be an integer >= 1, got {max_gamma!r}")
+    max_gamma = check_gamma("max_gamma", max_gamma)  # an integer in [1, validate.MAX_GAMMA]
     a = _check_alpha(alpha)
     if a.ndim > 1:
         raise ValueError(f"alpha must be a scalar or a 1-D vector of position-wise rates, got shape {a.shape}")

@@ -204,10 +204,14 @@ def read_trace(run_dir_or_paths: str | os.PathLike | Iterable[str | os.PathLike]
     """All shards of a run concatenated, sorted by (prompt_id, sample, step, pos), fresh index.
 
     Columns keep their Arrow types mapped to numpy dtypes (int16 stays int16, bool stays bool).
-    A run with no shards gives an empty frame with the schema's columns.
+    A run with no shards gives an empty frame with the schema's columns. A shard written under
+    another schema version (or without SPADE's version key) is refused with a ``ValueError`` naming it.
     """
     paths = shard_paths(run_dir_or_paths)
-    tables = [pq.read_table(p) for p in paths]
+    tables = []
+    for p in paths:
+        check_schema_version(p)
+        tables.append(pq.read_table(p))
     tables = [t.replace_schema_metadata(None) for t in tables]
     if not tables:
         return TRACE_SCHEMA.empty_table().to_pandas()
@@ -218,6 +222,25 @@ def read_trace(run_dir_or_paths: str | os.PathLike | Iterable[str | os.PathLike]
     table = pa.concat_tables(tables)
     df = table.to_pandas()
     return df.sort_values(SORT_COLUMNS, kind="stable").reset_index(drop=True)
+
+
+def schema_version_of(path: str | os.PathLike) -> int | None:
+    """The trace schema version stored in a shard's key-value metadata (None if it has none)."""
+    kv = pq.read_schema(path).metadata or {}
+    raw = kv.get(SCHEMA_VERSION_KEY)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def check_schema_version(path: str | os.PathLike) -> None:
+    """Refuse a shard whose schema version is not :data:`SCHEMA_VERSION` (naming the file)."""
+    version = schema_version_of(path)
+    if version != SCHEMA_VERSION:
+        found = "no SPADE schema version" if version is None else f"trace schema version {version}"
+        raise ValueError(f"run_dir_or_paths: {path} has {found}; this SPADE reads version {SCHEMA_VERSION} "
+                         "(re-run it, or read it with the SPADE version that wrote it)")
 
 
 def _add_null_topk(table: pa.Table) -> pa.Table:

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 import torch
 
 from .measures import entropy
+from .validate import check_float
 
 MODES: tuple[str, ...] = ("exact", "greedy", "sample_match", "one_hot_q", "typical", "lenience")
 LOSSLESS: dict[str, bool] = {
@@ -119,12 +120,12 @@ def _mode_options(mode: str, options: dict) -> dict[str, float]:
         raise ValueError(f"mode {mode!r} takes options {sorted(allowed) or 'none'}, got unknown {unknown}")
     merged = {**allowed, **options}
     for name, value in merged.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{name} must be a number, got {value!r}")
-    if mode == "lenience" and not 0.0 < merged["lenience"] <= 1.0:
-        raise ValueError(f"lenience must be in (0, 1], got {merged['lenience']!r}")
-    if mode == "typical" and not (merged["eps"] > 0 and merged["delta"] > 0):
-        raise ValueError(f"typical needs eps > 0 and delta > 0, got eps={merged['eps']!r}, delta={merged['delta']!r}")
+        check_float(name, value)  # a finite number, never NaN
+    if mode == "lenience":
+        check_float("lenience", merged["lenience"], min=0.0, max=1.0, min_open=True)
+    if mode == "typical":
+        check_float("eps", merged["eps"], min=0.0, min_open=True)
+        check_float("delta", merged["delta"], min=0.0, min_open=True)
     return merged
 
 
@@ -171,11 +172,13 @@ def _check_distribution(name: str, t: torch.Tensor, sum_tol: float) -> None:
                          f"{sums.flatten()[worst].item():.6g}")
 
 
-def _check_uniforms(name: str, u: torch.Tensor, shape: tuple[int, ...]) -> None:
+def _check_uniforms(name: str, u: torch.Tensor, shape: tuple[int, ...], allow_nan: bool = True) -> None:
     if not isinstance(u, torch.Tensor) or not u.is_floating_point():
         raise ValueError(f"{name} must be a floating-point torch.Tensor")
     if tuple(u.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {tuple(u.shape)}")
+    if not allow_nan and torch.isnan(u).any():  # NaN < a is False: a NaN would silently reject
+        raise ValueError(f"{name}: NaN uniforms (recorded by a deterministic mode?) cannot replay a random draw")
     finite = u[~torch.isnan(u)]
     if finite.numel() and (finite.amin() < 0 or finite.amax() >= 1):
         raise ValueError(f"{name} must lie in [0, 1)")
@@ -253,15 +256,16 @@ def verify(
     opts = _mode_options(mode, mode_options)
     B, gamma, V = _check_shapes(p, q, draft_tokens)
     if validate:
+        sum_tol = check_float("sum_tol", sum_tol, min=0.0)
         _check_distribution("p", p, sum_tol)
         _check_distribution("q", q, sum_tol)
         if draft_tokens.numel() and (draft_tokens.min() < 0 or draft_tokens.max() >= V):
             raise ValueError(f"draft_tokens must lie in [0, V={V}), got range "
                              f"[{int(draft_tokens.min())}, {int(draft_tokens.max())}]")
         if uniforms is not None:
-            _check_uniforms("uniforms", uniforms, (B, gamma))
+            _check_uniforms("uniforms", uniforms, (B, gamma), allow_nan=mode in DETERMINISTIC_MODES)
         if next_uniforms is not None:
-            _check_uniforms("next_uniforms", next_uniforms, (B,))
+            _check_uniforms("next_uniforms", next_uniforms, (B,), allow_nan=mode == "greedy")
     if residual_generator is None:
         residual_generator = generator
 

@@ -291,7 +291,7 @@ def test_validation_errors_name_the_argument():
     _bad("draft_tokens must be an integer", x=x.double())
     _bad("mode must be one of", mode="nope")
     _bad("unknown", mode="exact", eps=0.1)
-    _bad("lenience must be in", mode="lenience", lenience=1.5)
+    _bad("lenience: must be", mode="lenience", lenience=1.5)
     _bad("uniforms must have shape", uniforms=torch.zeros(2, 3, dtype=p.dtype))
     _bad(r"uniforms must lie in \[0, 1\)", uniforms=torch.ones(2, 2, dtype=p.dtype))
     _bad("same dtype", q=q.float())

@@ -22,6 +22,7 @@ from spade_lib.bench.embedded import CATEGORIES as EMBEDDED_CATEGORIES
 from spade_lib.bench.format import FORMAT_VERSION, Suite, validate_row
 from spade_lib.bench.sources import EmbeddedSource, SpecBenchSource, source_from_dict, source_to_dict
 from spade_lib.bench.specs import HF_SPECS
+from spade_lib.validate import check_int
 
 PRESET_SOURCES = ("embedded", "spec_bench")
 
@@ -100,8 +101,15 @@ def spec_from_manifest(manifest: dict, tokenizer: Any = None) -> SuiteSpec:
 
 def build_suite(spec: SuiteSpec) -> Suite:
     """Run ``spec``; see the module docstring for the steps."""
-    if not spec.name or "/" in spec.name:
-        raise ValueError(f"name must be a non-empty file stem, got {spec.name!r}")
+    if not isinstance(spec.name, str) or not spec.name or any(c in spec.name for c in "/\\\0") \
+            or spec.name.startswith("."):
+        raise ValueError(f"name: must be a non-empty file stem (no '/', no leading '.'), got {spec.name!r}")
+    for field_name in ("n_per_category", "min_tokens", "max_tokens"):
+        if getattr(spec, field_name) is not None:
+            check_int(field_name, getattr(spec, field_name), min=0 if field_name != "n_per_category" else 1)
+    if spec.min_tokens is not None and spec.max_tokens is not None and spec.min_tokens > spec.max_tokens:
+        raise ValueError(f"min_tokens: must be <= max_tokens, got min_tokens={spec.min_tokens} > "
+                         f"max_tokens={spec.max_tokens} (the suite would be empty)")
     if not spec.sources:
         raise ValueError("sources: at least one source is needed")
     edges = process.check_tier_edges(spec.tier_edges)

@@ -92,8 +92,13 @@ def read_jsonl(path: str | os.PathLike, spade: bool = True) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"suite file not found: {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                                 f"{e.start + 1})") from None
             if not line.strip():
                 continue
             try:
@@ -192,6 +197,10 @@ def load_suite(path: str | os.PathLike, verify: bool = True) -> Suite:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{mpath}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{mpath}: not valid UTF-8 (byte at offset {e.start})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{mpath}: a manifest must be a JSON object, got a JSON {type(manifest).__name__}")
     if not path.is_file():
         raise FileNotFoundError(f"suite file not found: {path}")
     if verify:
