@@ -23,7 +23,8 @@ column            type       meaning (formula)
 ``draft_token``   int32      drafted token ``x``
 ``p_x``           float32    ``p(x)`` under the adjusted target distribution
 ``q_x``           float32    ``q(x)`` under the adjusted draft distribution
-``accept_prob``   float32    ``min(1, p(x) / q(x))``
+``accept_prob``   float32    the rule's accept probability ``a(x)`` (``spade_lib.rules``):
+                             ``min(1, p(x) / q(x))`` for ``exact``
 ``uniform``       float32    the uniform ``r`` drawn for this position; accepted iff
                              ``r < accept_prob`` (NaN in deterministic modes)
 ``reached``       bool       all positions ``< pos`` of the block were accepted, so ``x`` was judged
