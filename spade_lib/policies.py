@@ -63,7 +63,10 @@ class Policy:
     @property
     def label(self) -> str:
         """A short human-readable name with the options, e.g. ``"confidence 0.4 (<= 8)"``."""
-        opts = " ".join(f"{f.name}={getattr(self, f.name):g}" for f in dataclasses.fields(self)) \
+        def fmt(v) -> str:
+            return f"{v:g}" if isinstance(v, (int, float)) and not isinstance(v, bool) else repr(v)
+
+        opts = " ".join(f"{f.name}={fmt(getattr(self, f.name))}" for f in dataclasses.fields(self)) \
             if dataclasses.is_dataclass(self) else ""
         return f"{self.name} {opts}".strip()
 

@@ -39,7 +39,7 @@ functions (``replay.RULES`` is a view of this registry).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import torch

@@ -101,10 +101,6 @@ class VerifyResult:
 # validation
 
 
-def _mode_options(mode: str, options: dict) -> dict[str, float]:
-    return rules.get_rule(mode).check_options(options)
-
-
 def _check_shapes(p, q, draft_tokens) -> tuple[int, int, int]:
     for name, t in (("p", p), ("q", q)):
         if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -220,7 +216,7 @@ def verify(
     sum_tol: float = 1e-4,
     **mode_options: float,
 ) -> VerifyResult:
-    """Verify ``B`` drafted blocks at once; see the module docstring for the math of each mode.
+    """Verify ``B`` drafted blocks at once under the rule ``mode`` (:mod:`spade_lib.rules`) with its options.
 
     ``p [B, gamma+1, V]`` and ``q [B, gamma, V]`` are adjusted distributions (:func:`spade_lib.sampling.adjust`),
     ``draft_tokens [B, gamma]`` the drafts. ``uniforms [B, gamma]`` / ``next_uniforms [B]`` replay
