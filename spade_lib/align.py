@@ -310,7 +310,7 @@ def predict(scores: pd.DataFrame, gammas: Iterable[int], c: float,
     out = predict_tau(alphas_by_sequence(scores), gammas, methods)
     r = out["gamma"].map(lambda g: float(verify_cost(int(g)) if callable(verify_cost) else verify_cost))
     check_costs("verify_cost", r.to_numpy())
-    out["cost"] = out["gamma"] * float(c) + r
+    out["cost"] = np.broadcast_to(theory.step_cost(out["gamma"].to_numpy(), float(c), verify_cost), len(out))
     out["speedup"] = out["tau"] / out["cost"]
     return out
 
@@ -383,11 +383,13 @@ def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, 
     """Decoding-measured tau ``= mean(n + 1)`` over the steps that drafted ``gamma`` tokens (all steps
     when ``None``; blocks capped by ``max_new_tokens`` are left out when ``gamma`` is given), with its
     standard error and the number of steps."""
-    steps = trace.groupby(["prompt_id", "sample", "step"], sort=False)[["gamma", "n_accepted"]].first()
+    from spade_lib import metrics
+
+    steps = metrics.steps(trace)
     if gamma is not None:
         steps = steps[steps["gamma"] == gamma]
     if len(steps) == 0:
         raise ValueError(f"trace has no steps with gamma = {gamma}")
     n = steps["n_accepted"].to_numpy(np.float64) + 1.0
     se = float(n.std(ddof=1) / np.sqrt(len(n))) if len(n) > 1 else float("nan")
-    return float(n.mean()), se, int(len(n))
+    return metrics.mean_accepted_length(steps), se, int(len(n))

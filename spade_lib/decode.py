@@ -20,10 +20,12 @@ Randomness: three ``torch.Generator``s seeded from ``seed`` through ``numpy.rand
 draft sampling, acceptance uniforms, residual/bonus sampling — so the same seed and inputs replay bit
 for bit, and what one stream draws does not depend on how many draws the others consumed.
 
-Records (``record=True``): one row per drafted token with the trace columns of ``DEVELOPERS.md``
-(:meth:`GenerationResult.records`). Per step the statistics are computed vectorised over the ``gamma``
-positions and moved to the host with a single ``.tolist()``. ``record="light"`` keeps only step-level
-facts (``n``, ``gamma``, next token, timings), ``record=False`` only the tokens and total times.
+Records (``record=True``): one row per drafted token with the trace columns of
+:data:`spade_lib.trace.TRACE_SCHEMA` (:meth:`GenerationResult.records`). Per step the statistics are
+computed vectorised over the ``gamma`` positions as named tensors (one per column of
+``trace.POSITION_STATS``), stacked and moved to the host with a single ``.tolist()``.
+``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings),
+``record=False`` only the tokens and total times.
 """
 
 from __future__ import annotations
@@ -34,29 +36,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
+from . import rules, trace
 from .adapter import CausalLMAdapter, as_token_tensor
 from .drafters import Draft, Drafter, ModelDrafter
 from .measures import entropy, kl, tv
 from .policies import Policy, as_policy
 from .sampling import SamplingConfig, adjust
 from .validate import ArgumentTypeError, check_int, check_token_ids
-from .verify import MODES, _mode_options, sample_inverse_cdf, verify
+from .verify import sample_inverse_cdf, verify
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder", "GenerationResult", "StepInfo", "RECORD_COLUMNS",
            "seed_streams"]
 
-RECORD_COLUMNS: tuple[str, ...] = (
-    "step", "pos", "abs_pos", "gamma", "draft_token", "p_x", "q_x", "accept_prob", "uniform", "reached",
-    "accepted", "n_accepted", "next_token", "h_p", "h_q", "tv", "kl", "p_top1", "p_margin", "q_top_prob",
-    "p_x_raw", "q_x_raw", "h_p_raw", "h_q_raw", "tv_raw", "t_draft", "t_verify", "t_overhead",
-)
-# per-position statistics, in the order of the stacked [len(_STATS), gamma] tensor moved to the host
-_STATS = ("draft_token", "p_x", "q_x", "accept_prob", "uniform", "reached", "accepted", "h_p", "h_q", "tv",
-          "kl", "p_top1", "p_margin", "q_top_prob", "p_x_raw", "q_x_raw", "h_p_raw", "h_q_raw", "tv_raw")
-_INT_STATS = frozenset({"draft_token", "p_top1"})
-_BOOL_STATS = frozenset({"reached", "accepted"})
+RECORD_COLUMNS: tuple[str, ...] = trace.RECORD_COLUMNS  # the trace's columns minus prompt_id/category/sample
+# per-position statistics: the names of the tensors _stats returns, stacked in this order for the host
+_STATS: tuple[str, ...] = trace.POSITION_STATS
+_INT_STATS = frozenset(n for n in _STATS if pa.types.is_integer(trace.TRACE_SCHEMA.field(n).type))
+_BOOL_STATS = frozenset(n for n in _STATS if pa.types.is_boolean(trace.TRACE_SCHEMA.field(n).type))
 STREAMS = ("draft", "accept", "residual")
 
 
@@ -88,7 +87,7 @@ class StepInfo:
     t_draft: float = float("nan")
     t_verify: float = float("nan")
     t_overhead: float = float("nan")
-    stats: list[float] | None = None  # flattened [len(_STATS), gamma] (record=True only)
+    stats: dict[str, list] | None = None  # per-position statistics by column name, each [gamma] (record=True only)
     topk: list[Any] | None = None     # record_topk > 0: [p_ids, p_probs, q_ids, q_probs], each [gamma][k]
 
 
@@ -137,7 +136,7 @@ class GenerationResult:
             if s.stats is None:
                 raise ValueError("records: this generation ran with record='light' or False (no token records)")
             g = s.gamma
-            cols = {name: s.stats[j * g:(j + 1) * g] for j, name in enumerate(_STATS)}
+            cols = s.stats
             for pos in range(g):
                 row: dict[str, Any] = {"step": step, "pos": pos, "abs_pos": s.abs_pos + pos, "gamma": g}
                 for name in _STATS:
@@ -251,11 +250,10 @@ class SpeculativeDecoder(_Base):
                 raise ValueError(f"draft: on {self.drafter.adapter.device}, target on {self.device}")
         if mode is None:
             mode = "greedy" if sampling.greedy else ("one_hot_q" if self.drafter.deterministic else "exact")
-        if mode not in MODES:
-            raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+        if mode not in rules.rule_names():
+            raise ValueError(f"mode: must be one of {rules.rule_names()}, got {mode!r}")
         self.mode = mode
-        _mode_options(mode, mode_options)  # lossy-mode options out of range fail here, not mid-generation
-        self.mode_options = mode_options
+        self.mode_options = rules.get_rule(mode).check_options(mode_options)
         if record not in (True, False, "light"):
             raise ValueError(f"record: must be True, 'light' or False, got {record!r}")
         self.record = record
@@ -264,8 +262,9 @@ class SpeculativeDecoder(_Base):
         self.record_topk = record_topk
 
     # -- per-step statistics ------------------------------------------------------------------
-    def _stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: Draft, res) -> torch.Tensor:
-        """[len(_STATS) * gamma] float64, in the order of ``_STATS``."""
+    def _stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: Draft, res) -> dict[str, torch.Tensor]:
+        """The per-position statistics of one step: ``{column: tensor [gamma]}`` for every column of
+        ``_STATS`` (``trace.POSITION_STATS``)."""
         g = draft.gamma
         x = draft.tokens
         p_g, q = p[:g], draft.q
@@ -273,13 +272,15 @@ class SpeculativeDecoder(_Base):
         q_raw = draft.q if draft.logits is None else draft.logits.float().softmax(dim=-1)
         xi = x[:, None]
         top2 = torch.topk(p_raw, 2, dim=-1)
-        cols = [
-            x.to(torch.float64), res.p_x[0], res.q_x[0], res.accept_prob[0], res.uniforms[0],
-            res.reached[0], res.accepted[0], entropy(p_g), entropy(q), tv(p_g, q), kl(p_g, q),
-            top2.indices[:, 0], top2.values[:, 0] - top2.values[:, 1], q_raw.amax(dim=-1),
-            p_raw.gather(1, xi)[:, 0], q_raw.gather(1, xi)[:, 0], entropy(p_raw), entropy(q_raw), tv(p_raw, q_raw),
-        ]
-        return torch.stack([c.to(torch.float64) for c in cols]).flatten()
+        return {
+            "draft_token": x, "p_x": res.p_x[0], "q_x": res.q_x[0], "accept_prob": res.accept_prob[0],
+            "uniform": res.uniforms[0], "reached": res.reached[0], "accepted": res.accepted[0],
+            "h_p": entropy(p_g), "h_q": entropy(q), "tv": tv(p_g, q), "kl": kl(p_g, q),
+            "p_top1": top2.indices[:, 0], "p_margin": top2.values[:, 0] - top2.values[:, 1],
+            "q_top_prob": q_raw.amax(dim=-1), "p_x_raw": p_raw.gather(1, xi)[:, 0],
+            "q_x_raw": q_raw.gather(1, xi)[:, 0], "h_p_raw": entropy(p_raw), "h_q_raw": entropy(q_raw),
+            "tv_raw": tv(p_raw, q_raw),
+        }
 
     def _topk(self, p: torch.Tensor, q: torch.Tensor) -> list[torch.Tensor]:
         k = min(self.record_topk, p.shape[-1])
@@ -344,8 +345,10 @@ class SpeculativeDecoder(_Base):
                 # one device -> host transfer per step: n, next token, the drafts (and the statistics)
                 head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
                 if full:
-                    host = torch.cat([head, self._stats(logits_p, p, draft, res)]).tolist()
-                    stats = host[2 + g:]
+                    named = self._stats(logits_p, p, draft, res)
+                    flat = torch.stack([named[name].to(torch.float64) for name in _STATS]).flatten()
+                    host = torch.cat([head, flat]).tolist()
+                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(_STATS)}
                     topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
                 else:
                     host, stats, topk = head.tolist(), None, None

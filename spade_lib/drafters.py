@@ -19,11 +19,23 @@ proposals are deterministic, ``q_i = one_hot(x_i)``, so exact verification reduc
 ``one_hot_q`` rule: accept ``x_i`` with probability ``p(x_i)``, else resample from
 ``p`` with ``x_i`` removed. It may propose fewer than ``max_gamma`` tokens, or none (the decoder then
 takes a plain target step).
+
+**Policy and drafter.** The decoder caps each block at ``max_gamma`` (the policy's, the budget's);
+*every* drafter consults the policy after each drafted token with the temperature-1 signals of the
+distribution that token was drawn from (:mod:`spade_lib.policies`), and stops when it says so
+(``Draft.stop == "policy"``). A deterministic drafter's ``q`` is one-hot: ``q_top_prob = 1``,
+``h_q = 0``, computed on the host without a sync. A policy that reads no signals (``FixedGamma``,
+``needs_signals = False``) is never consulted, so a fixed gamma adds no per-token host sync.
+
+**By name.** :func:`make_drafter(name, pair, **options) <make_drafter>` builds a drafter for the runner:
+a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``) or a draft model of the pair
+(``pair.drafts[name]``). :func:`register_drafter` adds a name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -31,7 +43,7 @@ from .adapter import CausalLMAdapter, as_token_tensor
 from .policies import Policy
 from .sampling import SamplingConfig, adjust
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter"]
+__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter", "make_drafter", "register_drafter", "drafter_names"]
 
 
 @dataclass
@@ -204,14 +216,69 @@ class NGramDrafter(Drafter):
             if start is not None:
                 proposal = ctx[start:start + max_gamma]
                 break
+        stop = "max_gamma" if len(proposal) == max_gamma else "no_match"
+        if policy.needs_signals:  # one-hot q: confidence 1, entropy 0 (host values, no sync)
+            for i in range(len(proposal) - 1):
+                if not policy.keep_drafting(1.0, 0.0):
+                    proposal, stop = proposal[:i + 1], "policy"
+                    break
         self._proposed = proposal
         tokens = torch.tensor(proposal, dtype=torch.long, device=self.device)
         q = torch.zeros(len(proposal), self.vocab_size, device=self.device)
         if proposal:
             q.scatter_(1, tokens[:, None], 1.0)
-        stop = "max_gamma" if len(proposal) == max_gamma else "no_match"
         return Draft(tokens, q, None, stop)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         self._extend(self._proposed[:n_accepted] + [int(next_token)])
         self._proposed = []
+
+
+# ------------------------------------------------------------------------------------------------
+# drafters by name
+
+_REGISTRY: dict[str, Callable[..., Drafter]] = {}
+
+
+def register_drafter(name: str, factory: Callable[..., Drafter], *, replace: bool = False) -> None:
+    """Register ``factory(pair, device=..., **options) -> Drafter`` under ``name``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: must be a non-empty string, got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"name: drafter {name!r} is already registered (pass replace=True)")
+    _REGISTRY[name] = factory
+
+
+def drafter_names(pair=None) -> tuple[str, ...]:
+    """Registered drafter names, plus the pair's draft models when ``pair`` is given."""
+    return tuple(_REGISTRY) + (tuple(sorted(pair.drafts)) if pair is not None else ())
+
+
+def drafter_options(name: str) -> tuple[str, ...]:
+    """Keyword options the registered drafter ``name`` takes (``()`` for a pair's draft model)."""
+    import inspect
+
+    if name not in _REGISTRY:
+        return ()
+    params = inspect.signature(_REGISTRY[name]).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "device")
+
+
+def make_drafter(name: str, pair, **options) -> Drafter:
+    """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
+    pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``)."""
+    if name in _REGISTRY:
+        device = next(pair.target.parameters()).device
+        return _REGISTRY[name](pair, device=device, **options)
+    drafts = getattr(pair, "drafts", {}) or {}
+    if name not in drafts:
+        raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has drafts {sorted(drafts)} "
+                         f"(or {sorted(_REGISTRY)}), not {name!r}")
+    return ModelDrafter(drafts[name], **options)
+
+
+def _ngram(pair, *, device, max_ngram: int = 3, min_ngram: int = 1) -> NGramDrafter:
+    return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram, device=device)
+
+
+register_drafter("ngram", _ngram)

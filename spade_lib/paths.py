@@ -18,7 +18,6 @@ import os
 from pathlib import Path
 
 REPO_ROOT: Path = Path(__file__).resolve().parent.parent
-SHARED_DIR: Path = REPO_ROOT.parent / "shared"  # present on the developers' machines only
 
 
 def _env_path(name: str, default: Path) -> Path:
@@ -32,7 +31,6 @@ RUNS_DIR: Path = _env_path("SPADE_RUNS_DIR", REPO_ROOT / "runs")
 CACHE_DIR: Path = _env_path("SPADE_CACHE_DIR", REPO_ROOT / ".cache" / "spade")
 PARAMS_DIR: Path = REPO_ROOT / "params"
 NOTEBOOKS_DIR: Path = REPO_ROOT / "notebooks"
-SPEC_BENCH_QUESTIONS: Path = SHARED_DIR / "data" / "spec_bench" / "question.jsonl"
 
 
 def ensure_dir(path: Path) -> Path:

@@ -11,8 +11,11 @@ a different prefix and draft different blocks. What is replayable is the *per-st
 steps. This is exact for each block; as an estimate of a real run under the new rule it assumes the
 blocks a real run would draft look like the recorded ones (same prompts, same kind of text).
 
-**Acceptance rules** (``a_i`` is the probability of accepting a reached position; pathwise decisions
-use the recorded ``u_i`` as common random numbers). What each needs, and how exact it is:
+**Acceptance rules** are those of the registry :mod:`spade_lib.rules` (``RULES`` is a live view of
+it): each rule's accept probability ``a_i`` is the *same function* that :func:`spade_lib.verify.verify`
+runs, applied to the trace's columns of the same names (``p_x``, ``q_x``, ``h_p``, ``draft_token``,
+``p_top1``); pathwise decisions use the recorded ``u_i`` as common random numbers. What each rule
+needs (``RULE_NEEDS``) and how exact its replay is (``RULE_EXACTNESS``), for the built-in rules:
 
 ================  ==========================================  ============================  ==================
 rule              accept ``x_i`` iff                          trace columns needed          replay is
@@ -26,6 +29,9 @@ rule              accept ``x_i`` iff                          trace columns need
 ``typical``       ``p(x) > min(eps, delta exp(-H(p)))``       ``p_x``, ``h_p``              exact (deterministic)
 ``greedy``        ``x == argmax p``                           ``draft_token``, ``p_top1``   exact (deterministic)
 ================  ==========================================  ============================  ==================
+
+Rule options (``lenience``; ``eps``, ``delta`` of ``typical``) are passed as ``options={rule: {...}}``
+(or the older :class:`RuleParams`).
 
 What the trace cannot replay: the *residual token* at a counterfactual rejection (it needs the full
 ``norm(max(0, p - q))``; the trace stores the recorded one only), the text after a changed step, and
@@ -42,20 +48,18 @@ NaN (deterministic modes), only the expected values are given. ``one_hot_q`` and
 The **expected** tokens of a block under a rule (Rao-Blackwellised over the uniforms, lower variance)
 is ``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``.
 
-**Stop rules.** From a trace recorded with a fixed, generous ``gamma = max_gamma``, a policy that
-would have drafted only ``g <= max_gamma`` tokens of a block sees the same first ``g`` drafts, the
-same ``p``, ``q`` and uniforms (the context of position ``i`` only holds earlier positions), so its
-accepted length is exactly ``min(n, g)``:
-
-- ``fixed``:      ``g = gamma``;
-- ``confidence``: keep drafting while the draft's confidence ``q_top_prob`` (temperature 1) of the
-  position just drafted is ``>= threshold``: ``g = 1 + #leading positions with q_top_prob >= threshold``
-  (capped at ``max_gamma``);
-- ``entropy``:    the same with ``h_q_raw <= threshold``.
+**Stop rules** are the draft-length policies of :mod:`spade_lib.policies` (``get_policy(name, ...)``;
+:class:`StopRule` is the older spelling). From a trace recorded with a fixed, generous ``gamma =
+max_gamma``, a policy that would have drafted only ``g <= max_gamma`` tokens of a block sees the same
+first ``g`` drafts, the same ``p``, ``q`` and uniforms (the context of position ``i`` only holds
+earlier positions), so its accepted length is exactly ``min(n, g)``. ``g`` comes from the policy's
+vectorised replay form (:meth:`spade_lib.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
+``confidence`` keeps drafting while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <=
+threshold``: ``g = 1 + #leading kept positions`` (capped at ``max_gamma``).
 
 Per block this is exact (same uniforms); a real run with another policy draws its uniforms in
-another order, so it agrees in distribution, not token for token. A step costs ``C(g) = d(g) c + r(g)`` target-forward units, with ``d(g)`` draft forwards (``g``) and
-``r(g)`` the cost of verifying ``g + 1`` tokens; the predicted speedup over plain decoding (1 token
+another order, so it agrees in distribution, not token for token. A step costs ``C(g) = g c + r(g)`` target-forward units (:func:`spade_lib.theory.step_cost`: ``g``
+draft forwards and ``r(g)`` the cost of verifying ``g + 1`` tokens); the predicted speedup over plain decoding (1 token
 per unit) is the ratio of totals ``sum_steps (min(n, g) + 1) / sum_steps C(g)``.
 """
 
@@ -63,48 +67,65 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
+from . import policies as _policies
+from . import rules as _rules
+from .theory import linear_verify_cost, pair_costs, step_cost  # noqa: F401  (old import paths)
 
-RULES = ("exact", "lenience", "one_hot_q", "sample_match", "typical", "greedy")
-POLICIES = ("fixed", "confidence", "entropy")
-
-RULE_NEEDS: dict[str, tuple[str, ...]] = {
-    "exact": ("accept_prob", "uniform"),
-    "lenience": ("p_x", "q_x", "uniform"),
-    "one_hot_q": ("p_x", "uniform"),
-    "sample_match": ("p_x",),
-    "typical": ("p_x", "h_p"),
-    "greedy": ("draft_token", "p_top1"),
-}
-RULE_EXACTNESS: dict[str, str] = {
-    "exact": "exact, pathwise (recorded uniforms)",
-    "lenience": "exact, pathwise (recorded uniforms)",
-    "one_hot_q": "exact, pathwise (recorded uniforms)",
-    "sample_match": "exact in expectation (a = p(x), the law of one_hot_q); pathwise needs p's CDF, not stored",
-    "typical": "exact, deterministic",
-    "greedy": "exact, deterministic (given the recorded, sampled drafts)",
-}
 STEP_KEYS = ["prompt_id", "sample", "step"]
+
+
+def __getattr__(name: str):
+    """Live views of the registries: ``RULES``, ``RULE_NEEDS``, ``RULE_EXACTNESS`` (rules) and
+    ``POLICIES`` (stop policies)."""
+    if name == "RULES":
+        return _rules.rule_names()
+    if name == "RULE_NEEDS":
+        return {n: _rules.get_rule(n).needs for n in _rules.rule_names()}
+    if name == "RULE_EXACTNESS":
+        return {n: _rules.get_rule(n).exactness for n in _rules.rule_names()}
+    if name == "POLICIES":
+        return _policies.policy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
 class RuleParams:
+    """Compatibility shim: options of the built-in lossy rules under their older names. New code
+    passes ``options={"lenience": {"lenience": 0.7}, "typical": {"eps": 0.1}}``."""
+
     lenience: float = 0.5            # l in (0, 1]: accept w.p. min(1, p / (l q)); l = 1 is exact
-    typical_eps: float = 0.09        # typical acceptance: hard threshold epsilon (Medusa's posterior_threshold)
-    typical_delta: float = 0.3       # typical acceptance: entropy-scaled threshold delta (Medusa's posterior_alpha)
+    typical_eps: float = 0.09        # typical acceptance: eps (Medusa's posterior_threshold)
+    typical_delta: float = 0.3       # typical acceptance: delta (Medusa's posterior_alpha)
 
     def __post_init__(self) -> None:
-        for name in ("lenience", "typical_eps", "typical_delta"):
-            check_float(name, getattr(self, name))  # NaN or inf: refused
-        if not 0 < self.lenience <= 1:
-            raise ValueError(f"lenience must be in (0, 1], got {self.lenience}")
-        if self.typical_eps < 0 or self.typical_delta < 0:
-            raise ValueError(f"typical_eps and typical_delta must be >= 0, got {self.typical_eps}, {self.typical_delta}")
+        self.as_options()  # validates against the rules' ranges
+
+    def as_options(self) -> dict[str, dict[str, float]]:
+        return {"lenience": _rules.get_rule("lenience").check_options({"lenience": self.lenience}),
+                "typical": _rules.get_rule("typical").check_options({"eps": self.typical_eps,
+                                                                     "delta": self.typical_delta})}
+
+
+Options = RuleParams | Mapping[str, Mapping[str, float]] | None
+
+
+def _rule(name: str) -> _rules.Rule:
+    if not isinstance(name, str) or name not in _rules.rule_names():
+        raise ValueError(f"rule must be one of {_rules.rule_names()}, got {name!r}")
+    return _rules.get_rule(name)
+
+
+def _options(rule: _rules.Rule, options: Options) -> dict[str, float]:
+    if isinstance(options, RuleParams):
+        options = options.as_options()
+    return rule.check_options((options or {}).get(rule.name, {}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -117,47 +138,39 @@ def _require(trace: pd.DataFrame, columns: Iterable[str], what: str) -> None:
         raise ValueError(f"trace lacks columns {missing} needed for {what}")
 
 
-def rule_accept_prob(trace: pd.DataFrame, rule: str, params: RuleParams = RuleParams()) -> np.ndarray:
+def _accept(rule: _rules.Rule, columns: Mapping[str, np.ndarray], opts: dict[str, float]) -> np.ndarray:
+    """The rule's own accept probability (the function ``verify`` runs) on NumPy columns, float64."""
+    inputs = {}
+    for name in {"p_x", "q_x", *rule.inputs_needed}:
+        if name in columns:
+            v = np.asarray(columns[name])
+            inputs[name] = torch.from_numpy(v.astype(np.float64 if v.dtype.kind == "f" else np.int64))
+    return rule.accept(inputs, **opts).to(torch.float64).numpy()
+
+
+def rule_accept_prob(trace: pd.DataFrame, rule: str, params: Options = None) -> np.ndarray:
     """``a_i``: probability that ``rule`` accepts the drafted token of each row, were it reached."""
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    _require(trace, RULE_NEEDS[rule], f"rule {rule!r}")
-    if rule == "exact":
+    r = _rule(rule)
+    _require(trace, r.needs if r.stored_accept else r.inputs_needed, f"rule {rule!r}")
+    if r.stored_accept:
         return trace["accept_prob"].to_numpy(np.float64)
-    p_x = trace["p_x"].to_numpy(np.float64)
-    if rule == "lenience":
-        q_x = trace["q_x"].to_numpy(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(q_x > 0, np.minimum(1.0, p_x / (params.lenience * q_x)), 1.0)
-    if rule in ("one_hot_q", "sample_match"):
-        return p_x
-    if rule == "typical":
-        return _typical_accepts(trace, params).astype(np.float64)
-    return (trace["draft_token"].to_numpy() == trace["p_top1"].to_numpy()).astype(np.float64)
+    return _accept(r, {c: trace[c].to_numpy() for c in r.inputs_needed}, _options(r, params))
 
 
-def _typical_accepts(trace: pd.DataFrame, params: RuleParams) -> np.ndarray:
-    p_x = trace["p_x"].to_numpy(np.float64)
-    h_p = trace["h_p"].to_numpy(np.float64)
-    return p_x > np.minimum(params.typical_eps, params.typical_delta * np.exp(-h_p))
-
-
-def rule_accepts(trace: pd.DataFrame, rule: str, params: RuleParams = RuleParams()) -> np.ndarray:
+def rule_accepts(trace: pd.DataFrame, rule: str, params: Options = None) -> np.ndarray:
     """Pathwise decision of ``rule`` for each row, were it reached (NaN where a uniform is missing).
 
     Stochastic rules compare the recorded uniform with ``a_i`` exactly as the verifier does
     (``u < a``, in float32 like the stored columns); deterministic rules ignore the uniform.
     """
-    if rule in ("typical", "greedy"):
-        return rule_accept_prob(trace, rule, params)
-    if rule == "sample_match":  # needs y ~ p drawn by inverse CDF over the whole vocabulary: not stored
+    r = _rule(rule)
+    if r.deterministic:
+        return (rule_accept_prob(trace, rule, params) > 0.5).astype(np.float64)
+    if not r.pathwise_replay:  # e.g. sample_match: y ~ p over the whole vocabulary is not stored
         return np.full(len(trace), np.nan)
     _require(trace, ("uniform",), f"a pathwise replay of rule {rule!r}")
     u = trace["uniform"].to_numpy(np.float32)
-    if rule == "exact":
-        a = trace["accept_prob"].to_numpy(np.float32)
-    else:
-        a = rule_accept_prob(trace, rule, params).astype(np.float32)
+    a = rule_accept_prob(trace, rule, params).astype(np.float32)
     out = (u < a).astype(np.float64)
     out[np.isnan(u)] = np.nan
     return out
@@ -202,8 +215,8 @@ def _step_index(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     return steps, step_id
 
 
-def counterfactual_steps(trace: pd.DataFrame, rules: Sequence[str] = RULES,
-                         params: RuleParams = RuleParams()) -> pd.DataFrame:
+def counterfactual_steps(trace: pd.DataFrame, rules: Sequence[str] | None = None,
+                         params: Options = None) -> pd.DataFrame:
     """One row per recorded step and rule: the recorded ``n_accepted`` and, under the rule, the
     pathwise accepted length ``n_path`` (NaN where uniforms are missing) and the expected tokens
     ``tokens_expected = E[n + 1 | block]``."""
@@ -211,9 +224,9 @@ def counterfactual_steps(trace: pd.DataFrame, rules: Sequence[str] = RULES,
     steps, step_id = _step_index(df)
     pos = df["pos"].to_numpy().astype(int)
     frames = []
-    for rule in rules:
+    for rule in (_rules.rule_names() if rules is None else rules):
         a = rule_accept_prob(df, rule, params)
-        decided = rule_accepts(df, rule, params) if ("uniform" in df.columns or rule in ("typical", "greedy")) \
+        decided = rule_accepts(df, rule, params) if ("uniform" in df.columns or _rule(rule).deterministic) \
             else np.full(len(df), np.nan)
         out = steps.copy()
         out["rule"] = rule
@@ -223,7 +236,7 @@ def counterfactual_steps(trace: pd.DataFrame, rules: Sequence[str] = RULES,
     return pd.concat(frames, ignore_index=True)
 
 
-def counterfactual(trace: pd.DataFrame, rules: Sequence[str] = RULES, params: RuleParams = RuleParams(),
+def counterfactual(trace: pd.DataFrame, rules: Sequence[str] | None = None, params: Options = None,
                    by: Sequence[str] = ()) -> pd.DataFrame:
     """Acceptance and tau under each rule, from one trace (optionally grouped, e.g. by ``category``).
 
@@ -247,14 +260,14 @@ def counterfactual(trace: pd.DataFrame, rules: Sequence[str] = RULES, params: Ru
             "tau_expected": float(g["tokens_expected"].mean()),
             "tau_recorded": float((g["n_accepted"] + 1).mean()),
             "coverage_path": float(known.mean()),
-            "needs": ", ".join(RULE_NEEDS[rule]),
-            "exactness": RULE_EXACTNESS[rule],
+            "needs": ", ".join(_rule(rule).needs),
+            "exactness": _rule(rule).exactness,
         })
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def replay_decisions(trace: pd.DataFrame, rule: str = "exact", params: RuleParams = RuleParams()) -> pd.DataFrame:
+def replay_decisions(trace: pd.DataFrame, rule: str = "exact", params: Options = None) -> pd.DataFrame:
     """Row-level replay: ``reached`` and ``accepted`` as ``rule`` would have decided them on the same
     blocks (``reached`` = every earlier position of the block accepted). Replaying the rule a trace
     was recorded with must give back its own ``reached``/``accepted``/``n_accepted`` columns."""
@@ -277,7 +290,7 @@ def replay_decisions(trace: pd.DataFrame, rule: str = "exact", params: RuleParam
 # Rule acceptance of a fresh draft, from top-k slices
 # --------------------------------------------------------------------------------------------------
 
-def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: RuleParams = RuleParams()) -> pd.DataFrame:
+def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: Options = None) -> pd.DataFrame:
     """Per row: bounds on ``alpha_rule = sum_x q(x) a_rule(x)`` from the stored top-k slices.
 
     Over the slice ``S`` of ``q`` (``q_topk_ids``), ``p(x)`` is read from ``p``'s slice; a token
@@ -286,14 +299,12 @@ def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: RuleParams = RulePar
     sum_{x in S} q(x) a(p_high(x)) + (1 - q(S))`` bound the truth; ``exact`` marks rows where ``q(S) =
     1`` and ``p(x)`` is known for every ``x in S``. For ``exact`` this is ``1 - TV`` (the ``tv`` column).
     """
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    r = _rule(rule)
+    opts = _options(r, params)
     _require(trace, ("p_topk_ids", "p_topk_probs", "q_topk_ids", "q_topk_probs"),
              "top-k replay (record the run with record_topk > 0)")
-    if rule == "greedy":
-        _require(trace, ("p_top1",), "rule 'greedy'")
-    if rule == "typical":
-        _require(trace, ("h_p",), "rule 'typical'")
+    scalars = [c for c in r.inputs_needed if c not in ("p_x", "q_x", "draft_token")]  # per-row inputs
+    _require(trace, scalars, f"rule {rule!r}")
     lowers, uppers, exacts = [], [], []
     for row in trace.itertuples(index=False):
         if row.q_topk_ids is None or row.p_topk_ids is None:
@@ -308,7 +319,7 @@ def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: RuleParams = RulePar
         in_p = np.array([x in p_map for x in q_ids])
         p_low = np.array([p_map.get(x, 0.0) for x in q_ids])
         p_high = np.where(in_p, p_low, p_unseen_max)
-        a_low, a_high = (_rule_a(rule, pp, q_probs, q_ids, row, params) for pp in (p_low, p_high))
+        a_low, a_high = (_rule_a(r, pp, q_probs, q_ids, row, opts, scalars) for pp in (p_low, p_high))
         q_cover = float(q_probs.sum())
         lower = float((q_probs * a_low).sum())
         lowers.append(lower)
@@ -322,16 +333,12 @@ def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: RuleParams = RulePar
     return out
 
 
-def _rule_a(rule: str, p_of: np.ndarray, q_probs: np.ndarray, q_ids: list[int], row, params: RuleParams) -> np.ndarray:
+def _rule_a(rule: _rules.Rule, p_of: np.ndarray, q_probs: np.ndarray, q_ids: list[int], row,
+            opts: dict[str, float], scalars: Sequence[str]) -> np.ndarray:
     """``a_rule(x)`` for the tokens of ``q``'s slice given (bounds on) their ``p(x)``; monotone in ``p``."""
-    if rule in ("exact", "lenience"):
-        scale = 1.0 if rule == "exact" else params.lenience
-        return np.where(q_probs > 0, np.minimum(1.0, p_of / np.maximum(scale * q_probs, 1e-300)), 1.0)
-    if rule in ("one_hot_q", "sample_match"):
-        return p_of
-    if rule == "typical":
-        return (p_of > min(params.typical_eps, params.typical_delta * math.exp(-row.h_p))).astype(float)
-    return (np.asarray(q_ids) == row.p_top1).astype(float)
+    columns = {"p_x": p_of, "q_x": q_probs, "draft_token": np.asarray(q_ids)}
+    columns.update({c: np.full(len(q_ids), getattr(row, c)) for c in scalars})
+    return _accept(rule, columns, opts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -340,54 +347,50 @@ def _rule_a(rule: str, p_of: np.ndarray, q_probs: np.ndarray, q_ids: list[int], 
 
 @dataclass(frozen=True)
 class StopRule:
-    policy: str = "fixed"          # "fixed" | "confidence" | "entropy"
-    gamma: int = 4                 # fixed: block length; confidence/entropy: cap (<= the trace's max gamma)
+    """Compatibility shim for a stop policy by name: ``StopRule("confidence", 6, 0.4)`` is
+    ``get_policy("confidence", max_gamma=6, threshold=0.4)`` (:meth:`to_policy`)."""
+
+    policy: str = "fixed"          # a registered policy name ("fixed", "confidence", "entropy", ...)
+    gamma: int = 4                 # fixed: block length; others: max_gamma (<= the trace's max gamma)
     threshold: float = 0.0         # confidence: keep drafting while q_top_prob >= threshold; entropy: while h_q_raw <= threshold
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
-        check_gamma("gamma", self.gamma)  # an int: 2.5 would silently draft 2
-        check_float("threshold", self.threshold, finite=False)
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        self.to_policy()
+
+    def to_policy(self) -> _policies.Policy:
+        opts = _policies.policy_options(self.policy)
+        given = {"gamma": self.gamma} if "gamma" in opts else {"max_gamma": self.gamma}
+        if "threshold" in opts:
+            given["threshold"] = self.threshold
+        return _policies.get_policy(self.policy, **given)
 
     @property
     def label(self) -> str:
-        return f"fixed g={self.gamma}" if self.policy == "fixed" else f"{self.policy} {self.threshold:.3g} (<= {self.gamma})"
+        return self.to_policy().label
 
 
-def _signal_ok(df: pd.DataFrame, rule: StopRule) -> np.ndarray:
-    if rule.policy == "confidence":
-        _require(df, ("q_top_prob",), "the confidence stop rule")
-        return df["q_top_prob"].to_numpy(np.float64) >= rule.threshold
-    if rule.policy == "entropy":
-        _require(df, ("h_q_raw",), "the entropy stop rule")
-        return df["h_q_raw"].to_numpy(np.float64) <= rule.threshold
-    return np.ones(len(df), dtype=bool)
+def _as_policy(rule: _policies.Policy | StopRule) -> _policies.Policy:
+    if isinstance(rule, StopRule):
+        return rule.to_policy()
+    if not isinstance(rule, _policies.Policy):
+        raise ValueError(f"rule: expected a spade_lib.policies.Policy (or StopRule), got {type(rule).__name__}")
+    return rule
 
 
-def blocks_used(trace: pd.DataFrame, rule: StopRule) -> tuple[pd.DataFrame, np.ndarray]:
-    """Steps of ``trace`` and the number of tokens ``g`` that ``rule`` would have drafted in each."""
+def blocks_used(trace: pd.DataFrame, rule: _policies.Policy | StopRule) -> tuple[pd.DataFrame, np.ndarray]:
+    """Steps of ``trace`` and the number of tokens ``g`` that the policy ``rule`` would have drafted
+    in each (its vectorised replay form, :meth:`spade_lib.policies.Policy.replay_gamma`)."""
+    policy = _as_policy(rule)
     df = _blocks(trace)
-    steps, step_id = _step_index(df)
-    recorded = steps["gamma"].to_numpy().astype(int)
-    max_gamma = int(recorded.max())
-    if rule.gamma > max_gamma:
-        raise ValueError(f"rule.gamma = {rule.gamma} exceeds the trace's largest block ({max_gamma}); "
+    steps, _ = _step_index(df)
+    max_gamma = int(steps["gamma"].max())
+    if policy.max_gamma > max_gamma:
+        raise ValueError(f"rule.gamma = {policy.max_gamma} exceeds the trace's largest block ({max_gamma}); "
                          "record the trace with a fixed gamma >= every gamma to replay")
-    # blocks shorter than max_gamma are the decoder's end-of-generation caps; they stay capped
-    if rule.policy == "fixed":
-        return steps, np.minimum(rule.gamma, recorded)
-    pos = df["pos"].to_numpy().astype(int)
-    ok = _signal_ok(df, rule).astype(float)
-    mat = np.zeros((len(steps), max_gamma))
-    mat[step_id, pos] = ok
-    leading = np.cumprod(mat, axis=1).sum(axis=1)
-    return steps, np.minimum(np.minimum(leading + 1, rule.gamma), recorded).astype(int)
+    return steps, policy.replay_gamma(df)
 
 
-def replay_stop_rule(trace: pd.DataFrame, rule: StopRule, c: float,
+def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy | StopRule, c: float,
                      verify_cost: float | Callable[[int], float] = 1.0, by: Sequence[str] = ()) -> pd.DataFrame:
     """Tokens and cost per step of ``rule`` replayed on ``trace`` (recorded with fixed max gamma).
 
@@ -397,11 +400,12 @@ def replay_stop_rule(trace: pd.DataFrame, rule: StopRule, c: float,
     ``speedup = sum tokens / sum cost`` (ratio of totals) and ``speedup_expected``.
     """
     c = check_float("c", c, min=0.0)
-    if not isinstance(rule, StopRule):
-        raise ArgumentTypeError(f"rule: must be a StopRule, got {type(rule).__name__}")
+    if not isinstance(rule, (StopRule, _policies.Policy)):
+        raise ArgumentTypeError(f"rule: must be a StopRule or a spade_lib.policies.Policy, got {type(rule).__name__}")
     if not callable(verify_cost):
         check_costs("verify_cost", verify_cost)
-    steps, g = blocks_used(trace, rule)
+    policy = _as_policy(rule)
+    steps, g = blocks_used(trace, policy)
     df = _blocks(trace)
     _, step_id = _step_index(df)
     a = df["accept_prob"].to_numpy(np.float64)
@@ -410,15 +414,16 @@ def replay_stop_rule(trace: pd.DataFrame, rule: StopRule, c: float,
     per["n"] = np.minimum(per["n_accepted"].to_numpy(), g)
     per["tokens"] = per["n"] + 1
     per["tokens_expected"] = _expected_tokens(a, step_id, df["pos"].to_numpy().astype(int), limit=g)
-    per["cost"] = g * float(c) + check_costs("verify_cost", [float(verify_cost(int(x)) if callable(verify_cost) else verify_cost)
-                                                            for x in g])
+    per["cost"] = np.broadcast_to(step_cost(g, float(c), verify_cost), g.shape)
     rows = []
     groups = per.groupby(list(by), sort=True) if by else [((), per)]
     for key, grp in groups:
         key = key if isinstance(key, tuple) else (key,)
         row = dict(zip(by, key))
         row.update({
-            "policy": rule.policy, "gamma": rule.gamma, "threshold": rule.threshold, "label": rule.label,
+            "policy": policy.name, "gamma": policy.max_gamma,
+            "threshold": float(getattr(policy, "threshold", rule.threshold if isinstance(rule, StopRule) else math.nan)),
+            "label": policy.label,
             "steps": int(len(grp)),
             "g_mean": float(grp["g"].mean()),
             "tau": float(grp["tokens"].mean()),
@@ -440,9 +445,9 @@ def stop_rule_frontier(trace: pd.DataFrame, c: float, verify_cost: float | Calla
     of the confidence and entropy policies (capped at the trace's gamma)."""
     max_gamma = int(_blocks(trace)["gamma"].max())
     gammas = range(1, max_gamma + 1) if gammas is None else gammas
-    rules = [StopRule("fixed", int(gm)) for gm in gammas]
-    rules += [StopRule("confidence", max_gamma, float(t)) for t in confidence_thresholds]
-    rules += [StopRule("entropy", max_gamma, float(t)) for t in entropy_thresholds]
+    rules = [_policies.get_policy("fixed", gamma=int(gm)) for gm in gammas]
+    rules += [_policies.get_policy("confidence", max_gamma=max_gamma, threshold=float(t)) for t in confidence_thresholds]
+    rules += [_policies.get_policy("entropy", max_gamma=max_gamma, threshold=float(t)) for t in entropy_thresholds]
     return pd.concat([replay_stop_rule(trace, r, c, verify_cost, by) for r in rules], ignore_index=True)
 
 
@@ -451,28 +456,3 @@ def best_rules(frontier: pd.DataFrame, by: Sequence[str] = (), column: str = "sp
     keys = [*by, "policy"]
     idx = frontier.groupby(keys, sort=True)[column].idxmax()
     return frontier.loc[idx].reset_index(drop=True)
-
-
-# --------------------------------------------------------------------------------------------------
-# Costs
-# --------------------------------------------------------------------------------------------------
-
-def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
-    """``r(g) = 1 + (ratio - 1) g / at_gamma``: the cost of verifying ``g + 1`` tokens in one target
-    forward, relative to a 1-token forward, interpolated linearly through the one measured point
-    ``r(at_gamma) = ratio`` (memory-bound forwards grow slowly and about linearly in the tokens)."""
-    check_float("ratio", ratio)
-    check_int("at_gamma", at_gamma)
-    if ratio < 1 or at_gamma < 1:
-        raise ValueError(f"ratio must be >= 1 and at_gamma >= 1, got {ratio}, {at_gamma}")
-    slope = (ratio - 1.0) / at_gamma
-    return lambda g: 1.0 + slope * g
-
-
-def pair_costs(manifest: dict, draft: str) -> tuple[float, Callable[[int], float]]:
-    """``(c, r)`` of an embedded pair from its build manifest: the draft's measured cost ratio ``c``
-    and :func:`linear_verify_cost` through the measured verify-cost ratio."""
-    costs = manifest.get("costs") if isinstance(manifest, dict) else None
-    if not costs or draft not in costs.get("drafts", {}):
-        raise KeyError(f"manifest has no measured costs for draft {draft!r}")
-    return float(costs["drafts"][draft]["c"]), linear_verify_cost(float(costs["verify_cost_ratio"]), int(costs["gamma"]))

@@ -36,8 +36,11 @@ is computed under its ``filelock`` lock by whichever process takes it first, nev
 the prompt) and timed the same way (``spade_lib.timing``: ``warmup`` untimed generations on the
 first prompt, then each generation timed ``repeats`` times, median kept):
 
-- ``"spade"``: :class:`spade_lib.decode.SpeculativeDecoder` with the draft ``config.draft`` (a draft
-  of the pair, or ``"ngram"`` for prompt lookup) and the draft-length ``config.policy``;
+- ``"spade"``: :class:`spade_lib.decode.SpeculativeDecoder` with the drafter ``config.draft`` (a draft
+  of the pair, or a registered drafter such as ``"ngram"`` for prompt lookup:
+  :func:`spade_lib.drafters.make_drafter`), the draft-length policy ``config.policy`` with
+  ``config.policy_options`` (:func:`spade_lib.policies.get_policy`) and the acceptance rule
+  ``config.mode`` with ``config.mode_options`` (:mod:`spade_lib.rules`);
 - ``"ar"``: SPADE's autoregressive loop on the same adapter (the baseline for ``"spade"``);
 - ``"hf"``: plain ``model.generate``; ``"hf_assisted"``: HF assisted generation with the same draft
   and ``num_assistant_tokens = gamma`` (constant schedule), the baseline a reader asks about.
@@ -58,7 +61,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -70,9 +73,19 @@ from spade_lib.io import write_json, write_text
 from spade_lib.validate import ArgumentTypeError, check_int, safe_name
 
 METHODS = ("spade", "ar", "hf", "hf_assisted")
-POLICIES = ("fixed", "confidence", "entropy")
 NGRAM = "ngram"
 META_LOCK = ".meta.lock"
+
+# RunConfig fields that fill the policy's option of the same name unless policy_options gives it
+_POLICY_FIELDS = ("gamma", "threshold", "max_gamma")
+
+
+def __getattr__(name: str):
+    if name == "POLICIES":  # a live view of the policy registry (spade_lib.policies)
+        from spade_lib.policies import policy_names
+
+        return policy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -82,13 +95,13 @@ class RunConfig:
     method: str = "spade"        # "spade" | "ar" | "hf" | "hf_assisted" (see the module docstring)
     draft: str = "distilled"     # a draft of the pair ("distilled", "data_only", ...) or "ngram"
     gamma: int = 4               # draft length (fixed policy; num_assistant_tokens for hf_assisted)
-    policy: str = "fixed"        # "fixed" | "confidence" (stop when max q < threshold) | "entropy" (H(q) > threshold)
+    policy: str = "fixed"        # a registered policy: "fixed" | "confidence" (stop when max q < threshold) | "entropy" (H(q) > threshold)
     threshold: float = 0.4       # the adaptive policy's threshold (probability, or nats for entropy)
     max_gamma: int = 8           # longest block an adaptive policy may draft
     temperature: float = 0.0     # 0 = greedy
     top_k: int = 0               # 0 = off
     top_p: float = 1.0           # 1 = off
-    mode: str = "auto"           # verification mode; "auto": greedy at T=0, one_hot_q for ngram, else exact
+    mode: str = "auto"           # acceptance rule (spade_lib.rules); "auto": greedy at T=0, one_hot_q for ngram, else exact
     max_new_tokens: int = 64     # tokens generated per prompt (fewer if a stop token comes first)
     n_samples: int = 1           # generations per prompt, seeds derived from (seed, question_id, sample)
     seed: int = 0                # run seed
@@ -101,15 +114,31 @@ class RunConfig:
     warmup: int = 1              # untimed generations before the first timed one
     repeats: int = 1             # timed generations per (prompt, sample); wall_time is their median
     threads: int = 0             # torch intra-op threads (0 = leave as set; recorded either way)
+    mode_options: dict = field(default_factory=dict)    # the rule's options, e.g. {"lenience": 0.7}
+    policy_options: dict = field(default_factory=dict)  # the policy's options beyond gamma/threshold/max_gamma
 
     def __post_init__(self) -> None:
+        from spade_lib import drafters, policies, rules
         from spade_lib import validate as v
-        from spade_lib.verify import MODES
 
         v.check_choice("method", self.method, METHODS)
         v.check_str("draft", self.draft)
-        v.check_choice("policy", self.policy, POLICIES)
-        v.check_choice("mode", self.mode, ("auto", *MODES))
+        v.check_choice("policy", self.policy, tuple(policies.policy_names()))
+        v.check_choice("mode", self.mode, ("auto", *rules.rule_names()))
+        for name in ("mode_options", "policy_options"):
+            value = getattr(self, name)
+            if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+                raise ValueError(f"{name}: must be a dict with string keys, got {value!r}")
+            try:
+                json.dumps(value, sort_keys=True, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{name}: must hold JSON values (it is hashed), got {value!r}") from e
+            object.__setattr__(self, name, dict(value))  # a private copy: the caller's dict may change
+        if self.mode == "auto":
+            if self.mode_options:
+                raise ValueError(f"mode_options: mode 'auto' takes none (name the mode), got {self.mode_options!r}")
+        else:
+            rules.get_rule(self.mode).check_options(self.mode_options)
         for name in ("gamma", "max_gamma"):
             v.check_gamma(name, getattr(self, name))
         for name in ("max_new_tokens", "n_samples", "repeats", "ngram_max"):
@@ -117,13 +146,13 @@ class RunConfig:
         for name in ("record_topk", "max_prompt_tokens", "warmup", "threads", "seed"):
             v.check_int(name, getattr(self, name), min=0)
         v.check_float("threshold", self.threshold)
-        if self.method == "hf_assisted" and self.draft == NGRAM:
-            raise ValueError("draft: 'ngram' is not available for method 'hf_assisted' (use method 'hf' "
-                             "with prompt lookup in spade_lib.baselines instead)")
+        if self.method == "hf_assisted" and self.draft in drafters.drafter_names():
+            raise ValueError(f"draft: {self.draft!r} is not available for method 'hf_assisted', which needs a "
+                             "draft model (for prompt lookup use method 'hf' with spade_lib.baselines instead)")
         v.check_choice("chat_template", self.chat_template, (True, False, "auto"))
         v.check_str("device", self.device)
         self.sampling()  # validates temperature / top_k / top_p
-        self.make_policy()  # validates threshold / max_gamma against the policy's range
+        self.make_policy()  # validates the policy's options against their ranges
         timing.resolve_dtype(self.dtype)
 
     def sampling(self):
@@ -133,14 +162,22 @@ class RunConfig:
         return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     def make_policy(self):
-        """The draft-length policy (``spade_lib.policies``)."""
+        """The draft-length policy ``get_policy(policy, **options)`` (``spade_lib.policies``): the fields
+        ``gamma``, ``threshold``, ``max_gamma`` fill the policy's options of the same name, then
+        ``policy_options`` (which wins)."""
         from spade_lib import policies
 
-        if self.policy == "fixed":
-            return policies.FixedGamma(gamma=self.gamma)
-        if self.policy == "confidence":
-            return policies.ConfidenceThreshold(threshold=self.threshold, max_gamma=self.max_gamma)
-        return policies.EntropyThreshold(threshold=self.threshold, max_gamma=self.max_gamma)
+        takes = policies.policy_options(self.policy)
+        options = {name: getattr(self, name) for name in _POLICY_FIELDS if name in takes}
+        return policies.get_policy(self.policy, **{**options, **self.policy_options})
+
+    def make_drafter(self, pair):
+        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.drafters.make_drafter`);
+        ``ngram_max`` fills a registered drafter's ``max_ngram``."""
+        from spade_lib import drafters
+
+        options = {"max_ngram": self.ngram_max} if "max_ngram" in drafters.drafter_options(self.draft) else {}
+        return drafters.make_drafter(self.draft, pair, **options)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -226,20 +263,16 @@ def make_generator(pair, config: RunConfig) -> Generator:
     """The :class:`Generator` of ``config.method`` on ``pair``."""
     from spade_lib import baselines, decode
 
+    from spade_lib.drafters import drafter_names
+
     sampling = config.sampling()
     _check_draft(pair, config)
     if config.method == "spade":
         def decoder(record):
-            if config.draft == NGRAM:
-                from spade_lib.drafters import NGramDrafter
-
-                draft = NGramDrafter(max_ngram=config.ngram_max, device=next(pair.target.parameters()).device)
-            else:
-                draft = pair.drafts[config.draft]
             return decode.SpeculativeDecoder(
-                pair.target, draft, policy=config.make_policy(), sampling=sampling, tokenizer=pair.tokenizer,
-                mode=None if config.mode == "auto" else config.mode, record=record,
-                record_topk=config.record_topk if record is True else 0)
+                pair.target, config.make_drafter(pair), policy=config.make_policy(), sampling=sampling,
+                tokenizer=pair.tokenizer, mode=None if config.mode == "auto" else config.mode, record=record,
+                record_topk=config.record_topk if record is True else 0, **config.mode_options)
 
         light, full = decoder("light"), decoder(True)
         return Generator(lambda ids, n, seed: _from_result(light.generate(ids, n, seed=seed), records=False),
@@ -385,9 +418,11 @@ def _lock(path: Path, timeout: float = -1):
 
 
 def _check_draft(pair, config: RunConfig) -> None:
-    if config.method in ("spade", "hf_assisted") and config.draft != NGRAM and config.draft not in pair.drafts:
-        raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or 'ngram'), "
-                         f"not {config.draft!r}")
+    from spade_lib.drafters import drafter_names
+
+    if config.method in ("spade", "hf_assisted") and config.draft not in drafter_names(pair):
+        raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or "
+                         f"{list(drafter_names())}), not {config.draft!r}")
 
 
 # ---------------------------------------------------------------- the runner

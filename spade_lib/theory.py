@@ -15,6 +15,11 @@ Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.
 - total-ops overhead (Thm. 3.11): ``(1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))``
   = ``(gamma c_hat + gamma + 1) / E[tokens]``.
 - free-draft limit: as ``c -> 0`` and ``gamma -> inf`` the speedup tends to ``1 / (1 - alpha)``.
+- cost of one step (target-forward units): ``C(gamma) = gamma c + r(gamma)`` with ``r`` the verify-cost
+  ratio, a number or a callable of ``gamma`` (:func:`step_cost`); :func:`linear_verify_cost` builds
+  ``r(g) = 1 + (ratio - 1) g / at_gamma`` through one measured point, :func:`pair_costs` reads ``(c, r)``
+  from an embedded pair's build manifest. Every speedup in SPADE (``replay``, ``align``, notebooks) is
+  ``tokens / C`` with this ``C``.
 
 Scalar ``alpha`` broadcasts against array ``gamma``, ``c``, ``c_hat`` and ``verify_cost`` (NumPy
 semantics). An ``alpha`` of one or more dimensions is a vector of position-wise rates along its last
@@ -23,13 +28,14 @@ axis (the per-position form); ``gamma`` then defaults to its length.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from .validate import check_gamma
+from .validate import check_float, check_gamma, check_int
 
 ArrayLike = float | int | Sequence[float] | np.ndarray
+VerifyCost = float | int | np.ndarray | Callable[[int], float]
 
 
 def _check_alpha(alpha: ArrayLike) -> np.ndarray:
@@ -85,24 +91,62 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike | None = None) -> float |
     return _scalar(1.0 + reach.sum(axis=-1))
 
 
-def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: ArrayLike = 1.0) -> float | np.ndarray:
-    """Expected walltime improvement ``E[tokens] / (gamma c + verify_cost)`` over plain decoding.
+def verify_cost_at(verify_cost: VerifyCost, gamma: ArrayLike) -> float | np.ndarray:
+    """``r(gamma)``: ``verify_cost`` itself when it is a number (or array), else the callable applied
+    to every ``gamma`` (element-wise); checked finite and ``> 0``."""
+    if callable(verify_cost):
+        g = np.asarray(gamma)
+        r = np.vectorize(lambda x: float(verify_cost(int(x))), otypes=[np.float64])(g) if g.ndim \
+            else float(verify_cost(int(g)))
+    else:
+        r = verify_cost
+    return _scalar(_check_nonneg("verify_cost", r, positive=True))
 
-    ``verify_cost = 1`` is Leviathan et al.'s Thm. 3.8; pass the measured ratio of a ``gamma+1``-token
-    target forward to a 1-token one for the realistic version.
+
+def step_cost(gamma: ArrayLike, c: ArrayLike, verify_cost: VerifyCost = 1.0) -> float | np.ndarray:
+    """Cost of one step in target-forward units: ``C(gamma) = gamma c + r(gamma)``."""
+    g = np.asarray(gamma, dtype=np.float64)
+    return _scalar(g * _check_nonneg("c", c) + np.asarray(verify_cost_at(verify_cost, gamma)))
+
+
+def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
+    """``r(g) = 1 + (ratio - 1) g / at_gamma``: the cost of verifying ``g + 1`` tokens in one target
+    forward, relative to a 1-token forward, interpolated linearly through the one measured point
+    ``r(at_gamma) = ratio`` (memory-bound forwards grow slowly and about linearly in the tokens)."""
+    check_float("ratio", ratio)
+    check_int("at_gamma", at_gamma)
+    if ratio < 1 or at_gamma < 1:
+        raise ValueError(f"ratio must be >= 1 and at_gamma >= 1, got {ratio}, {at_gamma}")
+    slope = (ratio - 1.0) / at_gamma
+    return lambda g: 1.0 + slope * g
+
+
+def pair_costs(manifest: dict, draft: str) -> tuple[float, Callable[[int], float]]:
+    """``(c, r)`` of an embedded pair from its build manifest: the draft's measured cost ratio ``c``
+    and :func:`linear_verify_cost` through the measured verify-cost ratio."""
+    costs = manifest.get("costs") if isinstance(manifest, dict) else None
+    if not costs or draft not in costs.get("drafts", {}):
+        raise KeyError(f"manifest has no measured costs for draft {draft!r}")
+    return float(costs["drafts"][draft]["c"]), linear_verify_cost(float(costs["verify_cost_ratio"]), int(costs["gamma"]))
+
+
+def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: VerifyCost = 1.0) -> float | np.ndarray:
+    """Expected walltime improvement ``E[tokens] / (gamma c + r(gamma))`` over plain decoding.
+
+    ``verify_cost = 1`` is Leviathan et al.'s Thm. 3.8; pass the measured ratio ``r`` of a
+    ``gamma+1``-token target forward to a 1-token one (a number, or a callable ``r(gamma)``) for the
+    realistic version.
     """
-    c_arr = _check_nonneg("c", c)
-    r = _check_nonneg("verify_cost", verify_cost, positive=True)
     tokens = expected_tokens(alpha, gamma)
     g = _check_gamma(np.shape(alpha)[-1] if (gamma is None and np.ndim(alpha) > 0) else gamma)
-    return _scalar(np.asarray(tokens) / (g * c_arr + r))
+    return _scalar(np.asarray(tokens) / np.asarray(step_cost(g, c, verify_cost)))
 
 
-def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: ArrayLike = 1.0) -> int:
+def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: VerifyCost = 1.0) -> int:
     """The draft length in ``1 .. max_gamma`` that maximises :func:`speedup` (smallest on ties).
 
-    ``verify_cost`` is a number or an array of ``max_gamma`` values, the cost ratio for
-    ``gamma = 1 .. max_gamma``. With position-wise ``alpha``, ``max_gamma`` is capped at its length.
+    ``verify_cost`` is a number, a callable ``r(gamma)``, or an array of ``max_gamma`` values, the cost
+    ratio for ``gamma = 1 .. max_gamma``. With position-wise ``alpha``, ``max_gamma`` is capped at its length.
     """
     if np.ndim(c) != 0:
         raise ValueError(f"c must be a single number, got {c!r}")
@@ -113,6 +157,8 @@ def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: 
     if a.ndim == 1:
         max_gamma = min(int(max_gamma), a.shape[0])
     gammas = np.arange(1, int(max_gamma) + 1)
+    if callable(verify_cost):
+        verify_cost = verify_cost_at(verify_cost, gammas)
     r = np.asarray(verify_cost, dtype=np.float64)
     if r.ndim not in (0, 1) or (r.ndim == 1 and r.shape[0] < gammas.size):
         raise ValueError(f"verify_cost must be a number or an array of >= {gammas.size} values, got shape {r.shape}")

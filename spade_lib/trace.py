@@ -23,7 +23,8 @@ column            type       meaning (formula)
 ``draft_token``   int32      drafted token ``x``
 ``p_x``           float32    ``p(x)`` under the adjusted target distribution
 ``q_x``           float32    ``q(x)`` under the adjusted draft distribution
-``accept_prob``   float32    ``min(1, p(x) / q(x))``
+``accept_prob``   float32    the rule's accept probability ``a(x)`` (``spade_lib.rules``):
+                             ``min(1, p(x) / q(x))`` for ``exact``
 ``uniform``       float32    the uniform ``r`` drawn for this position; accepted iff
                              ``r < accept_prob`` (NaN in deterministic modes)
 ``reached``       bool       all positions ``< pos`` of the block were accepted, so ``x`` was judged
@@ -113,6 +114,14 @@ TRACE_SCHEMA = pa.schema(
     ],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
+# Column groups (the decoder derives its record layout from these; nothing else lists columns)
+ROW_KEYS: tuple[str, ...] = ("prompt_id", "category", "sample")  # added by the runner per generation
+STEP_COLUMNS: tuple[str, ...] = ("step", "gamma", "n_accepted", "next_token", "t_draft", "t_verify", "t_overhead")
+BLOCK_COLUMNS: tuple[str, ...] = ("pos", "abs_pos")  # a drafted token's place in its block / the text
+RECORD_COLUMNS: tuple[str, ...] = tuple(n for n in TRACE_SCHEMA.names if n not in ROW_KEYS)
+# per-position statistics the decoder computes for each drafted token (one named tensor each)
+POSITION_STATS: tuple[str, ...] = tuple(n for n in RECORD_COLUMNS if n not in STEP_COLUMNS + BLOCK_COLUMNS)
+
 TOPK_FIELDS = [
     pa.field("p_topk_ids", pa.list_(pa.int32())),
     pa.field("p_topk_probs", pa.list_(pa.float32())),

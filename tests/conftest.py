@@ -15,3 +15,24 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def _spec_bench_questions():
+    """Spec-Bench's question.jsonl, which SPADE does not ship: ``$SPADE_SPEC_BENCH_QUESTIONS``, else the
+    developers' copy beside the repository (``../shared/data/spec_bench/question.jsonl``)."""
+    import os
+    from pathlib import Path
+
+    env = os.environ.get("SPADE_SPEC_BENCH_QUESTIONS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+@pytest.fixture(scope="session")
+def spec_bench_questions():
+    """Path of Spec-Bench's question.jsonl; the test is skipped where it is not present."""
+    path = _spec_bench_questions()
+    if not path.is_file():
+        pytest.skip(f"Spec-Bench question.jsonl not present ({path}; set SPADE_SPEC_BENCH_QUESTIONS)")
+    return path

@@ -302,9 +302,8 @@ def test_specbench_bad_line(tmp_path):
         from_specbench(path)
 
 
-@pytest.mark.skipif(not paths.SPEC_BENCH_QUESTIONS.is_file(), reason="Spec-Bench question.jsonl not present")
-def test_real_specbench_file_480_prompts_6_subtasks():
-    suite = from_specbench(paths.SPEC_BENCH_QUESTIONS)
+def test_real_specbench_file_480_prompts_6_subtasks(spec_bench_questions):
+    suite = from_specbench(spec_bench_questions)
     assert len(suite) == 480
     assert suite.manifest["counts"]["per_subtask"] == {s: 80 for s in SPEC_BENCH_SUBTASKS}
     assert len(suite.categories) == 13

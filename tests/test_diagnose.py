@@ -140,7 +140,7 @@ def test_groups_match_pandas_groupby(mixed):
     df = mixed.assign(cat=mixed["category"].astype("category"))
     mask = df["reached"].to_numpy()
     for keys in (["category", "pos"], ["cat", "gamma"], ["prompt_id"], []):
-        g = Groups(df, keys, mask=mask)
+        g = Groups.of(df, keys, mask=mask)
         got = g.frame().assign(n=g.sum(), acc=g.sum(df["accepted"].to_numpy()))
         if keys:
             ref = df[mask].groupby(keys, observed=True).agg(n=("pos", "size"), acc=("accepted", "sum")).reset_index()

@@ -162,3 +162,47 @@ def test_ngram_bad_arguments():
         NGramDrafter(max_ngram=1, min_ngram=2)
     with pytest.raises(ValueError, match="prompt_ids"):
         NGramDrafter().reset([], 10)
+
+
+def test_ngram_consults_the_policy_with_one_hot_signals():
+    from dataclasses import dataclass
+
+    from spade_lib.policies import Policy
+
+    @dataclass(frozen=True)
+    class Seen(Policy):
+        max_gamma: int = 3
+        needs_signals = True
+        calls: list = None  # type: ignore[assignment]
+
+        def keep_drafting(self, q_top_prob, h_q):
+            self.calls.append((q_top_prob, h_q))
+            return False
+
+    d = NGramDrafter(max_ngram=3)
+    d.reset([1, 2, 3, 4, 1, 2], 10)
+    pol = Seen(calls=[])
+    out = d.propose(3, pol, GREEDY, None)
+    assert out.tokens.tolist() == [3] and out.stop == "policy" and pol.calls == [(1.0, 0.0)]
+    d.accept(1, 4)
+    assert d._ctx[-2:] == [3, 4]
+    for keep_all in (ConfidenceThreshold(threshold=1.0, max_gamma=3), EntropyThreshold(threshold=0.0, max_gamma=3)):
+        d.reset([1, 2, 3, 4, 1, 2], 10)
+        assert d.propose(3, keep_all, GREEDY, None).gamma == 3  # one-hot q: confidence 1, entropy 0
+
+
+def test_make_drafter_by_name():
+    from types import SimpleNamespace
+
+    from spade_lib.drafters import drafter_names, drafter_options, make_drafter
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
+    pair = SimpleNamespace(name="toy", target=model, drafts={"small": model})
+    ngram = make_drafter("ngram", pair, max_ngram=2)
+    assert isinstance(ngram, NGramDrafter) and ngram.max_ngram == 2
+    assert isinstance(make_drafter("small", pair), ModelDrafter)
+    assert "ngram" in drafter_names() and "small" in drafter_names(pair)
+    assert drafter_options("ngram") == ("max_ngram", "min_ngram") and drafter_options("small") == ()
+    with pytest.raises(ValueError, match="draft: pair 'toy' has drafts"):
+        make_drafter("huge", pair)

@@ -173,6 +173,22 @@ def test_run_dir_for_and_config_hash(monkeypatch):
         runner.run_dir_for("../x", "mini", a)
 
 
+def test_policy_and_mode_options():
+    from spade_lib.policies import ConfidenceThreshold, FixedGamma
+
+    assert cfg(gamma=3).make_policy() == FixedGamma(3)
+    c = cfg(policy="confidence", threshold=0.3, max_gamma=5)
+    assert c.make_policy() == ConfidenceThreshold(threshold=0.3, max_gamma=5)
+    assert cfg(policy="confidence", policy_options={"threshold": 0.2}).make_policy().threshold == 0.2  # options win
+    a, b = cfg(mode="lenience"), cfg(mode="lenience", mode_options={"lenience": 0.7})
+    assert a.hash != b.hash and b.mode_options == {"lenience": 0.7}
+    opts = {"lenience": 0.7}
+    c = cfg(mode="lenience", mode_options=opts)
+    opts["lenience"] = 0.9  # the config keeps its own copy
+    assert c.mode_options == {"lenience": 0.7} and c.hash == b.hash
+    assert runner.POLICIES[:3] == ("fixed", "confidence", "entropy")
+
+
 def test_generation_seed_is_stable():
     assert runner.generation_seed(0, 5, 1) == runner.generation_seed(0, 5, 1)
     assert len({runner.generation_seed(0, q, s) for q in range(20) for s in range(5)}) == 100
@@ -183,6 +199,10 @@ def test_generation_seed_is_stable():
     (dict(method="beam"), "method"), (dict(policy="oracle"), "policy"), (dict(gamma=0), "gamma"),
     (dict(temperature=-1.0), "temperature"), (dict(dtype="int8"), "dtype"), (dict(repeats=0), "repeats"),
     (dict(method="hf_assisted", draft="ngram"), "ngram"), (dict(chat_template="maybe"), "chat_template"),
+    (dict(mode="nope"), "mode"), (dict(mode="lenience", mode_options={"lenience": 2.0}), "lenience"),
+    (dict(mode="exact", mode_options={"eps": 0.1}), "unknown"), (dict(mode_options={"lenience": 0.5}), "mode_options"),
+    (dict(policy_options={"nope": 1}), "policy_options"), (dict(policy_options=[1]), "policy_options"),
+    (dict(policy="confidence", threshold=2.0), "threshold"),
 ])
 def test_bad_config_names_the_field(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -90,3 +90,23 @@ def test_ops_overhead():
 def test_validation(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_cost_model_takes_a_number_or_a_callable():
+    from spade_lib import replay
+    from spade_lib.theory import linear_verify_cost, pair_costs, step_cost, verify_cost_at
+
+    r = linear_verify_cost(1.5, 4)
+    assert r(4) == pytest.approx(1.5) and r(0) == 1.0
+    assert replay.linear_verify_cost is linear_verify_cost and replay.pair_costs is pair_costs
+    assert step_cost(4, 0.1, r) == pytest.approx(0.4 + 1.5)
+    np.testing.assert_allclose(step_cost(np.array([2, 4]), 0.1, r), [0.2 + 1.25, 0.4 + 1.5])
+    np.testing.assert_allclose(verify_cost_at(r, np.arange(1, 4)), [r(1), r(2), r(3)])
+    assert speedup(0.8, 4, 0.1, verify_cost=r) == pytest.approx(speedup(0.8, 4, 0.1, verify_cost=1.5))
+    grid = np.arange(1, 9)
+    assert optimal_gamma(0.8, 0.02, max_gamma=8, verify_cost=r) == \
+        optimal_gamma(0.8, 0.02, max_gamma=8, verify_cost=np.array([r(g) for g in grid]))
+    c, rr = pair_costs({"costs": {"drafts": {"d": {"c": 0.05}}, "verify_cost_ratio": 1.2, "gamma": 4}}, "d")
+    assert c == 0.05 and rr(4) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="verify_cost"):
+        step_cost(2, 0.1, lambda g: 0.0)

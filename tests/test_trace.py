@@ -112,3 +112,14 @@ def test_nan_uniform_survives(tmp_path):
         r["uniform"] = math.nan
     trace.write_shard(rec, tmp_path / "a.parquet", {})
     assert trace.read_trace(tmp_path)["uniform"].isna().all()
+
+
+def test_column_groups_partition_the_schema_and_the_decoder_derives_from_them():
+    from spade_lib import decode
+
+    names = trace.TRACE_SCHEMA.names
+    groups = [trace.ROW_KEYS, trace.STEP_COLUMNS, trace.BLOCK_COLUMNS, trace.POSITION_STATS]
+    assert sorted(sum(map(list, groups), [])) == sorted(names)
+    assert decode.RECORD_COLUMNS == tuple(n for n in names if n not in trace.ROW_KEYS)
+    assert decode._STATS == trace.POSITION_STATS
+    assert decode._INT_STATS == {"draft_token", "p_top1"} and decode._BOOL_STATS == {"reached", "accepted"}

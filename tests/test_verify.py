@@ -8,17 +8,16 @@ import pytest
 import torch
 
 from spade_lib.sampling import SamplingConfig, adjust
-from spade_lib.verify import (
-    LOSSLESS,
-    MODES,
+from spade_lib.exactness import (
+    MC_CONFIGS,
     block_law_error,
     chi_square_pvalue,
     draft_tree,
     monte_carlo_check,
-    sample_inverse_cdf,
-    verify,
     verify_reference,
+    warped_pair,
 )
+from spade_lib.verify import LOSSLESS, MODES, sample_inverse_cdf, verify
 
 KINDS = ("random", "disjoint", "identical", "one_hot", "q_zeros")
 P_MIN = 1e-3  # fixed seeds: a lossless mode must not be rejected at this level
@@ -81,31 +80,6 @@ def test_sample_match_cannot_be_enumerated():
 
 
 # ---------------------------------------------------------------- Monte-Carlo with p-values
-
-MC_CONFIGS = [  # (temperature, top_k, top_p, vocab, gamma, seed)
-    (1.0, 0, 1.0, 12, 3, 0),
-    (0.7, 0, 1.0, 12, 3, 1),
-    (1.3, 0, 1.0, 16, 2, 2),
-    (1.0, 5, 1.0, 12, 3, 3),
-    (1.0, 0, 0.8, 12, 3, 4),
-    (0.8, 6, 0.9, 20, 4, 5),
-    (0.5, 3, 1.0, 10, 2, 6),
-    (1.5, 8, 0.95, 24, 3, 7),
-    (1.0, 0, 0.5, 16, 3, 20),
-    (0.9, 10, 0.7, 32, 2, 9),
-    (2.0, 0, 1.0, 8, 5, 10),
-    (0.6, 4, 0.6, 12, 3, 17),
-]
-
-
-def warped_pair(temperature, top_k, top_p, vocab, gamma, seed, noise=0.8):
-    """Target and draft logits (the draft a noisy copy), warped by the same SamplingConfig."""
-    gen = torch.Generator().manual_seed(1000 + seed)
-    z_p = 2.0 * torch.randn(gamma + 1, vocab, generator=gen, dtype=torch.float64)
-    z_q = z_p[:gamma] + noise * torch.randn(gamma, vocab, generator=gen, dtype=torch.float64)
-    cfg = SamplingConfig(temperature, top_k, top_p)
-    return adjust(z_p, cfg, torch.float64), adjust(z_q, cfg, torch.float64), z_q
-
 
 MC_CASES = [("exact", c) for c in MC_CONFIGS] + [  # the lossless variants on a third of them
     (mode, c) for mode in ("one_hot_q", "sample_match") for c in MC_CONFIGS[::3]]

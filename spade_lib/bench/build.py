@@ -202,9 +202,10 @@ def _count(rows: list[dict], key: str) -> dict[str, int]:
     return out
 
 
-def from_specbench(path=None, tokenizer: Any = None, name: str = "spec_bench", **spec_kwargs) -> Suite:
-    """A Spec-Bench ``question.jsonl`` as a suite: every prompt, its own question_ids, ``mt_bench``
-    subtask for the 8 MT-bench categories (480 prompts in 6 subtasks for the real file)."""
+def from_specbench(path, tokenizer: Any = None, name: str = "spec_bench", **spec_kwargs) -> Suite:
+    """A Spec-Bench ``question.jsonl`` (its path; the file is not part of SPADE) as a suite: every
+    prompt, its own question_ids, ``mt_bench`` subtask for the 8 MT-bench categories (480 prompts in 6
+    subtasks for the real file)."""
     source = SpecBenchSource(path=str(path) if path else "")
     spec_kwargs.setdefault("dedup", False)
     spec_kwargs.setdefault("renumber", False)

@@ -94,14 +94,15 @@ class SpecBenchSource:
     """A Spec-Bench-format JSONL file; MT-bench's categories are grouped into the ``mt_bench`` subtask."""
 
     kind: ClassVar[str] = "specbench"
-    path: str = ""  # empty: spade_lib.paths.SPEC_BENCH_QUESTIONS
+    path: str = ""  # Spec-Bench's question.jsonl (github.com/hemingkx/Spec-Bench: data/spec_bench/); required
     name: str = "spec_bench"
     license: str = "Apache-2.0 (Spec-Bench, Xia et al. 2024; its prompts come from MT-bench, WMT14, CNN/DM, NQ, GSM8K, DPR)"
 
     def resolved_path(self) -> Path:
-        from spade_lib.paths import SPEC_BENCH_QUESTIONS
-
-        return Path(self.path) if self.path else SPEC_BENCH_QUESTIONS
+        if not self.path:
+            raise ValueError("path: give the path of Spec-Bench's question.jsonl (it is not part of SPADE; "
+                             "github.com/hemingkx/Spec-Bench, data/spec_bench/question.jsonl)")
+        return Path(self.path).expanduser()
 
     def load(self) -> list[dict]:
         rows = []

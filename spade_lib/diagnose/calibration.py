@@ -29,7 +29,7 @@ def calibration_table(trace: TraceLike, by: By = None, *, score: str = "q_x", bi
     ``binning="uniform"`` uses ``bins`` equal bins of ``[0, 1]``; ``"quantile"`` equal-count bins."""
     df = as_trace(trace, ("reached", "accepted", score))
     keys = group_keys(by, df)
-    base = Groups(df, keys, mask=df["reached"].to_numpy(dtype=bool))
+    base = Groups.of(df, keys, mask=df["reached"].to_numpy(dtype=bool))
     x = df[score].to_numpy()
     xr = base.take(x)
     edges = bin_edges(xr, bins, "uniform", 0.0, 1.0) if binning == "uniform" else bin_edges(xr, bins, binning)

@@ -46,7 +46,7 @@ def entropy_by_outcome(trace: TraceLike, by: By = None, *, measures: Sequence[st
     ``mean`` (``mean_low``, ``mean_high``), ``std``, ``q25``, ``median``, ``q75``; with ``test``, the
     Mann-Whitney ``p_value`` and ``auc_rejected`` of the group (same on both outcome rows)."""
     df = as_trace(trace, ("pos", "reached", "accepted", *measures))
-    g = Groups(df, group_keys(by, df) + ["pos"], mask=df["reached"].to_numpy(dtype=bool))
+    g = Groups.of(df, group_keys(by, df) + ["pos"], mask=df["reached"].to_numpy(dtype=bool))
     rejected = ~g.take(df["accepted"]).astype(bool)
     cell = 2 * g.ids + rejected  # (group, outcome) cells, outcome 1 = rejected
     n_cells = 2 * g.n
@@ -88,7 +88,7 @@ def acceptance_by_bins(trace: TraceLike, by: By = None, *, measures: Sequence[st
     df = as_trace(trace, ("reached", "accepted", "tv", *measures))
     keys = group_keys(by, df)
     reached = df["reached"].to_numpy(dtype=bool)
-    base = Groups(df, keys, mask=reached)
+    base = Groups.of(df, keys, mask=reached)
     acc = df["accepted"].to_numpy(dtype=bool)
     alpha = 1.0 - df["tv"].to_numpy(dtype=np.float64)
     parts = []
@@ -164,8 +164,8 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
     df = as_trace(trace, ("prompt_id", "sample", "reached", "accepted", *features))
     keys = group_keys(by, df)
     reached = df["reached"].to_numpy(dtype=bool)
-    g = Groups(df, keys, mask=reached)
-    gen = Groups(df, ["prompt_id", "sample"], mask=reached)
+    g = Groups.of(df, keys, mask=reached)
+    gen = Groups.of(df, ["prompt_id", "sample"], mask=reached)
     y_all = g.take(df["accepted"]).astype(np.float64)
     columns = [df[f].to_numpy() for f in features]
 

@@ -38,7 +38,7 @@ def expected_vs_realised(trace: TraceLike, by: By = None, *,
     if unknown or not bases:
         raise ValueError(f"bases must be a non-empty subset of {list(BASES)}, got {list(bases)}")
     df = as_trace(trace, ("reached", "accepted", *bases))
-    g = Groups(df, group_keys(by, df), mask=df["reached"].to_numpy(dtype=bool))
+    g = Groups.of(df, group_keys(by, df), mask=df["reached"].to_numpy(dtype=bool))
     acc = g.take(df["accepted"]).astype(bool)
     realised = g.sum(acc).astype(np.int64)
     parts = []

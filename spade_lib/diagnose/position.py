@@ -30,7 +30,7 @@ def position_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
     (``alpha_cond``) and unconditional (``alpha_uncond``) acceptance with binomial bounds
     (``*_low``, ``*_high``), and ``expected_cond`` (mean ``1 - tv`` over reached rows)."""
     df = as_trace(trace, POSITION_COLUMNS)
-    g = Groups(df, group_keys(by, df) + ["pos"])
+    g = Groups.of(df, group_keys(by, df) + ["pos"])
     reached = df["reached"].to_numpy(dtype=bool)
     out = g.frame()
     out["drafted"] = g.sum()
@@ -52,7 +52,7 @@ def accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
     keys = group_keys(by, df)
     steps = step_rows(df, keys + ["n_accepted", "gamma"])
     k_max = int(steps["gamma"].max()) if len(steps) else 0
-    g = Groups(steps, keys)
+    g = Groups.of(steps, keys)
     n_acc = steps["n_accepted"].to_numpy(dtype=np.int64)
     counts = np.bincount(g.ids * (k_max + 1) + n_acc, minlength=g.n * (k_max + 1)).reshape(g.n, k_max + 1)
     total = counts.sum(axis=1, keepdims=True)
@@ -78,7 +78,7 @@ def acceptance_heatmap(trace: TraceLike, by: By = None, *, step_bin: int = 1) ->
     keys = group_keys(by, df)
     steps = step_rows(df, keys + ["prompt_id", "sample", "step", "category", "gamma", "n_accepted"])
     step_of_bin = steps["step"].to_numpy(dtype=np.int64) // step_bin
-    g = Groups(steps, keys + ["prompt_id", "sample", "step"], extra={"step": step_of_bin})
+    g = Groups.of(steps, keys + ["prompt_id", "sample", "step"], extra={"step": step_of_bin})
     out = g.frame()
     out["step"] = out["step"] * step_bin
     sizes = g.sum()

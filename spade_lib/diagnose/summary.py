@@ -50,9 +50,9 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     reached = np.minimum(n_acc.astype(np.int64) + 1, gamma)  # a block is judged up to its first rejection
 
     def summarise(cols: list[str]) -> pd.DataFrame:
-        gs = Groups(steps, cols)
+        gs = Groups.of(steps, cols)
         out = gs.frame()
-        gens = Groups(steps, cols + ["prompt_id", "sample"]).keys
+        gens = Groups.of(steps, cols + ["prompt_id", "sample"]).keys
         if cols:
             per = gens.groupby(cols, observed=True).size().rename("generations").reset_index()
             out = out.merge(per, on=cols, how="left", sort=False)

@@ -63,7 +63,7 @@ def token_class(text: str) -> str:
 def _token_counts(trace: TraceLike, by: By, token: str) -> tuple[pd.DataFrame, list[str]]:
     df = as_trace(trace, ("reached", "accepted", token))
     keys = group_keys(by, df)
-    g = Groups(df, keys + [token], mask=df["reached"].to_numpy(dtype=bool))
+    g = Groups.of(df, keys + [token], mask=df["reached"].to_numpy(dtype=bool))
     t = g.frame().rename(columns={token: "token"})
     t["token"] = t["token"].astype(np.int64)
     t["n"] = g.sum()

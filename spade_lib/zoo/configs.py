@@ -8,7 +8,7 @@ target's temperature-1 distribution, ``objective="kl"``).
 Named recipes (``PAIRS``):
 
 - ``tiny``: for unit tests. Quality irrelevant, mechanics real; builds in seconds.
-- ``default``: the research pair of ``../shared/FEASIBILITY.md``: a 6-layer, hidden-384 target
+- ``default``: the research pair (sized to build and run on a CPU laptop): a 6-layer, hidden-384 target
   (12.2 M parameters with tied embeddings) and two 1-layer, hidden-128 drafts (0.71 M), ``distilled``
   and ``data_only``, which differ only in their training objective.
 """

@@ -1,0 +1,252 @@
+"""Acceptance rules: the one registry that ``verify``, the decoder, ``RunConfig`` and ``replay`` read.
+
+Notation (Leviathan et al. 2023): at a reached draft position the target distribution is ``p``, the
+draft's ``q``, the drafted token ``x ~ q``. A rule is
+
+- an **accept probability** ``a(x)`` written against *named inputs*, the same names as the trace
+  columns (``p_x`` = ``p(x)``, ``q_x`` = ``q(x)``, ``h_p`` = ``H(p)`` in nats, ``draft_token`` = ``x``,
+  ``p_top1`` = ``argmax p``), so that :func:`spade_lib.verify.verify` computes it from ``p``/``q`` and
+  :mod:`spade_lib.replay` from a stored trace with the *same* function;
+- a **decision**: stochastic rules accept iff ``u < a`` (``u ~ U[0, 1)``, recorded); deterministic
+  rules accept iff ``a = 1`` (``a`` is 0 or 1);
+- a **residual**: the weights of the next-token draw at the first rejection, from ``p`` and ``q`` at
+  that position (the bonus after ``gamma`` accepts always samples ``p``);
+- flags: ``lossless`` (emitted tokens follow ``p`` exactly, whatever ``q``), ``deterministic``;
+- **options** with defaults and validated ranges (``verify(..., **options)``, ``RunConfig.mode_options``);
+- what **replay** needs: ``needs`` (trace columns) and ``exactness`` (how exact its replay is).
+
+Built-in rules (``a`` at a reached position; residual at the first rejection):
+
+================  ========  ================================================  ==============================
+rule              kind      accept probability ``a(x)``                       residual
+================  ========  ================================================  ==============================
+``exact``         lossless  ``min(1, p(x) / q(x))``                           ``norm(max(0, p - q))``
+``greedy``        lossless  ``1[x == argmax p]`` (greedy target)              ``argmax p``
+``sample_match``  lossless  ``p(x)``; pathwise: ``y ~ p`` by inverse CDF      ``y`` itself
+                            at ``u``, accept iff ``y == x``
+``one_hot_q``     lossless  ``p(x)`` (``q`` treated as one-hot at ``x``)      ``norm(p`` without ``x)``
+``typical``       lossy     ``1[p(x) > min(eps, delta exp(-H(p)))]`` (Medusa)  ``p`` (no residual)
+``lenience``      lossy     ``min(1, p(x) / (l q(x)))``, ``l`` in (0, 1]      ``norm(max(0, p - l q))``
+================  ========  ================================================  ==============================
+
+Adding a rule is one :func:`register_rule` call: a :class:`Rule` with its accept probability (a
+function of named inputs, non-decreasing in ``p_x`` so that top-k replay can bound it), and optionally
+a residual. Every layer then accepts its name: ``verify(mode=name, **options)``,
+``SpeculativeDecoder(mode=name)``, ``RunConfig(mode=name, mode_options={...})``, and the replay
+functions (``replay.RULES`` is a view of this registry).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import torch
+
+__all__ = ["Option", "Rule", "register_rule", "unregister_rule", "get_rule", "rule_names", "lossless_map", "INPUTS"]
+
+# named inputs an accept probability may read: also trace columns (spade_lib.trace.TRACE_SCHEMA)
+INPUTS: tuple[str, ...] = ("p_x", "q_x", "h_p", "draft_token", "p_top1")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A numeric option of a rule: default and allowed range (``None`` = unbounded)."""
+
+    name: str
+    default: float
+    min: float | None = None
+    max: float | None = None
+    min_open: bool = False  # True: value must be > min (else >= min)
+    max_open: bool = False  # True: value must be < max (else <= max)
+    doc: str = ""
+
+    def check(self, value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"{self.name}: must be a number, got {value!r}")
+        lo_bad = self.min is not None and (value <= self.min if self.min_open else value < self.min)
+        hi_bad = self.max is not None and (value >= self.max if self.max_open else value > self.max)
+        if lo_bad or hi_bad:
+            lo = "-inf" if self.min is None else f"{self.min:g}"
+            hi = "inf" if self.max is None else f"{self.max:g}"
+            raise ValueError(f"{self.name}: must be in {'(' if self.min_open else '['}{lo}, "
+                             f"{hi}{')' if self.max_open else ']'}, got {value!r}")
+        return float(value)
+
+
+Inputs = Mapping[str, torch.Tensor]
+AcceptFn = Callable[..., torch.Tensor]          # (inputs, **options) -> a, same shape as inputs["p_x"]
+# (p_next [B, V], q_at [B, V], x_at [B], **options) -> non-negative weights [B, V] (need not sum to 1).
+# q_at and x_at are fresh copies the residual may overwrite; p_next must not be modified (return it
+# unchanged to mean "sample p").
+ResidualFn = Callable[..., torch.Tensor]
+
+
+def residual_max0(p_next: torch.Tensor, q_at: torch.Tensor, x_at: torch.Tensor, *, scale: float = 1.0,
+                  **options: float) -> torch.Tensor:
+    """``max(0, p - scale q)``, built in place in ``q_at`` (large temporaries are costly: each is a
+    page-faulting allocation)."""
+    weights = q_at if scale == 1.0 else q_at.mul_(scale)
+    return torch.sub(p_next, weights, out=weights).clamp_(min=0.0)
+
+
+def residual_without_x(p_next: torch.Tensor, q_at: torch.Tensor, x_at: torch.Tensor, **options: float) -> torch.Tensor:
+    """``p`` with the rejected token ``x`` removed (the residual of a one-hot ``q``)."""
+    return p_next.clone().scatter_(-1, x_at.unsqueeze(-1), 0.0)
+
+
+def residual_p(p_next: torch.Tensor, q_at: torch.Tensor, x_at: torch.Tensor, **options: float) -> torch.Tensor:
+    """``p`` itself (lossy rules that do not correct at a rejection). Returns ``p_next`` unchanged."""
+    return p_next
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One acceptance rule (see the module docstring). ``accept(inputs, **options)`` must only read
+    the names in ``inputs_needed`` and work on torch tensors of any shape (broadcasting)."""
+
+    name: str
+    accept: AcceptFn
+    inputs_needed: tuple[str, ...]
+    lossless: bool
+    deterministic: bool = False
+    residual: ResidualFn = residual_max0       # (p_next, q_at, x_at, **options) -> weights (p_next: sample p)
+    options: tuple[Option, ...] = ()
+    requires_q_support: bool = False           # q(x) = 0 for a drafted x is an error (x cannot come from q)
+    stored_accept: bool = False                # the trace's accept_prob column is this rule's a (replay reads it)
+    pathwise_replay: bool = True               # a trace's uniforms decide it (False: expected values only)
+    argmax_next: bool = False                  # next token = argmax p (greedy), no next-token uniform
+    samples_target: bool = False               # pathwise: y ~ p by inverse CDF at u, accept iff y == x, emit y
+    exactness: str = ""                        # how exact a replay of this rule on a trace is
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.inputs_needed) - set(INPUTS))
+        if unknown:
+            raise ValueError(f"inputs_needed: {unknown} are not named inputs {INPUTS}")
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"name: must be a non-empty string, got {self.name!r}")
+
+    @property
+    def defaults(self) -> dict[str, float]:
+        return {o.name: o.default for o in self.options}
+
+    def check_options(self, options: Mapping[str, float] | None = None) -> dict[str, float]:
+        """Defaults merged with ``options``, each checked against its range; unknown names rejected."""
+        options = dict(options or {})
+        known = {o.name: o for o in self.options}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"mode {self.name!r} takes options {sorted(known) or 'none'}, got unknown {unknown}")
+        return {name: opt.check(options.get(name, opt.default)) for name, opt in known.items()}
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """Trace columns a replay of this rule reads."""
+        cols = ("accept_prob",) if self.stored_accept else self.inputs_needed
+        if self.pathwise_replay and not self.deterministic:
+            cols = (*cols, "uniform")
+        return cols
+
+
+_REGISTRY: dict[str, Rule] = {}
+
+
+def register_rule(rule: Rule, *, replace: bool = False) -> Rule:
+    """Add ``rule`` to the registry (every layer then accepts ``rule.name``); returns it."""
+    if not isinstance(rule, Rule):
+        raise TypeError(f"rule: expected a spade_lib.rules.Rule, got {type(rule).__name__}")
+    if rule.name in _REGISTRY and not replace:
+        raise ValueError(f"rule: {rule.name!r} is already registered (pass replace=True)")
+    _REGISTRY[rule.name] = rule
+    return rule
+
+
+def unregister_rule(name: str) -> None:
+    """Remove a rule (tests that register toy rules clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_rule(name: str) -> Rule:
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"mode: must be one of {rule_names()}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def rule_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+# ------------------------------------------------------------------------------------------------
+# built-in rules
+
+
+def _ratio(inputs: Inputs, scale: float = 1.0) -> torch.Tensor:
+    p_x, q_x = inputs["p_x"], inputs["q_x"]
+    ratio = p_x / (scale * q_x)
+    return torch.where(q_x > 0, ratio.clamp(max=1.0), (p_x > 0).to(p_x.dtype))
+
+
+def _exact(inputs: Inputs) -> torch.Tensor:
+    return _ratio(inputs)
+
+
+def _lenience(inputs: Inputs, lenience: float) -> torch.Tensor:
+    return _ratio(inputs, lenience)
+
+
+def _p_x(inputs: Inputs) -> torch.Tensor:
+    return inputs["p_x"]
+
+
+def _greedy(inputs: Inputs) -> torch.Tensor:
+    return (inputs["draft_token"] == inputs["p_top1"]).to(torch.float64)
+
+
+def _typical(inputs: Inputs, eps: float, delta: float) -> torch.Tensor:
+    p_x = inputs["p_x"]
+    threshold = torch.clamp(delta * torch.exp(-inputs["h_p"]), max=eps)
+    return (p_x > threshold).to(p_x.dtype)
+
+
+_PATHWISE = "exact, pathwise (recorded uniforms)"
+
+register_rule(Rule(
+    "exact", _exact, ("p_x", "q_x"), lossless=True, requires_q_support=True, stored_accept=True,
+    exactness=_PATHWISE, doc="Leviathan et al. Alg. 1: u < min(1, p(x)/q(x)); residual norm(max(0, p - q))"))
+register_rule(Rule(
+    "greedy", _greedy, ("draft_token", "p_top1"), lossless=True, deterministic=True, argmax_next=True,
+    exactness="exact, deterministic (given the recorded, sampled drafts)",
+    doc="argmax-prefix matching: x == argmax p; next token argmax p (lossless for greedy decoding)"))
+register_rule(Rule(
+    "sample_match", _p_x, ("p_x",), lossless=True, residual=residual_without_x, pathwise_replay=False,
+    samples_target=True,
+    exactness="exact in expectation (a = p(x), the law of one_hot_q); pathwise needs p's CDF, not stored",
+    doc="y ~ p by inverse CDF with u; accept iff y == x; emit y (same law as one_hot_q)"))
+register_rule(Rule(
+    "one_hot_q", _p_x, ("p_x",), lossless=True, residual=residual_without_x, exactness=_PATHWISE,
+    doc="draft treated as one-hot (vLLM's greedy-draft path): u < p(x); residual norm(p without x)"))
+register_rule(Rule(
+    "typical", _typical, ("p_x", "h_p"), lossless=False, deterministic=True, residual=residual_p,
+    options=(Option("eps", 0.09, 0.0, None, min_open=True, doc="hard threshold (Medusa's posterior_threshold)"),
+             Option("delta", 0.3, 0.0, None, min_open=True, doc="entropy-scaled threshold (Medusa's posterior_alpha)")),
+    exactness="exact, deterministic",
+    doc="Medusa's typical acceptance (Cai et al. 2024): p(x) > min(eps, delta exp(-H(p))); next token ~ p"))
+register_rule(Rule(
+    "lenience", _lenience, ("p_x", "q_x"), lossless=False,
+    residual=lambda p_next, q_at, x_at, lenience: residual_max0(p_next, q_at, x_at, scale=lenience),
+    options=(Option("lenience", 0.5, 0.0, 1.0, min_open=True, doc="l in (0, 1]; l = 1 is exact"),),
+    requires_q_support=True, exactness=_PATHWISE,
+    doc="Leviathan et al. App. A.5: u < min(1, p(x)/(l q(x))); residual norm(max(0, p - l q))"))
+
+BUILTIN_RULES: tuple[str, ...] = rule_names()  # a snapshot; rule_names() is the live registry
+
+
+def lossless_map() -> dict[str, bool]:
+    """``{name: lossless}`` of every registered rule."""
+    return {name: rule.lossless for name, rule in _REGISTRY.items()}
+
+
+def deterministic_names() -> frozenset[str]:
+    return frozenset(name for name, rule in _REGISTRY.items() if rule.deterministic)
