@@ -105,6 +105,8 @@ class RuleParams:
     typical_delta: float = 0.3       # typical acceptance: delta (Medusa's posterior_alpha)
 
     def __post_init__(self) -> None:
+        for name in ("lenience", "typical_eps", "typical_delta"):
+            check_float(name, getattr(self, name))  # NaN or inf: refused, naming the field
         self.as_options()  # validates against the rules' ranges
 
     def as_options(self) -> dict[str, dict[str, float]]:

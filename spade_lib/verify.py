@@ -237,7 +237,7 @@ def verify(
             raise ValueError(f"draft_tokens must lie in [0, V={V}), got range "
                              f"[{int(draft_tokens.min())}, {int(draft_tokens.max())}]")
         if uniforms is not None:
-            _check_uniforms("uniforms", uniforms, (B, gamma), allow_nan=mode in DETERMINISTIC_MODES)
+            _check_uniforms("uniforms", uniforms, (B, gamma), allow_nan=rule.deterministic)
         if next_uniforms is not None:
             _check_uniforms("next_uniforms", next_uniforms, (B,), allow_nan=mode == "greedy")
     if residual_generator is None:

@@ -263,7 +263,7 @@ def test_validation_errors_name_the_argument():
     _bad("gamma must be >= 1", x=x[:, :0])
     _bad(r"draft_tokens must lie in \[0, V=5\)", x=x + 5)
     _bad("draft_tokens must be an integer", x=x.double())
-    _bad("mode must be one of", mode="nope")
+    _bad("mode: must be one of", mode="nope")
     _bad("unknown", mode="exact", eps=0.1)
     _bad("lenience: must be", mode="lenience", lenience=1.5)
     _bad("uniforms must have shape", uniforms=torch.zeros(2, 3, dtype=p.dtype))
