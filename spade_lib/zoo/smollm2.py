@@ -119,3 +119,146 @@ def target_entry(*, rebuild: bool = False) -> Path:
                 "environment": _environment(), **facts}
 
     return get_or_build(entry, build, rebuild=rebuild)
+
+
+# ------------------------------------------------------------------------------------------------ drafts
+
+DRAFTS_FORMAT_VERSION = 1       # bump when the draft build changes in a way DistillConfig does not capture
+DEFAULT_GAMMA = 4               # gamma at which drafts are ranked by predicted speedup
+
+
+def distill_config():
+    """The shipped recipe of the ``distilled`` draft (see ``distill.py``)."""
+    from spade_lib.zoo.distill import DistillConfig
+
+    return DistillConfig()
+
+
+def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
+    """The cache folder of SmolLM2's drafts (``<entry>/drafts/<name>``), built if needed."""
+    import dataclasses
+
+    from spade_lib.zoo.build import _jsonable
+
+    target = target_entry()
+    cfg = config or distill_config()
+    recipe = {"format": DRAFTS_FORMAT_VERSION, "kind": "smollm2-drafts", "target_entry": target.name,
+              "distill": _jsonable(dataclasses.asdict(cfg))}
+    entry = zoo_dir() / f"smollm2-drafts-{cache_key(recipe)}"
+
+    def build(tmp: Path) -> dict:
+        threads = torch.get_num_threads()
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
+        try:
+            return _build_drafts(target, cfg, recipe, tmp)
+        finally:
+            torch.set_num_threads(threads)
+
+    return get_or_build(entry, build, rebuild=rebuild)
+
+
+def _load_target(target: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target / "target")
+    model = AutoModelForCausalLM.from_pretrained(target / "target", dtype=torch.float32, use_safetensors=True)
+    return model.eval(), tokenizer
+
+
+def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
+    from spade_lib import theory
+    from spade_lib.zoo import distill
+    from spade_lib.zoo.build import _environment
+    from spade_lib.zoo.evaluate import cost_ratios
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    target, tokenizer = _load_target(target_dir)
+    torch.manual_seed(cfg.seed)
+    prompts = distill.teacher_prompts(cfg.n_prompts, cfg.code_fraction, cfg.seed)
+    data = distill.teacher_generations(target, tokenizer, prompts, cfg)
+    t_teacher = time.perf_counter() - t0
+    n = len(data.seqs)
+    every = max(2, round(1 / cfg.heldout_fraction))
+    held = list(range(0, n, every))
+    train = [i for i in range(n) if i % every]
+    counts = torch.zeros(target.config.vocab_size)
+    for i in train:
+        counts += torch.bincount(data.seqs[i], minlength=target.config.vocab_size).float()
+    special = sorted({i for i in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                  tokenizer.unk_token_id) if i is not None})
+    head = distill.frequent_tokens(counts, cfg.head_vocab, special)
+    head_mass = counts[head].sum().item() / max(1.0, counts.sum().item())
+
+    t = time.perf_counter()
+    draft = distill.draft_from_target(target, head, cfg)
+    init = distill.heldout_alpha(target, draft, data, held)
+    curve = distill.train_draft(draft, data, train, cfg)
+    t_train = time.perf_counter() - t
+    draft.save_pretrained(out / "drafts" / "distilled", safe_serialization=True)
+    tokenizer.save_pretrained(out / "drafts" / "distilled")
+
+    t = time.perf_counter()
+    stats = distill.heldout_alpha(target, draft, data, held)
+    costs = cost_ratios(target, {"distilled": draft}, gamma=DEFAULT_GAMMA, context=64, reps=20)
+    t_eval = time.perf_counter() - t
+    alpha = stats["alpha_by_temperature"]
+    c, r = costs["drafts"]["distilled"]["c"], costs["verify_cost_ratio"]
+    model = {
+        "n_parameters": sum(p.numel() for p in draft.parameters()),
+        "n_trainable": sum(p.numel() for layer in list(draft.model.layers)[cfg.n_prefix:] for p in layer.parameters())
+        + draft.lm_head.weight.numel() + draft.model.norm.weight.numel(),
+        "layers": {"prefix_from_target": list(range(cfg.n_prefix)),
+                   "adapter_init_from_target": list(range(target.config.num_hidden_layers - cfg.n_adapter,
+                                                          target.config.num_hidden_layers))},
+        "head_vocab": cfg.head_vocab, "head_token_mass": head_mass,
+        "alpha": alpha["1.0"], "alpha_by_temperature": alpha, "alpha_at_init": init["alpha_by_temperature"],
+        "c": c, "predicted_speedup": {"gamma": DEFAULT_GAMMA, "T=0": float(theory.speedup(alpha["0"], DEFAULT_GAMMA, c, r)),
+                                      "T=1": float(theory.speedup(alpha["1.0"], DEFAULT_GAMMA, c, r))},
+        "train_curve": curve, "train_seconds": t_train,
+        "build_seconds": time.perf_counter() - t0,  # teacher data included
+    }
+    return {
+        "kind": "smollm2-drafts", "name": "smollm2", "recipe": recipe, "drafts": ["distilled"],
+        "default_draft": "distilled",
+        "teacher": {"prompts": len(prompts), "generations": n, "generated_tokens": data.n_tokens(),
+                    "train_generations": len(train), "heldout_generations": len(held),
+                    "heldout_positions": stats["n_positions"]},
+        "models": {"distilled": model}, "costs": costs, "environment": _environment(),
+        "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared",
+        "seconds": {"teacher": t_teacher, "train": t_train, "eval": t_eval, "total": time.perf_counter() - t0,
+                    "cpu_total": time.process_time() - cpu0},
+    }
+
+
+def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
+                 config=None):
+    """``load_pair("smollm2")``: the converted target and its drafts, loaded through the Auto classes.
+
+    ``config`` (a ``DistillConfig``) replaces the shipped draft recipe (tests build a quick one).
+
+    The default draft is the one with the best predicted speedup at gamma 4 (Leviathan et al.'s
+    ``E[tokens] / (gamma c + r)`` at the measured alpha(T=0), c and verify-cost ratio r)."""
+    from spade_lib.zoo import frspec  # noqa: F401  (registers the FR-Spec draft class with the Auto classes)
+    from spade_lib.zoo.cache import read_manifest
+    from spade_lib.zoo.pairs import _load_models
+
+    target = target_entry(rebuild=rebuild)
+    drafts = drafts_entry(rebuild=rebuild, config=config)
+    tm, dm = read_manifest(target), read_manifest(drafts)
+    refs = {name: str(drafts / "drafts" / name) for name in dm["drafts"]}
+    best = max(refs, key=lambda n: dm["models"][n]["predicted_speedup"]["T=0"])
+    default = draft if draft is not None else best
+    if default not in refs:
+        raise ValueError(f"draft: pair 'smollm2' has drafts {sorted(refs)}, not {default!r}")
+    pair = _load_models(str(target / "target"), refs, default, device=device, dtype=dtype,
+                        trust_remote_code=False, local_only=True)
+    costs = dict(dm["costs"])
+    pair.name, pair.path = "smollm2", drafts
+    pair.manifest = {"kind": "smollm2", "name": "smollm2", "default_draft": best, "drafts": list(refs),
+                     "target": {k: v for k, v in tm.items() if k != "files"}, "target_path": str(target),
+                     "models": {"target": {"n_parameters": tm["n_parameters"]}, **dm["models"]},
+                     "costs": costs, "teacher": dm["teacher"], "recipe": dm["recipe"],
+                     "seconds": {"target": tm["seconds"]["total"], **dm["seconds"]},
+                     "environment": dm["environment"]}
+    return pair
