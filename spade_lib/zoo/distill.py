@@ -85,7 +85,7 @@ def teacher_prompts(n: int, code_fraction: float, seed: int) -> list[str]:
     corpus = cached_corpus(CorpusConfig())
     code, prose = [], []
     for doc in corpus.train:
-        if doc.name.startswith("pydoc_data"):
+        if doc.name.startswith("pydoc:"):
             prose.extend(p.strip() for p in doc.text.split("\n\n") if 200 <= len(p.strip()) <= 700)
         else:
             code.extend(m.group(0).strip("\n") for m in _DEF.finditer(doc.text))
