@@ -46,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="default", help="embedded pair name")
     ap.add_argument("--draft", default="distilled", help="draft of the pair")
+    ap.add_argument("--suite", default="", help="'embedded', 'humaneval' or a suite .jsonl (default: embedded; "
+                                                 "humaneval for the real pair smollm2)")
     ap.add_argument("--n-per-category", type=int, default=3, help="prompts per suite category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
@@ -81,14 +83,20 @@ def verify_cost_ratio(model, gamma: int, context: int = 64, reps: int = 30) -> f
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from spade_lib.bench import default_suite
+    from spade_lib.bench import default_suite, humaneval_suite, load_suite
     from spade_lib.zoo import load_pair
 
     threads = timing.fix_threads(args.threads or None)
     device = timing.resolve_device(args.device)
     t0 = time.perf_counter()
     pair = load_pair(args.pair, device=device)
-    suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
+    suite_name = args.suite or ("humaneval" if args.pair == "smollm2" else "embedded")
+    if suite_name == "embedded":
+        suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
+    elif suite_name == "humaneval":
+        suite = humaneval_suite(n_per_category=args.n_per_category, seed=args.seed)
+    else:
+        suite = load_suite(suite_name).filter(n_per_category=args.n_per_category)
     print(f"pair={pair.name} draft={args.draft} suite={suite.name} ({len(suite.rows)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
           f"T={args.temperature:g} repeats={args.repeats} threads={threads} device={device} "

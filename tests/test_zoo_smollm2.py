@@ -22,7 +22,8 @@ from spade_lib.zoo.distill import DistillConfig
 pytestmark = pytest.mark.slow
 
 GREEDY = SamplingConfig(temperature=0)
-QUICK = DistillConfig(n_prompts=4, gen_tokens=12, gen_batch=4, steps=3, batch_size=2, head_vocab=4096,
+QUICK = DistillConfig(n_prompts=4, gen_tokens=12, gen_batch=4, n_windows=4, window=48, steps=3, batch_size=2,
+                      head_vocab=4096,
                       warmup=1, threads=1)
 PROMPTS = ["Write a Python function that returns the square of a number.",
            "What is the capital of France? Answer in one sentence."]

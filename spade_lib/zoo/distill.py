@@ -2,12 +2,15 @@
 
 The recipe (``DistillConfig``), for a target ``p`` such as SmolLM2-135M-Instruct:
 
-1. **Teacher data = the target's own generations.** Prompts cut from the training split of the
-   embedded corpus (function signatures with docstrings, and reference-manual paragraphs to explain;
-   never the held-out files nor HumanEval), each in the target's chat template, are answered by the
-   target in batches (``generate`` with left padding, greedy for half the batches and ``T = 1``
-   sampling for the other half). The same pass records, at every generated position ``t``, the
+1. **Teacher data: the target's own generations and its soft labels on code.** Prompts cut from the
+   training split of the embedded corpus (function signatures with docstrings, and reference-manual
+   paragraphs to explain; never the held-out files nor HumanEval), each in the target's chat template,
+   are answered by the target in batches (``generate`` with left padding, greedy for even batches and
+   ``T = 1`` sampling for odd ones); the same pass records, at every generated position ``t``, the
    target's top-``k`` logits: the soft labels ``p_t`` (renormalised over the top ``k``), for free.
+   Generation is slow on a CPU (one token per row per forward), so most soft labels come from
+   teacher-forced windows of the same training split's source files (one batched forward labels
+   every position of a window).
 2. **A frequent-token head (FR-Spec).** The draft scores only the ``head_vocab`` most frequent tokens
    of the target's generations plus the training text (``frspec.py``); ``q = 0`` elsewhere, still exact.
 3. **A draft built from the target's own weights.** Its embedding and first ``n_prefix`` decoder
@@ -40,18 +43,20 @@ from tqdm.auto import tqdm
 
 @dataclass(frozen=True)
 class DistillConfig:
-    n_prompts: int = 96            # prompts the target answers (teacher data)
+    n_prompts: int = 32            # prompts the target answers (teacher data)
     code_fraction: float = 0.75    # share of code prompts (the rest: explain a manual paragraph)
     max_prompt_tokens: int = 160   # prompts longer than this (in the chat template) are skipped
-    gen_tokens: int = 96           # new tokens per teacher generation
-    gen_batch: int = 16            # prompts per batched generate call
+    gen_tokens: int = 64           # new tokens per teacher generation
+    gen_batch: int = 32            # prompts per batched generate call (larger: cheaper per token)
+    n_windows: int = 48            # teacher-forced windows of training-split source code
+    window: int = 256              # tokens per window
     top_k: int = 32                # teacher logits kept per generated position
     head_vocab: int = 8192         # tokens the draft's head scores (FR-Spec)
     n_prefix: int = 2              # frozen target layers at the bottom of the draft
     n_adapter: int = 1             # trainable layers on top, initialised from the target's last layers
-    steps: int = 300               # optimiser steps
-    batch_size: int = 8            # sequences per step
-    lr: float = 3e-4               # AdamW peak learning rate (adapter layers, norm, head)
+    steps: int = 150               # optimiser steps
+    batch_size: int = 4            # sequences per step
+    lr: float = 5e-4               # AdamW peak learning rate (adapter layers, norm, head)
     warmup: int = 20               # linear warm-up steps, then cosine decay to 10 %
     weight_decay: float = 0.0
     heldout_fraction: float = 0.125  # generations kept aside for the held-out alpha
@@ -63,7 +68,7 @@ class DistillConfig:
             raise ValueError(f"n_prefix must be >= 0 and n_adapter >= 1, got {self.n_prefix}, {self.n_adapter}")
         if not 0 <= self.code_fraction <= 1 or not 0 < self.heldout_fraction < 1:
             raise ValueError("code_fraction must be in [0, 1] and heldout_fraction in (0, 1)")
-        for name in ("n_prompts", "gen_tokens", "gen_batch", "top_k", "head_vocab", "steps", "batch_size"):
+        for name in ("gen_tokens", "gen_batch", "window", "top_k", "head_vocab", "steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
 
@@ -125,6 +130,8 @@ def teacher_generations(target, tokenizer, prompts: list[str], cfg: DistillConfi
                                               add_generation_prompt=True) for p in prompts]
     enc = [tokenizer.encode(r, add_special_tokens=False) for r in rendered]
     enc = [e for e in enc if len(e) <= cfg.max_prompt_tokens]
+    if not enc:
+        return TeacherData([], [], [], [])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = set(_as_list(target.generation_config.eos_token_id) or [tokenizer.eos_token_id])
     data = TeacherData([], [], [], [])
@@ -158,6 +165,43 @@ def teacher_generations(target, tokenizer, prompts: list[str], cfg: DistillConfi
             data.topv.append(topv[r, :n].to(torch.float16))
             data.topi.append(topi[r, :n].to(torch.int32))
     return data
+
+
+@torch.no_grad()
+def teacher_windows(target, tokenizer, cfg: DistillConfig, batch: int = 8, desc: str = "teacher windows") -> TeacherData:
+    """``cfg.n_windows`` windows of ``cfg.window`` tokens at seeded offsets in the training split's
+    source files, with the target's top-k logits at every position (``labels_at = 1``)."""
+    from spade_lib.zoo.build import cached_corpus
+    from spade_lib.zoo.corpus import CorpusConfig
+
+    data = TeacherData([], [], [], [])
+    if cfg.n_windows == 0:
+        return data
+    docs = [d for d in cached_corpus(CorpusConfig()).train if not d.name.startswith("pydoc:")]
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    order = torch.randperm(len(docs), generator=g).tolist()
+    windows = []
+    for i in order:
+        ids = tokenizer(docs[i].text, add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) <= cfg.window:
+            continue
+        start = int(torch.randint(0, len(ids) - cfg.window, (1,), generator=g))
+        windows.append(torch.tensor(ids[start: start + cfg.window]))
+        if len(windows) == cfg.n_windows:
+            break
+    for i in tqdm(range(0, len(windows), batch), desc=desc, file=sys.stderr, leave=False):
+        x = torch.stack(windows[i: i + batch])
+        topv, topi = target(input_ids=x, use_cache=False).logits[:, :-1].float().topk(cfg.top_k, dim=-1)
+        for r in range(x.shape[0]):
+            data.seqs.append(x[r])
+            data.labels_at.append(1)
+            data.topv.append(topv[r].to(torch.float16))
+            data.topi.append(topi[r].to(torch.int32))
+    return data
+
+
+def merge(a: TeacherData, b: TeacherData) -> TeacherData:
+    return TeacherData(a.seqs + b.seqs, a.labels_at + b.labels_at, a.topv + b.topv, a.topi + b.topi)
 
 
 def _as_list(x):

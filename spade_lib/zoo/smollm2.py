@@ -142,8 +142,10 @@ def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
 
     target = target_entry()
     cfg = config or distill_config()
+    # the thread count is not part of the key: it changes the weights only by float rounding (the same
+    # seed and thread count give the same bytes), and a busy machine builds faster with fewer threads
     recipe = {"format": DRAFTS_FORMAT_VERSION, "kind": "smollm2-drafts", "target_entry": target.name,
-              "distill": _jsonable(dataclasses.asdict(cfg))}
+              "distill": _jsonable({k: v for k, v in dataclasses.asdict(cfg).items() if k != "threads"})}
     entry = zoo_dir() / f"smollm2-drafts-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:
@@ -151,7 +153,7 @@ def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
         try:
-            return _build_drafts(target, cfg, recipe, tmp)
+            return {**_build_drafts(target, cfg, recipe, tmp), "threads": torch.get_num_threads()}
         finally:
             torch.set_num_threads(threads)
 
@@ -176,11 +178,14 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
     target, tokenizer = _load_target(target_dir)
     torch.manual_seed(cfg.seed)
     prompts = distill.teacher_prompts(cfg.n_prompts, cfg.code_fraction, cfg.seed)
-    data = distill.teacher_generations(target, tokenizer, prompts, cfg)
+    gens = distill.teacher_generations(target, tokenizer, prompts, cfg)
+    t_gen = time.perf_counter() - t0
+    data = distill.merge(gens, distill.teacher_windows(target, tokenizer, cfg))
     t_teacher = time.perf_counter() - t0
-    n = len(data.seqs)
+    n, n_gen = len(data.seqs), len(gens.seqs)
     every = max(2, round(1 / cfg.heldout_fraction))
     held = list(range(0, n, every))
+    held_gen = [i for i in held if i < n_gen]
     train = [i for i in range(n) if i % every]
     counts = torch.zeros(target.config.vocab_size)
     for i in train:
@@ -200,6 +205,7 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
 
     t = time.perf_counter()
     stats = distill.heldout_alpha(target, draft, data, held)
+    stats_gen = distill.heldout_alpha(target, draft, data, held_gen) if held_gen else None
     costs = cost_ratios(target, {"distilled": draft}, gamma=DEFAULT_GAMMA, context=64, reps=20)
     t_eval = time.perf_counter() - t
     alpha = stats["alpha_by_temperature"]
@@ -213,6 +219,9 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
                                                           target.config.num_hidden_layers))},
         "head_vocab": cfg.head_vocab, "head_token_mass": head_mass,
         "alpha": alpha["1.0"], "alpha_by_temperature": alpha, "alpha_at_init": init["alpha_by_temperature"],
+        "alpha_note": "teacher-forced on held-out teacher data (generations + code windows); "
+                      "alpha_on_generations: on the held-out generations alone",
+        "alpha_on_generations": stats_gen["alpha_by_temperature"] if stats_gen else None,
         "c": c, "predicted_speedup": {"gamma": DEFAULT_GAMMA, "T=0": float(theory.speedup(alpha["0"], DEFAULT_GAMMA, c, r)),
                                       "T=1": float(theory.speedup(alpha["1.0"], DEFAULT_GAMMA, c, r))},
         "train_curve": curve, "train_seconds": t_train,
@@ -221,12 +230,14 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
     return {
         "kind": "smollm2-drafts", "name": "smollm2", "recipe": recipe, "drafts": ["distilled"],
         "default_draft": "distilled",
-        "teacher": {"prompts": len(prompts), "generations": n, "generated_tokens": data.n_tokens(),
-                    "train_generations": len(train), "heldout_generations": len(held),
-                    "heldout_positions": stats["n_positions"]},
+        "teacher": {"prompts": len(prompts), "generations": n_gen, "generated_tokens": gens.n_tokens(),
+                    "windows": n - n_gen, "labelled_positions": data.n_tokens(), "train_sequences": len(train),
+                    "heldout_sequences": len(held), "heldout_generations": len(held_gen),
+                    "heldout_positions": stats["n_positions"],
+                    "heldout_generation_positions": stats_gen["n_positions"] if stats_gen else 0},
         "models": {"distilled": model}, "costs": costs, "environment": _environment(),
         "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared",
-        "seconds": {"teacher": t_teacher, "train": t_train, "eval": t_eval, "total": time.perf_counter() - t0,
+        "seconds": {"teacher_generations": t_gen, "teacher": t_teacher, "train": t_train, "eval": t_eval, "total": time.perf_counter() - t0,
                     "cpu_total": time.process_time() - cpu0},
     }
 
