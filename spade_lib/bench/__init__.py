@@ -18,9 +18,10 @@ from spade_lib.bench.sources import (MT_BENCH_CATEGORIES, SOURCE_KINDS, SPEC_BEN
 from spade_lib.bench.specs import HF_SPECS, hf_spec
 
 __all__ = [
-    "DEFAULT_TIER_EDGES", "EMBEDDED_CATEGORIES", "EmbeddedConfig", "EmbeddedSource", "HFSource", "HF_SPECS", "HumanEvalSource",
-    "MT_BENCH_CATEGORIES", "SOURCE_KINDS", "SPEC_BENCH_SUBTASKS", "SpecBenchSource", "Suite", "SuiteSpec",
-    "build_suite", "dedup", "default_suite", "from_specbench", "hf_spec", "humaneval_path", "humaneval_suite", "length_tier", "load_suite",
-    "manifest_path", "named_source", "normalise", "prompt_token_ids", "read_jsonl", "register_source",
-    "render_prompt", "source_from_dict", "spec_from_manifest",
+    "build_suite", "dedup", "default_suite", "DEFAULT_TIER_EDGES", "EMBEDDED_CATEGORIES", "EmbeddedConfig",
+    "EmbeddedSource", "from_specbench", "hf_spec", "HF_SPECS", "HFSource", "humaneval_path",
+    "humaneval_suite", "HumanEvalSource", "length_tier", "load_suite", "manifest_path", "MT_BENCH_CATEGORIES",
+    "named_source", "normalise", "prompt_token_ids", "read_jsonl", "register_source", "render_prompt",
+    "source_from_dict", "SOURCE_KINDS", "SPEC_BENCH_SUBTASKS", "spec_from_manifest", "SpecBenchSource",
+    "Suite", "SuiteSpec",
 ]

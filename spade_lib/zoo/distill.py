@@ -124,7 +124,8 @@ class TeacherData:
 
 
 @torch.no_grad()
-def teacher_generations(target, tokenizer, prompts: list[str], cfg: DistillConfig, desc: str = "teacher") -> TeacherData:
+def teacher_generations(target, tokenizer, prompts: list[str], cfg: DistillConfig,
+                        desc: str = "teacher") -> TeacherData:
     """The target answers ``prompts`` in batches; returns its sequences and top-k logits (see ``TeacherData``)."""
     rendered = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                               add_generation_prompt=True) for p in prompts]
@@ -168,7 +169,8 @@ def teacher_generations(target, tokenizer, prompts: list[str], cfg: DistillConfi
 
 
 @torch.no_grad()
-def teacher_windows(target, tokenizer, cfg: DistillConfig, batch: int = 8, desc: str = "teacher windows") -> TeacherData:
+def teacher_windows(target, tokenizer, cfg: DistillConfig, batch: int = 8,
+                    desc: str = "teacher windows") -> TeacherData:
     """``cfg.n_windows`` windows of ``cfg.window`` tokens at seeded offsets in the training split's
     source files, with the target's top-k logits at every position (``labels_at = 1``)."""
     from spade_lib.zoo.build import cached_corpus

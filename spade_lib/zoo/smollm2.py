@@ -222,7 +222,8 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
         "alpha_note": "teacher-forced on held-out teacher data (generations + code windows); "
                       "alpha_on_generations: on the held-out generations alone",
         "alpha_on_generations": stats_gen["alpha_by_temperature"] if stats_gen else None,
-        "c": c, "predicted_speedup": {"gamma": DEFAULT_GAMMA, "T=0": float(theory.speedup(alpha["0"], DEFAULT_GAMMA, c, r)),
+        "c": c, "predicted_speedup": {"gamma": DEFAULT_GAMMA,
+                                      "T=0": float(theory.speedup(alpha["0"], DEFAULT_GAMMA, c, r)),
                                       "T=1": float(theory.speedup(alpha["1.0"], DEFAULT_GAMMA, c, r))},
         "train_curve": curve, "train_seconds": t_train,
         "build_seconds": time.perf_counter() - t0,  # teacher data included
@@ -237,7 +238,8 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
                     "heldout_generation_positions": stats_gen["n_positions"] if stats_gen else 0},
         "models": {"distilled": model}, "costs": costs, "environment": _environment(),
         "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared",
-        "seconds": {"teacher_generations": t_gen, "teacher": t_teacher, "train": t_train, "eval": t_eval, "total": time.perf_counter() - t0,
+        "seconds": {"teacher_generations": t_gen, "teacher": t_teacher, "train": t_train, "eval": t_eval,
+                    "total": time.perf_counter() - t0,
                     "cpu_total": time.process_time() - cpu0},
     }
 
