@@ -106,3 +106,17 @@ def test_early_exit_alpha(pair):
     assert 0 <= df.iloc[0]["alpha_T1"] < 1
     with pytest.raises(ValueError, match="layers"):
         early_exit_alpha(pair, [PROMPTS[0]], layers=[0])
+
+
+def test_hf_early_exit_baseline_is_greedy_exact(pair):
+    from spade_lib.zoo import hf_early_exit_generate
+
+    t, tok = pair.target, pair.tokenizer
+    ids = torch.tensor([chat_ids(tok, PROMPTS[1])])
+    mask = torch.ones_like(ids)
+    ref = t.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    out = hf_early_exit_generate(t, ids, 4, max_new_tokens=12, attention_mask=mask)
+    div = compare_greedy(out[0, ids.shape[1]:].tolist(), ref[0, ids.shape[1]:].tolist(), t, ids[0])
+    assert div.kind in ("identical", "near_tie"), div
+    with pytest.raises(ValueError, match="exit_layer"):
+        hf_early_exit_generate(t, ids, 30)

@@ -59,6 +59,9 @@ def draft_table(m: dict) -> str:
         a, s = d["alpha_by_temperature"], d["predicted_speedup"]
         lines.append(f"{name:10s} {d['n_parameters'] / 1e6:7.1f}M {a['0']:9.3f} {a['1.0']:9.3f} {d['c']:6.3f} "
                      f"{r:5.2f} {s['T=0']:10.2f} / {s['T=1']:<9.2f} {d['build_seconds']:8.0f}")
+        g = d.get("alpha_on_generations")
+        if g:
+            lines.append(f"{'':10s} alpha on held-out target generations only: T=0 {g['0']:.3f}, T=1 {g['1.0']:.3f}")
     lines.append("ngram      prompt lookup (a runner draft, no model): alpha depends on the prompt; see notebook 03")
     return "\n".join(lines)
 
