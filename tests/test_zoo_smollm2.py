@@ -7,6 +7,8 @@ draft's quality); the shipped recipe is what ``python -m spade_lib.zoo smollm2``
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -57,7 +59,7 @@ def test_the_real_pair_loads(pair):
     assert set(pair.drafts) == {"distilled"} and pair.default_draft == "distilled"
     d = pair.draft
     assert isinstance(d, FRSpecLlamaForCausalLM) and d.config.head_vocab == QUICK.head_vocab
-    assert verify_entry(pair.path) is None and verify_entry(pair.manifest["target_path"]) is None
+    assert verify_entry(pair.path) is None and verify_entry(Path(pair.manifest["target_path"])) is None
     m = pair.manifest["models"]["distilled"]
     assert 0 <= m["alpha_by_temperature"]["0"] <= 1 and m["c"] > 0
     assert pair.manifest["costs"]["verify_cost_ratio"] > 0
