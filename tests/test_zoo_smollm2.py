@@ -80,7 +80,7 @@ def test_greedy_equals_target_generate(pair, draft):
                          max_new_tokens=N_NEW, do_sample=False, eos_token_id=None)[0, len(ids):].tolist()
         out = dec.generate(ids, N_NEW).tokens
         div = compare_greedy(out, ref, t, ids)
-        assert div.kind in ("identical", "near_tie"), (draft, text, div)
+        assert div.classification in ("identical", "near_tie"), (draft, text, div)
 
 
 def test_cache_rollback_equals_fresh_prefill(pair):
@@ -104,7 +104,7 @@ def test_early_exit_alpha(pair):
     df = early_exit_alpha(pair, [PROMPTS[0]], layers=[2, 30], max_tokens=32)
     assert list(df["layer"]) == [2, 30]
     last = df.iloc[1]
-    assert last["alpha_T0"] == 1.0 and abs(last["alpha_T1"] - 1.0) < 1e-5
+    assert last["alpha_T0"] == 1.0 and abs(last["alpha_T1"] - 1.0) < 1e-4
     assert 0 <= df.iloc[0]["alpha_T1"] < 1
     with pytest.raises(ValueError, match="layers"):
         early_exit_alpha(pair, [PROMPTS[0]], layers=[0])
@@ -119,6 +119,6 @@ def test_hf_early_exit_baseline_is_greedy_exact(pair):
     ref = t.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
     out = hf_early_exit_generate(t, ids, 4, max_new_tokens=12, attention_mask=mask)
     div = compare_greedy(out[0, ids.shape[1]:].tolist(), ref[0, ids.shape[1]:].tolist(), t, ids[0])
-    assert div.kind in ("identical", "near_tie"), div
+    assert div.classification in ("identical", "near_tie"), div
     with pytest.raises(ValueError, match="exit_layer"):
         hf_early_exit_generate(t, ids, 30)
