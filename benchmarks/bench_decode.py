@@ -46,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="default", help="embedded pair name")
     ap.add_argument("--draft", default="distilled", help="draft of the pair")
+    ap.add_argument("--suite", default="", help="'embedded', 'humaneval' or a suite .jsonl (default: embedded; "
+                                                 "humaneval for the real pair smollm2)")
     ap.add_argument("--n-per-category", type=int, default=3, help="prompts per suite category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
@@ -81,14 +83,20 @@ def verify_cost_ratio(model, gamma: int, context: int = 64, reps: int = 30) -> f
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from spade_lib.bench import default_suite
+    from spade_lib.bench import default_suite, humaneval_suite, load_suite
     from spade_lib.zoo import load_pair
 
     threads = timing.fix_threads(args.threads or None)
     device = timing.resolve_device(args.device)
     t0 = time.perf_counter()
     pair = load_pair(args.pair, device=device)
-    suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
+    suite_name = args.suite or ("humaneval" if args.pair == "smollm2" else "embedded")
+    if suite_name == "embedded":
+        suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
+    elif suite_name == "humaneval":
+        suite = humaneval_suite(n_per_category=args.n_per_category, seed=args.seed)
+    else:
+        suite = load_suite(suite_name).filter(n_per_category=args.n_per_category)
     print(f"pair={pair.name} draft={args.draft} suite={suite.name} ({len(suite.rows)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
           f"T={args.temperature:g} repeats={args.repeats} threads={threads} device={device} "
@@ -99,19 +107,21 @@ def main(argv=None) -> None:
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"] * 3
     print(f"load average before: {' '.join(load)} (other processes share these cores if > {threads})")
 
+    # prompt lookup ("--draft ngram") has no HF assisted counterpart with an assistant model
+    methods = METHODS if args.draft != "ngram" else tuple(m for m in METHODS if m != "hf_assisted")
     configs = {m: runner.RunConfig(method=m, draft=args.draft, gamma=args.gamma, temperature=args.temperature,
                                    max_new_tokens=args.max_new_tokens, seed=args.seed, device=str(device),
-                                   warmup=0, repeats=args.repeats) for m in METHODS}
+                                   warmup=0, repeats=args.repeats) for m in methods}
     gens = {m: runner.make_generator(pair, c) for m, c in configs.items()}
     prompts = [(r, runner.prompt_ids(pair.tokenizer, r["turns"][0], configs["ar"])) for r in suite.rows]
-    for m in METHODS:  # warm-up: every method once on the first prompt
+    for m in methods:  # warm-up: every method once on the first prompt
         gens[m].timed(prompts[0][1], args.max_new_tokens, 1)
 
-    rows, records = {m: [] for m in METHODS}, []
+    rows, records = {m: [] for m in methods}, []
     t_bench = time.perf_counter()
     for i, (row, ids) in enumerate(prompts):
         seed = runner.generation_seed(args.seed, row["question_id"], 0)
-        order = METHODS[i % 4:] + METHODS[:i % 4]  # rotate so no method always runs first
+        order = methods[i % len(methods):] + methods[:i % len(methods)]  # rotate: no method always runs first
         for m in order:
             gen, t = runner.timed_generation(gens[m], ids, configs[m], seed, device)
             rows[m].append({"question_id": row["question_id"], "category": row["category"], "sample": 0,
@@ -125,13 +135,13 @@ def main(argv=None) -> None:
     tr = pd.DataFrame(records)
 
     same = sum(a == b for a, b in zip(s["spade"]["output_ids"], s["ar"]["output_ids"]))
-    print(f"\n{len(prompts)} prompts x {len(METHODS)} methods x {args.repeats} repeats in {elapsed:.0f} s; "
+    print(f"\n{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats in {elapsed:.0f} s; "
           f"SPADE output == AR output on {same}/{len(prompts)} prompts"
           + (" (greedy: must be all)" if args.temperature == 0 else ""))
     print(f"{'method':<12} {'tok/s':>8} {'speedup':>8} {'vs':>5}  {'mean-of-ratios':>14}  {'median rel. spread':>18}")
     base_of = {"ar": "ar", "spade": "ar", "hf": "hf", "hf_assisted": "hf"}
     sp = {}
-    for m in METHODS:
+    for m in methods:
         b = base_of[m]
         sp[m] = metrics.speedup_ratio_of_totals(s[m], s[b])
         mor = metrics.speedup_mean_of_ratios(s[m], s[b])
@@ -159,6 +169,9 @@ def main(argv=None) -> None:
     if args.profile:
         profile_spade(gens["spade"], prompts, args)
 
+    if "hf_assisted" not in sp:
+        print(f"fraction_of_prediction={sp['spade'] / predicted:.3f}")
+        return
     ratio = sp["spade"] / sp["hf_assisted"]
     fraction = sp["spade"] / predicted
     print(f"spade_vs_hf_assisted={ratio:.3f} fraction_of_prediction={fraction:.3f}")

@@ -1,6 +1,12 @@
-"""Figures of an embedded pair: held-out quality from its build manifest, costs measured afresh.
+"""Figures of a pair: held-out quality from its build manifest, costs measured afresh.
 
     .venv/bin/python benchmarks/bench_pair.py --pair default --rounds 5 --reps 100
+    .venv/bin/python benchmarks/bench_pair.py --pair smollm2 --rounds 3 --reps 20 --early-exit
+
+For the real pair ``smollm2`` it prints the per-draft table of ``python -m spade_lib.zoo smollm2``
+(alpha at T=0 and T=1 on held-out target generations, c, r, build time); ``--early-exit`` adds the
+teacher-forced alpha of the target's own early exit by layer (``spade_lib.zoo.early_exit_alpha``) on
+a few HumanEval prompts in the chat template, each followed by the target's greedy answer.
 
 Costs (see ``spade_lib.zoo.evaluate``): ``c = t_draft(1) / t_target(1)`` per draft and the target's
 ``verify_cost_ratio = t_target(gamma + 1) / t_target(1)``, each the median over ``reps`` cached
@@ -22,7 +28,9 @@ from spade_lib.zoo.evaluate import cost_ratios
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="default", help="embedded pair name")
+    ap.add_argument("--pair", default="default", help="pair name (embedded, or smollm2)")
+    ap.add_argument("--early-exit", action="store_true", help="smollm2: early-exit alpha by layer")
+    ap.add_argument("--early-exit-prompts", type=int, default=4, help="HumanEval prompts for --early-exit")
     ap.add_argument("--rounds", type=int, default=5, help="repetitions of the whole cost measurement")
     ap.add_argument("--reps", type=int, default=100, help="timed forwards per model and shape per round")
     ap.add_argument("--gamma", type=int, default=4, help="draft length of the verify-cost ratio")
@@ -34,12 +42,51 @@ def main() -> None:
     pair = load_pair(args.pair)
     m = pair.manifest
     print(f"pair {pair.name} at {pair.path}")
+    if m.get("kind") == "smollm2":
+        real_pair(pair, args)
+    else:
+        embedded_pair(pair, args)
+
+
+def real_pair(pair, args) -> None:
+    from spade_lib.zoo.__main__ import draft_table
+
+    print(draft_table(pair.manifest))
+    if args.early_exit:
+        early_exit_table(pair, args.early_exit_prompts)
+    costs(pair, args)
+
+
+@torch.no_grad()
+def early_exit_table(pair, n_prompts: int, new_tokens: int = 64) -> None:
+    from spade_lib.bench import humaneval_suite, render_prompt
+    from spade_lib.zoo import early_exit_alpha
+
+    tok = pair.tokenizer
+    texts = []
+    for row in humaneval_suite(n_per_category=n_prompts).rows:
+        ids = tok.encode(render_prompt(row["turns"][0], tok), add_special_tokens=False)
+        out = pair.target.generate(torch.tensor([ids]), max_new_tokens=new_tokens, do_sample=False)
+        texts.append(out[0].tolist())
+    n_layers = pair.target.config.num_hidden_layers
+    df = early_exit_alpha(pair, texts, [1, 2, 4, 8, 12, 15, 20, 25, 28, n_layers - 1], temperatures=(1.0,))
+    print(f"early exit (target's norm + head after layer k), teacher-forced on {n_prompts} HumanEval prompts + "
+          f"greedy answers ({int(df['n_positions'].iloc[0])} positions):")
+    print(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+def embedded_pair(pair, args) -> None:
+    m = pair.manifest
     print(f"build: {m['seconds']['total']:.0f} s wall, {m['seconds'].get('cpu_total', float('nan')):.0f} s CPU, "
           f"{m['environment']['threads']} threads, python {m['environment']['python_version']}, "
           f"corpus {m['corpus']['sha256'][:12]}")
     for name, s in m["models"].items():
         extra = f"  alpha(T=1) {s['alpha']:.3f}  top-1 {s['top1_agreement']:.3f}" if "alpha" in s else ""
         print(f"  {name:10s} {s['n_parameters'] / 1e6:6.2f} M params  val ppl {s['val_ppl']:8.2f}{extra}")
+    costs(pair, args)
+
+
+def costs(pair, args) -> None:
     runs = [cost_ratios(pair.target, pair.drafts, gamma=args.gamma, context=args.context, reps=args.reps)
             for _ in range(args.rounds)]
     table = {"verify_cost_ratio": [r["verify_cost_ratio"] for r in runs],

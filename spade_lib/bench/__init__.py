@@ -10,17 +10,19 @@ Spec-Bench answer files both ways (``specbench``, imported lazily: it needs pand
 ``write_specbench_answers(run_dir, path)`` and ``read_specbench_answers(path, baseline=path)``.
 """
 
-from spade_lib.bench.build import (SuiteSpec, build_suite, default_suite, from_specbench, named_source,
-                                   prompt_token_ids, spec_from_manifest)
+from spade_lib.bench.build import (SuiteSpec, build_suite, default_suite, from_specbench, humaneval_suite,
+                                   named_source, prompt_token_ids, spec_from_manifest)
 from spade_lib.bench.embedded import CATEGORIES as EMBEDDED_CATEGORIES, EmbeddedConfig
 from spade_lib.bench.format import Suite, load_suite, manifest_path, read_jsonl
 from spade_lib.bench.process import DEFAULT_TIER_EDGES, dedup, length_tier, normalise, render_prompt
 from spade_lib.bench.sources import (MT_BENCH_CATEGORIES, SOURCE_KINDS, SPEC_BENCH_SUBTASKS, EmbeddedSource,
-                                     HFSource, SpecBenchSource, register_source, source_from_dict)
+                                     HFSource, HumanEvalSource, SpecBenchSource, humaneval_path, register_source,
+                                     source_from_dict)
 from spade_lib.bench.specs import HF_SPECS, hf_spec
 
 __all__ = [
     "DEFAULT_TIER_EDGES", "EMBEDDED_CATEGORIES", "EmbeddedConfig", "EmbeddedSource", "HFSource", "HF_SPECS",
+    "HumanEvalSource", "humaneval_path", "humaneval_suite",
     "MT_BENCH_CATEGORIES", "SOURCE_KINDS", "SPEC_BENCH_SUBTASKS", "SpecBenchAnswers", "SpecBenchSource", "Suite",
     "SuiteSpec",
     "build_suite", "dedup", "default_suite", "from_specbench", "hf_spec", "length_tier", "load_suite",

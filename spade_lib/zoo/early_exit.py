@@ -1,0 +1,91 @@
+"""Self-speculative early exit, measured: the target's own first ``k`` layers as a draft.
+
+The early-exit draft after layer ``k`` of an ``L``-layer target reuses the target's final norm and head
+on the hidden state ``h_k``: ``q_k = softmax(W norm(h_k) / T)``. On teacher-forced text (every position
+conditioned on the true prefix), with ``p = softmax(W norm(h_L) / T)`` the target's distribution:
+
+- ``alpha_k(T) = mean_t sum_v min(p_t(v), q_{k,t}(v))`` (Leviathan et al.'s acceptance rate), and
+- ``alpha_k(0) = mean_t [argmax q_{k,t} = argmax p_t]`` (greedy acceptance).
+
+Its cost ratio is roughly ``c ~ k / L`` plus the head. Without training (no adapter) the shallow hidden
+states are far from the deep ones, so alpha stays low until ``k`` is close to ``L``, where ``c`` is
+close to 1: nothing to gain. ``hf_early_exit_generate`` runs Hugging Face's own self-speculative
+baseline (``generate(assistant_early_exit=k)``) for comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+@torch.no_grad()
+def early_exit_alpha(pair, texts: Sequence[str] | Sequence[Sequence[int]], layers: Sequence[int] | None = None, *,
+                     temperatures: Sequence[float] = (1.0,), max_tokens: int = 256):
+    """Teacher-forced acceptance of the early-exit draft after each of ``layers`` (default: 1..L-1).
+
+    ``texts``: strings (tokenised as they are) or token-id lists; each is cut to ``max_tokens``.
+    Returns a ``pandas.DataFrame`` with one row per layer: ``layer``, ``c_layers`` (= layer / L, the
+    layer share of the cost), ``alpha_T0`` (top-1 agreement) and ``alpha_T<t>`` per temperature,
+    ``n_positions``."""
+    import pandas as pd
+
+    target, tok = pair.target, pair.tokenizer
+    n_layers = int(target.config.num_hidden_layers)
+    layers = list(range(1, n_layers)) if layers is None else [int(k) for k in layers]
+    bad = [k for k in layers if not 1 <= k <= n_layers]
+    if bad:
+        raise ValueError(f"layers: must lie in [1, {n_layers}], got {bad}")
+    if not texts:
+        raise ValueError("texts: give at least one text")
+    if max_tokens < 2:
+        raise ValueError(f"max_tokens: must be >= 2, got {max_tokens}")
+    head, norm = target.get_output_embeddings(), target.model.norm
+    dev = next(target.parameters()).device
+    agree = {k: 0.0 for k in layers}
+    acc = {(k, t): 0.0 for k in layers for t in temperatures}
+    n = 0
+    for text in texts:
+        ids = tok.encode(text, add_special_tokens=False) if isinstance(text, str) else list(text)
+        ids = torch.tensor(ids[:max_tokens], device=dev)[None]
+        if ids.shape[1] < 2:
+            continue
+        out = target(input_ids=ids, output_hidden_states=True, use_cache=False)
+        p_logits = out.logits[0].float()
+        for k in layers:
+            q_logits = p_logits if k == n_layers else head(norm(out.hidden_states[k]))[0].float()
+            agree[k] += (q_logits.argmax(-1) == p_logits.argmax(-1)).sum().item()
+            for t in temperatures:
+                acc[(k, t)] += torch.minimum(torch.softmax(p_logits / t, -1),
+                                             torch.softmax(q_logits / t, -1)).sum().item()
+        n += ids.shape[1]
+    if n == 0:
+        raise ValueError("texts: every text is shorter than 2 tokens")
+    rows = []
+    for k in layers:
+        row = {"layer": k, "c_layers": k / n_layers, "alpha_T0": agree[k] / n}
+        row.update({f"alpha_T{t:g}": acc[(k, t)] / n for t in temperatures})
+        rows.append({**row, "n_positions": n})
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def hf_early_exit_generate(model, input_ids: torch.Tensor, exit_layer: int, *, max_new_tokens: int = 64,
+                           num_assistant_tokens: int = 4, **generate_kwargs) -> torch.Tensor:
+    """Hugging Face's self-speculative decoding: ``model.generate(assistant_early_exit=exit_layer)``.
+
+    Greedy unless ``do_sample=True`` is passed; a constant schedule of ``num_assistant_tokens`` drafts."""
+    n_layers = int(model.config.num_hidden_layers)
+    if not 1 <= exit_layer < n_layers:
+        raise ValueError(f"exit_layer: must lie in [1, {n_layers - 1}], got {exit_layer}")
+    gc = model.generation_config
+    old = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold)
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = \
+        num_assistant_tokens, "constant", 0.0
+    try:
+        generate_kwargs.setdefault("do_sample", False)
+        return model.generate(input_ids, assistant_early_exit=exit_layer, max_new_tokens=max_new_tokens,
+                              **generate_kwargs)
+    finally:
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = old
