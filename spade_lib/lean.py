@@ -1,0 +1,227 @@
+"""A lean decoding forward for Llama-family models, with a preallocated KV cache.
+
+Speculative decoding calls a small draft model once per drafted token. For a 1-layer draft the
+arithmetic is tiny (its FLOP ratio to the 12 M target is ~0.06), so the Hugging Face forward's
+per-call work dominates: module dispatch, output dataclasses, mask construction, the dynamic cache's
+``torch.cat`` growth and ``crop``. :class:`LeanForward` computes the same function with the model's own
+weights and nothing else:
+
+- per layer: ``h = x + W_o · attn(rope(W_q n), rope(W_k n), W_v n)`` with ``n = rmsnorm(x)``, then
+  ``x' = h + W_down (silu(W_gate m) * W_up m)`` with ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` are fused into
+  one matrix, as are ``W_gate, W_up`` (one matmul each instead of three and two);
+- rotary embeddings: ``cos`` and ``sin`` of every position, from the model's own rotary module, are
+  computed once and indexed;
+- the KV cache is one preallocated buffer per layer, ``[2, kv_heads, capacity, head_dim]``; extending
+  writes in place, and rolling back to ``n`` tokens is setting an integer (nothing is copied or freed).
+  The capacity doubles when needed, up to the context limit;
+- attention is ``scaled_dot_product_attention`` over the first ``length + k`` cached positions; one new
+  token needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``;
+- the final norm and LM head run on the last position only when only it is needed.
+
+Numerically it is the same computation in a different order of kernel calls (fused matmuls), so
+logits agree with the Hugging Face forward to float rounding (fp32: ~1e-6). :func:`lean_forward`
+returns ``None`` for any model it does not cover (other architectures, sliding windows, RoPE types
+whose frequencies depend on the sequence length, QK-norm, biases on the MLP, ...), and it checks
+every model it builds against one Hugging Face forward before use, so an unnoticed difference falls
+back to the Hugging Face path rather than changing outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
+
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_STATIC_ROPE = ("default", "linear", "llama3")
+_FUSE_MAX_PARAMS = 200_000_000  # above this, keep the projections separate (no copy of the weights)
+
+
+def _unsupported(model: torch.nn.Module) -> str | None:
+    """Why :class:`LeanForward` cannot run ``model`` (``None`` when it can)."""
+    name = type(model).__name__
+    if name not in SUPPORTED:
+        return f"architecture {name}"
+    cfg = model.config
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(cfg, "mlp_bias", False):
+        return "mlp_bias"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp"
+    if name == "Qwen2ForCausalLM" and getattr(cfg, "use_sliding_window", False):
+        return "sliding window"
+    if name == "MistralForCausalLM" and getattr(cfg, "sliding_window", None) is not None:
+        return "sliding window"
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _STATIC_ROPE:
+        return f"rope_type {rope_type!r}"
+    attn = model.model.layers[0].self_attn
+    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+        return "QK-norm"
+    return None
+
+
+class LeanForward:
+    """The decoding forward of a Llama-family ``model`` with its own KV cache (batch size 1).
+
+    ``capacity`` is the context limit (positions); the buffers start small and double up to it.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None):
+        why = _unsupported(model)
+        if why is not None:
+            raise ValueError(f"model: the lean forward does not cover {why}")
+        if capacity < 1:
+            raise ValueError(f"capacity: must be >= 1, got {capacity}")
+        cfg = model.config
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        self.capacity = int(capacity)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.gqa = self.n_kv != self.n_heads
+        if fuse is None:
+            fuse = sum(p.numel() for p in model.parameters()) <= _FUSE_MAX_PARAMS
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            if fuse:
+                qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                       None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+                gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+                proj = {"qkv": qkv, "gate_up": gate_up}
+            else:
+                proj = {"q": (a.q_proj.weight, a.q_proj.bias), "k": (a.k_proj.weight, a.k_proj.bias),
+                        "v": (a.v_proj.weight, a.v_proj.bias), "gate": m.gate_proj.weight, "up": m.up_proj.weight}
+            self.layers.append({
+                **proj, "o": (a.o_proj.weight, a.o_proj.bias), "down": m.down_proj.weight,
+                "ln1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                "ln2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+            })
+        self.fused = fuse
+        self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self.head = model.lm_head.weight
+        self.scaling = self.head_dim ** -0.5
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self._rotary = inner.rotary_emb
+        self._cos = self._sin = None
+        self._alloc(min(self.capacity, 256))
+        self.length = 0
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _alloc(self, size: int) -> None:
+        size = min(max(size, 1), self.capacity)
+        old = getattr(self, "_kv", None)
+        self._kv = [torch.zeros(2, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
+                    for _ in self.layers]
+        if old is not None:
+            for new, prev in zip(self._kv, old):
+                new[:, :, :self.length] = prev[:, :, :self.length]
+        pos = torch.arange(size, device=self.device)[None]
+        with torch.inference_mode():
+            cos, sin = self._rotary(self.embed[:1][None].to(self.dtype), pos)
+        self._cos, self._sin = cos[0], sin[0]  # [size, head_dim], in the model's dtype
+        self._size = size
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def rollback(self, length: int) -> None:
+        self.length = length
+
+    # -- the forward -----------------------------------------------------------------------
+    @staticmethod
+    def _rms(x: torch.Tensor, w: tuple[torch.Tensor, float]) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + w[1])
+        return w[0] * h.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``)."""
+        k = int(ids.shape[0])
+        start, end = self.length, self.length + k
+        if end > self.capacity:
+            raise ValueError(f"context limit: {start} cached + {k} new tokens exceed {self.capacity} positions")
+        if end > self._size:
+            self._alloc(max(2 * self._size, end))
+        cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
+        mask = None
+        if k > 1:
+            mask = (torch.arange(end, device=self.device)[None, :]
+                    <= torch.arange(start, end, device=self.device)[:, None])
+        x = F.embedding(ids, self.embed)  # [k, d]
+        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
+        for layer, kv in zip(self.layers, self._kv):
+            n = self._rms(x, layer["ln1"])
+            if self.fused:
+                qkv = F.linear(n, *layer["qkv"])
+                q, kk, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            else:
+                q, kk, v = (F.linear(n, *layer[name]) for name in ("q", "k", "v"))
+            q = self._rope(q.view(k, H, hd).transpose(0, 1), cos, sin)      # [H, k, hd]
+            kk = self._rope(kk.view(k, KV, hd).transpose(0, 1), cos, sin)   # [KV, k, hd]
+            kv[0, :, start:end] = kk
+            kv[1, :, start:end] = v.view(k, KV, hd).transpose(0, 1)
+            att = F.scaled_dot_product_attention(q[None], kv[0:1, :, :end], kv[1:2, :, :end], attn_mask=mask,
+                                                 scale=self.scaling, enable_gqa=self.gqa)
+            x = x + F.linear(att[0].transpose(0, 1).reshape(k, H * hd), *layer["o"])
+            m = self._rms(x, layer["ln2"])
+            if self.fused:
+                gate, up = F.linear(m, layer["gate_up"]).chunk(2, dim=-1)
+            else:
+                gate, up = F.linear(m, layer["gate"]), F.linear(m, layer["up"])
+            x = x + F.linear(F.silu(gate) * up, layer["down"])
+        if last_only:
+            x = x[-1:]
+        self.length = end
+        return F.linear(self._rms(x, self.norm), self.head)
+
+
+def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:
+    """A :class:`LeanForward` for ``model``, or ``None`` when it is not covered or (``check``) its logits
+    differ from one Hugging Face forward of a short random sequence beyond float rounding."""
+    if _unsupported(model) is not None or capacity < 2:
+        return None
+    try:
+        lean = LeanForward(model, capacity)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
+    if check and not _agrees(model, lean):
+        warnings.warn(f"lean forward of {type(model).__name__} disagrees with its Hugging Face forward; "
+                      "using the Hugging Face forward", RuntimeWarning, stacklevel=2)
+        return None
+    return lean
+
+
+@torch.inference_mode()
+def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
+    vocab = int(lean.embed.shape[0])
+    n = min(6, lean.capacity)
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0)).to(lean.device)
+    ref = model(ids[None], use_cache=False).logits[0].float()
+    lean.reset()
+    first = lean.forward(ids[: n // 2])
+    rest = lean.forward(ids[n // 2:])
+    lean.reset()
+    got = torch.cat([first, rest]).float()
+    tol = 1e-4 if lean.dtype == torch.float32 else 5e-2
+    scale = max(1.0, float(ref.abs().max()))
+    return bool(torch.isfinite(got).all()) and float((got - ref).abs().max()) <= tol * scale and not math.isnan(scale)
