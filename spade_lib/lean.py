@@ -142,20 +142,24 @@ class LeanForward:
         self.length = length
 
     # -- the forward -----------------------------------------------------------------------
-    @staticmethod
-    def _rms(x: torch.Tensor, w: tuple[torch.Tensor, float]) -> torch.Tensor:
+    def _rms(self, x: torch.Tensor, w: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """``w * x / sqrt(mean(x^2) + eps)``, the statistics in fp32 (one fused kernel for fp32 models)."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), w[0], w[1])
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + w[1])
         return w[0] * h.to(x.dtype)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x cos + rotate_half(x) sin`` with ``rotate_half(x) = [-x_2, x_1]`` (halves of the head dim)."""
         half = self.head_dim // 2
         rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rot * sin
 
-    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
-        """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``)."""
+        """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``).
+
+        Call it under ``torch.inference_mode()`` (the adapter does): it writes the KV buffers in place."""
         k = int(ids.shape[0])
         start, end = self.length, self.length + k
         if end > self.capacity:
@@ -172,14 +176,16 @@ class LeanForward:
         for layer, kv in zip(self.layers, self._kv):
             n = self._rms(x, layer["ln1"])
             if self.fused:
-                qkv = F.linear(n, *layer["qkv"])
-                q, kk, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+                qkv = F.linear(n, *layer["qkv"]).view(k, H + 2 * KV, hd).transpose(0, 1)  # [H + 2KV, k, hd]
+                qk = self._rope(qkv[:H + KV], cos, sin)  # q and k heads rotated together
+                q, kk, v = qk[:H], qk[H:], qkv[H + KV:]
             else:
                 q, kk, v = (F.linear(n, *layer[name]) for name in ("q", "k", "v"))
-            q = self._rope(q.view(k, H, hd).transpose(0, 1), cos, sin)      # [H, k, hd]
-            kk = self._rope(kk.view(k, KV, hd).transpose(0, 1), cos, sin)   # [KV, k, hd]
+                q = self._rope(q.view(k, H, hd).transpose(0, 1), cos, sin)      # [H, k, hd]
+                kk = self._rope(kk.view(k, KV, hd).transpose(0, 1), cos, sin)   # [KV, k, hd]
+                v = v.view(k, KV, hd).transpose(0, 1)
             kv[0, :, start:end] = kk
-            kv[1, :, start:end] = v.view(k, KV, hd).transpose(0, 1)
+            kv[1, :, start:end] = v
             att = F.scaled_dot_product_attention(q[None], kv[0:1, :, :end], kv[1:2, :, :end], attn_mask=mask,
                                                  scale=self.scaling, enable_gqa=self.gqa)
             x = x + F.linear(att[0].transpose(0, 1).reshape(k, H * hd), *layer["o"])
