@@ -60,7 +60,7 @@ def test_adaptive_sampling_distribution_equals_target_only_sampling(record_prope
     pol = AdaptiveGamma(c=0.2, verify_cost=1.0, max_gamma=2, prior_alpha=0.6, prior_weight=1.0, decay=1.0)
     assert pol.gamma_at(0.6) == 2 and pol.gamma_at(0.3) == 1
     dec = SpeculativeDecoder(target, draft, policy=pol, sampling=sampling, record="light")
-    counts, _ = sample_counts(dec, [2], 2000)
+    counts, _ = sample_counts(dec, [2], 1500)
     p = chi_square(counts, exact_joint(target, [2], sampling))
     record_property("p_value_adaptive", p)
     assert p > 1e-3
