@@ -22,6 +22,9 @@ about 3 minutes on an H200 (model construction dominates). Usage::
 
     python benchmarks/gpu_costs.py --device cuda --out runs/gpu_costs.csv
     python benchmarks/gpu_costs.py --device cpu --shapes tiny --out /tmp/costs.csv   # a smoke run
+    # the embedded default pair's shapes on CPU (fp32, CPU-time clock), lean vs Hugging Face forward:
+    python benchmarks/gpu_costs.py --device cpu --dtype float32 --shapes embedded --context 128 --clock cpu \
+        --reps 30 --pair '' --backend hf --out runs/costs_embedded_hf.csv
 """
 
 from __future__ import annotations
@@ -62,6 +65,26 @@ SHAPES = {
                          tie_word_embeddings=False, rope_parameters=_LLAMA3_ROPE),
 }
 PAIRS = {"qwen2.5-0.5b->7b": ("qwen2.5-0.5b", "qwen2.5-7b"), "llama-3.2-1b->3.1-8b": ("llama-3.2-1b", "llama-3.1-8b")}
+
+
+def _embedded_shape(mc, vocab: int) -> dict:
+    return dict(arch="llama", hidden_size=mc.hidden, intermediate_size=mc.intermediate, num_hidden_layers=mc.n_layers,
+                num_attention_heads=mc.n_heads, num_key_value_heads=mc.n_heads, vocab_size=vocab,
+                max_position_embeddings=mc.max_positions, tie_word_embeddings=mc.tie_embeddings, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def embedded_shapes() -> dict:
+    """The embedded default pair's shapes (``spade_lib.zoo.configs.DEFAULT``), for CPU cost runs
+    (``--shapes embedded``): the 6-layer target and the 1-layer draft."""
+    from spade_lib.zoo.configs import DEFAULT
+
+    draft = next(d for d in DEFAULT.drafts if d.name == DEFAULT.default_draft).model
+    vocab = DEFAULT.tokenizer.vocab_size
+    return {"embedded-draft": _embedded_shape(draft, vocab), "embedded-target": _embedded_shape(DEFAULT.target, vocab)}
+
+
+EMBEDDED_PAIRS = {"embedded-default": ("embedded-draft", "embedded-target")}
 # Same architectures, toy sizes: what the CPU test runs.
 TINY_SHAPES = {
     "qwen2.5-0.5b": dict(SHAPES["qwen2.5-0.5b"], hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -74,15 +97,20 @@ TINY_SHAPES = {
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256),
 }
 FIELDS = ("section", "pair", "model", "quantity", "gamma", "alpha", "alpha_source", "value", "unit", "device",
-          "dtype", "backend", "context")
+          "dtype", "backend", "context", "clock")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--shapes", choices=("real", "tiny"), default="real")
-    ap.add_argument("--pairs", default=",".join(PAIRS), help="comma-separated subset of " + ", ".join(PAIRS))
+    ap.add_argument("--shapes", choices=("real", "tiny", "embedded"), default="real",
+                    help="real: the GPU pairs; tiny: toy sizes (tests); embedded: the default pair's shapes (CPU)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall (synchronised perf_counter) or this process's CPU time (1 thread, busy CPU machines)")
+    ap.add_argument("--pairs", default=None, help="comma-separated subset of " + ", ".join(PAIRS)
+                    + " (default: all of them; embedded-default with --shapes embedded)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is; --clock cpu forces 1)")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--max-gamma", type=int, default=8)
     ap.add_argument("--reps", type=int, default=20, help="timed rounds per model")
@@ -121,7 +149,8 @@ def build(name: str, shapes: dict, device: torch.device, dtype: torch.dtype) -> 
 
 
 @torch.inference_mode()
-def forward_times(model, *, device, context: int, max_k: int, reps: int, backend: str) -> tuple[dict, str]:
+def forward_times(model, *, device, context: int, max_k: int, reps: int, backend: str, clock=time.perf_counter
+                  ) -> tuple[dict, str]:
     """Median seconds of a ``k``-token decode forward (k = 1 .. max_k) after ``context`` cached tokens."""
     ad = CausalLMAdapter(model, backend=backend, max_length=context + max_k + 1)
     ids = torch.randint(0, ad.vocab_size, (context + max_k,), generator=torch.Generator().manual_seed(0)).to(device)
@@ -130,10 +159,10 @@ def forward_times(model, *, device, context: int, max_k: int, reps: int, backend
 
     def once(k):
         timing.synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         ad.extend(new[:k], last_only=k == 1)
         timing.synchronize(device)
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         ad.rollback(context)
         return dt
 
@@ -192,26 +221,32 @@ def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     device = timing.resolve_device(args.device)
     dtype = timing.resolve_dtype(args.dtype)
-    shapes = SHAPES if args.shapes == "real" else TINY_SHAPES
+    shapes = {"real": SHAPES, "tiny": TINY_SHAPES}.get(args.shapes) or embedded_shapes()
+    known = EMBEDDED_PAIRS if args.shapes == "embedded" else PAIRS
     alphas = [float(a) for a in args.alphas.split(",") if a.strip()]
-    pairs = [p for p in args.pairs.split(",") if p.strip()]
+    pairs = [p for p in (args.pairs or ",".join(known)).split(",") if p.strip()]
     for p in pairs:
-        if p not in PAIRS:
-            raise ValueError(f"pairs: unknown pair {p!r}; known: {sorted(PAIRS)}")
+        if p not in known:
+            raise ValueError(f"pairs: unknown pair {p!r}; known: {sorted(known)}")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.clock == "cpu" or args.threads:
+        timing.fix_threads(1 if args.clock == "cpu" else args.threads)  # CPU time of spinning threads is not work
     t_start = time.perf_counter()
     rows: list[dict] = []
-    common = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "context": args.context}
+    common = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "context": args.context,
+              "clock": args.clock}
     print(f"device={device} ({timing.environment_fingerprint(device)['gpu']}) dtype={dtype} context={args.context} "
-          f"shapes={args.shapes} backend={args.backend}")
+          f"shapes={args.shapes} backend={args.backend} "
+          f"threads={torch.get_num_threads()} clock={args.clock}")
     for pair in pairs:
         times = {}
-        for role, name in zip(("draft", "target"), PAIRS[pair]):
+        for role, name in zip(("draft", "target"), known[pair]):
             t0 = time.perf_counter()
             model = build(name, shapes, device, dtype)
             n_params = sum(p.numel() for p in model.parameters())
             max_k = args.max_gamma + 1 if role == "target" else 1
             times[role], backend = forward_times(model, device=device, context=args.context, max_k=max_k,
-                                                 reps=args.reps, backend=args.backend)
+                                                 reps=args.reps, backend=args.backend, clock=clock)
             for k, s in times[role].items():
                 rows.append({"section": "forward", "pair": pair, "model": name, "quantity": f"t_forward_{k}tok",
                              "value": s, "unit": "s", "backend": backend})
