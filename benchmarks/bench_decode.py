@@ -8,7 +8,7 @@ embedded pair, ``smollm2`` where built) it decodes the same prompts with
   gamma (constant schedule, threshold 0);
 
 and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.adaptive.AdaptiveGamma` fed the costs
-measured below), SPADE at each fixed gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
+measured below, plus the loop's per-step overhead measured on the first prompt), SPADE at each fixed gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
 (``num_assistant_tokens_schedule="heuristic"`` from ``gamma``) and ``hf_confidence`` (HF's defaults:
 20 tokens, ``assistant_confidence_threshold=0.4``).
 
@@ -216,15 +216,20 @@ def hf_assisted_variant(target, assistant, ids, n, sampling, seed, *, num_tokens
     return out[0, prompt.shape[1]:].tolist()
 
 
+def spade_method(pair, draft_name: str, args, sampling: SamplingConfig, policy_kw: dict):
+    """SPADE with its own adapters (``--backend``), step-level records only; fn(ids, n, seed)."""
+    dec = SpeculativeDecoder(CausalLMAdapter(pair.target, backend=args.backend),
+                             ModelDrafter(CausalLMAdapter(pair.drafts[draft_name], backend=args.backend)),
+                             sampling=sampling, record="light", **policy_kw)
+    return lambda ids, n, seed: (lambda o: (o.tokens, o.accept_lengths, o.gammas))(dec.generate(ids, n, seed=seed))
+
+
 def build_methods(pair, draft_name: str, args, sampling: SamplingConfig, costs: dict | None) -> dict:
     """name -> fn(ids, n, seed) -> (new token ids, accept lengths or None)."""
     draft_model = pair.drafts[draft_name]
 
     def spade(policy_kw):
-        dec = SpeculativeDecoder(CausalLMAdapter(pair.target, backend=args.backend),
-                                 ModelDrafter(CausalLMAdapter(draft_model, backend=args.backend)),
-                                 sampling=sampling, record="light", **policy_kw)
-        return lambda ids, n, seed: (lambda o: (o.tokens, o.accept_lengths, o.gammas))(dec.generate(ids, n, seed=seed))
+        return spade_method(pair, draft_name, args, sampling, policy_kw)
 
     ar_dec = AutoregressiveDecoder(CausalLMAdapter(pair.target, backend=args.backend), sampling=sampling)
     methods = {
@@ -237,7 +242,6 @@ def build_methods(pair, draft_name: str, args, sampling: SamplingConfig, costs: 
                                                                    seed=seed).tokens, None, None),
     }
     if args.compare:
-        methods["spade_adaptive"] = spade({"policy": adaptive_policy(costs, args.max_gamma)})
         for g in sorted({int(x) for x in args.gammas.split(",") if x.strip()} - {args.gamma}):
             methods[f"spade_g{g}"] = spade({"gamma": g})
         methods["hf_heuristic"] = lambda ids, n, seed: (hf_assisted_variant(
@@ -249,9 +253,27 @@ def build_methods(pair, draft_name: str, args, sampling: SamplingConfig, costs: 
     return methods
 
 
-def adaptive_policy(costs: dict, max_gamma: int) -> AdaptiveGamma:
-    return AdaptiveGamma(c=costs["c"], verify_cost=tuple(costs["r"][g] for g in range(1, max_gamma + 1)),
-                         max_gamma=max_gamma)
+def adaptive_policy(costs: dict, max_gamma: int, overhead: float = 0.0) -> AdaptiveGamma:
+    """:class:`AdaptiveGamma` with the measured ``c`` and ``r(g) + overhead`` (the loop's per-step cost
+    beyond the forwards, in target-forward units, measured before the timed rounds)."""
+    return AdaptiveGamma(c=costs["c"], max_gamma=max_gamma,
+                         verify_cost=tuple(costs["r"][g] + overhead for g in range(1, max_gamma + 1)))
+
+
+def step_overhead(methods: dict, ids, n: int, gamma: int, costs: dict, clock, reps: int = 3) -> float:
+    """Per-step loop cost beyond ``gamma c + r(gamma)``, in AR-token units: SPADE's time per step over
+    AR's time per token, minus the cost model's forwards (median of ``reps`` paired generations)."""
+    vals = []
+    for _ in range(reps):
+        t0 = clock()
+        toks, acc, _ = methods["spade"](ids, n, 0)
+        t1 = clock()
+        ar_toks, _, _ = methods["ar"](ids, n, 0)
+        t2 = clock()
+        per_step = (t1 - t0) / max(1, len(acc))
+        per_tok = (t2 - t1) / max(1, len(ar_toks))
+        vals.append(per_step / per_tok - (gamma * costs["c"] + costs["r"][gamma]))
+    return max(0.0, float(np.median(vals)))
 
 
 def base_of(m: str) -> str:
@@ -298,9 +320,17 @@ def main(argv=None) -> None:
           + " ".join(f"{g}:{v:.3f}" for g, v in costs["r"].items()))
 
     methods = build_methods(pair, draft_name, args, sampling, costs)
-    names = list(methods)
-    for m in names:  # warm-up: every method once on the first prompt
+    for m in list(methods):  # warm-up: every method once on the first prompt
         methods[m](prompts[0][1], args.max_new_tokens, 0)
+    if args.compare:
+        g_ref = min(args.gamma, args.max_gamma)
+        overhead = step_overhead(methods, prompts[0][1], args.max_new_tokens, g_ref, costs, clock)
+        pol = adaptive_policy(costs, args.max_gamma, overhead)
+        print(f"adaptive gamma: c = {pol.c:.4f}, per-step loop overhead {overhead:.3f} target forwards (added to r); "
+              "optimal gamma at alpha 0.5/0.7/0.9: " + "/".join(str(pol.gamma_at(a)) for a in (0.5, 0.7, 0.9)))
+        methods["spade_adaptive"] = spade_method(pair, draft_name, args, sampling, {"policy": pol})
+        methods["spade_adaptive"](prompts[0][1], args.max_new_tokens, 0)
+    names = list(methods)
 
     rows = []
     rnd = 0
