@@ -8,7 +8,8 @@ embedded pair, ``smollm2`` where built) it decodes the same prompts with
   gamma (constant schedule, threshold 0);
 
 and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.adaptive.AdaptiveGamma` fed the costs
-measured below, plus the loop's per-step overhead measured on the first prompt), SPADE at each fixed gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
+measured below, plus the loop's per-step overhead measured on the first prompt), SPADE at each fixed
+gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
 (``num_assistant_tokens_schedule="heuristic"`` from ``gamma``) and ``hf_confidence`` (HF's defaults:
 20 tokens, ``assistant_confidence_threshold=0.4``).
 
@@ -67,7 +68,8 @@ from spade_lib.sampling import SamplingConfig  # noqa: E402
 from spade_lib.theory import expected_tokens, speedup as theory_speedup  # noqa: E402
 
 CORE = ("ar", "spade", "hf", "hf_assisted")
-BASE = {"ar": "hf", "spade": "ar", "hf_assisted": "hf"}  # ar vs hf: our AR loop vs plain generate; spade* -> ar, hf* -> hf
+# baseline of each method: ar vs hf compares our AR loop with plain generate; spade* -> ar, hf* -> hf
+BASE = {"ar": "hf", "spade": "ar", "hf_assisted": "hf"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -422,7 +424,8 @@ def main(argv=None) -> None:
 
     lb, la = load["load_before"], load["load_after"]
     print(f"\nload average before {lb[0]:.2f}, after {la[0]:.2f} (1 min); other processes used "
-          f"{load['others_cores']:.2f} cores on average during the run ({os.cpu_count()} CPUs, {threads} thread(s) here)")
+          f"{load['others_cores']:.2f} cores on average during the run ({os.cpu_count()} CPUs, "
+          f"{threads} thread(s) here)")
     busy = load["others_cores"] > 0.5 or max(lb[0], la[0]) > threads + 0.5
     if busy:
         print("WARNING: the machine was busy during this run; the ratios are paired medians "

@@ -40,7 +40,8 @@ def test_decoding_with_adaptive_gamma_is_exact(tiny):
     greedy = SpeculativeDecoder(tiny.target, tiny.draft, policy=pol, sampling=SamplingConfig(temperature=0),
                                 record="light")
     out = greedy.generate(ids, 40)
-    assert out.tokens == AutoregressiveDecoder(tiny.target, sampling=SamplingConfig(temperature=0)).generate(ids, 40).tokens
+    ar = AutoregressiveDecoder(tiny.target, sampling=SamplingConfig(temperature=0))
+    assert out.tokens == ar.generate(ids, 40).tokens
     assert len(set(out.gammas[:-1])) >= 1 and max(out.gammas) <= 6
     sampled = SpeculativeDecoder(tiny.target, tiny.draft, policy=pol, sampling=SamplingConfig(temperature=1),
                                  record="light")
