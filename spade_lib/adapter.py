@@ -21,6 +21,8 @@ Backends (``backend=``): ``"hf"`` calls the model's own forward with a ``Dynamic
 weights with a preallocated KV cache (rollback is setting an integer), without the per-call module,
 mask and cache bookkeeping that dominates a small draft's forward; ``"auto"`` (default) takes
 ``"lean"`` whenever it covers the model and agrees with one Hugging Face forward, else ``"hf"``.
+The lean forward fuses (copies) the projection weights when the adapter is built: build a new adapter
+after changing a model's weights, dtype or device.
 """
 
 from __future__ import annotations
