@@ -1,33 +1,56 @@
-"""Decode-speed benchmark: SPADE vs autoregressive, HF assisted vs plain HF, and vs Theorem 3.8.
+"""Decode-speed benchmark: SPADE vs autoregressive, HF assisted vs plain HF, and vs the cost model.
 
-Not a test: it prints ratios measured in one run on one machine. On the default embedded pair (fp32,
-CPU) it decodes the same prompts with four methods, interleaved prompt by prompt so that machine noise
-hits them alike, each generation timed ``--repeats`` times after a warm-up (median kept):
+Not a test: it prints ratios measured in one run on one machine. On a pair (``--pair default`` the
+embedded pair, ``smollm2`` where built) it decodes the same prompts with
 
-- ``ar``: SPADE's autoregressive loop;        ``spade``: SPADE's speculative decoder (gamma, draft);
+- ``ar``: SPADE's autoregressive loop;        ``spade``: SPADE's speculative decoder (draft, gamma);
 - ``hf``: plain ``model.generate``;            ``hf_assisted``: HF assisted generation, same draft and
-  gamma (constant schedule, threshold 0).
+  gamma (constant schedule, threshold 0);
 
-Every speedup is a ratio of totals (``sum new_tokens / sum seconds``, the same token counting for all
-methods; ``spade_lib.metrics``). SPADE's prediction is Leviathan et al.'s Theorem 3.8 evaluated at its
-own measured acceptance ``alpha`` (``metrics.acceptance_rate`` over its trace) and cost ratio ``c``
-(draft seconds per drafted token / AR seconds per token). The last line is exactly::
+and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.adaptive.AdaptiveGamma` fed the costs
+measured below, plus the loop's per-step overhead measured on the first prompt), SPADE at each fixed
+gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
+(``num_assistant_tokens_schedule="heuristic"`` from ``gamma``) and ``hf_confidence`` (HF's defaults:
+20 tokens, ``assistant_confidence_threshold=0.4``).
 
-    spade_vs_hf_assisted=<ratio> fraction_of_prediction=<ratio>
+**Robust timing on a shared machine.** Every (prompt, repeat) is a *round* that runs all methods
+back to back, in an order rotated from round to round. A speedup is the **median over rounds of the
+paired ratio** of per-token times (``t / new_tokens``) measured in the same round, so a burst of load
+hits both sides of a ratio alike and a burst that hits one round moves the median little. With one
+torch thread on the CPU (the default) the clock is this process's **CPU time** (``time.process_time``),
+which another busy process barely changes (the cores are time-shared, not our instruction count);
+the wall-clock ratios are printed next to it. With more threads the clock is wall time (OpenMP threads
+spin, so CPU time would count their waiting). The 1-minute load average before and after, and the
+CPU-seconds per second that *other* processes used during the run (``/proc/stat`` minus our own),
+are printed, with a warning when the machine was busy.
 
-Usage: ``python benchmarks/bench_decode.py [--pair default] [--n-per-category 3] [--max-new-tokens 128]
-[--gamma 4] [--temperature 0] [--repeats 3] [--threads 2] [--profile]``. ``--profile`` adds a cProfile
-of SPADE's loop (top functions by own time) and the per-phase split of a step.
+**Costs and predictions.** ``c`` (draft forward / target forward, one token each) and
+``r(g)`` (``g+1``-token / 1-token target forward, ``g = 1 .. max``) are measured with the same clock in
+interleaved micro-benchmarks of the adapters used for decoding (a ``--context``-token KV cache);
+``alpha`` is SPADE's acceptance rate over its own trace (one recorded, untimed pass per prompt). Then
+``prediction = E[tokens](alpha, gamma) / (gamma c + 1)`` (Leviathan et al. 2023, Thm 3.8) and the
+r-aware ``E[tokens] / (gamma c + r(gamma))`` (:func:`spade_lib.theory.speedup`). The last line is exactly::
+
+    spade_vs_ar=<x> spade_vs_hf_assisted=<x> fraction_of_prediction=<x> fraction_of_r_aware=<x>
+
+(``spade_vs_hf_assisted`` = SPADE's speedup over AR / HF assisted's over plain HF, paired per round).
+
+Usage: ``python benchmarks/bench_decode.py [--pair default] [--temperature 0] [--gamma 4]
+[--n-per-category 2] [--max-new-tokens 128] [--repeats 3] [--threads 1] [--compare] [--backend auto]
+[--profile]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import cProfile
 import io
+import os
 import pstats
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,49 +59,233 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from spade_lib import metrics, runner, timing  # noqa: E402
-from spade_lib.theory import speedup as theory_speedup  # noqa: E402
+from spade_lib import baselines, metrics, runner, timing  # noqa: E402
+from spade_lib.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib.adaptive import AdaptiveGamma  # noqa: E402
+from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
+from spade_lib.drafters import ModelDrafter  # noqa: E402
+from spade_lib.sampling import SamplingConfig  # noqa: E402
+from spade_lib.theory import expected_tokens, speedup as theory_speedup  # noqa: E402
 
-METHODS = ("ar", "spade", "hf", "hf_assisted")
+CORE = ("ar", "spade", "hf", "hf_assisted")
+# baseline of each method: ar vs hf compares our AR loop with plain generate; spade* -> ar, hf* -> hf
+BASE = {"ar": "hf", "spade": "ar", "hf_assisted": "hf"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="default", help="embedded pair name")
-    ap.add_argument("--draft", default="distilled", help="draft of the pair")
+    ap.add_argument("--pair", default="default", help="pair name for spade_lib.zoo.load_pair")
+    ap.add_argument("--draft", default=None, help="draft of the pair (default: the pair's default draft)")
     ap.add_argument("--suite", default="", help="'embedded', 'humaneval' or a suite .jsonl (default: embedded; "
                                                  "humaneval for the real pair smollm2)")
-    ap.add_argument("--n-per-category", type=int, default=3, help="prompts per suite category")
+    ap.add_argument("--n-per-category", type=int, default=2, help="prompts per suite category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ap.add_argument("--repeats", type=int, default=3, help="timed generations per prompt and method")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all CPUs of this process)")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto (the pair is fp32 either way)")
+    ap.add_argument("--repeats", type=int, default=3, help="rounds per prompt (each runs every method once)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed and recorded)")
+    ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
+                    help="auto: process CPU time with 1 thread on CPU, else wall time")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--backend", choices=("auto", "hf"), default="auto",
+                    help="SPADE's forward: auto (lean where covered) or hf (the model's own forward)")
+    ap.add_argument("--compare", action="store_true",
+                    help="also adaptive gamma, fixed --gammas, and HF's heuristic / confidence schedules")
+    ap.add_argument("--gammas", default="1,2,3,4,6,8", help="fixed gammas for --compare")
+    ap.add_argument("--max-gamma", type=int, default=8, help="adaptive gamma's longest block; r measured up to it")
+    ap.add_argument("--context", type=int, default=128, help="KV-cache tokens in the cost micro-benchmarks")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="also cProfile SPADE's decode loop")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in ("n_per_category", "max_new_tokens", "gamma", "repeats", "threads", "max_gamma", "context"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
 
 
-def verify_cost_ratio(model, gamma: int, context: int = 64, reps: int = 30) -> float:
-    """Measured ``r``: seconds of a (gamma+1)-token target forward over a 1-token one, with a
-    ``context``-token KV cache (the adapter's extend/rollback, as in decoding)."""
-    from spade_lib.adapter import CausalLMAdapter
+# ------------------------------------------------------------------------------------------
+# clocks and load
 
-    ad = CausalLMAdapter(model)
-    dev = ad.device
-    ctx = torch.randint(1, ad.vocab_size, (context,), generator=torch.Generator().manual_seed(0)).to(dev)
-    ad.prefill(ctx)
-    out = {}
-    for k in (1, gamma + 1):
-        ids = ctx[:k]
 
-        def fwd():
-            ad.extend(ids)
-            ad.rollback(context)
+def make_clock(kind: str) -> Callable[[], float]:
+    return time.process_time if kind == "cpu" else time.perf_counter
 
-        out[k] = timing.measure(fwd, warmup=3, repeats=reps, device=dev)[1].median
-    return out[gamma + 1] / out[1]
+
+def _busy_jiffies() -> tuple[float, float] | None:
+    """(busy CPU-seconds of the whole machine, wall seconds) from /proc/stat, or None."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    v = [float(x) for x in fields]
+    idle = v[3] + (v[4] if len(v) > 4 else 0.0)
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    return (sum(v[:8]) - idle) / hz, time.perf_counter()
+
+
+class LoadMonitor:
+    """Load average before/after and the CPU-seconds per second used by *other* processes."""
+
+    def __init__(self):
+        self.load_before = self._loadavg()
+        self.stat0, self.own0 = _busy_jiffies(), time.process_time()
+
+    @staticmethod
+    def _loadavg() -> list[float]:
+        try:
+            return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+        except OSError:
+            return [float("nan")] * 3
+
+    def finish(self) -> dict:
+        stat1, own1 = _busy_jiffies(), time.process_time()
+        others = float("nan")
+        if self.stat0 is not None and stat1 is not None and stat1[1] > self.stat0[1]:
+            others = max(0.0, ((stat1[0] - self.stat0[0]) - (own1 - self.own0)) / (stat1[1] - self.stat0[1]))
+        return {"load_before": self.load_before, "load_after": self._loadavg(), "others_cores": others}
+
+
+# ------------------------------------------------------------------------------------------
+# costs
+
+
+@torch.inference_mode()
+def measure_costs(target: CausalLMAdapter, draft: CausalLMAdapter, max_gamma: int, context: int, clock,
+                  reps: int = 30, device=None) -> dict:
+    """Interleaved micro-benchmarks of the decoding adapters with a ``context``-token cache.
+
+    Per round: a 1-token target forward, each ``g+1``-token one (``g = 1 .. max_gamma``), a 1-token draft
+    forward (each followed by its rollback). ``r(g)`` and ``c`` are medians over rounds of the paired
+    ratios; the absolute medians are returned in seconds too."""
+    vocab = min(target.vocab_size, draft.vocab_size)
+    limit = min(x for x in (target.max_length, draft.max_length, context + max_gamma + 2) if x is not None)
+    ctx_len = max(1, limit - max_gamma - 2)
+    ids = torch.randint(0, vocab, (ctx_len + max_gamma + 1,), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(target.device)
+    target.prefill(ids[:ctx_len])
+    draft.prefill(ids[:ctx_len])
+    new = ids[ctx_len:]
+
+    def tfwd(k):
+        target.extend(new[:k], last_only=k == 1).argmax(-1)
+        target.rollback(ctx_len)
+
+    def dfwd():
+        draft.extend(new[:1], last_only=True).argmax(-1)
+        draft.rollback(ctx_len)
+
+    def timed(fn):
+        timing.synchronize(device)
+        t0 = clock()
+        fn()
+        timing.synchronize(device)
+        return clock() - t0
+
+    for _ in range(3):  # warm-up
+        tfwd(1), tfwd(max_gamma + 1), dfwd()
+    t1, tk, d1 = [], {g: [] for g in range(1, max_gamma + 1)}, []
+    for _ in range(reps):
+        t1.append(timed(lambda: tfwd(1)))
+        for g in tk:
+            tk[g].append(timed(lambda g=g: tfwd(g + 1)))
+        d1.append(timed(dfwd))
+    t1a = np.maximum(np.asarray(t1), 1e-9)
+    r = {g: float(np.median(np.asarray(v) / t1a)) for g, v in tk.items()}
+    c = float(np.median(np.asarray(d1) / t1a))
+    return {"c": c, "r": r, "t_target": float(np.median(t1)), "t_draft": float(np.median(d1)),
+            "t_verify": {g: float(np.median(v)) for g, v in tk.items()}, "context": ctx_len}
+
+
+# ------------------------------------------------------------------------------------------
+# methods
+
+
+def hf_assisted_variant(target, assistant, ids, n, sampling, seed, *, num_tokens, schedule, threshold):
+    """HF assisted generation with its own schedule options (the assistant's generation config is
+    restored afterwards, so every call starts from ``num_tokens``). Returns the new token ids."""
+    device = next(target.parameters()).device
+    prompt = torch.tensor([ids], dtype=torch.long, device=device)
+    eos = sorted(_eos_set(target, None))
+    saved = copy.deepcopy(assistant.generation_config)
+    g = assistant.generation_config
+    g.num_assistant_tokens, g.num_assistant_tokens_schedule, g.assistant_confidence_threshold = \
+        num_tokens, schedule, threshold
+    try:
+        torch.manual_seed(seed)
+        out = target.generate(prompt, **baselines.hf_sampling_kwargs(sampling), max_new_tokens=n,
+                              attention_mask=torch.ones_like(prompt), eos_token_id=eos,
+                              pad_token_id=eos[0] if eos else 0, assistant_model=assistant)
+    finally:
+        assistant.generation_config = saved
+    return out[0, prompt.shape[1]:].tolist()
+
+
+def spade_method(pair, draft_name: str, args, sampling: SamplingConfig, policy_kw: dict):
+    """SPADE with its own adapters (``--backend``), step-level records only; fn(ids, n, seed)."""
+    dec = SpeculativeDecoder(CausalLMAdapter(pair.target, backend=args.backend),
+                             ModelDrafter(CausalLMAdapter(pair.drafts[draft_name], backend=args.backend)),
+                             sampling=sampling, record="light", **policy_kw)
+    return lambda ids, n, seed: (lambda o: (o.tokens, o.accept_lengths, o.gammas))(dec.generate(ids, n, seed=seed))
+
+
+def build_methods(pair, draft_name: str, args, sampling: SamplingConfig, costs: dict | None) -> dict:
+    """name -> fn(ids, n, seed) -> (new token ids, accept lengths or None)."""
+    draft_model = pair.drafts[draft_name]
+
+    def spade(policy_kw):
+        return spade_method(pair, draft_name, args, sampling, policy_kw)
+
+    ar_dec = AutoregressiveDecoder(CausalLMAdapter(pair.target, backend=args.backend), sampling=sampling)
+    methods = {
+        "ar": lambda ids, n, seed: (ar_dec.generate(ids, n, seed=seed).tokens, None, None),
+        "spade": spade({"gamma": args.gamma}),
+        "hf": lambda ids, n, seed: (baselines.hf_generate(pair.target, ids, n, sampling=sampling,
+                                                          seed=seed).tokens, None, None),
+        "hf_assisted": lambda ids, n, seed: (baselines.hf_generate(pair.target, ids, n, sampling=sampling,
+                                                                   assistant=draft_model, gamma=args.gamma,
+                                                                   seed=seed).tokens, None, None),
+    }
+    if args.compare:
+        for g in sorted({int(x) for x in args.gammas.split(",") if x.strip()} - {args.gamma}):
+            methods[f"spade_g{g}"] = spade({"gamma": g})
+        methods["hf_heuristic"] = lambda ids, n, seed: (hf_assisted_variant(
+            pair.target, draft_model, ids, n, sampling, seed, num_tokens=args.gamma, schedule="heuristic",
+            threshold=0.0), None, None)
+        methods["hf_confidence"] = lambda ids, n, seed: (hf_assisted_variant(
+            pair.target, draft_model, ids, n, sampling, seed, num_tokens=20, schedule="constant",
+            threshold=0.4), None, None)
+    return methods
+
+
+def adaptive_policy(costs: dict, max_gamma: int, overhead: float = 0.0) -> AdaptiveGamma:
+    """:class:`AdaptiveGamma` with the measured ``c`` and ``r(g) + overhead`` (the loop's per-step cost
+    beyond the forwards, in target-forward units, measured before the timed rounds)."""
+    return AdaptiveGamma(c=costs["c"], max_gamma=max_gamma,
+                         verify_cost=tuple(costs["r"][g] + overhead for g in range(1, max_gamma + 1)))
+
+
+def step_overhead(methods: dict, ids, n: int, gamma: int, costs: dict, clock, reps: int = 3) -> float:
+    """Per-step loop cost beyond ``gamma c + r(gamma)``, in AR-token units: SPADE's time per step over
+    AR's time per token, minus the cost model's forwards (median of ``reps`` paired generations)."""
+    vals = []
+    for _ in range(reps):
+        t0 = clock()
+        toks, acc, _ = methods["spade"](ids, n, 0)
+        t1 = clock()
+        ar_toks, _, _ = methods["ar"](ids, n, 0)
+        t2 = clock()
+        per_step = (t1 - t0) / max(1, len(acc))
+        per_tok = (t2 - t1) / max(1, len(ar_toks))
+        vals.append(per_step / per_tok - (gamma * costs["c"] + costs["r"][gamma]))
+    return max(0.0, float(np.median(vals)))
+
+
+def base_of(m: str) -> str:
+    return BASE.get(m, "ar" if m.startswith("spade") else "hf")
+
+
+# ------------------------------------------------------------------------------------------
+# the run
 
 
 def main(argv=None) -> None:
@@ -86,10 +293,14 @@ def main(argv=None) -> None:
     from spade_lib.bench import default_suite, humaneval_suite, load_suite
     from spade_lib.zoo import load_pair
 
-    threads = timing.fix_threads(args.threads or None)
+    threads = timing.fix_threads(args.threads)
     device = timing.resolve_device(args.device)
+    clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
+    clock = make_clock(clock_kind)
     t0 = time.perf_counter()
     pair = load_pair(args.pair, device=device)
+    draft_name = args.draft or pair.default_draft
+    sampling = SamplingConfig(temperature=args.temperature)
     suite_name = args.suite or ("humaneval" if args.pair == "smollm2" else "embedded")
     if suite_name == "embedded":
         suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
@@ -97,98 +308,152 @@ def main(argv=None) -> None:
         suite = humaneval_suite(n_per_category=args.n_per_category, seed=args.seed)
     else:
         suite = load_suite(suite_name).filter(n_per_category=args.n_per_category)
-    print(f"pair={pair.name} draft={args.draft} suite={suite.name} ({len(suite.rows)} prompts, "
+    cfg = runner.RunConfig(method="ar", temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                           seed=args.seed, device=str(device))
+    prompts = [(r, runner.prompt_ids(pair.tokenizer, r["turns"][0], cfg)) for r in suite.rows]
+    print(f"pair={pair.name} draft={draft_name} suite={suite.name} ({len(prompts)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
-          f"T={args.temperature:g} repeats={args.repeats} threads={threads} device={device} "
-          f"(setup {time.perf_counter() - t0:.1f} s)")
+          f"T={args.temperature:g} repeats={args.repeats} threads={threads} clock={clock_kind} device={device} "
+          f"backend={args.backend} (setup {time.perf_counter() - t0:.1f} s)")
     fp = timing.environment_fingerprint(device)
-    print(f"cpu={fp['cpu_model']!r} gpu={fp['gpu']!r} torch={fp['torch']} transformers={fp['transformers']} "
-          f"git={str(fp['git_commit'])[:10]}{'+dirty' if fp['git_dirty'] else ''}")
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"] * 3
-    print(f"load average before: {' '.join(load)} (other processes share these cores if > {threads})")
+    print(f"cpu={fp['cpu_model']!r} cpus={os.cpu_count()} gpu={fp['gpu']!r} torch={fp['torch']} "
+          f"transformers={fp['transformers']} git={str(fp['git_commit'])[:10]}{'+dirty' if fp['git_dirty'] else ''}")
+    monitor = LoadMonitor()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in monitor.load_before)}")
 
-    # prompt lookup ("--draft ngram") has no HF assisted counterpart with an assistant model
-    methods = METHODS if args.draft != "ngram" else tuple(m for m in METHODS if m != "hf_assisted")
-    configs = {m: runner.RunConfig(method=m, draft=args.draft, gamma=args.gamma, temperature=args.temperature,
-                                   max_new_tokens=args.max_new_tokens, seed=args.seed, device=str(device),
-                                   warmup=0, repeats=args.repeats) for m in methods}
-    gens = {m: runner.make_generator(pair, c) for m, c in configs.items()}
-    prompts = [(r, runner.prompt_ids(pair.tokenizer, r["turns"][0], configs["ar"])) for r in suite.rows]
-    for m in methods:  # warm-up: every method once on the first prompt
-        gens[m].timed(prompts[0][1], args.max_new_tokens, 1)
+    tgt_ad = CausalLMAdapter(pair.target, backend=args.backend)
+    dr_ad = CausalLMAdapter(pair.drafts[draft_name], backend=args.backend)
+    costs = measure_costs(tgt_ad, dr_ad, args.max_gamma, args.context, clock, device=device)
+    print(f"costs ({clock_kind} clock, {costs['context']}-token cache, backend target={tgt_ad.backend} "
+          f"draft={dr_ad.backend}): target 1-token forward {costs['t_target'] * 1e3:.2f} ms, draft "
+          f"{costs['t_draft'] * 1e3:.3f} ms -> c = {costs['c']:.4f}; r(g) = "
+          + " ".join(f"{g}:{v:.3f}" for g, v in costs["r"].items()))
 
-    rows, records = {m: [] for m in methods}, []
+    methods = build_methods(pair, draft_name, args, sampling, costs)
+    for m in list(methods):  # warm-up: every method once on the first prompt
+        methods[m](prompts[0][1], args.max_new_tokens, 0)
+    if args.compare:
+        g_ref = min(args.gamma, args.max_gamma)
+        overhead = step_overhead(methods, prompts[0][1], args.max_new_tokens, g_ref, costs, clock)
+        pol = adaptive_policy(costs, args.max_gamma, overhead)
+        print(f"adaptive gamma: c = {pol.c:.4f}, per-step loop overhead {overhead:.3f} target forwards (added to r); "
+              "optimal gamma at alpha 0.5/0.7/0.9: " + "/".join(str(pol.gamma_at(a)) for a in (0.5, 0.7, 0.9)))
+        methods["spade_adaptive"] = spade_method(pair, draft_name, args, sampling, {"policy": pol})
+        methods["spade_adaptive"](prompts[0][1], args.max_new_tokens, 0)
+    names = list(methods)
+
+    rows = []
+    rnd = 0
     t_bench = time.perf_counter()
     for i, (row, ids) in enumerate(prompts):
         seed = runner.generation_seed(args.seed, row["question_id"], 0)
-        order = methods[i % len(methods):] + methods[:i % len(methods)]  # rotate: no method always runs first
-        for m in order:
-            gen, t = runner.timed_generation(gens[m], ids, configs[m], seed, device)
-            rows[m].append({"question_id": row["question_id"], "category": row["category"], "sample": 0,
-                            "new_tokens": len(gen.output_ids), "wall_time": t.median,
-                            "rel_spread": t.rel_spread, "accept_lengths": gen.accept_lengths,
-                            "output_ids": gen.output_ids})
-            if m == "spade":
-                records += [{"prompt_id": str(row["question_id"]), "sample": 0, **r} for r in gen.records]
+        for rep in range(args.repeats):
+            k = rnd % len(names)
+            for m in names[k:] + names[:k]:  # rotate so no method always runs first
+                w0, c0 = time.perf_counter(), clock()
+                toks, acc, gammas = methods[m](ids, args.max_new_tokens, seed)
+                timing.synchronize(device)
+                c1, w1 = clock(), time.perf_counter()
+                rows.append({"round": rnd, "prompt": i, "method": m, "new_tokens": len(toks), "cpu": c1 - c0,
+                             "wall": w1 - w0, "tokens": toks, "accept_lengths": acc, "gammas": gammas})
+            rnd += 1
     elapsed = time.perf_counter() - t_bench
-    s = {m: pd.DataFrame(v) for m, v in rows.items()}
-    tr = pd.DataFrame(records)
+    load = monitor.finish()
+    df = pd.DataFrame(rows)
+    df["sec_per_tok"] = df["cpu" if clock_kind == "cpu" else "wall"] / df["new_tokens"].clip(lower=1)
+    df["wall_per_tok"] = df["wall"] / df["new_tokens"].clip(lower=1)
 
-    same = sum(a == b for a, b in zip(s["spade"]["output_ids"], s["ar"]["output_ids"]))
-    print(f"\n{len(prompts)} prompts x {len(methods)} methods x {args.repeats} repeats in {elapsed:.0f} s; "
-          f"SPADE output == AR output on {same}/{len(prompts)} prompts"
-          + (" (greedy: must be all)" if args.temperature == 0 else ""))
-    print(f"{'method':<12} {'tok/s':>8} {'speedup':>8} {'vs':>5}  {'mean-of-ratios':>14}  {'median rel. spread':>18}")
-    base_of = {"ar": "ar", "spade": "ar", "hf": "hf", "hf_assisted": "hf"}
+    # exactness: greedy SPADE (any gamma / policy) must reproduce AR token for token
+    first = df[df["round"].isin(df.groupby("prompt")["round"].min())]
+    out = first.pivot(index="prompt", columns="method", values="tokens")
+    same = {m: int(sum(a == b for a, b in zip(out[m], out["ar"]))) for m in names if m.startswith("spade")}
+    hf_same = int(sum(a == b for a, b in zip(out["hf"], out["ar"])))
+    print(f"\n{len(prompts)} prompts x {args.repeats} rounds x {len(names)} methods in {elapsed:.0f} s. "
+          f"Outputs equal to AR on {len(prompts)} prompts: "
+          + ", ".join(f"{m} {v}" for m, v in same.items()) + f", hf {hf_same}"
+          + (" (greedy: SPADE must be all)" if sampling.greedy else " (sampling: differ by design)"))
+
+    # paired per-round ratios
+    per = df.pivot(index="round", columns="method", values="sec_per_tok")
+    per_wall = df.pivot(index="round", columns="method", values="wall_per_tok")
+    print(f"\n{'method':<15} {'tok/s':>8} {'vs':>4} {'speedup':>8} {'IQR':>15} {'wall speedup':>12} "
+          f"{'ratio of totals':>15}")
     sp = {}
-    for m in methods:
-        b = base_of[m]
-        sp[m] = metrics.speedup_ratio_of_totals(s[m], s[b])
-        mor = metrics.speedup_mean_of_ratios(s[m], s[b])
-        print(f"{m:<12} {metrics.tokens_per_second(s[m]):8.1f} {sp[m]:8.3f} {b:>5}  {mor:14.3f}  "
-              f"{s[m]['rel_spread'].median():18.3f}")
+    for m in names:
+        b = base_of(m)
+        ratios = per[b] / per[m]
+        q25, q50, q75 = np.percentile(ratios, [25, 50, 75])
+        sp[m] = float(q50)
+        wall = float(np.median(per_wall[b] / per_wall[m]))
+        sel = df[df["method"] == m]
+        tot = (sel["new_tokens"].sum() / sel["sec_per_tok"].mul(sel["new_tokens"]).sum())
+        bsel = df[df["method"] == b]
+        tot_b = bsel["new_tokens"].sum() / bsel["sec_per_tok"].mul(bsel["new_tokens"]).sum()
+        print(f"{m:<15} {tot:8.1f} {b:>4} {q50:8.3f} {f'[{q25:.3f}, {q75:.3f}]':>15} {wall:12.3f} "
+              f"{tot / tot_b:15.3f}")
+    vs_hf = float(np.median((per["ar"] / per["spade"]) / (per["hf"] / per["hf_assisted"])))
+    direct = float(np.median(per["hf_assisted"] / per["spade"]))
+    print(f"SPADE vs HF assisted, same draft and gamma: ratio of speedups {vs_hf:.3f}; "
+          f"tokens/s directly {direct:.3f}")
 
+    # acceptance from one recorded (untimed) pass per prompt
+    rec = SpeculativeDecoder(tgt_ad, ModelDrafter(dr_ad), gamma=args.gamma, sampling=sampling, record=True)
+    records = []
+    for i, (row, ids) in enumerate(prompts):
+        seed = runner.generation_seed(args.seed, row["question_id"], 0)
+        records += [{"prompt_id": str(i), "sample": 0, **r} for r in rec.generate(ids, args.max_new_tokens,
+                                                                               seed=seed).records()]
+    tr = pd.DataFrame(records)
     alpha = metrics.acceptance_rate(tr)
-    c = metrics.cost_ratio(tr, s["ar"])
-    tau = metrics.mean_accepted_length(s["spade"])
-    predicted = metrics.predicted_speedup(alpha, args.gamma, c)
-    r = verify_cost_ratio(pair.target, args.gamma)
-    predicted_r = float(theory_speedup(alpha, args.gamma, c, verify_cost=r))
-    st = metrics.steps(tr)
-    per_step = {k: st[k].mean() * 1e3 for k in ("t_draft", "t_verify", "t_overhead")}
-    ar_ms = 1e3 / metrics.tokens_per_second(s["ar"])
-    print(f"\nSPADE: alpha={alpha:.3f} (expected from 1-TV: {metrics.expected_acceptance_rate(tr):.3f}) "
-          f"tau={tau:.3f} (iid prediction {(1 - alpha ** (args.gamma + 1)) / (1 - alpha):.3f}) "
-          f"c={c:.4f} block efficiency={metrics.block_efficiency(s['spade']):.3f}")
-    print(f"per step (ms): draft {per_step['t_draft']:.2f}, verify {per_step['t_verify']:.2f}, "
-          f"overhead {per_step['t_overhead']:.2f}; AR per token {ar_ms:.2f} ms; "
-          f"verify cost r = t(fwd {args.gamma + 1} tok) / t(fwd 1 tok) = {r:.3f}")
-    print(f"Thm 3.8 prediction {predicted:.3f} (r=1); with measured r: {predicted_r:.3f}; "
-          f"measured {sp['spade']:.3f}")
+    spade_rows = df[(df["method"] == "spade") & df["round"].isin(first["round"])]
+    tau = float(np.mean(np.concatenate([np.asarray(a) for a in spade_rows["accept_lengths"]])))
+    g, c, r = args.gamma, costs["c"], costs["r"].get(args.gamma)
+    if r is None:
+        r = measure_costs(tgt_ad, dr_ad, args.gamma, args.context, clock, device=device)["r"][args.gamma]
+    e_tokens = float(expected_tokens(alpha, g))
+    predicted = float(theory_speedup(alpha, g, c))
+    predicted_r = float(theory_speedup(alpha, g, c, verify_cost=r))
+    print(f"\nSPADE: alpha={alpha:.3f} tau={tau:.3f} (iid E[tokens] {e_tokens:.3f}) c={c:.4f} r({g})={r:.3f}")
+    print(f"Thm 3.8 prediction {predicted:.3f} (r=1); r-aware E/(gamma c + r) {predicted_r:.3f}; "
+          f"measured {sp['spade']:.3f}; with the measured tau instead of alpha: {tau / (g * c + r):.3f}")
+
+    if args.compare:
+        fixed = {m: v for m, v in sp.items() if m == "spade" or m.startswith("spade_g")}
+        best = max(fixed, key=fixed.get)
+        ad = df[df["method"] == "spade_adaptive"]["gammas"]
+        mean_gamma = float(np.mean(np.concatenate([np.asarray(x, dtype=float) for x in ad])))
+        hf_best = max((m for m in sp if m.startswith("hf_")), key=lambda m: sp[m])
+        print(f"\nbest fixed gamma: {best} ({fixed[best]:.3f}); adaptive {sp['spade_adaptive']:.3f} "
+              f"(mean gamma {mean_gamma:.2f}, {sp['spade_adaptive'] / fixed[best]:.3f} of the best fixed); "
+              f"HF heuristic {sp['hf_heuristic']:.3f}, HF confidence {sp['hf_confidence']:.3f} (vs plain HF)")
+        best_spade = max(sp[m] for m in sp if m.startswith("spade"))
+        print(f"best SPADE configuration / best HF assisted configuration (each vs its own baseline): "
+              f"{best_spade / sp[hf_best]:.3f} ({hf_best})")
+
+    lb, la = load["load_before"], load["load_after"]
+    print(f"\nload average before {lb[0]:.2f}, after {la[0]:.2f} (1 min); other processes used "
+          f"{load['others_cores']:.2f} cores on average during the run ({os.cpu_count()} CPUs, "
+          f"{threads} thread(s) here)")
+    busy = load["others_cores"] > 0.5 or max(lb[0], la[0]) > threads + 0.5
+    if busy:
+        print("WARNING: the machine was busy during this run; the ratios are paired medians "
+              f"({clock_kind} clock), but treat the absolute tok/s as inflated and re-run on a quiet machine.")
 
     if args.profile:
-        profile_spade(gens["spade"], prompts, args)
+        profile_spade(methods["spade"], prompts, args)
 
-    if "hf_assisted" not in sp:
-        print(f"fraction_of_prediction={sp['spade'] / predicted:.3f}")
-        return
-    ratio = sp["spade"] / sp["hf_assisted"]
-    fraction = sp["spade"] / predicted
-    print(f"spade_vs_hf_assisted={ratio:.3f} fraction_of_prediction={fraction:.3f}")
+    frac = sp["spade"] / predicted
+    frac_r = sp["spade"] / predicted_r
+    print(f"spade_vs_ar={sp['spade']:.3f} spade_vs_hf_assisted={vs_hf:.3f} "
+          f"fraction_of_prediction={frac:.3f} fraction_of_r_aware={frac_r:.3f}")
 
 
-def profile_spade(generator, prompts, args) -> None:
-    """Cost of token-level recording, and a cProfile of SPADE's timed loop (top functions by own time)."""
-    sub = prompts[: min(4, len(prompts))]
-    for name, fn in (("record='light' (timed)", generator.timed), ("record=True (trace pass)", generator.recorded)):
-        t0 = time.perf_counter()
-        for row, ids in sub:
-            fn(ids, args.max_new_tokens, 1)
-        print(f"{name:<26} {time.perf_counter() - t0:.3f} s over {len(sub)} prompts")
+def profile_spade(fn, prompts, args) -> None:
+    """A cProfile of SPADE's timed loop on up to 4 prompts (top functions by own time)."""
     prof = cProfile.Profile()
     prof.enable()
     for row, ids in prompts[: min(4, len(prompts))]:
-        generator.timed(ids, args.max_new_tokens, 1)
+        fn(ids, args.max_new_tokens, 1)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)

@@ -15,6 +15,14 @@ kept tokens would (``tests/test_adapter.py`` compares the logits). Position ids 
 behave the same. A model whose cache cannot be cropped (recurrent / linear-attention states, a sliding
 window already overrun) is refused with a ``ValueError``. The adapter is device- and dtype-agnostic: it
 feeds tokens on the model's device and returns logits in the model's dtype.
+
+Backends (``backend=``): ``"hf"`` calls the model's own forward with a ``DynamicCache`` as above;
+``"lean"`` runs :class:`spade_lib.lean.LeanForward` — the same function computed from the model's
+weights with a preallocated KV cache (rollback is setting an integer), without the per-call module,
+mask and cache bookkeeping that dominates a small draft's forward; ``"auto"`` (default) takes
+``"lean"`` whenever it covers the model and agrees with one Hugging Face forward, else ``"hf"``.
+The lean forward fuses (copies) the projection weights when the adapter is built: build a new adapter
+after changing a model's weights, dtype or device.
 """
 
 from __future__ import annotations
@@ -25,8 +33,11 @@ import torch
 from transformers import DynamicCache
 
 from .validate import check_token_ids
+from .lean import lean_forward
 
-__all__ = ["CausalLMAdapter", "as_token_tensor", "context_limit"]
+__all__ = ["CausalLMAdapter", "as_token_tensor", "context_limit", "BACKENDS"]
+
+BACKENDS = ("auto", "hf", "lean")
 
 
 def context_limit(model: torch.nn.Module) -> int | None:
@@ -60,9 +71,12 @@ class CausalLMAdapter:
     """One causal LM and its KV cache (batch size 1).
 
     ``max_length`` caps the number of positions fed (default: the model config's context limit).
+    ``backend``: ``"auto"``, ``"hf"`` or ``"lean"`` (module docstring); the one in use is ``self.backend``.
     """
 
-    def __init__(self, model: torch.nn.Module, *, max_length: int | None = None):
+    def __init__(self, model: torch.nn.Module, *, max_length: int | None = None, backend: str = "auto"):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
         if not hasattr(model, "config") or not callable(model):
             raise ValueError(f"model: expected a Hugging Face causal LM, got {type(model).__name__}")
         params = inspect.signature(model.forward).parameters
@@ -93,6 +107,15 @@ class CausalLMAdapter:
                 "states); speculative decoding needs to roll back rejected tokens"
             )
         self.length = 0  # tokens currently in the cache
+        self.lean = None
+        if backend != "hf" and limit is not None:
+            self.lean = lean_forward(model, limit)
+        if backend == "lean" and self.lean is None:
+            raise ValueError(f"backend: the lean forward does not cover {type(model).__name__} "
+                             "(see spade_lib.lean.SUPPORTED), use backend='hf' or 'auto'")
+        self.backend = "hf" if self.lean is None else "lean"
+        if self.lean is not None:
+            self.cache = None  # the lean forward keeps its own buffers
 
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -102,7 +125,10 @@ class CausalLMAdapter:
 
     def reset(self) -> None:
         """Drop the cache (start a new prompt)."""
-        self.cache = self._new_cache()
+        if self.lean is not None:
+            self.lean.reset()
+        else:
+            self.cache = self._new_cache()
         self.length = 0
 
     def check_fits(self, n_new: int) -> None:
@@ -120,6 +146,10 @@ class CausalLMAdapter:
         if k == 0:
             raise ValueError("ids: nothing to feed (0 tokens)")
         self.check_fits(k)
+        if self.lean is not None:
+            logits = self.lean.forward(ids.view(k), last_only=last_only)
+            self.length += k
+            return logits
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if self._has_position_ids:
             kwargs["position_ids"] = torch.arange(self.length, self.length + k, device=self.device)[None]
@@ -140,6 +170,10 @@ class CausalLMAdapter:
         if not 0 <= length <= self.length:
             raise ValueError(f"length: must be in [0, {self.length}], got {length}")
         if length == self.length:
+            return
+        if self.lean is not None:
+            self.lean.rollback(length)
+            self.length = length
             return
         if not self.cache.is_croppable:
             raise ValueError(f"model: the KV cache of {type(self.model).__name__} can no longer be cropped")

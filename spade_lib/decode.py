@@ -312,18 +312,21 @@ class SpeculativeDecoder(_Base):
         steps: list[StepInfo] = []
         totals = {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
         stop_reason = "max_new_tokens"
+        # a policy with per-generation state (spade_lib.adaptive) picks each step's gamma from past steps
+        state = policy.start() if hasattr(policy, "start") else None
         while True:
             budget = min(max_new_tokens, limit - L) - len(tokens)
             if budget <= 0:
                 if len(tokens) < max_new_tokens:
                     stop_reason = "context_limit"
                 break
-            max_gamma = min(policy.max_gamma, budget - 1)
+            cap = policy.max_gamma if state is None else state.gamma()
+            max_gamma = min(cap, budget - 1)
             ta = _clock(dev) if timed else 0.0
             cur = target.length
             if max_gamma > 0:
                 draft = drafter.propose(max_gamma, policy, sampling, gens["draft"])
-                if draft.stop == "max_gamma" and max_gamma < policy.max_gamma:
+                if draft.stop == "max_gamma" and max_gamma < cap:
                     draft.stop = "budget"
             else:
                 draft = None
@@ -360,6 +363,8 @@ class SpeculativeDecoder(_Base):
             emitted, hit_eos = _truncate(block, budget, self.eos)
             target.rollback(cur + 1 + n_acc)
             drafter.accept(n_acc, next_token)
+            if state is not None:
+                state.observe(g, n_acc)
             pending = torch.tensor([next_token], dtype=torch.long, device=dev)
             steps.append(StepInfo(g, n_acc, next_token, len(emitted), len(tokens),
                                   "budget" if draft is None else draft.stop, stats=stats, topk=topk))

@@ -32,6 +32,7 @@ def qwen2():
 
 
 FAMILIES = {"llama": llama, "gpt2": gpt2, "qwen2": qwen2}
+LEAN = {"llama", "qwen2"}  # families the lean forward covers
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -39,15 +40,23 @@ def model(request):
     return FAMILIES[request.param]()
 
 
+@pytest.fixture(params=["auto", "hf"])
+def backend(request):
+    return request.param
+
+
 def full_logits(model, ids):
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
 
 
-def test_random_extend_rollback_sequence_matches_fresh_prefill(model):
-    """Any interleaving of extends and rollbacks gives the logits of a cache-free forward on the kept text."""
+def test_random_extend_rollback_sequence_matches_fresh_prefill(model, backend):
+    """Any interleaving of extends and rollbacks gives the logits of a cache-free forward on the kept text,
+    through the Hugging Face forward and (auto, where covered) the lean one."""
     rng = torch.Generator().manual_seed(1)
-    a = CausalLMAdapter(model)
+    a = CausalLMAdapter(model, backend=backend)
+    assert a.backend == ("lean" if backend == "auto" and type(model).__name__.lower().startswith(tuple(LEAN))
+                         else "hf")
     kept: list[int] = []
     for _ in range(12):
         k = int(torch.randint(1, 6, (1,), generator=rng))
@@ -59,7 +68,31 @@ def test_random_extend_rollback_sequence_matches_fresh_prefill(model):
         drop = int(torch.randint(0, k + 1, (1,), generator=rng))  # reject a suffix of what was just fed
         a.rollback(len(kept) - drop)
         kept = kept[:len(kept) - drop]
-        assert a.length == len(kept) == a.cache.get_seq_length()
+        assert a.length == len(kept) == (a.lean.length if a.lean is not None else a.cache.get_seq_length())
+
+
+def test_backend_choice():
+    assert CausalLMAdapter(gpt2()).backend == "hf"
+    assert CausalLMAdapter(llama(), backend="lean").backend == "lean"
+    with pytest.raises(ValueError, match="backend"):
+        CausalLMAdapter(gpt2(), backend="lean")
+    with pytest.raises(ValueError, match="backend"):
+        CausalLMAdapter(llama(), backend="fast")
+
+
+def test_lean_buffers_grow_and_respect_the_context_limit():
+    """The lean KV buffers start small and double; feeding past the limit is refused."""
+    from spade_lib.lean import LeanForward
+
+    m = llama()
+    lean = LeanForward(m, 64)
+    lean._alloc(4)  # force growth during the sequence
+    ids = torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        got = torch.cat([lean.forward(ids[i:i + 3]) for i in range(0, 39, 3)] + [lean.forward(ids[39:])])
+    torch.testing.assert_close(got, full_logits(m, ids.tolist()), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="context limit"), torch.inference_mode():
+        lean.forward(torch.zeros(25, dtype=torch.long))
 
 
 def test_sliding_window_cache_rolls_back_past_the_window():
@@ -136,9 +169,10 @@ def test_refuses_a_model_without_a_cache_argument():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision(dtype):
+@pytest.mark.parametrize("backend", ["hf", "lean"])
+def test_half_precision(dtype, backend):
     m = llama(dtype)
-    a = CausalLMAdapter(m)
+    a = CausalLMAdapter(m, backend=backend)
     assert a.dtype == dtype and a.device == torch.device("cpu")
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
     a.extend(torch.tensor(ids[:5]))

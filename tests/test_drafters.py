@@ -206,3 +206,23 @@ def test_make_drafter_by_name():
     assert drafter_options("ngram") == ("max_ngram", "min_ngram") and drafter_options("small") == ()
     with pytest.raises(ValueError, match="draft: pair 'toy' has drafts"):
         make_drafter("huge", pair)
+
+
+def test_sample_categorical_draws_q_exactly():
+    """Inverse-CDF draws follow q (chi-square p-value), never a zero-weight token, unnormalised rows too."""
+    from scipy.stats import chisquare
+
+    from spade_lib.drafters import sample_categorical
+
+    q = torch.zeros(300)
+    q[[0, 7, 255, 256, 299]] = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    gen = torch.Generator().manual_seed(0)
+    draws = sample_categorical((3.0 * q).expand(20_000, -1), gen)
+    counts = torch.bincount(draws, minlength=300)
+    assert counts.sum() == 20_000 and set(torch.nonzero(counts)[:, 0].tolist()) <= {0, 7, 255, 256, 299}
+    support = q > 0
+    p = chisquare(counts[support].numpy(), 20_000 * q[support].numpy()).pvalue
+    assert p > 1e-3, p
+    edge = torch.zeros(1, 5)
+    edge[0, 2] = 1.0  # a single token, last weights zero: always that token
+    assert sample_categorical(edge.expand(100, -1), gen).unique().tolist() == [2]

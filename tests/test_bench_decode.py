@@ -1,0 +1,37 @@
+"""benchmarks/bench_decode.py end to end on the tiny pair: it runs, greedy SPADE reproduces AR, and the
+last line carries the four figures in the agreed format. (No timing thresholds: speed is not tested.)"""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_decode.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_runs_on_the_tiny_pair_and_prints_the_four_figures(bench, capsys):
+    bench.main(["--pair", "tiny", "--n-per-category", "1", "--max-new-tokens", "8", "--repeats", "1",
+                "--max-gamma", "4"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"spade_vs_ar=\d+\.\d{3} spade_vs_hf_assisted=\d+\.\d{3} fraction_of_prediction=\d+\.\d{3} "
+                        r"fraction_of_r_aware=\d+\.\d{3}", out[-1]), out[-1]
+    equal = next(line for line in out if "Outputs equal to AR" in line)
+    n = int(re.search(r"(\d+) prompts x", equal).group(1))
+    assert f"spade {n}," in equal  # greedy: SPADE reproduces AR on every prompt
+    assert any(line.startswith("costs (") for line in out) and any("load average before" in line for line in out)
+
+
+def test_adaptive_policy_from_measured_costs(bench):
+    costs = {"c": 0.1, "r": {g: 1.0 + 0.1 * g for g in range(1, 5)}}
+    pol = bench.adaptive_policy(costs, 4, overhead=0.5)
+    assert pol.max_gamma == 4 and pol.verify_cost == pytest.approx((1.6, 1.7, 1.8, 1.9))
+    assert bench.base_of("spade_g3") == "ar" and bench.base_of("hf_heuristic") == "hf"
