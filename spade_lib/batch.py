@@ -131,7 +131,10 @@ def _prompts(prompts, device, limit: int | None) -> list[torch.Tensor]:
     out = []
     for i, p in enumerate(prompts):
         t = as_token_tensor(p, device, name=f"prompts[{i}]")
-        _check_prompt(t, limit)
+        try:
+            _check_prompt(t, limit)
+        except ValueError as e:
+            raise ValueError(f"prompts[{i}]: {str(e).removeprefix('prompt_ids: ')}") from None
         out.append(t)
     return out
 
