@@ -389,3 +389,30 @@ def test_greedy_rows_equal_single_decoding_on_the_default_pair():
         ties += assert_rows_match(out, refs, pair.target, sub, f"default B={B}")
         assert sum(s.n_accepted for r in out for s in r.steps) > 0
     assert ties <= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the study and its figure (mechanics only: no wall-clock thresholds)
+
+
+def test_batch_study_table_stops_paying_and_figure(tiny, prompts, tmp_path):
+    from spade_lib.batch import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.plots import save_figure
+    from spade_lib.plots.batch import plot_speedup_vs_batch
+
+    cfg = BatchStudyConfig(batch_sizes=(1, 3), max_new_tokens=4, warmup=0, cost_repeats=1, gamma=2)
+    df = batch_study(tiny.target, tiny.draft, prompts[:2], cfg)
+    assert list(df[["temperature", "batch_size"]].itertuples(index=False, name=None)) == [
+        (0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]
+    assert (df["ar_tokens"] == 4 * df["batch_size"]).all() and (df["spec_tokens"] == df["ar_tokens"]).all()
+    assert ((df["alpha"] >= 0) & (df["alpha"] <= 1)).all() and (df["r"] > 0).all() and (df["c"] > 0).all()
+    np.testing.assert_allclose(df["speedup"], df["spec_tps"] / df["ar_tps"])
+    fake = df.assign(speedup=[1.5, 0.9, 1.2, 1.1], predicted=[1.1, 1.0, 0.5, 0.4])
+    assert stops_paying(fake) == {0.0: 3, 1.0: None}
+    assert stops_paying(fake, "predicted") == {0.0: None, 1.0: 1}
+    paths = save_figure(plot_speedup_vs_batch(df), "m2_speedup_vs_batch", directory=tmp_path, close=True)
+    assert paths["png"].stat().st_size > 0
+    with pytest.raises(ValueError, match="batch_sizes"):
+        BatchStudyConfig(batch_sizes=(0,))
+    with pytest.raises(ValueError, match="study"):
+        plot_speedup_vs_batch(df.drop(columns="predicted"))
