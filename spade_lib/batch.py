@@ -688,8 +688,8 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
     decoding against batch size, with the theory's prediction beside it.
 
     For each temperature and batch size ``B``: rows are ``prompts[b % len(prompts)]`` with seeds
-    ``config.seed + b``; AR and speculative batches alternate (``warmup`` untimed, ``repeats`` timed,
-    median); throughput = all rows' new tokens / the batch's wall time. ``alpha`` is estimated from the
+    ``config.seed + b``; AR and speculative batches alternate, in turns (``warmup`` untimed, ``repeats``
+    timed, median); throughput = all rows' new tokens / the batch's wall time. ``alpha`` is estimated from the
     speculative steps as ``sum n / sum min(n + 1, gamma)`` (accepted over judged drafts), ``r(B)`` and
     ``c(B)`` by :func:`forward_costs`, and ``predicted = theory.speedup(alpha, gamma, c, verify_cost=r)``
     ``= E[tokens] / (gamma c + r)``: the speedup if a step cost only its forwards. Returns a DataFrame,
@@ -723,7 +723,7 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         results: dict[str, list] = {"ar": [], "spec": []}
         times: dict[str, list[float]] = {"ar": [], "spec": []}
         for k in range(config.warmup + config.repeats):
-            for name, dec in (("ar", ar), ("spec", spec)):
+            for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
                 t0 = timing.clock(spec.device)
                 out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
                 dt = timing.clock(spec.device) - t0

@@ -161,6 +161,20 @@ def test_greedy_rows_equal_single_decoding_on_a_random_llama(rand_pair):
     assert ragged > 0  # rows accepted different numbers of drafts in the same batched step
 
 
+def test_greedy_rows_equal_single_decoding_on_gpt2_absolute_positions(rand_pair):
+    """GPT-2 adds learned absolute position embeddings: the explicit position ids must skip the holes."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    target = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=96,
+                                        initializer_range=0.3, bos_token_id=None, eos_token_id=None)).eval()
+    prompts = rand_pair[2][:5]
+    dec = SpeculativeDecoder(target, perturbed(target, 0.1), gamma=3, sampling=GREEDY, eos_token_id=[])
+    out = dec.generate_batch(prompts, N_NEW)
+    assert_rows_match(out, [dec.generate(p, N_NEW).tokens for p in prompts], target, prompts, "gpt2")
+    assert sum(s.n_accepted for r in out for s in r.steps) > 0
+
+
 def test_rows_finish_independently_at_eos_and_context_limit(rand_pair):
     target, draft, prompts = rand_pair
     first = [SpeculativeDecoder(target, draft, gamma=3, sampling=GREEDY, eos_token_id=[]).generate(p, N_NEW).tokens
