@@ -24,6 +24,10 @@ Models with sliding-window layers are refused (their window counts slots, not po
 (its policy, its budget), the rest of its columns are holes. Verification runs once per distinct
 ``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
 
+**Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
+``torch.multinomial`` from its own generator, exactly as :class:`~spade_lib.drafters.ModelDrafter`
+does (``V`` exponential draws per token), so that cost grows linearly with ``B``.
+
 **Randomness: per-row seeds.** Row ``b`` has its own three generators (:func:`spade_lib.decode.seed_streams`
 of its seed: ``seed`` for every row when ``seed`` is an int, ``seed[b]`` when it is a list), and draws
 from them exactly what a single-sequence :meth:`~spade_lib.decode.SpeculativeDecoder.generate` with
@@ -398,7 +402,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                 feed = x[:, None]
                 fvalid = torch.tensor(fed_now, dtype=torch.bool, device=dev)[:, None]
         G = max(gamma)
-        fed = [min(g, len(xs) - 1) for g in gamma]  # drafts fed to D (x_{gamma-1} never is)
+        fed = [min(g, len(xs) - 1) for g in gamma]  # drafts fed to D (x_j went in with forward j + 1)
         tb = _clock(dev) if timed else 0.0
 
         # -- verify: one target forward on [t, x_0 .. x_{G-1}] per row, holes past gamma_b
