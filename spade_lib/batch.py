@@ -69,6 +69,7 @@ __all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculati
            "batch_study", "stops_paying"]
 
 BATCH_COLUMNS: tuple[str, ...] = ("row", "batch_size", "batch_step", "batch_rows")
+COMPACT_SLACK = 16  # a cache is compacted when its slots exceed 2 x (longest row) + this
 
 
 @dataclass
@@ -218,7 +219,7 @@ class _BatchLM:
             self.cache.crop(last - S)
             self.mask = self.mask[:, :last]
         width = int(self.length.max()) if self.length.numel() else 0
-        if self.slots > 2 * width + 16:
+        if self.slots > 2 * width + COMPACT_SLACK:
             self._compact(width)
 
     def _compact(self, width: int) -> None:

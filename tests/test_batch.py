@@ -175,6 +175,21 @@ def test_greedy_rows_equal_single_decoding_on_gpt2_absolute_positions(rand_pair)
     assert sum(s.n_accepted for r in out for s in r.steps) > 0
 
 
+def test_compaction_at_every_step_keeps_rows_exact(rand_pair, monkeypatch):
+    """Force the holes-dominate compaction after every step: rows still equal single decoding."""
+    from spade_lib import batch
+
+    calls = []
+    original = batch._BatchLM._compact
+    monkeypatch.setattr(batch, "COMPACT_SLACK", -10 ** 6)
+    monkeypatch.setattr(batch._BatchLM, "_compact", lambda self, w: (calls.append(w), original(self, w)))
+    target, draft, prompts = rand_pair
+    dec = SpeculativeDecoder(target, draft, gamma=4, sampling=GREEDY, eos_token_id=[])
+    out = dec.generate_batch(prompts[:5], 16)
+    assert_rows_match(out, [dec.generate(p, 16).tokens for p in prompts[:5]], target, prompts[:5], "compaction")
+    assert len(calls) > 4
+
+
 def test_rows_finish_independently_at_eos_and_context_limit(rand_pair):
     target, draft, prompts = rand_pair
     first = [SpeculativeDecoder(target, draft, gamma=3, sampling=GREEDY, eos_token_id=[]).generate(p, N_NEW).tokens
