@@ -634,7 +634,7 @@ class BatchStudyConfig:
     max_new_tokens: int = 32                         # tokens per row
     warmup: int = 1                                  # untimed batches per (temperature, batch size) and method
     repeats: int = 1                                 # timed batches per point (median)
-    cost_repeats: int = 5                            # timed forwards per cost ratio (median)
+    cost_repeats: int = 9                            # timed rounds of forwards per cost ratio (median)
     seed: int = 0                                    # row b of every batch uses seed + b
 
     def __post_init__(self) -> None:
@@ -654,11 +654,13 @@ class BatchStudyConfig:
                 raise ValueError(f"temperatures: each must be a number >= 0, got {t!r}")
 
 
-def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, repeats: int = 5
+def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, repeats: int = 9
                   ) -> dict[str, float]:
     """Measured cost ratios of one batched step for these ``B`` prompts (their caches prefilled):
-    ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``,
-    each time the median of ``repeats`` forwards; also the three times (s)."""
+    ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``.
+    The three forwards are timed in turns (order rotated each round, so machine noise hits them
+    alike), ``repeats`` rounds after one untimed round; each time is the median. Also returns the
+    three times (s) as ``t_target_1``, ``t_target_g``, ``t_draft_1``."""
     from . import timing
 
     ta = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
@@ -666,22 +668,24 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
     dev = ta.device
     rows = [as_token_tensor(p, dev) for p in prompts]
     ids, valid = _left_pad(rows, dev)
-    out = {}
+    probes = []
     with torch.inference_mode():
         for name, adapter, width in (("t_target_1", ta, 1), ("t_target_g", ta, gamma + 1), ("t_draft_1", da, 1)):
             lm = _BatchLM(adapter, len(rows), name)
             lm.forward(ids, valid, keep=1)
-            n0 = lm.length.clone()
             new = ids[:, -1:].expand(-1, width).contiguous()
-            ones = torch.ones_like(new, dtype=torch.bool)
-
-            def once():
-                lm.forward(new, ones, keep=0 if width > 1 else 1)
+            probes.append((name, lm, lm.length.clone(), new, width))
+        times: dict[str, list[float]] = {name: [] for name, *_ in probes}
+        for k in range(repeats + 1):
+            for name, lm, n0, new, width in probes[k % 3:] + probes[:k % 3]:
+                t0 = timing.clock(dev)
+                lm.forward(new, torch.ones_like(new, dtype=torch.bool), keep=0 if width > 1 else 1)
+                dt = timing.clock(dev) - t0
                 lm.rollback(n0)
                 lm.tidy()
-
-            _, t = timing.measure(once, warmup=1, repeats=repeats, device=dev)
-            out[name] = t.median
+                if k > 0:
+                    times[name].append(dt)
+    out = {name: float(np.median(v)) for name, v in times.items()}
     out["r"] = out["t_target_g"] / out["t_target_1"]
     out["c"] = out["t_draft_1"] / out["t_target_1"]
     return out
