@@ -8,17 +8,18 @@ residual / bonus token), but every model forward is one batched call over the ro
 **Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
 rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
 cache of ``S`` *slots*, a 2-D attention mask ``[B, S]`` (1 = the slot holds a committed token of that
-row) and each row's true length ``n_b`` (committed tokens in the cache). A forward appends the same
+row) and each row's true length ``l_b`` (committed tokens in the cache). A forward appends the same
 number of slots to every row; a row that has fewer tokens to feed (a shorter draft, a shorter prompt:
 left padding) fills the rest with *holes* (mask 0). After verification row ``b`` keeps its first
-``n_b`` valid slots and masks the rest (:meth:`_BatchLM.rollback`); a masked slot is never attended to
-again. Position ids are explicit, ``n_b + (rank among the new valid slots)``, so every token sits at
-its true position (RoPE and absolute embeddings alike) whatever the holes before it, and row ``b``
-attends to exactly the keys/values a single-sequence decode of row ``b`` would hold: the batched
-logits equal the single ones up to floating-point rounding. Trailing slots that are holes in every row
-are cropped after each step, finished rows leave the batch (``batch_select_indices``), and when holes
-fill more than half of the cache it is compacted (each row's valid slots gathered, order kept).
-Models with sliding-window layers are refused (their window counts slots, not positions).
+``l_b + n_b + 1`` valid slots (``n_b`` accepted drafts) and masks the rest (:meth:`_BatchLM.rollback`); a
+masked slot is never attended to again. Position ids are explicit, ``l_b + (rank among the new valid slots)``,
+so every token sits at its true position (RoPE and absolute embeddings alike) whatever the holes before
+it, and row ``b`` attends to exactly the keys/values a single-sequence decode of row ``b`` would hold:
+the batched logits equal the single ones up to floating-point rounding. Trailing slots that are holes in
+every row are cropped after each step, finished rows leave the batch (``batch_select_indices``), and
+when the slots outnumber twice the longest row (plus :data:`COMPACT_SLACK`) the cache is compacted (each
+row's valid slots gathered, order kept). Models with sliding-window layers are refused (their window
+counts slots, not positions); the draft must be a model (prompt lookup is not batched).
 
 **Ragged acceptance.** The step's width is ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` tokens
 (its policy, its budget), the rest of its columns are holes. Verification runs once per distinct
@@ -47,7 +48,6 @@ and per batch. :func:`batch_study` measures throughput against batch size (``m2_
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,8 +57,7 @@ import torch
 from transformers import DynamicCache
 
 from .adapter import CausalLMAdapter, as_token_tensor
-from .decode import (_STATS, RECORD_COLUMNS, GenerationResult, StepInfo, _check_budget, _check_prompt, _clock,
-                     _truncate, seed_streams)
+from .decode import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate, seed_streams
 from .drafters import ModelDrafter, _match_vocab
 from .measures import entropy, kl, tv
 from .sampling import adjust

@@ -381,7 +381,7 @@ def test_sampled_rows_follow_the_exact_target_law(record_property):
             first.add(r.accept_lengths[0])
     p_values = [chi_square(c, law) for c, law in zip(counts, laws)]
     p_draft = chi_square(counts[1], exact_joint(draft, prompt_b, sampling))
-    for name, v in (("p_value_prompt_a", p_values[0]), ("p_value_prompt_b", p_values[1]), ("p_value_draft_law", p_draft)):
+    for name, v in zip(("p_value_prompt_a", "p_value_prompt_b", "p_value_draft_law"), (*p_values, p_draft)):
         record_property(name, v)
     print(f"batched sampling, {n_calls * B // 2} rows per prompt: chi-square p = {p_values[0]:.4f} (prompt of 1 "
           f"token), {p_values[1]:.4f} (4 tokens); against the draft's law p = {p_draft:.2g}")
