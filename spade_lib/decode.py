@@ -385,6 +385,14 @@ class SpeculativeDecoder(_Base):
             timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
 
+    def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
+        """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or
+        one per row. Each row equals ``generate(prompt, seed=its seed)`` up to rounding
+        (:mod:`spade_lib.batch`: masked holes, ragged acceptance)."""
+        from .batch import speculative_generate_batch
+
+        return speculative_generate_batch(self, prompts, max_new_tokens, seed)
+
 
 class AutoregressiveDecoder(_Base):
     """Plain KV-cached decoding of ``target`` on the same adapter and sampling (the speedup baseline).
@@ -428,3 +436,9 @@ class AutoregressiveDecoder(_Base):
         timing = {"prefill": t_prefill - t_start, "draft": 0.0, "verify": t_end - t_prefill, "overhead": 0.0,
                   "total": t_end - t_start}
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
+
+    def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
+        """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.batch`)."""
+        from .batch import autoregressive_generate_batch
+
+        return autoregressive_generate_batch(self, prompts, max_new_tokens, seed)
