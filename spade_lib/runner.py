@@ -80,7 +80,7 @@ class RunConfig:
     ngram_max: int = 3           # prompt lookup: longest n-gram matched
     max_prompt_tokens: int = 0   # keep only the last this many prompt tokens (0 = all)
     chat_template: bool | str = "auto"  # chat template: "auto" (if the tokenizer has one), True, False
-    device: str = "auto"         # "cpu" | "cuda" | "cuda:N" | "auto"; the pair must already be there
+    device: str = "auto"         # "cpu" | "cuda" | "cuda:N" | "auto" (resolved on creation); the pair must be there
     dtype: str = "float32"       # the pair's dtype (checked, recorded)
     warmup: int = 1              # untimed generations before the first timed one
     repeats: int = 1             # timed generations per (prompt, sample); wall_time is their median
@@ -106,6 +106,8 @@ class RunConfig:
             raise ValueError(f"chat_template must be True, False or 'auto', got {self.chat_template!r}")
         self.sampling()  # validates temperature / top_k / top_p
         timing.resolve_dtype(self.dtype)
+        if self.device == "auto":  # resolved before hashing: "auto" and what it means are one run
+            object.__setattr__(self, "device", str(timing.resolve_device("auto")))
 
     def sampling(self):
         """The :class:`spade_lib.sampling.SamplingConfig` of this run."""
