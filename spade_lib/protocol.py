@@ -209,9 +209,10 @@ def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
 
 
 def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunConfig, *,
-                  protocol: Protocol = Protocol(), traces: dict | None = None) -> pd.DataFrame:
-    """One row per run: its :func:`spade_lib.metrics.run_metrics` against the baseline it was
-    interleaved with (intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``."""
+                  protocol: Protocol = Protocol(), by: str | None = None, traces: dict | None = None) -> pd.DataFrame:
+    """One row per run (per run and ``by`` group, e.g. ``"category"``): its
+    :func:`spade_lib.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
+    intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``."""
     base = protocol.config(baseline)
     base_summary = runner.read_summary(run_dirs[base]) if base in run_dirs else None
     rows = []
@@ -219,10 +220,25 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
         summ = runner.read_summary(d)
         tr = traces[cfg] if traces is not None and cfg in traces else trace.read_trace(d)
         b, interleaved = paired_baseline(summ, base, base_summary)
-        m = metrics.run_metrics(tr, summ, b, gamma=cfg.gamma if cfg.method == "spade" else None)
-        rows.append({"config": cfg, "label": cfg.label, "method": cfg.method,
-                     "draft": cfg.draft if cfg.method in ("spade", "hf_assisted") else "-",
-                     "policy": cfg.policy if cfg.method == "spade" else "-",
-                     "gamma": cfg.gamma if cfg.method in ("spade", "hf_assisted") else 0,
-                     "T": cfg.temperature, "interleaved": interleaved, **m})
+        groups = [(None, summ, tr, b)] if by is None else [
+            (k, summ[summ[by] == k], tr[tr[by] == k] if len(tr) else tr, b[b[by] == k])
+            for k in dict.fromkeys(summ[by])]
+        for key, s_k, t_k, b_k in groups:
+            m = metrics.run_metrics(t_k, s_k, b_k, gamma=cfg.gamma if cfg.method == "spade" else None)
+            row = {"config": cfg, "label": cfg.label, "method": cfg.method,
+                   "draft": cfg.draft if cfg.method in ("spade", "hf_assisted") else "-",
+                   "policy": cfg.policy if cfg.method == "spade" else "-",
+                   "gamma": cfg.gamma if cfg.method in ("spade", "hf_assisted") else 0,
+                   "T": cfg.temperature, "interleaved": interleaved}
+            if by is not None:
+                row[by] = key
+            rows.append({**row, **m})
     return pd.DataFrame(rows)
+
+
+def speedup_over(run_dir: Path, other: runner.RunConfig, *, protocol: Protocol = Protocol()) -> dict:
+    """:func:`spade_lib.metrics.bootstrap_speedup` of a run over another member of its session
+    (e.g. HF assisted generation over plain HF generate)."""
+    summ = runner.read_summary(run_dir)
+    b, _ = paired_baseline(summ, protocol.config(other))
+    return metrics.bootstrap_speedup(summ, b)
