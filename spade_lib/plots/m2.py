@@ -55,6 +55,7 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
     keys = list(dict.fromkeys(zip(t["series"], t["T"])))
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
     width = 0.5 / max(len(keys), 1)
+    predicted_drawn = False
     for j, (series, T) in enumerate(keys):
         s = t[(t["series"] == series) & (t["T"] == T)].sort_values("gamma")
         dx = (j - (len(keys) - 1) / 2) * width
@@ -69,8 +70,11 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
         ax.errorbar(s["gamma"] + dx, y, yerr=_yerr(y, lo, hi), marker=SERIES_MARKERS.get(series, "o"),
                     color=color, capsize=1.5, ms=4, lw=0.9, label=label, **style)
         if "predicted" in s.columns and s["predicted"].notna().any() and series != "hf_assisted":
-            ax.plot(s["gamma"] + dx, s["predicted"], linestyle=":", marker="_", ms=7, color=color, lw=0.8,
-                    label=f"{series}, T={T:g}: predicted (alpha, c, r)")
+            ax.plot(s["gamma"] + dx, s["predicted"], linestyle=":", marker="_", ms=7, color=color, lw=0.8)
+            predicted_drawn = True
+    if predicted_drawn:  # one legend entry for every prediction: same colour as its measurement
+        ax.plot([], [], linestyle=":", marker="_", ms=7, color="0.3", lw=0.8,
+                label="predicted (measured alpha, c, r)")
     ax.axhline(1.0, color="0.5", lw=0.6)
     ax.set_xlabel(r"draft length $\gamma$")
     ax.set_ylabel(ylabel)
