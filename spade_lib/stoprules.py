@@ -63,11 +63,15 @@ def signal_grid(trace: pd.DataFrame, policy: str, points: int = 12) -> list[floa
     x = trace[SIGNAL[policy]].to_numpy(np.float64)
     x = x[np.isfinite(x)]
     qs = np.quantile(x, np.linspace(0.02, 0.98, points)) if len(x) else np.zeros(0)
+    if len(x) > 1:  # midway between observed values: a float32 recomputation cannot land on the other side
+        u = np.unique(x)
+        i = np.clip(np.searchsorted(u, qs), 0, len(u) - 2)
+        qs = (u[i] + u[i + 1]) / 2
     if policy == "confidence":  # >= 0 always passes (never stops); > max never passes
         ends = [0.0, float(x.max()) + 1e-6 if len(x) else 1.0]
     else:  # H <= max always passes; H <= -1 never does
         ends = [-1.0, float(x.max()) + 1e-6 if len(x) else 20.0]
-    return sorted({round(float(v), 6) for v in [*qs, *ends]})
+    return sorted({float(v) for v in [*qs, *ends]})
 
 
 def adaedl_threshold(lam: float, gamma_c: float = 1.0) -> float:
