@@ -40,11 +40,17 @@ figures):
 ``speedup_ratio_of_totals``     ``tokens_per_second(method) / tokens_per_second(baseline)`` over the
                                 same generations.
 ``speedup_mean_of_ratios``      ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``.
+``bootstrap_speedup``           both speedups with percentile bootstrap intervals (prompts
+                                resampled) and a flag where the two intervals do not overlap.
 ``cost_ratio``                  ``c_hat = (sum t_draft / n_drafted) / (sum wall_time_AR /
                                 sum new_tokens_AR)``: one draft forward relative to one
                                 autoregressive target step, both measured.
-``predicted_speedup``           Leviathan et al.'s Theorem 3.8, ``(1 - alpha^(gamma+1)) /
-                                ((1 - alpha) (gamma c + 1))``, from measured alpha and c.
+``verify_cost_ratio``           ``r_hat = mean t_verify per step / (sum wall_time_AR / sum
+                                new_tokens_AR)``: one verification forward relative to one AR step.
+``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost, ``(1 -
+                                alpha^(gamma+1)) / ((1 - alpha) (gamma c + r))``, from measured
+                                alpha, c and r; with per-step drafted counts (prompt lookup drafts
+                                fewer than gamma) the ratio of expected totals over the steps.
 ==============================  =================================================================
 
 **Truncated final block.** A generation stops at ``max_new_tokens`` (or a stop token) possibly in
@@ -194,6 +200,63 @@ def speedup_mean_of_ratios(method: pd.DataFrame, baseline: pd.DataFrame) -> floa
     return float((tokens_per_second(m, True) / tokens_per_second(b, True)).mean())
 
 
+def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95,
+                      seed: int = 0, by: str | None = "question_id") -> dict[str, float | bool]:
+    """Speedup of ``method`` over ``baseline`` with percentile bootstrap intervals.
+
+    The unit resampled is the prompt (``by="question_id"``: all samples of a prompt move together,
+    since they share its length and difficulty) or the generation (``by=None``). For each of
+    ``n_boot`` resamples both estimators are recomputed on the same units:
+
+    - ``ratio_of_totals`` ``= (sum N_m / sum t_m) / (sum N_b / sum t_b)`` (long generations weigh more),
+    - ``mean_of_ratios`` ``= mean_g (N_m,g / t_m,g) / (N_b,g / t_b,g)`` (every generation weighs 1),
+
+    and ``*_low`` / ``*_high`` are the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles.
+    ``disagree`` is True when the two intervals do not overlap: the estimators then answer different
+    questions on these data (a few generations with unusual timings dominate one of them), and a
+    single number should not be reported without saying which.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
+    m, b = _paired(method, baseline)
+    if (m["wall_time"] <= 0).any() or (b["wall_time"] <= 0).any():
+        raise ValueError("method/baseline: wall_time must be positive")
+    nm, tm = m["new_tokens"].to_numpy(np.float64), m["wall_time"].to_numpy(np.float64)
+    nb, tb = b["new_tokens"].to_numpy(np.float64), b["wall_time"].to_numpy(np.float64)
+    _nonempty(len(nm), "bootstrap_speedup")
+    ratio = (nm / tm) / (nb / tb)
+    if by is None:
+        unit = np.arange(len(nm))
+    else:
+        if by not in m.index.names:
+            raise ValueError(f"by must be None or one of {GENERATION_KEYS}, got {by!r}")
+        unit = pd.factorize(m.index.get_level_values(by))[0]
+    n_units = int(unit.max()) + 1
+    # per-unit sums, so a resample of units is a weighted sum (weights = multiplicities)
+    sums = np.zeros((5, n_units))
+    for row, values in enumerate((nm, tm, nb, tb, ratio)):
+        np.add.at(sums[row], unit, values)
+    counts = np.bincount(unit, minlength=n_units).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot).astype(np.float64)
+    s = w @ sums.T  # (n_boot, 5)
+    rot = (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
+    mor = s[:, 4] / (w @ counts)
+    lo, hi = (1 - level) / 2, (1 + level) / 2
+    out: dict[str, float | bool] = {
+        "ratio_of_totals": float((nm.sum() / tm.sum()) / (nb.sum() / tb.sum())),
+        "ratio_of_totals_low": float(np.quantile(rot, lo)), "ratio_of_totals_high": float(np.quantile(rot, hi)),
+        "mean_of_ratios": float(ratio.mean()),
+        "mean_of_ratios_low": float(np.quantile(mor, lo)), "mean_of_ratios_high": float(np.quantile(mor, hi)),
+        "units": float(n_units), "level": float(level),
+    }
+    out["disagree"] = bool(out["ratio_of_totals_high"] < out["mean_of_ratios_low"]
+                           or out["mean_of_ratios_high"] < out["ratio_of_totals_low"])
+    return out
+
+
 def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     """``c_hat``: measured seconds per drafted token over measured seconds per AR target step.
 
@@ -207,27 +270,70 @@ def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     return float(per_draft_token / per_target_step)
 
 
-def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al. (2023), Theorem 3.8: ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1))``.
+def verify_cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
+    """``r_hat``: measured seconds per verification forward (``gamma + 1`` tokens, ``t_verify``, once
+    per step) over measured seconds per AR target step. Theorem 3.8 assumes ``r = 1``."""
+    st = steps(trace)
+    _require(st, ["t_verify"], "trace")
+    _nonempty(len(st), "verify_cost_ratio")
+    return float(st["t_verify"].mean() * tokens_per_second(ar_summary))
 
-    The expected walltime improvement over autoregressive decoding, assuming i.i.d. acceptance
-    ``alpha``, a draft forward costing ``c`` target forwards, and a verification forward costing the
-    same as a one-token target forward. Delegates to :func:`spade_lib.theory.speedup` (the closed
-    forms live there); here it is the named metric fed with *measured* alpha and c.
+
+def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
+    """Tokens drafted at every verification step of ``summary``'s generations: the trace's ``gamma``
+    where a step drafted, 0 for the steps that drafted nothing (prompt lookup without a match;
+    they are in ``accept_lengths`` but have no trace rows)."""
+    _require(summary, ["accept_lengths"], "summary")
+    n_steps = int(sum(len(a) for a in summary["accept_lengths"]))
+    g = steps(trace)["gamma"].to_numpy(np.int64) if len(trace) else np.zeros(0, np.int64)
+    if len(g) > n_steps:
+        raise ValueError(f"trace has {len(g)} drafting steps but summary only {n_steps} steps")
+    return np.concatenate([g, np.zeros(n_steps - len(g), np.int64)])
+
+
+def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: float,
+                      verify_cost: float | Sequence[float] | np.ndarray = 1.0) -> float:
+    """Predicted walltime speedup from measured ``alpha``, ``c`` and verify cost ``r``.
+
+    Scalar ``gamma``: Leviathan et al. (2023), Theorem 3.8 with a verify cost,
+    ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r))`` (``r = 1`` is the theorem as stated),
+    via :func:`spade_lib.theory.speedup`.
+
+    Array ``gamma`` (the number ``g_s`` drafted at each step ``s``, e.g. :func:`drafted_per_step`,
+    for drafters that propose fewer than gamma tokens, such as prompt lookup): the ratio of expected
+    totals ``sum_s E[tokens | g_s] / sum_s (g_s c + r_s)`` with ``E[tokens | g] =
+    (1 - alpha^(g+1)) / (1 - alpha)`` (1 when ``g = 0``) and ``r_s`` the step's verify cost (a
+    number, or one per step; a step that drafted nothing costs one plain target forward, 1).
     """
-    from spade_lib.theory import speedup
+    from spade_lib.theory import expected_tokens, speedup
 
-    return float(speedup(alpha, gamma, c))
+    if np.ndim(gamma) == 0:
+        return float(speedup(alpha, gamma, c, verify_cost=verify_cost))
+    g = np.asarray(gamma, dtype=np.int64)
+    _nonempty(g.size, "predicted_speedup")
+    if (g < 0).any():
+        raise ValueError("gamma: drafted counts must be >= 0")
+    r = np.broadcast_to(np.asarray(verify_cost, dtype=np.float64), g.shape)
+    tokens = np.ones(g.shape)
+    drafted = g > 0
+    if drafted.any():
+        tokens[drafted] = expected_tokens(alpha, g[drafted])
+    cost = np.where(drafted, g * float(c) + r, 1.0)
+    return float(tokens.sum() / cost.sum())
 
 
 def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFrame | None = None,
                 gamma: int | None = None) -> dict[str, float]:
     """Every metric above for one run (or one category of it), as a flat dict.
 
-    ``baseline`` (an autoregressive run over the same generations) adds the speedups, the cost ratio
-    ``c`` and, with the run's fixed ``gamma``, Theorem 3.8's prediction from the measured ``alpha`` and
-    ``c`` and the gap to it (``measured / predicted``, and ``predicted - measured``). Trace-based
-    entries are NaN for runs that drafted nothing (baselines).
+    ``baseline`` (an autoregressive run over the same generations) adds the speedups (with their
+    bootstrap intervals and the ``disagree`` flag of :func:`bootstrap_speedup`), the measured cost
+    ratio ``c`` and verify-cost ratio ``r``, and two predictions from the measured ``alpha``:
+    ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says)
+    and ``predicted`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
+    ``g c + r``: the model the measurement should meet, up to the decoder's per-step overheads), and
+    the gaps ``fraction_of_prediction = speedup / predicted`` and ``gap = predicted - speedup``.
+    Trace-based entries are NaN for runs that drafted nothing (baselines).
     """
     nan = float("nan")
     out: dict[str, float] = {
@@ -242,14 +348,24 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     out["tau_no_bonus"] = mean_accepted_length(summary, with_bonus=False) if has_steps else nan
     out["block_efficiency"] = block_efficiency(summary) if has_steps else nan
     out["mean_gamma"] = float(steps(trace)["gamma"].mean()) if drafted else nan
+    out["mean_drafted"] = float(drafted_per_step(trace, summary).mean()) if drafted and has_steps else nan
     if baseline is not None:
-        out["speedup"] = speedup_ratio_of_totals(summary, baseline)
-        out["speedup_mean_of_ratios"] = speedup_mean_of_ratios(summary, baseline)
+        boot = bootstrap_speedup(summary, baseline, seed=0)
+        out["speedup"] = boot["ratio_of_totals"]
+        out["speedup_low"], out["speedup_high"] = boot["ratio_of_totals_low"], boot["ratio_of_totals_high"]
+        out["speedup_mean_of_ratios"] = boot["mean_of_ratios"]
+        out["speedup_mean_of_ratios_low"] = boot["mean_of_ratios_low"]
+        out["speedup_mean_of_ratios_high"] = boot["mean_of_ratios_high"]
+        out["estimators_disagree"] = float(boot["disagree"])
         out["c"] = cost_ratio(trace, baseline) if drafted else nan
+        out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
         if drafted and gamma is not None:
-            out["predicted"] = predicted_speedup(out["alpha"], gamma, out["c"])
+            out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, out["c"])
+            g = drafted_per_step(trace, summary)
+            r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
+            out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r)
             out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
             out["gap"] = out["predicted"] - out["speedup"]
         else:
-            out["predicted"] = out["fraction_of_prediction"] = out["gap"] = nan
+            out["predicted_thm38"] = out["predicted"] = out["fraction_of_prediction"] = out["gap"] = nan
     return out

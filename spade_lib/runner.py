@@ -109,7 +109,7 @@ class RunConfig:
     ngram_max: int = 3           # prompt lookup: longest n-gram matched
     max_prompt_tokens: int = 0   # keep only the last this many prompt tokens (0 = all)
     chat_template: bool | str = "auto"  # chat template: "auto" (if the tokenizer has one), True, False
-    device: str = "auto"         # "cpu" | "cuda" | "cuda:N" | "auto"; the pair must already be there
+    device: str = "auto"         # "cpu" | "cuda" | "cuda:N" | "auto" (resolved on creation); the pair must be there
     dtype: str = "float32"       # the pair's dtype (checked, recorded)
     warmup: int = 1              # untimed generations before the first timed one
     repeats: int = 1             # timed generations per (prompt, sample); wall_time is their median
@@ -154,6 +154,8 @@ class RunConfig:
         self.sampling()  # validates temperature / top_k / top_p
         self.make_policy()  # validates the policy's options against their ranges
         timing.resolve_dtype(self.dtype)
+        if self.device == "auto":  # resolved before hashing: "auto" and what it means are one run
+            object.__setattr__(self, "device", str(timing.resolve_device("auto")))
 
     def sampling(self):
         """The :class:`spade_lib.sampling.SamplingConfig` of this run."""

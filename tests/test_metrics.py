@@ -121,7 +121,55 @@ def test_run_metrics_collects_everything():
     m = metrics.run_metrics(t, s, ar, gamma=3)
     assert m["alpha"] == pytest.approx(5 / 7) and m["tau"] == pytest.approx(8 / 3)
     assert m["speedup"] == pytest.approx(2.0) and m["mean_gamma"] == 3
-    assert m["predicted"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c"]))
+    assert m["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c"]))
+    assert m["predicted"] == pytest.approx(m["predicted_thm38"])  # every step drafted 3, r unmeasured (0 s)
+    assert m["speedup_low"] <= m["speedup"] <= m["speedup_high"]
     assert m["fraction_of_prediction"] == pytest.approx(2.0 / m["predicted"])
     b = metrics.run_metrics(t.iloc[:0], ar, ar, gamma=3)  # a baseline: no trace rows
     assert b["speedup"] == 1.0 and math.isnan(b["alpha"]) and math.isnan(b["predicted"])
+
+
+def test_predicted_speedup_with_verify_cost_and_drafted_counts():
+    from spade_lib import theory
+
+    assert metrics.predicted_speedup(0.8, 4, 0.1, verify_cost=1.6) == pytest.approx(
+        theory.speedup(0.8, 4, 0.1, verify_cost=1.6))
+    # fixed gamma at every step: the per-step form equals the closed form
+    assert metrics.predicted_speedup(0.8, np.full(10, 4), 0.1, 1.6) == pytest.approx(
+        metrics.predicted_speedup(0.8, 4, 0.1, 1.6))
+    # prompt lookup: half the steps draft nothing (1 token for cost 1), half draft 4
+    tok4 = (1 - 0.8 ** 5) / 0.2
+    assert metrics.predicted_speedup(0.8, [0, 4], 0.0, 1.5) == pytest.approx((1 + tok4) / (1 + 1.5))
+
+
+def test_drafted_per_step_counts_steps_without_drafts():
+    t = trace_from_blocks([("a", 2, 3), ("b", 0, 2)])
+    s = summary(["a", "b"], [4, 3], [1.0, 1.0], [[3, 1], [1, 1]])  # two of the four steps drafted nothing
+    assert sorted(metrics.drafted_per_step(t, s).tolist()) == [0, 0, 2, 3]
+    t2 = t.assign(t_verify=0.02)
+    ar = summary(["a", "b"], [4, 3], [0.4, 0.3])  # 10 tok/s: 0.1 s per AR step
+    assert metrics.verify_cost_ratio(t2, ar) == pytest.approx(0.2)
+
+
+def test_bootstrap_speedup_intervals_and_disagreement():
+    rng = np.random.default_rng(1)
+    n = 40
+    qids = [f"q{i}" for i in range(n)]
+    tokens = rng.integers(50, 150, n)
+    ar = summary(qids, tokens, tokens / 20.0)
+    fast = summary(qids, tokens, tokens / 40.0 * rng.uniform(0.9, 1.1, n))
+    b = metrics.bootstrap_speedup(fast, ar, n_boot=500)
+    assert b["ratio_of_totals_low"] < 2.0 < b["ratio_of_totals_high"]
+    assert b["mean_of_ratios_low"] < 2.0 < b["mean_of_ratios_high"] and not b["disagree"]
+    assert b["ratio_of_totals"] == pytest.approx(metrics.speedup_ratio_of_totals(fast, ar))
+    # long generations ran slower than AR, short ones twice as fast: the totals follow the long ones
+    t = np.where(np.arange(n) % 2 == 0, 1000.0, 20.0)
+    ar2 = summary(qids, t, t / 20.0)
+    mixed = summary(qids, t, np.where(t > 100, t / 16.0, t / 40.0))
+    b2 = metrics.bootstrap_speedup(mixed, ar2, n_boot=500, seed=3)
+    assert b2["ratio_of_totals"] < 0.9 and b2["mean_of_ratios"] > 1.3
+    assert b2["disagree"]
+    with pytest.raises(ValueError, match="level"):
+        metrics.bootstrap_speedup(fast, ar, level=1.0)
+    with pytest.raises(ValueError, match="by must be"):
+        metrics.bootstrap_speedup(fast, ar, by="prompt")

@@ -77,3 +77,35 @@ def test_papermill_documents_every_parameter(path):
     assert sorted(inferred) == sorted(declared)
     for name, d in declared.items():
         assert inferred[name]["help"] == d.comment, name
+
+
+MODEL_BACKED = ["03_m2_speedup_runs", "04_m3_rejection_diagnostics", "05_whatif_replay"]
+
+
+@pytest.mark.parametrize("stem", MODEL_BACKED)
+def test_model_backed_notebooks_take_a_pair_and_share_the_setup(stem):
+    """Each declares the pair parameters (so papermill lists them) and gets pair and suite from
+    spade_lib.experiment, never from pasted suite-resolution code."""
+    from spade_lib.experiment import PAIR_PARAMETERS
+
+    path = NOTEBOOKS_DIR / f"{stem}.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    declared = parse_parameters_cell(cell.source)
+    assert set(PAIR_PARAMETERS) <= set(declared), sorted(set(PAIR_PARAMETERS) - set(declared))
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "experiment.from_params(P)" in code
+    for pasted in ("load_suite(", "default_suite(", "load_pair(", "DATA_DIR"):
+        assert pasted not in code, f"{stem} resolves its own pair or suite ({pasted})"
+    saved = re.findall(r"save_figure\(fig, ([^)]*\))", code)
+    assert saved and all(s.startswith("E.figure_name(") for s in saved), saved
+
+
+def test_figure_names_are_unique_across_notebooks():
+    names = {}
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        for name in re.findall(r"save_figure\(fig, (?:E\.figure_name\()?\"([a-z0-9_]+)\"", code):
+            assert name not in names, f"figure {name} is written by {names.get(name)} and {path.stem}"
+            names[name] = path.stem

@@ -1,6 +1,7 @@
 """Figures: saved as PDF + PNG, byte-identical across saves, with TrueType fonts."""
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 from spade_lib.plots import figure, save_figure, use_style
@@ -33,3 +34,52 @@ def test_save_figure_rejects_bad_names(tmp_path):
         with pytest.raises(ValueError, match="figure name"):
             save_figure(fig, bad, directory=tmp_path)
     plt.close(fig)
+
+
+def test_one_colour_per_draft_whatever_the_order():
+    from spade_lib.plots.palette import color_for, legend_outside
+
+    assert color_for("distilled") != color_for("data_only") != color_for("ngram")
+    assert color_for("some_new_draft") == color_for("some_new_draft")
+    with pytest.raises(TypeError, match="name"):
+        color_for(3)
+    use_style()
+    fig, ax = figure()
+    ax.plot([0, 1], [0, 1], label="x")
+    with pytest.raises(ValueError, match="where"):
+        legend_outside(ax, where="inside")
+    leg = legend_outside(ax)
+    fig.canvas.draw()
+    # the legend lies right of the axes: it covers no data
+    assert leg.get_window_extent().x0 >= ax.get_window_extent().x1
+    plt.close(fig)
+
+
+def test_m2_figures_draw_intervals_and_colours(tmp_path):
+    import pandas as pd
+
+    from spade_lib.plots import m2
+    from spade_lib.plots.palette import color_for
+
+    use_style()
+    rows = []
+    for T in (0.0, 1.0):
+        for g in (1, 2, 4):
+            rows.append(dict(method="spade", draft="distilled", gamma=g, T=T, speedup=1 + 0.1 * g,
+                             speedup_low=0.9 + 0.1 * g, speedup_high=1.1 + 0.1 * g, predicted=1.2 + 0.1 * g))
+        rows.append(dict(method="spade", draft="ngram", gamma=4, T=T, speedup=1.1, speedup_low=1.0,
+                         speedup_high=1.2, predicted=1.3))
+    table = pd.DataFrame(rows)
+    fig = m2.speedup_vs_gamma(table)
+    ax = fig.axes[0]
+    blues = [c for c in ax.containers if c.lines[0].get_color() == color_for("distilled")]
+    assert len(blues) == 2  # one error-bar series per temperature, in the distilled draft's colour
+    x = np.concatenate([np.asarray(c.lines[0].get_xdata(), dtype=float) for c in ax.containers])
+    assert len(set(np.round(x, 6))) == len(x)  # dodged: no two points at the same x
+    save_figure(fig, "m2_test", directory=tmp_path, close=True)
+    cats = pd.DataFrame([dict(category=c, draft=d, T=T, speedup=1.2, speedup_low=1.0, speedup_high=1.4)
+                         for c in ("a", "b") for d in ("distilled", "data_only") for T in (0.0, 1.0)])
+    plt.close(m2.speedup_by_category(cats))
+    plt.close(m2.predicted_vs_measured(table))
+    with pytest.raises(ValueError, match="missing"):
+        m2.speedup_vs_gamma(table.drop(columns=["speedup_low"]))

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from spade_lib.plots.palette import color_for, legend_outside
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
 MEASURE_LABELS = {
@@ -47,9 +48,9 @@ def _yerr(center, low, high) -> list[np.ndarray]:
     return [np.maximum(c - lo, 0.0), np.maximum(hi - c, 0.0)]
 
 
-def _colors(n: int) -> list:
-    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    return [cycle[i % len(cycle)] for i in range(n)]
+def _group_colors(groups: list[tuple[str | None, pd.DataFrame]]) -> list[str]:
+    """One colour per group, by name (``spade_lib.plots.palette``): a draft keeps its colour everywhere."""
+    return [color_for(label) for label, _ in groups]
 
 
 def acceptance_by_position(table: pd.DataFrame, by: str | None = None) -> Figure:
@@ -60,19 +61,19 @@ def acceptance_by_position(table: pd.DataFrame, by: str | None = None) -> Figure
                    "alpha_uncond_low", "alpha_uncond_high", "expected_cond"], "acceptance_by_position")
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
     groups = _groups(table, by)
-    for (label, sub), color in zip(groups, _colors(len(groups))):
+    for (label, sub), color in zip(groups, _group_colors(groups)):
         x = sub["pos"].to_numpy()
         name = f"{label}: " if label else ""
         ax.plot(x, sub["alpha_cond"], "-o", color=color, label=f"{name}conditional")
         ax.fill_between(x, sub["alpha_cond_low"], sub["alpha_cond_high"], color=color, alpha=0.2, lw=0)
         ax.plot(x, sub["alpha_uncond"], "--s", color=color, label=f"{name}unconditional")
         ax.fill_between(x, sub["alpha_uncond_low"], sub["alpha_uncond_high"], color=color, alpha=0.12, lw=0)
-        ax.plot(x, sub["expected_cond"], "x", color=color, ms=5)
+        ax.plot(x, sub["expected_cond"], "x", color=color, ms=5, label=f"{name}expected mean(1 - TV)")
     ax.set_xlabel("draft position i")
     ax.set_ylabel("acceptance")
     ax.set_ylim(0, 1.02)
     ax.set_xticks(np.unique(table["pos"]))
-    ax.legend(loc="lower left", fontsize=6)
+    legend_outside(ax)
     return fig
 
 
@@ -83,7 +84,7 @@ def accept_length_hist(table: pd.DataFrame, by: str | None = None) -> Figure:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(DOUBLE_COLUMN * 0.7, 2.2))
     groups = _groups(table, by)
     width = 0.8 / len(groups)
-    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         k = sub["n_accepted"].to_numpy()
         ax1.bar(k - 0.4 + width * (j + 0.5), sub["fraction"], width=width, color=color, label=label)
         ax2.plot(k, sub["survival"], "-o", color=color, label=label)
@@ -94,9 +95,9 @@ def accept_length_hist(table: pd.DataFrame, by: str | None = None) -> Figure:
     ax2.set_ylim(0, 1.02)
     for ax in (ax1, ax2):
         ax.set_xticks(np.unique(table["n_accepted"]))
-    if by is not None:
-        ax1.legend(fontsize=6)
     fig.tight_layout()
+    if by is not None:
+        legend_outside(ax2)
     return fig
 
 
@@ -123,8 +124,8 @@ def entropy_rejected_vs_accepted(table: pd.DataFrame, by: str | None = None) -> 
             if r == len(groups) - 1:
                 ax.set_xlabel("draft position i")
         axes[r, 0].set_ylabel("entropy [nats]")
-    axes[0, 0].legend(fontsize=6)
     fig.tight_layout()
+    legend_outside(axes[0, -1])
     return fig
 
 
@@ -136,7 +137,7 @@ def acceptance_vs_measure(table: pd.DataFrame, by: str | None = None) -> Figure:
     measures = list(dict.fromkeys(table["measure"]))
     fig, axes = plt.subplots(1, len(measures), figsize=(DOUBLE_COLUMN, 2.0), squeeze=False, sharey=True)
     groups = _groups(table, by)
-    for (label, sub), color in zip(groups, _colors(len(groups))):
+    for (label, sub), color in zip(groups, _group_colors(groups)):
         for ax, m in zip(axes[0], measures):
             s = sub[sub["measure"] == m]
             ax.errorbar(s["x_mean"], s["rate"], yerr=_yerr(s["rate"], s["rate_low"], s["rate_high"]),
@@ -145,9 +146,10 @@ def acceptance_vs_measure(table: pd.DataFrame, by: str | None = None) -> Figure:
             ax.set_xlabel(MEASURE_LABELS.get(m, m))
     axes[0, 0].set_ylabel("P(accept | reached)")
     axes[0, 0].set_ylim(0, 1.02)
-    if by is not None:
-        axes[0, 0].legend(fontsize=6)
+    for (label, _), color in zip(groups, _group_colors(groups)):  # the dashed lines, once
+        axes[0, -1].plot([], [], "--", color=color, lw=0.8, label=f"{label + ': ' if label else ''}expected 1 - TV")
     fig.tight_layout()
+    legend_outside(axes[0, -1])
     return fig
 
 
@@ -160,7 +162,7 @@ def calibration(table: pd.DataFrame, by: str | None = None, errors: pd.DataFrame
     scores = list(dict.fromkeys(table["score"]))
     fig, axes = plt.subplots(1, len(scores), figsize=(SINGLE_COLUMN * len(scores) * 0.8, 2.4), squeeze=False)
     groups = _groups(table, by)
-    for (label, sub), color in zip(groups, _colors(len(groups))):
+    for (label, sub), color in zip(groups, _group_colors(groups)):
         for ax, sc in zip(axes[0], scores):
             s = sub[sub["score"] == sc]
             name = label or "empirical"
@@ -177,9 +179,10 @@ def calibration(table: pd.DataFrame, by: str | None = None, errors: pd.DataFrame
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel(MEASURE_LABELS.get(sc, sc))
-        ax.legend(fontsize=6, loc="upper left")
     axes[0, 0].set_ylabel("empirical acceptance")
     fig.tight_layout()
+    for ax in axes[0]:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), fontsize=6)
     return fig
 
 
@@ -193,14 +196,15 @@ def expected_vs_realised(table: pd.DataFrame, x: str = "pos", by: str | None = N
                              sharey=True)
     groups = _groups(table, by)
     cats = list(dict.fromkeys(table[x].astype(str)))
-    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         dx = (j - (len(groups) - 1) / 2) * 0.15
         for ax, basis in zip(axes[0], bases):
             s = sub[sub["basis"] == basis]
             pos = np.array([cats.index(v) for v in s[x].astype(str)]) + dx
             se = 1.96 * np.sqrt(s["variance"].to_numpy()) / s["n"].to_numpy()
             ax.errorbar(pos, s["realised_rate"], yerr=se, fmt="o", color=color, capsize=2, label=label or "realised")
-            ax.plot(pos, s["expected_rate"], "x", color="k", ms=5)
+            ax.plot(pos, s["expected_rate"], "x", color="k", ms=5,
+                    label="expected" if j == len(groups) - 1 else None)
             for px, py, pv in zip(pos, s["realised_rate"], s["p_value"]):
                 ax.annotate(f"p={pv:.2g}", (px, py), textcoords="offset points", xytext=(3, 4), fontsize=5)
             ax.set_title(f"basis: {basis}", fontsize=7)
@@ -209,8 +213,8 @@ def expected_vs_realised(table: pd.DataFrame, x: str = "pos", by: str | None = N
         ax.set_xticklabels(cats, rotation=30 if x != "pos" else 0, fontsize=6)
         ax.set_xlabel(x)
     axes[0, 0].set_ylabel("acceptance rate (x: expected)")
-    axes[0, 0].legend(fontsize=6)
     fig.tight_layout()
+    legend_outside(axes[0, -1])
     return fig
 
 
@@ -245,25 +249,25 @@ def acceptance_heatmap(table: pd.DataFrame, by: str | None = None, *, max_genera
 
 
 def token_rejections(table: pd.DataFrame, by: str | None = None, *, top: int = 15) -> Figure:
-    """The ``top`` tokens with most rejections (bars: rejections; labels: acceptance rate and support;
-    tokens never rejected are left out); a :func:`~spade_lib.diagnose.token_table` table."""
+    """The ``top`` tokens with most rejections (bars: rejections; labels: times judged; tokens never
+    rejected are left out; ``display`` is already printable, see ``diagnose.tokens.show_text``); a :func:`~spade_lib.diagnose.token_table` table."""
     _check(table, ["display", "rejected", "rate", "n"], "token_rejections")
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
     groups = _groups(table, by)
     fig, axes = plt.subplots(1, len(groups), figsize=(SINGLE_COLUMN * 1.1 * len(groups), 0.16 * top + 0.8),
                              squeeze=False)
-    for ax, (label, sub), color in zip(axes[0], groups, _colors(len(groups))):
+    for ax, (label, sub), color in zip(axes[0], groups, _group_colors(groups)):
         s = sub[sub["rejected"] > 0].sort_values("rejected", ascending=False, kind="stable").head(top).iloc[::-1]
         if s.empty:
             ax.text(0.5, 0.5, "no rejections", ha="center", va="center", transform=ax.transAxes)
         y = np.arange(len(s))
         ax.barh(y, s["rejected"], color=color)
         ax.set_yticks(y)
-        ax.set_yticklabels([repr(t)[1:-1][:14] for t in s["display"]], fontsize=6, family="monospace")
-        for yy, (rej, rate, n) in enumerate(zip(s["rejected"], s["rate"], s["n"])):
-            ax.annotate(f"{rate:.2f} of {n}", (rej, yy), textcoords="offset points", xytext=(2, -2), fontsize=5)
-        ax.set_xlabel("rejections")
+        ax.set_yticklabels([str(t)[:14] for t in s["display"]], fontsize=6, family="monospace")
+        for yy, (rej, n) in enumerate(zip(s["rejected"], s["n"])):
+            ax.annotate(f"of {n}", (rej, yy), textcoords="offset points", xytext=(2, -2), fontsize=5)
+        ax.set_xlabel("rejections (label: times judged)")
         ax.margins(x=0.25)
         ax.set_xlim(left=0)
         if label:
@@ -281,7 +285,7 @@ def logit_coefficients(table: pd.DataFrame, by: str | None = None) -> Figure:
     terms = list(dict.fromkeys(t["term"]))
     groups = _groups(t, by)
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 0.35 * len(terms) + 0.9))
-    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         y = np.array([terms.index(v) for v in sub["term"]]) + (j - (len(groups) - 1) / 2) * 0.2
         se = np.abs(sub["coef_per_sd"] / sub["z"])
         ax.errorbar(sub["coef_per_sd"], y, xerr=1.96 * se, fmt="o", color=color, capsize=2, label=label)
@@ -291,7 +295,7 @@ def logit_coefficients(table: pd.DataFrame, by: str | None = None) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("log-odds of acceptance per SD")
     if by is not None:
-        ax.legend(fontsize=6)
+        legend_outside(ax)
     return fig
 
 
@@ -303,12 +307,12 @@ def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str =
     groups = _groups(table, by)
     width = 0.8 / len(groups)
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.2))
-    for j, ((label, sub), color) in enumerate(zip(groups, _colors(len(groups)))):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         x = np.array([cats.index(c) for c in sub["category"].astype(str)]) - 0.4 + width * (j + 0.5)
         ax.bar(x, sub[value], width=width, color=color, label=label)
     ax.set_xticks(range(len(cats)))
     ax.set_xticklabels(cats, rotation=30, fontsize=6)
     ax.set_ylabel(value)
     if by is not None:
-        ax.legend(fontsize=6)
+        legend_outside(ax)
     return fig

@@ -1,0 +1,77 @@
+"""Reproducibility of the timing protocol: the same session measured twice, intervals compared.
+
+Not a test: it runs one interleaved session (``spade_lib.protocol``: AR, SPADE at each gamma, prompt
+lookup, HF generate and HF assisted generation at one temperature) twice, into two fresh run
+folders, and prints per configuration both speedups with their 95 % bootstrap intervals and whether
+the two intervals overlap — issue 14's "two runs on the same machine give speedups whose intervals
+overlap for every configuration". The last line is exactly::
+
+    overlapping=<k>/<n> max_abs_diff=<ratio>
+
+Usage: ``python benchmarks/bench_protocol.py [--pair tiny] [--n-per-category 1] [--max-new-tokens 32]
+[--gammas 1 4] [--temperature 1] [--repeats 3] [--threads 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spade_lib import experiment, paths, protocol, runner  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", default="tiny")
+    ap.add_argument("--suite", default="embedded")
+    ap.add_argument("--n-per-category", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--gammas", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    E = experiment.load_experiment(args.pair, suite=args.suite, n_per_category=args.n_per_category,
+                                   threads=args.threads)
+    print(E.describe())
+    proto = protocol.Protocol(warmup=args.warmup, repeats=args.repeats)
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, device=str(E.device),
+                  threads=E.threads)
+    ar = runner.RunConfig(method="ar", **common)
+    draft = "distilled" if "distilled" in E.pair.drafts else next(iter(E.pair.drafts))
+    configs = [runner.RunConfig(method="spade", draft=draft, gamma=g, **common) for g in args.gammas]
+    configs.append(runner.RunConfig(method="spade", draft="ngram", gamma=max(args.gammas), **common))
+    tables = []
+    for attempt in (1, 2):
+        with tempfile.TemporaryDirectory(prefix=f"spade-protocol-{attempt}-") as tmp:
+            paths.RUNS_DIR = Path(tmp)
+            t0 = time.perf_counter()
+            dirs = protocol.run_interleaved(E.pair, E.suite, configs, ar, protocol=proto, progress=False)
+            tables.append(protocol.speedup_table(dirs, ar, protocol=proto).set_index("label"))
+            print(f"session {attempt}: {time.perf_counter() - t0:.0f} s")
+    a, b = tables
+    n = k = 0
+    worst = 0.0
+    print(f"{'configuration':<36} {'run 1':>22} {'run 2':>22}  overlap")
+    for label in a.index:
+        if a.loc[label, "method"] == "ar":
+            continue
+        r1, r2 = a.loc[label], b.loc[label]
+        ok = r1["speedup_low"] <= r2["speedup_high"] and r2["speedup_low"] <= r1["speedup_high"]
+        n += 1
+        k += int(ok)
+        worst = max(worst, abs(r1["speedup"] - r2["speedup"]))
+        print(f"{label:<36} {r1['speedup']:6.3f} [{r1['speedup_low']:.3f}, {r1['speedup_high']:.3f}] "
+              f"{r2['speedup']:6.3f} [{r2['speedup_low']:.3f}, {r2['speedup_high']:.3f}]  {'yes' if ok else 'NO'}")
+    print(f"overlapping={k}/{n} max_abs_diff={worst:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The pair, the suite and the machine of a model-backed notebook, from its parameters, in one place.
+
+Every model-backed notebook (03, 04, 05) declares the same six parameters::
+
+    pair: str = "default"      # embedded pair name, or a label when target_id is set
+    target_id: str = ""        # HF hub id / local folder of a target model ("" = the named pair)
+    draft_id: str = ""         # HF hub id / local folder of a draft (with target_id)
+    device: str = "cpu"        # "cpu", "cuda", "cuda:N" or "auto"
+    dtype: str = "float32"     # "float32", "bfloat16" or "float16"
+    suite: str = "embedded"    # data/<stem>.jsonl, a .jsonl path, or a named M1 source
+
+and calls ``E = experiment.from_params(P)`` once. Suite resolution (:func:`resolve_suite`) is
+defined here only: a name ending in ``.jsonl`` is a path (relative paths are relative to the
+**repository root**, whatever the working directory); otherwise ``data/<name>.jsonl`` when notebook
+01 wrote it; otherwise the name of an M1 source (``spade_lib.bench.named_source``: ``"embedded"``,
+``"humaneval"`` once registered, ...) built in memory with the pair's tokenizer.
+
+``device="auto"`` is resolved here (and again by :class:`spade_lib.runner.RunConfig`), so two
+notebooks that ask for ``"auto"`` and ``"cpu"`` on a CPU machine hash to the same runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spade_lib import paths, timing
+
+CHAT_TEMPLATES = {"auto": "auto", "always": True, "never": False}
+PAIR_PARAMETERS = ("pair", "target_id", "draft_id", "device", "dtype", "suite")
+
+
+@dataclass
+class Experiment:
+    """What a notebook runs on: the pair (on its device, in its dtype), the suite, the machine."""
+
+    pair: Any
+    suite: Any                       # the suite cut to n_per_category (what the notebook runs)
+    full_suite: Any
+    device: torch.device
+    dtype: str
+    threads: int
+    fingerprint: dict = field(default_factory=dict)
+
+    @property
+    def categories(self) -> list[str]:
+        return list(self.suite.categories)
+
+    def figure_name(self, base: str) -> str:
+        """``base`` for the embedded ``default`` pair, ``base-<pair>`` for any other (one file per pair)."""
+        return figure_name(base, self.pair.name)
+
+    def describe(self) -> str:
+        fp = self.fingerprint
+        from spade_lib import runner
+
+        return (f"pair {self.pair.name!r}: drafts {sorted(self.pair.drafts)} on {self.device} ({self.dtype}), "
+                f"{self.threads} threads\n"
+                f"suite {self.suite.name!r}: {len(self.suite)} prompts in {len(self.categories)} categories "
+                f"(sha256 {self.suite.sha256[:12]}, run key {runner.suite_key(self.suite)})\n"
+                f"machine: {fp.get('cpu_model')} ({fp.get('cpu_count')} CPUs), gpu: {fp.get('gpu')}, "
+                f"torch {fp.get('torch')}, transformers {fp.get('transformers')}, "
+                f"git {str(fp.get('git_commit'))[:10]}")
+
+
+def figure_name(base: str, pair_name: str) -> str:
+    """Figure file stem per pair: the embedded ``default`` pair keeps ``base`` (the README's figures)."""
+    if not base or "/" in base:
+        raise ValueError(f"base must be a plain figure stem, got {base!r}")
+    if pair_name == "default":
+        return base
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in str(pair_name)).strip("-.")
+    if not safe:
+        raise ValueError(f"pair_name gives no usable file name: {pair_name!r}")
+    return f"{base}-{safe}"
+
+
+def chat_template_value(chat_template: str) -> bool | str:
+    """The notebook spelling (``"auto"``, ``"always"``, ``"never"``) -> ``RunConfig.chat_template``."""
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"chat_template must be one of {sorted(CHAT_TEMPLATES)}, got {chat_template!r}")
+    return CHAT_TEMPLATES[chat_template]
+
+
+def suite_path(suite: str) -> Path | None:
+    """The file a ``suite`` parameter names, or None when it names a source (not a file)."""
+    if not isinstance(suite, str) or not suite:
+        raise ValueError(f"suite must be a non-empty string, got {suite!r}")
+    if suite.endswith(".jsonl"):
+        p = Path(suite)
+        return p if p.is_absolute() else paths.REPO_ROOT / p
+    return paths.DATA_DIR / f"{suite}.jsonl"
+
+
+def resolve_suite(suite: str, tokenizer: Any = "default", n_per_category: int | None = None):
+    """The suite a ``suite`` parameter names (see the module docstring), cut to ``n_per_category``."""
+    from spade_lib.bench import build_suite, default_suite, load_suite, named_source
+    from spade_lib.bench.build import SuiteSpec
+
+    path = suite_path(suite)
+    if path.is_file():
+        full = load_suite(path)
+    elif suite.endswith(".jsonl"):
+        raise FileNotFoundError(f"suite: no file {path}")
+    elif suite == "embedded":  # notebook 01 not run yet: the same suite, built in memory
+        full = default_suite(tokenizer=tokenizer)
+    else:
+        try:
+            source = named_source(suite)
+        except ValueError as e:
+            raise ValueError(f"suite: no file {path} and no M1 source named {suite!r} ({e})") from None
+        # the same spec as notebook 01's default suite, built in memory (40 per category at most)
+        full = build_suite(SuiteSpec(name=suite, sources=[source], n_per_category=40, seed=0,
+                                     tokenizer=tokenizer, allow_fewer=True))
+    return full, (full.filter(n_per_category=n_per_category) if n_per_category else full)
+
+
+def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = "", device: str = "cpu",
+                    dtype: str = "float32", suite: str = "embedded", *, n_per_category: int | None = None,
+                    threads: int = 0) -> Experiment:
+    """Load the pair on ``device``/``dtype``, fix torch's threads (0: every CPU this process may use)
+    and resolve the suite. ``target_id`` (with ``draft_id``) loads a real pair labelled ``pair``."""
+    from spade_lib.zoo import load_pair
+
+    for name, v in (("pair", pair), ("target_id", target_id), ("draft_id", draft_id), ("device", device),
+                    ("dtype", dtype), ("suite", suite)):
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must be a string, got {type(v).__name__}")
+    if draft_id and not target_id:
+        raise ValueError("draft_id: only meaningful with target_id")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads must be an integer >= 0, got {threads!r}")
+    dev = timing.resolve_device(device)
+    torch_dtype = timing.resolve_dtype(dtype)
+    n_threads = timing.fix_threads(threads or None)
+    if target_id:
+        the_pair = load_pair(pair or None, target=target_id, draft=draft_id or None, device=dev, dtype=torch_dtype)
+    else:
+        the_pair = load_pair(pair, device=dev, dtype=torch_dtype)
+    full, cut = resolve_suite(suite, tokenizer=the_pair.tokenizer, n_per_category=n_per_category)
+    return Experiment(pair=the_pair, suite=cut, full_suite=full, device=dev, dtype=dtype, threads=n_threads,
+                      fingerprint=timing.environment_fingerprint(dev))
+
+
+def from_params(params: Any) -> Experiment:
+    """:func:`load_experiment` from a notebook's resolved parameters (``setup_notebook``'s result or
+    a dict): the six pair parameters, plus ``n_per_category`` and ``threads`` when declared."""
+    values = params.as_dict() if hasattr(params, "as_dict") else dict(params)
+    missing = [k for k in PAIR_PARAMETERS if k not in values]
+    if missing:
+        raise ValueError(f"params: a model-backed notebook must declare {list(PAIR_PARAMETERS)}; missing {missing}")
+    return load_experiment(*(values[k] for k in PAIR_PARAMETERS), n_per_category=values.get("n_per_category"),
+                           threads=values.get("threads", 0))

@@ -1,0 +1,139 @@
+"""M2 figures: measured speedups with their intervals, and the predictions they are compared with.
+
+Each function takes a table of :func:`spade_lib.protocol.speedup_table` rows (or a per-category
+table with the same columns) and returns the ``Figure``; the caller saves it under a name of its own
+(``spade_lib.experiment.figure_name``). Colour is the draft (``spade_lib.plots.palette``); a
+temperature is a marker fill and line style; every measured speedup is drawn with its bootstrap
+interval (``speedup_low`` .. ``speedup_high``), and series at the same ``gamma`` are dodged
+sideways so no marker hides another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from spade_lib.plots.palette import color_for, legend_outside, temperature_style
+from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
+
+SERIES_MARKERS = {"spade": "o", "hf_assisted": "*", "ngram": "^"}
+
+
+def _check(table: pd.DataFrame, columns: Sequence[str], name: str) -> None:
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ValueError(f"{name}: table is missing column(s) {missing}")
+    if table.empty:
+        raise ValueError(f"{name}: table is empty")
+
+
+def _series_name(method: str, draft: str) -> str:
+    if method == "hf_assisted":
+        return "hf_assisted"
+    return draft
+
+
+def _yerr(center, low, high) -> np.ndarray:
+    c, lo, hi = (np.asarray(v, dtype=np.float64) for v in (center, low, high))
+    return np.vstack([np.maximum(c - lo, 0.0), np.maximum(hi - c, 0.0)])
+
+
+def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoregressive") -> Figure:
+    """Measured speedup (points, bootstrap intervals) and the prediction from the measured alpha, c, r
+    and drafted counts (``predicted``, thin line of the same colour) per draft length, one series per
+    (drafter, temperature). HF assisted generation is drawn against plain HF generate when the
+    table holds ``speedup_vs_hf`` (its own baseline), otherwise against AR."""
+    _check(table, ["method", "draft", "gamma", "T", "speedup", "speedup_low", "speedup_high"], "speedup_vs_gamma")
+    t = table[table["method"].isin(["spade", "hf_assisted"])].copy()
+    if t.empty:
+        raise ValueError("speedup_vs_gamma: no SPADE or HF assisted rows")
+    t["series"] = [_series_name(m, d) for m, d in zip(t["method"], t["draft"])]
+    keys = list(dict.fromkeys(zip(t["series"], t["T"])))
+    fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
+    width = 0.5 / max(len(keys), 1)
+    predicted_drawn = False
+    for j, (series, T) in enumerate(keys):
+        s = t[(t["series"] == series) & (t["T"] == T)].sort_values("gamma")
+        dx = (j - (len(keys) - 1) / 2) * width
+        style = temperature_style(T)
+        color = color_for(series)
+        y, lo, hi = s["speedup"], s["speedup_low"], s["speedup_high"]
+        if series == "hf_assisted" and "speedup_vs_hf" in s.columns and s["speedup_vs_hf"].notna().all():
+            y = s["speedup_vs_hf"]
+            lo = s.get("speedup_vs_hf_low", y)
+            hi = s.get("speedup_vs_hf_high", y)
+        label = f"{series}{' (vs HF generate)' if series == 'hf_assisted' else ''}, T={T:g}"
+        ax.errorbar(s["gamma"] + dx, y, yerr=_yerr(y, lo, hi), marker=SERIES_MARKERS.get(series, "o"),
+                    color=color, capsize=1.5, ms=4, lw=0.9, label=label, **style)
+        if "predicted" in s.columns and s["predicted"].notna().any() and series != "hf_assisted":
+            ax.plot(s["gamma"] + dx, s["predicted"], linestyle=":", marker="_", ms=7, color=color, lw=0.8)
+            predicted_drawn = True
+    if predicted_drawn:  # one legend entry for every prediction: same colour as its measurement
+        ax.plot([], [], linestyle=":", marker="_", ms=7, color="0.3", lw=0.8,
+                label="predicted (measured alpha, c, r)")
+    ax.axhline(1.0, color="0.5", lw=0.6)
+    ax.set_xlabel(r"draft length $\gamma$")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(sorted(set(int(g) for g in t["gamma"])))
+    legend_outside(ax)
+    return fig
+
+
+def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = None) -> Figure:
+    """Speedup per category (bars with bootstrap intervals), one colour per drafter, one panel per
+    temperature; a table with ``category``, ``series`` (or ``draft``), ``T`` and the speedup columns."""
+    _check(table, ["category", "T", "speedup", "speedup_low", "speedup_high"], "speedup_by_category")
+    t = table.copy()
+    if "series" not in t.columns:
+        _check(t, ["draft"], "speedup_by_category")
+        t["series"] = t["draft"]
+    cats = list(categories) if categories is not None else list(dict.fromkeys(t["category"]))
+    temps = sorted(set(t["T"]))
+    series = list(dict.fromkeys(t["series"]))
+    fig, axes = plt.subplots(1, len(temps), figsize=(DOUBLE_COLUMN * 0.8, 2.2), squeeze=False, sharey=True)
+    width = 0.8 / len(series)
+    for ax, T in zip(axes[0], temps):
+        sub = t[t["T"] == T]
+        for i, name in enumerate(series):
+            s = sub[sub["series"] == name].set_index("category").reindex(cats)
+            x = np.arange(len(cats)) + (i - (len(series) - 1) / 2) * width
+            ax.bar(x, s["speedup"], width, color=color_for(name), label=name,
+                   yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]), capsize=1.5,
+                   error_kw={"lw": 0.7})
+        ax.axhline(1.0, color="0.5", lw=0.6)
+        ax.set_xticks(np.arange(len(cats)), [c.replace("_", " ") for c in cats], fontsize=6, rotation=20)
+        ax.set_title(f"T = {T:g}")
+    axes[0][0].set_ylabel("speedup over autoregressive")
+    fig.tight_layout()
+    legend_outside(axes[0][-1])
+    return fig
+
+
+def predicted_vs_measured(table: pd.DataFrame, *, predicted: str = "predicted") -> Figure:
+    """Each run's prediction (x) against its measured speedup (y, bootstrap interval), colour by
+    drafter, fill by temperature, with the diagonal; points below it are the per-step overheads the
+    model leaves out."""
+    _check(table, [predicted, "speedup", "speedup_low", "speedup_high", "T"], "predicted_vs_measured")
+    t = table[table[predicted].notna()].copy()
+    if t.empty:
+        raise ValueError("predicted_vs_measured: no row has a prediction")
+    if "series" not in t.columns:
+        t["series"] = t["draft"]
+    fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.6))
+    for (name, T), s in t.groupby(["series", "T"], sort=False):
+        ax.errorbar(s[predicted], s["speedup"], yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]),
+                    fmt=SERIES_MARKERS.get(name, "o"), color=color_for(name), capsize=1.5, ms=4,
+                    fillstyle=temperature_style(T)["fillstyle"], label=f"{name}, T={T:g}")
+    top = float(np.nanmax(np.r_[t[predicted], t["speedup_high"]])) * 1.08
+    lim = [0, max(1.5, top)]
+    ax.plot(lim, lim, color="0.5", lw=0.6, label="measured = predicted")
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_xlabel("predicted speedup (measured alpha, c, r)")
+    ax.set_ylabel("measured speedup")
+    legend_outside(ax)
+    return fig

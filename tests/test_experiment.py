@@ -1,0 +1,65 @@
+"""The experiment helper: suite resolution in one place, the pair from notebook parameters."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from spade_lib import experiment, paths
+
+
+def test_figure_names_are_unique_per_pair():
+    assert experiment.figure_name("m2_speedup_runs", "default") == "m2_speedup_runs"
+    assert experiment.figure_name("m2_speedup_runs", "smollm2") == "m2_speedup_runs-smollm2"
+    assert experiment.figure_name("m3_x", "Qwen/Qwen2.5-7B") == "m3_x-Qwen-Qwen2.5-7B"
+    with pytest.raises(ValueError, match="base"):
+        experiment.figure_name("a/b", "default")
+
+
+def test_chat_template_spelling():
+    assert experiment.chat_template_value("always") is True
+    assert experiment.chat_template_value("auto") == "auto"
+    with pytest.raises(ValueError, match="chat_template"):
+        experiment.chat_template_value("yes")
+
+
+def test_suite_paths_resolve_against_the_repo_root(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a notebook runs in notebooks/: relative paths must not depend on it
+    assert experiment.suite_path("data/embedded.jsonl") == paths.REPO_ROOT / "data" / "embedded.jsonl"
+    assert experiment.suite_path("embedded") == paths.DATA_DIR / "embedded.jsonl"
+    absolute = tmp_path / "s.jsonl"
+    assert experiment.suite_path(str(absolute)) == absolute
+    with pytest.raises(FileNotFoundError, match="suite"):
+        experiment.resolve_suite("nowhere/missing.jsonl")
+    with pytest.raises(ValueError, match="no M1 source named"):
+        experiment.resolve_suite("no_such_source_xyz")
+    with pytest.raises(ValueError, match="suite"):
+        experiment.suite_path("")
+
+
+def test_resolve_suite_cuts_per_category():
+    full, cut = experiment.resolve_suite("embedded", n_per_category=1)
+    assert len(cut) == len(full.categories) and cut.categories == full.categories
+    full2, same = experiment.resolve_suite(os.path.relpath(paths.DATA_DIR / "embedded.jsonl", paths.REPO_ROOT))
+    assert full2.sha256 == full.sha256 == same.sha256
+
+
+def test_from_params_loads_the_tiny_pair():
+    before = torch.get_num_threads()
+    try:
+        params = dict(pair="tiny", target_id="", draft_id="", device="auto", dtype="float32", suite="embedded",
+                      n_per_category=1, threads=1)
+        e = experiment.from_params(params)
+        assert e.pair.name == "tiny" and e.device == torch.device("cpu") and e.threads == 1
+        assert len(e.suite) == len(e.categories)
+        assert "pair 'tiny'" in e.describe() and e.figure_name("m3_a") == "m3_a-tiny"
+        with pytest.raises(ValueError, match="missing"):
+            experiment.from_params({"pair": "tiny"})
+        with pytest.raises(ValueError, match="draft_id"):
+            experiment.load_experiment("tiny", draft_id="x")
+        with pytest.raises(TypeError, match="device"):
+            experiment.load_experiment("tiny", device=None)
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,97 @@
+"""Timing protocol: interleaved sessions, the shared re-timed baseline, pairing, one identity for 'auto'."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spade_lib import paths, protocol, runner, trace
+from spade_lib.bench import Suite
+
+N_NEW = 10
+
+
+def mini_suite(n: int = 3) -> Suite:
+    rows = [{"question_id": i, "category": ("code", "prose")[i % 2],
+             "turns": [f"def f{i}(x):\n    return x + {i}\n" if i % 2 == 0 else f"The value {i} is the"]}
+            for i in range(n)]
+    return Suite("mini", rows, {})
+
+
+@pytest.fixture(scope="module")
+def pair():
+    from spade_lib.zoo import load_pair
+
+    before = torch.get_num_threads()
+    yield load_pair("tiny")
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def runs_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    return tmp_path
+
+
+def cfg(**kw) -> runner.RunConfig:
+    return runner.RunConfig(**{**dict(max_new_tokens=N_NEW, device="cpu", threads=1), **kw})
+
+
+def test_auto_device_is_resolved_before_hashing():
+    assert cfg(device="auto").hash == cfg(device="cpu").hash  # this machine's tests run on the CPU
+    assert cfg(device="auto").device == "cpu"
+
+
+def test_protocol_validates_and_sets_identity():
+    with pytest.raises(ValueError, match="repeats"):
+        protocol.Protocol(repeats=0)
+    with pytest.raises(TypeError, match="config"):
+        protocol.Protocol().config("ar")
+    c = protocol.Protocol(warmup=2, repeats=3).config(cfg())
+    assert (c.warmup, c.repeats) == (2, 3)
+
+
+def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
+    suite = mini_suite()
+    proto = protocol.Protocol(warmup=0, repeats=3)
+    ar = cfg(method="ar")
+    g2 = cfg(method="spade", draft="distilled", gamma=2)
+    dirs = protocol.run_interleaved(pair, suite, [g2], ar, protocol=proto, progress=False)
+    assert list(dirs) == [proto.config(ar), proto.config(g2)]
+    s = runner.read_summary(dirs[proto.config(g2)])
+    assert len(s) == 3 and (s["wall_times"].map(len) == 3).all()
+    assert s["session"].nunique() == 1
+    assert set(s["session_wall_time"].iloc[0]) == {proto.config(ar).hash, proto.config(g2).hash}
+    base, interleaved = protocol.paired_baseline(s, proto.config(ar))
+    assert interleaved and (base["new_tokens"] == N_NEW).all()
+    ar_summary = runner.read_summary(dirs[proto.config(ar)])
+    assert base["wall_time"].tolist() == pytest.approx(ar_summary["wall_time"].tolist())
+
+    # a second session (another notebook): the finished AR run is re-timed, its folder left alone
+    stamp = (dirs[proto.config(ar)] / "summary.jsonl").stat().st_mtime_ns
+    g1 = cfg(method="spade", draft="distilled", gamma=1)
+    dirs2 = protocol.run_interleaved(pair, suite, [g2, g1], ar, protocol=proto, progress=False)
+    assert (dirs2[proto.config(ar)] / "summary.jsonl").stat().st_mtime_ns == stamp
+    s1 = runner.read_summary(dirs2[proto.config(g1)])
+    assert proto.config(ar).hash in s1["session_wall_time"].iloc[0]
+    assert s1["session"].iloc[0] != s["session"].iloc[0]
+    # the same request again reads everything back
+    assert protocol.run_interleaved(pair, suite, [g1, g2], ar, protocol=proto, progress=False) == {
+        proto.config(ar): dirs2[proto.config(ar)], proto.config(g1): dirs2[proto.config(g1)],
+        proto.config(g2): dirs2[proto.config(g2)]}
+
+    table = protocol.speedup_table(dirs2, ar, protocol=proto)
+    assert table["interleaved"].all()
+    assert table.loc[table.method == "ar", "speedup"].tolist() == pytest.approx([1.0])
+    sp = table[table.method == "spade"]
+    assert (sp["speedup_low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["speedup_high"]).all()
+    assert sp["predicted"].notna().all() and sp["r"].gt(0).all()
+    # greedy SPADE emits the target's greedy tokens: same text as AR (tiny pair, float32)
+    tr = trace.read_trace(dirs2[proto.config(g1)])
+    assert len(tr) > 0 and tr["t_verify"].gt(0).all()
+
+
+def test_session_configs_must_pair(pair, runs_dir):
+    with pytest.raises(ValueError, match="same n_samples"):
+        protocol.run_interleaved(pair, mini_suite(1), [cfg(method="spade", max_new_tokens=4)], cfg(method="ar"),
+                                 protocol=protocol.Protocol(warmup=0), progress=False)
