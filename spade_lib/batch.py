@@ -26,7 +26,7 @@ counts slots, not positions); the draft must be a model (prompt lookup is not ba
 ``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
 
 **Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
-``torch.multinomial`` from its own generator, exactly as :class:`~spade_lib.drafters.ModelDrafter`
+``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.drafters.ModelDrafter`
 does (``V`` exponential draws per token), so that cost grows linearly with ``B``.
 
 **Randomness: per-row seeds.** Row ``b`` has its own three generators (:func:`spade_lib.decode.seed_streams`
@@ -58,7 +58,7 @@ from transformers import DynamicCache
 
 from .adapter import CausalLMAdapter, as_token_tensor
 from .decode import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate, seed_streams
-from .drafters import ModelDrafter, _match_vocab
+from .drafters import ModelDrafter, _match_vocab, sample_categorical
 from .measures import entropy, kl, tv
 from .sampling import adjust
 from .verify import DETERMINISTIC_MODES, sample_inverse_cdf, verify
@@ -262,6 +262,11 @@ def _stats(logits_p: torch.Tensor, p: torch.Tensor, x: torch.Tensor, q: torch.Te
     return torch.stack([c.to(torch.float64) for c in cols], dim=1)
 
 
+# the statistics of :func:`_stats`, in its order (the columns of ``SpeculativeDecoder._stats``)
+_STAT_NAMES = ("draft_token", "p_x", "q_x", "accept_prob", "uniform", "reached", "accepted", "h_p", "h_q", "tv",
+               "kl", "p_top1", "p_margin", "q_top_prob", "p_x_raw", "q_x_raw", "h_p_raw", "h_q_raw", "tv_raw")
+
+
 class _Rows:
     """Per-row bookkeeping of a batch (indexed by the prompt's row)."""
 
@@ -377,7 +382,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                     x = q.argmax(dim=-1)
                 else:
                     x = q.argmax(dim=-1)  # junk for rows that stopped drafting (no draw from their stream)
-                    draws = [torch.multinomial(q[i:i + 1], 1, generator=gens[b]["draft"])[:, 0]
+                    draws = [sample_categorical(q[i:i + 1], gens[b]["draft"])
                              if drafting[i] else x[i:i + 1] for i, b in enumerate(active)]
                     x = torch.cat(draws)
                 xs.append(x)
@@ -459,7 +464,8 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         host = torch.cat([n_acc[:, None], nxt[:, None]] + ([X] if G > 0 else []), dim=1).tolist()
         for part, idx_l in zip(stat_parts, stat_rows):
             for r, values in zip(idx_l, part.tolist()):
-                stats[r] = values
+                g = len(values) // len(_STAT_NAMES)
+                stats[r] = {name: values[j * g:(j + 1) * g] for j, name in enumerate(_STAT_NAMES)}
         tc = _clock(dev) if timed else 0.0
 
         # -- commit: per-row rollback of both caches, emitted tokens, finished rows leave

@@ -51,6 +51,8 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     name = type(model).__name__
     if name not in SUPPORTED:
         return f"architecture {name}"
+    if getattr(model, "hf_device_map", None):
+        return "a device_map (accelerate places, offloads and moves the weights)"
     cfg = model.config
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r}"

@@ -66,7 +66,7 @@ class Protocol:
 def _finished(run_dir: Path, suite) -> bool:
     if not (run_dir / "summary.jsonl").is_file():
         return False
-    return all((run_dir / "trace" / f"{r['question_id']}.parquet").is_file() for r in suite.rows)
+    return all(runner.shard_path(run_dir, r["question_id"]).is_file() for r in suite.rows)
 
 
 def _session_id(configs: Sequence[runner.RunConfig]) -> str:
@@ -78,12 +78,10 @@ def _open_run(pair, suite, config: runner.RunConfig, run_dir: Path, device, sess
     identity = runner.run_identity(pair, suite, config)
     meta_path = run_dir / "metadata.json"
     sessions = []
+    if run_dir.is_dir():
+        runner._check_existing(run_dir, identity)  # metadata or any shard of another run: refused
     if meta_path.is_file():
-        old = json.loads(meta_path.read_text(encoding="utf-8"))
-        mismatched = [k for k in identity if old.get(k) != identity[k]]
-        if mismatched:
-            raise ValueError(f"run_dir {run_dir} holds a different run (differs in {mismatched})")
-        sessions = old.get("sessions", [])
+        sessions = json.loads(meta_path.read_text(encoding="utf-8")).get("sessions", [])
     env = timing.environment_fingerprint(device)
     sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
                      "protocol_session": session})
@@ -146,8 +144,8 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
                     leave=False)
     n_samples, seed0, n_new = session[0].n_samples, session[0].seed, session[0].max_new_tokens
     for i, row in enumerate(rows):
-        shards = {c: dirs[c] / "trace" / f"{row['question_id']}.parquet" for c in todo}
-        need = [c for c in todo if not (resume and runner._shard_done(shards[c]))]
+        shards = {c: runner.shard_path(dirs[c], row["question_id"]) for c in todo}
+        need = [c for c in todo if not (resume and runner._shard_done(shards[c], identities[c]))]
         if not need:
             continue
         ids = {c: runner.prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}

@@ -181,6 +181,9 @@ class RunConfig:
         options = {"max_ngram": self.ngram_max} if "max_ngram" in drafters.drafter_options(self.draft) else {}
         return drafters.make_drafter(self.draft, pair, **options)
 
+    def __hash__(self) -> int:  # the option dicts are unhashable; equal configs have equal canonical JSON
+        return hash(self.hash)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

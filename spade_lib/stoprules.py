@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 import pandas as pd
 from scipy import optimize
@@ -148,8 +150,18 @@ class LearnedStop:
         return float(mannwhitneyu(p[y], p[~y]).statistic / (y.sum() * (~y).sum()))
 
 
+# the thresholds each policy accepts; a grid end beyond them never passes: the rule drafts one token
+_RANGE = {"confidence": (0.0, 1.0), "entropy": (0.0, math.inf)}
+
+
 def _replay(trace, policy, gamma, threshold, c, verify_cost, by, *, name=None, shown=None):
-    out = replay.replay_stop_rule(trace, replay.StopRule(policy, int(gamma), float(threshold)), c, verify_cost, by)
+    lo, hi = _RANGE.get(policy, (-math.inf, math.inf))
+    if lo <= threshold <= hi:
+        out = replay.replay_stop_rule(trace, replay.StopRule(policy, int(gamma), float(threshold)), c, verify_cost, by)
+    else:  # the degenerate "always stop after one token" end: exactly fixed gamma 1
+        out = replay.replay_stop_rule(trace, replay.StopRule("fixed", 1, 0.0), c, verify_cost, by)
+        out["policy"], out["gamma"], out["threshold"] = policy, int(gamma), float(threshold)
+        out["label"] = f"{policy} {threshold:.3g} (<= {gamma})"
     if name is not None:
         out["policy"] = name
         out["threshold"] = shown
