@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .rules import get_rule
-from .sampling import SamplingConfig, adjust
-from .verify import VerifyResult, sample_inverse_cdf, verify
+from spade_lib.rules import get_rule
+from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.verify import VerifyResult, sample_inverse_cdf, verify
 
 __all__ = ["verify_reference", "draft_tree", "block_law_error", "chi_square_pvalue", "monte_carlo_check",
            "MC_CONFIGS", "warped_pair"]

@@ -27,7 +27,9 @@ from typing import Any
 
 import torch
 
-from spade_lib import paths, timing
+from spade_lib import paths
+
+from spade_lib.runs import timing
 
 CHAT_TEMPLATES = {"auto": "auto", "always": True, "never": False}
 PAIR_PARAMETERS = ("pair", "target_id", "draft_id", "device", "dtype", "suite")
@@ -55,7 +57,7 @@ class Experiment:
 
     def describe(self) -> str:
         fp = self.fingerprint
-        from spade_lib import runner
+        from spade_lib.runs import runner
 
         return (f"pair {self.pair.name!r}: drafts {sorted(self.pair.drafts)} on {self.device} ({self.dtype}), "
                 f"{self.threads} threads\n"

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .validate import check_float, check_gamma, check_int
+from spade_lib.validate import check_float, check_gamma, check_int
 
 ArrayLike = float | int | Sequence[float] | np.ndarray
 VerifyCost = float | int | np.ndarray | Callable[[int], float]

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import torch
 
 from . import rules
-from .measures import entropy
-from .validate import check_float
+from spade_lib.measures import entropy
+from spade_lib.validate import check_float
 
 
 def __getattr__(name: str):

@@ -84,7 +84,7 @@ def _timestamp(meta: dict) -> float:
 def model_id_for(meta: dict) -> str:
     """Spec-Bench-style model id of a run: ``<pair>-<config label>-<dtype>``, e.g.
     ``tiny-spade-distilled-g4-T0-float32`` or ``tiny-ar-T0-float32`` (the baseline)."""
-    from spade_lib.runner import RunConfig
+    from spade_lib.runs.runner import RunConfig
 
     pair = meta["pair"]["name"].replace("/", "--")
     try:
@@ -96,7 +96,7 @@ def model_id_for(meta: dict) -> str:
 
 def specbench_answers(run_dir: str | os.PathLike, model_id: str | None = None) -> list[dict]:
     """The Spec-Bench answer lines of a SPADE run (see the module docstring), as dicts."""
-    from spade_lib import runner, trace
+    from spade_lib.runs import runner, trace
 
     run_dir = Path(run_dir)
     if not (run_dir / "summary.jsonl").is_file():

@@ -23,7 +23,7 @@ def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
     """``trace`` as a DataFrame (reading a run directory or shard with :func:`spade_lib.trace.read_trace`),
     checked to hold ``columns``."""
     if isinstance(trace, (str, os.PathLike)):
-        from spade_lib.trace import read_trace
+        from spade_lib.runs.trace import read_trace
 
         trace = read_trace(trace)
     if not isinstance(trace, pd.DataFrame):

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from spade_lib.trace import TRACE_SCHEMA
+from spade_lib.runs.trace import TRACE_SCHEMA
 
 H_P_MEAN = 1.5  # mean of the Gamma(2, 0.75) target entropy, the centre of entropy_slope
 

@@ -96,7 +96,7 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
     go onto the target's first device (:func:`first_device`).
     """
-    from spade_lib.timing import resolve_device, resolve_dtype
+    from spade_lib.runs.timing import resolve_device, resolve_dtype
 
     if device is not None:
         device = resolve_device(device)  # refused here, before any model loads

@@ -1,0 +1,91 @@
+"""Hugging Face ``generate`` as a side-by-side baseline: plain, and assisted (``assistant_model=``).
+
+A thin wrapper, so that SPADE's decoder can be compared with what practitioners actually run:
+
+- plain: ``target.generate(input_ids, max_new_tokens, do_sample=not greedy, temperature, top_k, top_p)``;
+- assisted: the same with ``assistant_model=draft`` and, on the assistant's generation config for the
+  duration of the call, ``num_assistant_tokens = gamma``, ``num_assistant_tokens_schedule = "constant"``
+  and ``assistant_confidence_threshold = 0`` (HF's defaults, 20 tokens with a heuristic schedule and a
+  0.4 threshold, would make it a different algorithm from a fixed-gamma SPADE run).
+
+HF samples from the *global* torch RNG: the wrapper calls ``torch.manual_seed(seed)`` first, so a run is
+reproducible but not comparable draw for draw with SPADE's separate streams. Only the new tokens and
+the wall time come back (``GenerationResult`` with no steps: HF does not expose accepted counts).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+
+from spade_lib.decoding.adapter import as_token_tensor, context_limit
+from spade_lib.decoding.decode import GenerationResult, _check_budget, _clock, _eos_set
+from spade_lib.sampling import SamplingConfig
+
+__all__ = ["hf_generate", "hf_sampling_kwargs"]
+
+
+def hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
+    """``generate`` keyword arguments that apply ``sampling`` (greedy when temperature is 0)."""
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")
+    if sampling.greedy:
+        return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    return {"do_sample": True, "temperature": float(sampling.temperature), "top_k": int(sampling.top_k),
+            "top_p": float(sampling.top_p)}
+
+
+def _pad_id(model: torch.nn.Module) -> int:
+    for source in (getattr(model, "generation_config", None), model.config):
+        pad = getattr(source, "pad_token_id", None)
+        if isinstance(pad, int):
+            return pad
+    return 0  # batch size 1: padding never happens, generate only wants an id
+
+
+@torch.inference_mode()
+def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
+                sampling: SamplingConfig = SamplingConfig(), assistant: torch.nn.Module | None = None,
+                gamma: int = 4, seed: int = 0, tokenizer=None,
+                eos_token_id: int | Sequence[int] | None = None) -> GenerationResult:
+    """Run HF ``generate`` (assisted when ``assistant`` is given) and time it; see the module docstring."""
+    _check_budget(max_new_tokens)
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma: must be an integer >= 1, got {gamma!r}")
+    device = next(target.parameters()).device
+    prompt = as_token_tensor(prompt_ids, device)
+    if prompt.numel() == 0:
+        raise ValueError("prompt_ids: empty prompt")
+    limit = context_limit(target)
+    if limit is not None and prompt.numel() > limit:
+        raise ValueError(f"prompt_ids: {prompt.numel()} tokens exceed the context limit of {limit} positions")
+    eos = sorted(_eos_set(target, eos_token_id))
+    kwargs = dict(hf_sampling_kwargs(sampling), max_new_tokens=max_new_tokens,
+                  attention_mask=torch.ones(1, prompt.numel(), dtype=torch.long, device=device),
+                  eos_token_id=eos, pad_token_id=eos[0] if eos else _pad_id(target))  # [] disables EOS
+    if limit is not None:
+        kwargs["max_new_tokens"] = min(max_new_tokens, limit - prompt.numel())
+    saved = None
+    if assistant is not None:
+        saved = copy.deepcopy(assistant.generation_config)
+        assistant.generation_config.num_assistant_tokens = gamma
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        assistant.generation_config.assistant_confidence_threshold = 0.0
+        kwargs["assistant_model"] = assistant
+    try:
+        torch.manual_seed(seed)
+        t0 = _clock(device)
+        out = target.generate(prompt[None], **kwargs) if kwargs["max_new_tokens"] > 0 else prompt[None]
+        t1 = _clock(device)
+    finally:
+        if saved is not None:
+            assistant.generation_config = saved
+    tokens = out[0, prompt.numel():].tolist()
+    stop = "eos" if tokens and tokens[-1] in eos else (
+        "max_new_tokens" if len(tokens) == max_new_tokens else "context_limit")
+    result = GenerationResult(tokens, int(prompt.numel()), stop, [], {"total": t1 - t0}, seed=seed)
+    if tokenizer is not None:
+        result.text = tokenizer.decode(tokens)
+    return result

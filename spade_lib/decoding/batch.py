@@ -1,0 +1,776 @@
+"""Batched decoding (batch size ``B > 1``): exact speculative decoding with ragged acceptance.
+
+Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length. Each of the ``B``
+rows of a batch runs the loop of :mod:`spade_lib.decode` (draft ``x_0 .. x_{gamma_b - 1} ~ q``, one
+target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b`` drafts plus the
+residual / bonus token), but every model forward is one batched call over the rows still running.
+
+**Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
+rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
+cache of ``S`` *slots*, a 2-D attention mask ``[B, S]`` (1 = the slot holds a committed token of that
+row) and each row's true length ``l_b`` (committed tokens in the cache). A forward appends the same
+number of slots to every row; a row that has fewer tokens to feed (a shorter draft, a shorter prompt:
+left padding) fills the rest with *holes* (mask 0). After verification row ``b`` keeps its first
+``l_b + n_b + 1`` valid slots (``n_b`` accepted drafts) and masks the rest (:meth:`_BatchLM.rollback`); a
+masked slot is never attended to again. Position ids are explicit, ``l_b + (rank among the new valid slots)``,
+so every token sits at its true position (RoPE and absolute embeddings alike) whatever the holes before
+it, and row ``b`` attends to exactly the keys/values a single-sequence decode of row ``b`` would hold:
+the batched logits equal the single ones up to floating-point rounding. Trailing slots that are holes in
+every row are cropped after each step, finished rows leave the batch (``batch_select_indices``), and
+when the slots outnumber twice the longest row (plus :data:`COMPACT_SLACK`) the cache is compacted (each
+row's valid slots gathered, order kept). Models with sliding-window layers are refused (their window
+counts slots, not positions); the draft must be a model (prompt lookup is not batched).
+
+**Ragged acceptance.** The step's width is ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` tokens
+(its policy, its budget), the rest of its columns are holes. Verification runs once per distinct
+``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
+
+**Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
+``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.drafters.ModelDrafter`
+does (``V`` exponential draws per token), so that cost grows linearly with ``B``.
+
+**Randomness: per-row seeds.** Row ``b`` has its own three generators (:func:`spade_lib.decode.seed_streams`
+of its seed: ``seed`` for every row when ``seed`` is an int, ``seed[b]`` when it is a list), and draws
+from them exactly what a single-sequence :meth:`~spade_lib.decode.SpeculativeDecoder.generate` with
+that seed draws (draft samples, ``gamma_b`` acceptance uniforms, one residual/bonus uniform per step).
+So a row's tokens depend only on its prompt and its seed, never on the other rows of its batch, and
+equal ``generate(prompt, seed=seed_b)`` token for token whenever the batched and single forwards round
+the same way (greedy: always, barring a near-tie of the target's top two logits; see
+:func:`spade_lib.divergence.compare_greedy`).
+
+Results: one :class:`BatchGenerationResult` per prompt (a :class:`~spade_lib.decode.GenerationResult`
+with ``row``, ``batch_size``, the batch's totals), whose steps are :class:`BatchStepInfo` (row, batch
+step, rows in the step, step width) and whose :meth:`~BatchGenerationResult.records` add the columns
+``row``, ``batch_size``, ``batch_step``, ``batch_rows``. :func:`batch_metrics` reports tokens/s per row
+and per batch. :func:`batch_study` measures throughput against batch size (``m2_speedup_vs_batch``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
+from spade_lib.decoding.decode import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate, seed_streams
+from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
+from spade_lib.measures import entropy, kl, tv
+from spade_lib.sampling import adjust
+from spade_lib.verify import DETERMINISTIC_MODES, sample_inverse_cdf, verify
+
+__all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculative_generate_batch",
+           "autoregressive_generate_batch", "batch_metrics", "row_seeds", "BatchStudyConfig", "forward_costs",
+           "batch_study", "stops_paying"]
+
+BATCH_COLUMNS: tuple[str, ...] = ("row", "batch_size", "batch_step", "batch_rows")
+COMPACT_SLACK = 16  # a cache is compacted when its slots exceed 2 x (longest row) + this
+
+
+@dataclass
+class BatchStepInfo(StepInfo):
+    """A row's step in a batch: :class:`~spade_lib.decode.StepInfo` plus where it ran."""
+
+    row: int = 0          # the row (index of the prompt in the batch)
+    batch_step: int = 0   # index of the batched step (the same for every row in it)
+    batch_rows: int = 0   # rows still decoding in this step
+    width: int = 0        # G = max gamma over those rows (the step's target forward fed G + 1 slots per row)
+
+
+@dataclass
+class BatchGenerationResult(GenerationResult):
+    """One row's generation in a batch; ``timing`` holds the batch's phase times up to the row's finish."""
+
+    row: int = 0
+    batch_size: int = 1
+    batch_new_tokens: int = 0                                   # all rows together
+    batch_timing: dict[str, float] = field(default_factory=dict)  # the whole batch: prefill ... total (s)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """This row's new tokens over the time from the batch's start to the row's finish."""
+        t = self.timing.get("total", float("nan"))
+        return self.new_tokens / t if t > 0 else float("nan")
+
+    @property
+    def batch_tokens_per_second(self) -> float:
+        """All rows' new tokens over the batch's wall time."""
+        t = self.batch_timing.get("total", float("nan"))
+        return self.batch_new_tokens / t if t > 0 else float("nan")
+
+    def records(self) -> list[dict[str, Any]]:
+        """The trace records of :meth:`GenerationResult.records` plus :data:`BATCH_COLUMNS`."""
+        rows = super().records()
+        where = [s for s in self.steps if s.gamma > 0 for _ in range(s.gamma)]
+        for r, s in zip(rows, where, strict=True):
+            r.update(row=self.row, batch_size=self.batch_size, batch_step=s.batch_step, batch_rows=s.batch_rows)
+        return rows
+
+
+def row_seeds(seed: int | Sequence[int], n_rows: int) -> list[int]:
+    """Per-row seeds: ``seed`` for every row (an int), or ``seed[b]`` (a sequence of ``n_rows`` ints)."""
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        seeds = [int(seed)] * n_rows
+    elif isinstance(seed, Sequence) and not isinstance(seed, (str, bytes)):
+        seeds = list(seed)
+        if len(seeds) != n_rows:
+            raise ValueError(f"seed: {len(seeds)} seeds for {n_rows} prompts")
+    else:
+        raise TypeError(f"seed: expected an int or a sequence of ints, got {type(seed).__name__}")
+    for s in seeds:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0:
+            raise ValueError(f"seed: every seed must be an integer >= 0, got {s!r}")
+    return [int(s) for s in seeds]
+
+
+def _prompts(prompts, device, limit: int | None) -> list[torch.Tensor]:
+    if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence):
+        raise TypeError(f"prompts: expected a list of prompts (each a list or 1-D tensor of token ids), "
+                        f"got {type(prompts).__name__}")
+    if len(prompts) == 0:
+        raise ValueError("prompts: empty list (at least one prompt is needed)")
+    out = []
+    for i, p in enumerate(prompts):
+        t = as_token_tensor(p, device, name=f"prompts[{i}]")
+        try:
+            _check_prompt(t, limit)
+        except ValueError as e:
+            raise ValueError(f"prompts[{i}]: {str(e).removeprefix('prompt_ids: ')}") from None
+        out.append(t)
+    return out
+
+
+def _left_pad(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[R, W]`` ids and validity (True = token) with every row right-aligned (holes on the left)."""
+    width = max(int(r.numel()) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=device)
+    for b, r in enumerate(rows):
+        n = int(r.numel())
+        if n:
+            ids[b, width - n:] = r
+            valid[b, width - n:] = True
+    return ids, valid
+
+
+class _BatchLM:
+    """One model's batched KV cache with per-row masked holes (see the module docstring)."""
+
+    def __init__(self, adapter: CausalLMAdapter, n_rows: int, what: str):
+        import inspect
+
+        params = inspect.signature(adapter.model.forward).parameters
+        if not adapter._has_position_ids or "attention_mask" not in params:
+            raise ValueError(f"{what}: {type(adapter.model).__name__}.forward must take position_ids and "
+                             "attention_mask for batched decoding")
+        self.adapter = adapter
+        self.model = adapter.model
+        self.cache = DynamicCache(config=self.model.config)
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            raise ValueError(f"{what}: sliding-window attention counts cache slots, not positions; batched "
+                             "decoding with masked holes does not support it")
+        self.device = adapter.device
+        self.mask = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)   # [R, S] 1 = valid slot
+        self.length = torch.zeros(n_rows, dtype=torch.long, device=self.device)    # [R] valid slots per row
+
+    @property
+    def slots(self) -> int:
+        return int(self.mask.shape[1])
+
+    def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
+        """Append ``ids [R, k]`` (``valid [R, k]``: False = hole); logits of the last ``keep`` columns
+        (``0``: all), ``[R, keep or k, V]``."""
+        valid_l = valid.to(torch.long)
+        rank = valid_l.cumsum(dim=-1)
+        positions = (self.length[:, None] + rank - 1).clamp(min=0)
+        mask = torch.cat([self.mask, valid_l], dim=1)
+        kwargs = {self.adapter._cache_kw: self.cache, "use_cache": True, "attention_mask": mask,
+                  "position_ids": positions}
+        if self.adapter._has_logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(ids, **kwargs)
+        self.mask = mask
+        self.length = self.length + rank[:, -1]
+        logits = out.logits
+        return logits if keep == 0 or logits.shape[1] == keep else logits[:, -keep:]
+
+    def rollback(self, length: torch.Tensor) -> None:
+        """Keep each row's first ``length[b]`` valid slots; mask the rest (they become holes)."""
+        self.mask = self.mask * (self.mask.cumsum(dim=-1) <= length[:, None])
+        self.length = length.clone()
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows of the batch."""
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+        self.length = self.length[rows]
+
+    def tidy(self) -> None:
+        """Crop the slots that are holes in every row at the end; compact when holes dominate."""
+        S = self.slots
+        used = self.mask.any(dim=0)
+        last = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+        if last < S:
+            self.cache.crop(last - S)
+            self.mask = self.mask[:, :last]
+        width = int(self.length.max()) if self.length.numel() else 0
+        if self.slots > 2 * width + COMPACT_SLACK:
+            self._compact(width)
+
+    def _compact(self, width: int) -> None:
+        """Gather every row's valid slots, in order, right-aligned into ``width`` slots."""
+        R, S = self.mask.shape
+        order = torch.arange(S, device=self.device).expand(R, S)
+        key = torch.where(self.mask.bool(), order, order - S)  # holes sort first, valid slots keep their order
+        idx = key.argsort(dim=-1, stable=True)[:, S - width:]   # [R, width]
+        new_mask = self.mask.gather(1, idx)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            H, D = layer.keys.shape[1], layer.keys.shape[-1]
+            gi = idx[:, None, :, None].expand(R, H, width, D)
+            layer.keys = layer.keys.gather(2, gi)
+            Dv = layer.values.shape[-1]
+            layer.values = layer.values.gather(2, idx[:, None, :, None].expand(R, H, width, Dv))
+        self.mask = new_mask
+
+
+def _timing_totals() -> dict[str, float]:
+    return {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
+
+
+def _stats(logits_p: torch.Tensor, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, q_logits: torch.Tensor,
+           res) -> torch.Tensor:
+    """``[R, len(_STATS), g]`` float64 per-position statistics (the batched twin of
+    ``SpeculativeDecoder._stats``): ``logits_p, p [R, g+1, V]``, ``x [R, g]``, ``q, q_logits [R, g, V]``."""
+    g = x.shape[1]
+    p_g = p[:, :g]
+    p_raw = logits_p[:, :g].float().softmax(dim=-1)
+    q_raw = q_logits.float().softmax(dim=-1)
+    xi = x[..., None]
+    top2 = torch.topk(p_raw, 2, dim=-1)
+    cols = [
+        x.to(torch.float64), res.p_x, res.q_x, res.accept_prob, res.uniforms, res.reached, res.accepted,
+        entropy(p_g), entropy(q), tv(p_g, q), kl(p_g, q), top2.indices[..., 0],
+        top2.values[..., 0] - top2.values[..., 1], q_raw.amax(dim=-1), p_raw.gather(-1, xi)[..., 0],
+        q_raw.gather(-1, xi)[..., 0], entropy(p_raw), entropy(q_raw), tv(p_raw, q_raw),
+    ]
+    return torch.stack([c.to(torch.float64) for c in cols], dim=1)
+
+
+# the statistics of :func:`_stats`, in its order (the columns of ``SpeculativeDecoder._stats``)
+_STAT_NAMES = ("draft_token", "p_x", "q_x", "accept_prob", "uniform", "reached", "accepted", "h_p", "h_q", "tv",
+               "kl", "p_top1", "p_margin", "q_top_prob", "p_x_raw", "q_x_raw", "h_p_raw", "h_q_raw", "tv_raw")
+
+
+class _Rows:
+    """Per-row bookkeeping of a batch (indexed by the prompt's row)."""
+
+    def __init__(self, n: int):
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+        self.steps: list[list[StepInfo]] = [[] for _ in range(n)]
+        self.stop: list[str] = ["max_new_tokens"] * n
+        self.timing: list[dict[str, float]] = [{} for _ in range(n)]
+        self.totals = [_timing_totals() for _ in range(n)]
+
+
+def _results(rows: _Rows, prompts, seeds, t_start, t_prefill, batch_totals, t_end, tokenizer, timed: bool
+             ) -> list[BatchGenerationResult]:
+    B = len(prompts)
+    n_total = sum(len(t) for t in rows.tokens)
+    batch_timing = {"prefill": t_prefill - t_start, **batch_totals, "total": t_end - t_start}
+    if not timed:
+        batch_timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
+    out = []
+    for b in range(B):
+        timing = {"prefill": t_prefill - t_start, **rows.totals[b], **rows.timing[b]}
+        if not timed:
+            timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
+        r = BatchGenerationResult(rows.tokens[b], int(prompts[b].numel()), rows.stop[b], rows.steps[b], timing,
+                                  seed=seeds[b], row=b, batch_size=B, batch_new_tokens=n_total,
+                                  batch_timing=batch_timing)
+        if tokenizer is not None:
+            r.text = tokenizer.decode(r.tokens)
+        out.append(r)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# speculative
+
+
+@torch.inference_mode()
+def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0
+                               ) -> list[BatchGenerationResult]:
+    """Decode ``prompts`` together with :class:`~spade_lib.decode.SpeculativeDecoder` ``dec``'s target,
+    draft, policy, sampling and mode; one result per prompt (see the module docstring)."""
+    _check_budget(max_new_tokens)
+    if not isinstance(dec.drafter, ModelDrafter):
+        raise ValueError(f"draft: batched decoding needs a model draft, got {type(dec.drafter).__name__}")
+    dev, sampling, policy, mode = dec.device, dec.sampling, dec.policy, dec.mode
+    prompts_t = _prompts(prompts, dev, dec.max_length)
+    B = len(prompts_t)
+    seeds = row_seeds(seed, B)
+    gens = [seed_streams(s, dev) for s in seeds]
+    full, timed = dec.record is True, dec.record is not False
+    topk_k = dec.record_topk
+    vocab = dec.target.vocab_size
+    lens = [int(p.numel()) for p in prompts_t]
+    budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
+               for n in lens]
+    draw_accept = mode not in DETERMINISTIC_MODES
+    draw_next = mode != "greedy"
+
+    t_start = _clock(dev)
+    T = _BatchLM(dec.target, B, "target")
+    D = _BatchLM(dec.drafter.adapter, B, "draft")
+    head = [p[:-1] for p in prompts_t]
+    if max(lens) > 1:
+        ids, valid = _left_pad(head, dev)
+        T.forward(ids, valid, keep=1)
+        D.forward(ids, valid, keep=1)
+    pending = torch.stack([p[-1] for p in prompts_t])            # [R] newest committed token, not in T
+    unfed: list[list[int]] = [[int(p[-1])] for p in prompts_t]    # committed tokens not yet in D
+    t_prefill = _clock(dev)
+
+    rows = _Rows(B)
+    batch_totals = _timing_totals()
+    active = list(range(B))
+    for b in active:
+        if budget0[b] <= 0:
+            rows.stop[b] = "context_limit" if budget0[b] < max_new_tokens else "max_new_tokens"
+            rows.timing[b]["total"] = t_prefill - t_start
+    keep_rows = [i for i, b in enumerate(active) if budget0[b] > 0]
+    if len(keep_rows) < len(active):
+        sel = torch.tensor(keep_rows, dtype=torch.long, device=dev)
+        T.select(sel)
+        D.select(sel)
+        pending = pending[sel]
+        active = [active[i] for i in keep_rows]
+        unfed = [unfed[i] for i in keep_rows]
+
+    step = 0
+    while active:
+        R = len(active)
+        budget = [budget0[b] - len(rows.tokens[b]) for b in active]
+        max_gamma = [min(policy.max_gamma, n - 1) for n in budget]
+        ta = _clock(dev) if timed else 0.0
+
+        # -- draft: G forwards of the draft over all rows; row b keeps its first gamma_b proposals
+        G_max = max(max_gamma)
+        gamma = [0] * R
+        stop = ["budget"] * R
+        xs, qs, q_logits = [], [], []
+        d_length0 = D.length.clone()
+        n_unfed = [len(u) for u in unfed]
+        if G_max > 0:
+            U = max(n_unfed)
+            feed = torch.zeros(R, U, dtype=torch.long, device=dev)
+            fvalid = torch.zeros(R, U, dtype=torch.bool, device=dev)
+            for i, u in enumerate(unfed):
+                feed[i, U - len(u):] = torch.tensor(u, dtype=torch.long, device=dev)
+                fvalid[i, U - len(u):] = True
+            drafting = [m > 0 for m in max_gamma]
+            for j in range(G_max):
+                logits = _match_vocab(D.forward(feed, fvalid, keep=1)[:, -1], vocab)   # [R, V]
+                q = adjust(logits, sampling, validate=False)
+                if sampling.greedy:
+                    x = q.argmax(dim=-1)
+                else:
+                    x = q.argmax(dim=-1)  # junk for rows that stopped drafting (no draw from their stream)
+                    draws = [sample_categorical(q[i:i + 1], gens[b]["draft"])
+                             if drafting[i] else x[i:i + 1] for i, b in enumerate(active)]
+                    x = torch.cat(draws)
+                xs.append(x)
+                qs.append(q)
+                q_logits.append(logits)
+                fed_now = list(drafting)
+                for i in range(R):
+                    if drafting[i]:
+                        gamma[i] += 1
+                        if gamma[i] == max_gamma[i]:
+                            drafting[i] = False
+                            stop[i] = "max_gamma" if max_gamma[i] == policy.max_gamma else "budget"
+                if policy.needs_signals and any(drafting):
+                    q_raw = logits.float().softmax(dim=-1)
+                    sig = torch.stack([q_raw.amax(dim=-1), torch.special.entr(q_raw).sum(dim=-1)], dim=1).tolist()
+                    for i in range(R):
+                        if drafting[i] and not policy.keep_drafting(*sig[i]):
+                            drafting[i] = False
+                            stop[i] = "policy"
+                if not any(drafting):
+                    break
+                feed = x[:, None]
+                fvalid = torch.tensor(fed_now, dtype=torch.bool, device=dev)[:, None]
+        G = max(gamma)
+        fed = [min(g, len(xs) - 1) for g in gamma]  # drafts fed to D (x_j went in with forward j + 1)
+        tb = _clock(dev) if timed else 0.0
+
+        # -- verify: one target forward on [t, x_0 .. x_{G-1}] per row, holes past gamma_b
+        if G > 0:
+            X = torch.stack(xs[:G], dim=1)                        # [R, G]
+            Q = torch.stack(qs[:G], dim=1)                        # [R, G, V]
+            QL = torch.stack(q_logits[:G], dim=1)
+            ids = torch.cat([pending[:, None], X], dim=1)
+            gam_t = torch.tensor(gamma, device=dev)
+            valid = torch.arange(G + 1, device=dev)[None, :] <= gam_t[:, None]
+        else:
+            ids, valid = pending[:, None], torch.ones(R, 1, dtype=torch.bool, device=dev)
+        t_length0 = T.length.clone()
+        logits_p = T.forward(ids, valid, keep=0)                  # [R, G + 1, V]
+        p = adjust(logits_p, sampling, validate=False)
+        n_acc = torch.zeros(R, dtype=torch.long, device=dev)
+        nxt = torch.zeros(R, dtype=torch.long, device=dev)
+        stats: list[list[float] | None] = [None] * R
+        topk: list[list[Any] | None] = [None] * R
+        stat_parts, stat_rows = [], []
+        for g in sorted(set(gamma)):
+            idx_l = [i for i in range(R) if gamma[i] == g]
+            idx = torch.tensor(idx_l, dtype=torch.long, device=dev)
+            if g == 0:
+                pg = p[idx, 0]
+                if sampling.greedy:
+                    nxt[idx] = pg.argmax(dim=-1)
+                else:
+                    u = torch.cat([torch.rand(1, generator=gens[active[i]]["residual"], dtype=p.dtype, device=dev)
+                                   for i in idx_l])
+                    nxt[idx] = sample_inverse_cdf(pg, u)
+                continue
+            u = nu = None
+            if draw_accept:
+                u = torch.cat([torch.rand((1, g), generator=gens[active[i]]["accept"], dtype=p.dtype, device=dev)
+                               for i in idx_l])
+            if draw_next:
+                nu = torch.cat([torch.rand((1,), generator=gens[active[i]]["residual"], dtype=p.dtype, device=dev)
+                                for i in idx_l])
+            pg, qg, xg = p[idx, :g + 1], Q[idx, :g], X[idx, :g]
+            res = verify(pg, qg, xg, mode=mode, uniforms=u, next_uniforms=nu, validate=False, **dec.mode_options)
+            n_acc[idx] = res.n_accepted
+            nxt[idx] = res.next_token
+            if full:
+                stat_parts.append(_stats(logits_p[idx, :g + 1], pg, xg, qg, QL[idx, :g], res).flatten(1))
+                stat_rows.append(idx_l)
+                if topk_k:
+                    k = min(topk_k, p.shape[-1])
+                    tp, tq = torch.topk(pg[:, :g], k, dim=-1), torch.topk(qg, k, dim=-1)
+                    parts = [t.tolist() for t in (tp.indices, tp.values, tq.indices, tq.values)]
+                    for r, i in enumerate(idx_l):
+                        topk[i] = [part[r] for part in parts]
+        # one device -> host transfer per step (plus one per group for the statistics)
+        host = torch.cat([n_acc[:, None], nxt[:, None]] + ([X] if G > 0 else []), dim=1).tolist()
+        for part, idx_l in zip(stat_parts, stat_rows):
+            for r, values in zip(idx_l, part.tolist()):
+                g = len(values) // len(_STAT_NAMES)
+                stats[r] = {name: values[j * g:(j + 1) * g] for j, name in enumerate(_STAT_NAMES)}
+        tc = _clock(dev) if timed else 0.0
+
+        # -- commit: per-row rollback of both caches, emitted tokens, finished rows leave
+        n_list = [h[0] for h in host]
+        T.rollback(t_length0 + 1 + n_acc)
+        if G_max > 0:
+            in_cache = [min(n, f) for n, f in zip(n_list, fed)]
+            D.rollback(d_length0 + torch.tensor([nu_ + c for nu_, c in zip(n_unfed, in_cache)], device=dev))
+        finished = []
+        for i, b in enumerate(active):
+            n, t_next = int(host[i][0]), int(host[i][1])
+            drafted = [int(t) for t in host[i][2:2 + n]]
+            emitted, hit_eos = _truncate(drafted + [t_next], budget[i], dec.eos)
+            if G_max > 0:
+                unfed[i] = drafted[in_cache[i]:n] + [t_next]
+            else:
+                unfed[i] = unfed[i] + [t_next]
+            rows.steps[b].append(BatchStepInfo(gamma[i], n, t_next, len(emitted), len(rows.tokens[b]), stop[i],
+                                               stats=stats[i], topk=topk[i], row=b, batch_step=step,
+                                               batch_rows=R, width=G))
+            rows.tokens[b].extend(emitted)
+            if hit_eos:
+                rows.stop[b] = "eos"
+                finished.append(i)
+            elif len(rows.tokens[b]) >= budget0[b]:
+                rows.stop[b] = "max_new_tokens" if len(rows.tokens[b]) >= max_new_tokens else "context_limit"
+                finished.append(i)
+        pending = nxt
+        if finished:
+            keep = [i for i in range(R) if i not in set(finished)]
+            if keep:
+                sel = torch.tensor(keep, dtype=torch.long, device=dev)
+                T.select(sel)
+                D.select(sel)
+                pending = pending[sel]
+                unfed = [unfed[i] for i in keep]
+        T.tidy()
+        D.tidy()
+        td = _clock(dev) if timed else 0.0
+        if timed:
+            dt = {"draft": tb - ta, "verify": tc - tb, "overhead": td - tc}
+            for k, v in dt.items():
+                batch_totals[k] += v
+            for i, b in enumerate(active):
+                s = rows.steps[b][-1]
+                s.t_draft, s.t_verify, s.t_overhead = dt["draft"], dt["verify"], dt["overhead"]
+                for k, v in dt.items():
+                    rows.totals[b][k] += v
+        t_now = _clock(dev) if finished else 0.0
+        for i in finished:
+            rows.timing[active[i]]["total"] = t_now - t_start
+        active = [b for i, b in enumerate(active) if i not in set(finished)]
+        step += 1
+    t_end = _clock(dev)
+    return _results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)
+
+
+# ----------------------------------------------------------------------------------------------
+# autoregressive
+
+
+@torch.inference_mode()
+def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0
+                                  ) -> list[BatchGenerationResult]:
+    """Plain batched KV-cached decoding with :class:`~spade_lib.decode.AutoregressiveDecoder` ``dec``:
+    row ``b`` samples ``t ~ adjust(logits, sampling)`` with the residual stream of its seed, exactly as
+    ``dec.generate(prompt_b, seed=seed_b)`` does."""
+    _check_budget(max_new_tokens)
+    dev, sampling = dec.device, dec.sampling
+    prompts_t = _prompts(prompts, dev, dec.max_length)
+    B = len(prompts_t)
+    seeds = row_seeds(seed, B)
+    gens = [seed_streams(s, dev)["residual"] for s in seeds]
+    lens = [int(p.numel()) for p in prompts_t]
+    budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
+               for n in lens]
+    rows = _Rows(B)
+    for b in range(B):
+        rows.stop[b] = "max_new_tokens" if budget0[b] == max_new_tokens else "context_limit"
+
+    t_start = _clock(dev)
+    T = _BatchLM(dec.target, B, "target")
+    active = list(range(B))
+    logits = None
+    if any(n > 0 for n in budget0):
+        ids, valid = _left_pad(prompts_t, dev)
+        logits = T.forward(ids, valid, keep=1)[:, -1]
+    t_prefill = _clock(dev)
+    for b in range(B):
+        if budget0[b] <= 0:
+            rows.timing[b]["total"] = t_prefill - t_start
+    keep = [i for i, b in enumerate(active) if budget0[b] > 0]
+    if len(keep) < len(active):
+        sel = torch.tensor(keep, dtype=torch.long, device=dev)
+        T.select(sel)
+        logits = logits[sel] if logits is not None else None
+        active = [active[i] for i in keep]
+    step = 0
+    while active:
+        R = len(active)
+        p = adjust(logits, sampling, validate=False)
+        if sampling.greedy:
+            nxt = p.argmax(dim=-1)
+        else:
+            u = torch.cat([torch.rand(1, generator=gens[b], dtype=p.dtype, device=dev) for b in active])
+            nxt = sample_inverse_cdf(p, u)
+        host = nxt.tolist()
+        finished = []
+        for i, b in enumerate(active):
+            t = int(host[i])
+            rows.steps[b].append(BatchStepInfo(0, 0, t, 1, len(rows.tokens[b]), "none", row=b, batch_step=step,
+                                               batch_rows=R, width=0))
+            rows.tokens[b].append(t)
+            if t in dec.eos:
+                rows.stop[b] = "eos"
+                finished.append(i)
+            elif len(rows.tokens[b]) >= budget0[b]:
+                finished.append(i)
+        if finished:
+            t_now = _clock(dev)
+            for i in finished:
+                rows.timing[active[i]]["total"] = t_now - t_start
+            keep = [i for i in range(R) if i not in set(finished)]
+            active = [active[i] for i in keep]
+            if not active:
+                break
+            sel = torch.tensor(keep, dtype=torch.long, device=dev)
+            T.select(sel)
+            nxt = nxt[sel]
+            T.tidy()
+        logits = T.forward(nxt[:, None], torch.ones(len(active), 1, dtype=torch.bool, device=dev), keep=1)[:, -1]
+        step += 1
+    t_end = _clock(dev)
+    for b in range(B):
+        rows.totals[b] = {"draft": 0.0, "verify": rows.timing[b]["total"] - (t_prefill - t_start), "overhead": 0.0}
+    return _results(rows, prompts_t, seeds, t_start, t_prefill,
+                    {"draft": 0.0, "verify": t_end - t_prefill, "overhead": 0.0}, t_end, dec.tokenizer, True)
+
+
+# ----------------------------------------------------------------------------------------------
+# metrics
+
+
+def batch_metrics(results: Sequence[BatchGenerationResult]):
+    """Per-row tokens/s of one batch's results, with the batch's tokens/s: a DataFrame, one row per
+    prompt (``row, new_tokens, time_s, tokens_per_second, batch_size, batch_new_tokens, batch_time_s,
+    batch_tokens_per_second``). A row's time runs from the batch's start to the row's finish."""
+    import pandas as pd
+
+    if not results or not all(isinstance(r, BatchGenerationResult) for r in results):
+        raise ValueError("results: expected the list of BatchGenerationResult of one generate_batch call")
+    return pd.DataFrame([{
+        "row": r.row, "new_tokens": r.new_tokens, "time_s": r.timing.get("total", math.nan),
+        "tokens_per_second": r.tokens_per_second, "batch_size": r.batch_size,
+        "batch_new_tokens": r.batch_new_tokens, "batch_time_s": r.batch_timing.get("total", math.nan),
+        "batch_tokens_per_second": r.batch_tokens_per_second,
+    } for r in results])
+
+
+# ----------------------------------------------------------------------------------------------
+# the study: throughput against batch size, and where speculation stops paying
+
+
+@dataclass(frozen=True)
+class BatchStudyConfig:
+    """What :func:`batch_study` measures."""
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)  # rows decoded together
+    gamma: int = 4                                   # draft length (fixed policy)
+    temperatures: tuple[float, ...] = (0.0, 1.0)     # 0 = greedy
+    max_new_tokens: int = 32                         # tokens per row
+    warmup: int = 1                                  # untimed batches per (temperature, batch size) and method
+    repeats: int = 1                                 # timed batches per point (median)
+    cost_repeats: int = 9                            # timed rounds of forwards per cost ratio (median)
+    seed: int = 0                                    # row b of every batch uses seed + b
+
+    def __post_init__(self) -> None:
+        def check_int(name, v, min):  # spade_lib.validate (issue 15) is not on this branch yet
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < min:
+                raise ValueError(f"{name}: must be an integer >= {min}, got {v!r}")
+
+        if not self.batch_sizes:
+            raise ValueError("batch_sizes: at least one batch size")
+        for b in self.batch_sizes:
+            check_int("batch_sizes", b, min=1)
+        for name, lo in (("gamma", 1), ("max_new_tokens", 1), ("warmup", 0), ("repeats", 1), ("cost_repeats", 1),
+                         ("seed", 0)):
+            check_int(name, getattr(self, name), min=lo)
+        for t in self.temperatures:
+            if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0:
+                raise ValueError(f"temperatures: each must be a number >= 0, got {t!r}")
+
+
+def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, repeats: int = 9
+                  ) -> dict[str, float]:
+    """Measured cost ratios of one batched step for these ``B`` prompts (their caches prefilled):
+    ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``.
+    The three forwards are timed in turns (order rotated each round, so machine noise hits them
+    alike), ``repeats`` rounds after one untimed round; each time is the median. Also returns the
+    three times (s) as ``t_target_1``, ``t_target_g``, ``t_draft_1``."""
+    from spade_lib.runs import timing
+
+    ta = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
+    da = draft if isinstance(draft, CausalLMAdapter) else CausalLMAdapter(draft)
+    dev = ta.device
+    rows = [as_token_tensor(p, dev) for p in prompts]
+    ids, valid = _left_pad(rows, dev)
+    probes = []
+    with torch.inference_mode():
+        for name, adapter, width in (("t_target_1", ta, 1), ("t_target_g", ta, gamma + 1), ("t_draft_1", da, 1)):
+            lm = _BatchLM(adapter, len(rows), name)
+            lm.forward(ids, valid, keep=1)
+            new = ids[:, -1:].expand(-1, width).contiguous()
+            probes.append((name, lm, lm.length.clone(), new, width))
+        times: dict[str, list[float]] = {name: [] for name, *_ in probes}
+        for k in range(repeats + 1):
+            for name, lm, n0, new, width in probes[k % 3:] + probes[:k % 3]:
+                t0 = timing.clock(dev)
+                lm.forward(new, torch.ones_like(new, dtype=torch.bool), keep=0 if width > 1 else 1)
+                dt = timing.clock(dev) - t0
+                lm.rollback(n0)
+                lm.tidy()
+                if k > 0:
+                    times[name].append(dt)
+    out = {name: float(np.median(v)) for name, v in times.items()}
+    out["r"] = out["t_target_g"] / out["t_target_1"]
+    out["c"] = out["t_draft_1"] / out["t_target_1"]
+    return out
+
+
+def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchStudyConfig = BatchStudyConfig(), *,
+                tokenizer=None, eos_token_id=None, progress: bool = False):
+    """Throughput (total new tokens per second) of batched autoregressive and batched speculative
+    decoding against batch size, with the theory's prediction beside it.
+
+    For each temperature and batch size ``B``: rows are ``prompts[b % len(prompts)]`` with seeds
+    ``config.seed + b``; AR and speculative batches alternate, in turns (``warmup`` untimed, ``repeats``
+    timed, median); throughput = all rows' new tokens / the batch's wall time. ``alpha`` is estimated from the
+    speculative steps as ``sum n / sum min(n + 1, gamma)`` (accepted over judged drafts), ``r(B)`` and
+    ``c(B)`` by :func:`forward_costs`, and ``predicted = theory.speedup(alpha, gamma, c, verify_cost=r)``
+    ``= E[tokens] / (gamma c + r)``: the speedup if a step cost only its forwards. Returns a DataFrame,
+    one row per (temperature, batch size): ``temperature, batch_size, ar_tps, spec_tps, speedup,
+    alpha, tau, c, r, predicted, ar_tokens, spec_tokens, ar_time_s, spec_time_s``.
+    """
+    import pandas as pd
+
+    from spade_lib import theory
+    from spade_lib.runs import timing
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.sampling import SamplingConfig
+
+    if not isinstance(config, BatchStudyConfig):
+        raise TypeError(f"config: expected a BatchStudyConfig, got {type(config).__name__}")
+    if not prompts:
+        raise ValueError("prompts: at least one prompt")
+    rows = []
+    points = [(T, B) for T in config.temperatures for B in config.batch_sizes]
+    if progress:
+        from tqdm.auto import tqdm
+
+        points = tqdm(points, desc="batch study", leave=False)
+    costs: dict[int, dict[str, float]] = {}
+    for T, B in points:
+        sampling = SamplingConfig(temperature=float(T))
+        spec = SpeculativeDecoder(target, draft, gamma=config.gamma, sampling=sampling, record=False,
+                                  tokenizer=tokenizer, eos_token_id=eos_token_id)
+        ar = AutoregressiveDecoder(spec.target, sampling=sampling, tokenizer=tokenizer, eos_token_id=eos_token_id)
+        batch = [list(prompts[b % len(prompts)]) for b in range(B)]
+        seeds = [config.seed + b for b in range(B)]
+        results: dict[str, list] = {"ar": [], "spec": []}
+        times: dict[str, list[float]] = {"ar": [], "spec": []}
+        for k in range(config.warmup + config.repeats):
+            for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
+                t0 = timing.clock(spec.device)
+                out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
+                dt = timing.clock(spec.device) - t0
+                if k >= config.warmup:
+                    results[name], times[name] = out, times[name] + [dt]
+        if B not in costs:
+            costs[B] = forward_costs(spec.target, spec.drafter.adapter, batch, config.gamma, config.cost_repeats)
+        n = [s.n_accepted for r in results["spec"] for s in r.steps if s.gamma > 0]
+        judged = [min(s.n_accepted + 1, s.gamma) for r in results["spec"] for s in r.steps if s.gamma > 0]
+        alpha = min(sum(n) / sum(judged), 1.0) if sum(judged) else float("nan")
+        tau = float(np.mean([s.n_accepted + 1 for r in results["spec"] for s in r.steps])) if n else float("nan")
+        ar_tokens = sum(r.new_tokens for r in results["ar"])
+        spec_tokens = sum(r.new_tokens for r in results["spec"])
+        ar_t, spec_t = float(np.median(times["ar"])), float(np.median(times["spec"]))
+        c, r = costs[B]["c"], costs[B]["r"]
+        rows.append({
+            "temperature": float(T), "batch_size": B, "ar_tps": ar_tokens / ar_t, "spec_tps": spec_tokens / spec_t,
+            "alpha": alpha, "tau": tau, "c": c, "r": r,
+            "predicted": float(theory.speedup(alpha, config.gamma, c, verify_cost=r)) if alpha == alpha else math.nan,
+            "ar_tokens": ar_tokens, "spec_tokens": spec_tokens, "ar_time_s": ar_t, "spec_time_s": spec_t,
+        })
+        rows[-1]["speedup"] = rows[-1]["spec_tps"] / rows[-1]["ar_tps"]
+    cols = ["temperature", "batch_size", "ar_tps", "spec_tps", "speedup", "alpha", "tau", "c", "r", "predicted",
+            "ar_tokens", "spec_tokens", "ar_time_s", "spec_time_s"]
+    return pd.DataFrame(rows)[cols]
+
+
+def stops_paying(study, column: str = "speedup") -> dict[float, int | None]:
+    """Per temperature, the smallest batch size at which ``column`` (``"speedup"`` measured, or
+    ``"predicted"``) is below 1, i.e. speculation stops paying; ``None`` if it pays at every size."""
+    out: dict[float, int | None] = {}
+    for T, sub in study.sort_values("batch_size").groupby("temperature", sort=True):
+        below = sub.loc[sub[column] < 1.0, "batch_size"]
+        out[float(T)] = int(below.iloc[0]) if len(below) else None
+    return out

@@ -1,0 +1,302 @@
+"""Drafters: whatever proposes the block ``x_0 .. x_{gamma-1}`` that the target then verifies.
+
+One interface (:class:`Drafter`), driven by :class:`spade_lib.decode.SpeculativeDecoder`:
+
+- ``reset(prompt_ids, vocab_size)`` starts a prompt (``vocab_size`` is the target's ``V``);
+- ``propose(max_gamma, policy, sampling, generator)`` returns a :class:`Draft`: the tokens and the
+  adjusted draft distribution ``q_i`` each was drawn from, ``[gamma, V]``;
+- ``accept(n_accepted, next_token)`` tells the drafter what was committed: ``x_0 .. x_{n-1}`` and the
+  target's residual/bonus token.
+
+:class:`ModelDrafter` runs a small causal LM with its own KV cache (:class:`~spade_lib.adapter.CausalLMAdapter`):
+``q_i = adjust(draft logits, sampling)`` — warped exactly like the target — and ``x_i ~ q_i`` from the
+draft-sampling generator (argmax when greedy). Its logits are cut or ``-inf``-padded to the target's
+vocabulary, which changes ``q`` but never the output distribution (any ``q`` is lossless).
+
+:class:`NGramDrafter` (prompt lookup, Saxena 2023) has no model: it finds the latest earlier occurrence
+of the context's trailing n-gram (longest ``n`` first) and proposes the tokens that followed it. Its
+proposals are deterministic, ``q_i = one_hot(x_i)``, so exact verification reduces to the
+``one_hot_q`` rule: accept ``x_i`` with probability ``p(x_i)``, else resample from
+``p`` with ``x_i`` removed. It may propose fewer than ``max_gamma`` tokens, or none (the decoder then
+takes a plain target step).
+
+**Policy and drafter.** The decoder caps each block at ``max_gamma`` (the policy's, the budget's);
+*every* drafter consults the policy after each drafted token with the temperature-1 signals of the
+distribution that token was drawn from (:mod:`spade_lib.policies`), and stops when it says so
+(``Draft.stop == "policy"``). A deterministic drafter's ``q`` is one-hot: ``q_top_prob = 1``,
+``h_q = 0``, computed on the host without a sync. A policy that reads no signals (``FixedGamma``,
+``needs_signals = False``) is never consulted, so a fixed gamma adds no per-token host sync.
+
+**By name.** :func:`make_drafter(name, pair, **options) <make_drafter>` builds a drafter for the runner:
+a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``) or a draft model of the pair
+(``pair.drafts[name]``). :func:`register_drafter` adds a name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
+from spade_lib.decoding.policies import Policy
+from spade_lib.sampling import SamplingConfig, adjust
+
+__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter", "make_drafter", "register_drafter", "drafter_names",
+           "sample_categorical"]
+
+
+@dataclass
+class Draft:
+    """One proposed block."""
+
+    tokens: torch.Tensor  # [gamma] long: x_0 .. x_{gamma-1}
+    q: torch.Tensor  # [gamma, V] float32: adjusted draft distribution each x_i was drawn from
+    logits: torch.Tensor | None  # [gamma, V] raw draft logits (None for deterministic drafters)
+    stop: str  # why drafting stopped: "max_gamma", "policy" or "no_match"
+
+    @property
+    def gamma(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+class Drafter:
+    """Interface of a drafter (see the module docstring)."""
+
+    deterministic: bool = False  # True: q is one-hot, verify with a deterministic lossless rule
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        raise NotImplementedError
+
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        raise NotImplementedError
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        raise NotImplementedError
+
+
+def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Cut draft logits ``[..., Vd]`` to the target's ``V`` tokens, or pad them with ``-inf``."""
+    vd = logits.shape[-1]
+    if vd == vocab_size:
+        return logits
+    if vd > vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - vd), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+def sample_categorical(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of ``q [n, V]`` (non-negative, rows need not be normalised) by inverse CDF:
+    the first ``t`` with ``C(t) > u C(V-1)``, ``C`` the float64 cumulative sum and ``u ~ U[0, 1)`` from
+    ``generator``. A zero-weight token is never returned (``C`` does not rise there). ~10x cheaper than
+    ``torch.multinomial`` on CPU for ``V`` in the thousands."""
+    c = q.to(torch.float64).cumsum(dim=-1)
+    total = c[:, -1:]
+    u = torch.rand((q.shape[0], 1), generator=generator, dtype=torch.float64, device=q.device)
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(c, target, right=True)[:, 0]
+
+
+def _signals(logits: torch.Tensor) -> tuple[float, float]:
+    """(max probability, entropy in nats) of ``softmax(logits)`` at temperature 1 — one host sync."""
+    q_raw = logits.float().softmax(dim=-1)
+    top, h = torch.stack([q_raw.max(), torch.special.entr(q_raw).sum()]).tolist()
+    return top, h
+
+
+class ModelDrafter(Drafter):
+    """A small causal LM with its own KV cache.
+
+    The cache holds every committed token except the last few ``_unfed`` ones (the newest committed
+    token, and ``x_{gamma-1}`` after a fully accepted block), which the next ``propose`` feeds first.
+    """
+
+    deterministic = False
+
+    def __init__(self, model: torch.nn.Module | CausalLMAdapter, *, max_length: int | None = None):
+        self.adapter = model if isinstance(model, CausalLMAdapter) else CausalLMAdapter(model, max_length=max_length)
+        self.vocab_size = self.adapter.vocab_size
+        self._unfed: torch.Tensor | None = None
+        self._tokens: torch.Tensor | None = None
+        self._length_before = 0
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        prompt = as_token_tensor(prompt_ids, self.adapter.device)
+        if prompt.numel() == 0:
+            raise ValueError("prompt_ids: empty prompt")
+        self.vocab_size = vocab_size
+        self.adapter.reset()
+        if prompt.numel() > 1:
+            self.adapter.extend(prompt[:-1], last_only=True)
+        self._unfed = prompt[-1:]
+        self._tokens = None
+
+    @torch.inference_mode()
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        """Draft up to ``max_gamma`` tokens. Greedy: ``x_i = argmax`` of the logits and the one-hot ``q``
+        of all positions built in one call at the end; sampling: ``x_i ~ q_i`` by inverse CDF."""
+        if self._unfed is None:
+            raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
+        self._length_before = self.adapter.length
+        self._n_unfed = int(self._unfed.shape[0])
+        feed = self._unfed
+        greedy = sampling.greedy
+        tokens, qs, logits_rows = [], [], []
+        stop = "max_gamma"
+        for i in range(max_gamma):
+            logits = _match_vocab(self.adapter.extend(feed, last_only=True), self.vocab_size)  # [1, V]
+            if greedy:
+                x = logits.argmax(dim=-1)
+            else:
+                q = adjust(logits, sampling, validate=False)
+                x = sample_categorical(q, generator)
+                qs.append(q)
+            tokens.append(x)
+            logits_rows.append(logits)
+            feed = x
+            if i + 1 < max_gamma and policy.needs_signals and not policy.keep_drafting(*_signals(logits)):
+                stop = "policy"
+                break
+        if not tokens:
+            empty = torch.empty(0, dtype=torch.long, device=self.adapter.device)
+            self._tokens = empty
+            return Draft(empty, torch.empty(0, self.vocab_size, device=self.adapter.device), None, stop)
+        self._tokens = torch.cat(tokens)
+        logits = torch.cat(logits_rows)
+        q = adjust(logits, sampling, validate=False) if greedy else torch.cat(qs)
+        return Draft(self._tokens, q, logits, stop)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        k = 0 if self._tokens is None else int(self._tokens.shape[0])
+        nxt = torch.tensor([next_token], dtype=torch.long, device=self.adapter.device)
+        if k == 0:  # nothing drafted, nothing fed
+            self._unfed = torch.cat([self._unfed, nxt])
+        else:  # fed: _unfed, x_0 .. x_{k-2}; committed: x_0 .. x_{n-1}, next_token
+            in_cache = min(n_accepted, k - 1)
+            self.adapter.rollback(self._length_before + self._n_unfed + in_cache)
+            self._unfed = torch.cat([self._tokens[in_cache:n_accepted], nxt])
+        self._tokens = None
+
+
+class NGramDrafter(Drafter):
+    """Prompt lookup: propose what followed the latest earlier occurrence of the trailing n-gram.
+
+    ``max_ngram`` down to ``min_ngram`` are tried in turn; a hash index of every n-gram's latest
+    end position is kept up to date as tokens are committed, so a lookup costs O(max_ngram).
+    """
+
+    deterministic = True
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: torch.device | str = "cpu"):
+        """``device``: where proposals are made until ``reset`` is given a tensor (then: its device)."""
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram/max_ngram: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.device = torch.device(device)
+        self.vocab_size = 0
+        self._ctx: list[int] = []
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self._indexed = 0  # n-grams ending at positions < _indexed are in the index
+        self._proposed: list[int] = []
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if isinstance(prompt_ids, torch.Tensor):
+            self.device = prompt_ids.device  # propose on the decoder's device
+        ids = as_token_tensor(prompt_ids, "cpu").tolist()
+        if not ids:
+            raise ValueError("prompt_ids: empty prompt")
+        self.vocab_size = vocab_size
+        self._ctx = []
+        self._index = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
+        self._indexed = 0
+        self._extend(ids)
+
+    def _extend(self, new: list[int]) -> None:
+        ctx = self._ctx
+        ctx.extend(new)
+        # index n-grams ending at e <= len - 2 (their continuation ctx[e + 1] exists)
+        for e in range(self._indexed, len(ctx) - 1):
+            for n, table in self._index.items():
+                if e + 1 >= n:
+                    table[tuple(ctx[e + 1 - n:e + 1])] = e + 1
+        self._indexed = max(self._indexed, len(ctx) - 1)
+
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        ctx, proposal = self._ctx, []
+        for n in range(min(self.max_ngram, len(ctx)), self.min_ngram - 1, -1):
+            start = self._index[n].get(tuple(ctx[len(ctx) - n:]))
+            if start is not None:
+                proposal = ctx[start:start + max_gamma]
+                break
+        stop = "max_gamma" if len(proposal) == max_gamma else "no_match"
+        if policy.needs_signals:  # one-hot q: confidence 1, entropy 0 (host values, no sync)
+            for i in range(len(proposal) - 1):
+                if not policy.keep_drafting(1.0, 0.0):
+                    proposal, stop = proposal[:i + 1], "policy"
+                    break
+        self._proposed = proposal
+        tokens = torch.tensor(proposal, dtype=torch.long, device=self.device)
+        q = torch.zeros(len(proposal), self.vocab_size, device=self.device)
+        if proposal:
+            q.scatter_(1, tokens[:, None], 1.0)
+        return Draft(tokens, q, None, stop)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        self._extend(self._proposed[:n_accepted] + [int(next_token)])
+        self._proposed = []
+
+
+# ------------------------------------------------------------------------------------------------
+# drafters by name
+
+_REGISTRY: dict[str, Callable[..., Drafter]] = {}
+
+
+def register_drafter(name: str, factory: Callable[..., Drafter], *, replace: bool = False) -> None:
+    """Register ``factory(pair, device=..., **options) -> Drafter`` under ``name``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: must be a non-empty string, got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"name: drafter {name!r} is already registered (pass replace=True)")
+    _REGISTRY[name] = factory
+
+
+def drafter_names(pair=None) -> tuple[str, ...]:
+    """Registered drafter names, plus the pair's draft models when ``pair`` is given."""
+    return tuple(_REGISTRY) + (tuple(sorted(pair.drafts)) if pair is not None else ())
+
+
+def drafter_options(name: str) -> tuple[str, ...]:
+    """Keyword options the registered drafter ``name`` takes (``()`` for a pair's draft model)."""
+    import inspect
+
+    if name not in _REGISTRY:
+        return ()
+    params = inspect.signature(_REGISTRY[name]).parameters.values()
+    return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "device")
+
+
+def make_drafter(name: str, pair, **options) -> Drafter:
+    """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
+    pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``)."""
+    if name in _REGISTRY:
+        device = next(pair.target.parameters()).device
+        return _REGISTRY[name](pair, device=device, **options)
+    drafts = getattr(pair, "drafts", {}) or {}
+    if name not in drafts:
+        raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has drafts {sorted(drafts)} "
+                         f"(or {sorted(_REGISTRY)}), not {name!r}")
+    return ModelDrafter(drafts[name], **options)
+
+
+def _ngram(pair, *, device, max_ngram: int = 3, min_ngram: int = 1) -> NGramDrafter:
+    return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram, device=device)
+
+
+register_drafter("ngram", _ngram)

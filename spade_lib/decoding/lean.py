@@ -1,0 +1,292 @@
+"""A lean decoding forward for Llama-family models, with a preallocated KV cache.
+
+Speculative decoding calls a small draft model once per drafted token. For a 1-layer draft the
+arithmetic is tiny (its FLOP ratio to the 12 M target is ~0.06), so the Hugging Face forward's
+per-call work dominates: module dispatch, output dataclasses, mask construction, the dynamic cache's
+``torch.cat`` growth and ``crop``. :class:`LeanForward` computes the same function with the model's own
+weights and nothing else:
+
+- per layer: ``h = x + W_o · attn(rope(W_q n), rope(W_k n), W_v n)`` with ``n = rmsnorm(x)``, then
+  ``x' = h + W_down (silu(W_gate m) * W_up m)`` with ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` are fused into
+  one matrix, as are ``W_gate, W_up`` (one matmul each instead of three and two);
+- rotary embeddings: ``cos`` and ``sin`` of every position, from the model's own rotary module, are
+  computed once and indexed;
+- the KV cache is one preallocated buffer per layer, ``[2, kv_heads, capacity, head_dim]``; extending
+  writes in place, and rolling back to ``n`` tokens is setting an integer (nothing is copied or freed).
+  The capacity doubles when needed, up to the context limit;
+- attention is ``softmax(q K^T / sqrt(d) + mask) V`` in two batched matmuls over the first ``length + k``
+  cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
+  needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``;
+- the final norm and LM head run on the last position only when only it is needed;
+- on CPU in fp32, blocks of ``k > 1`` tokens (the target's verification forward) multiply by weights
+  pre-packed for oneDNN (``torch.ops.mkldnn._linear_pointwise``): MKL's ``sgemm`` is 2-3x slower per row
+  for 2-9 rows than for one, which made a 5-token forward cost ~1.5-1.9 one-token forwards; one-token
+  forwards keep ``F.linear`` (MKL's GEMV is the faster kernel there).
+
+Numerically it is the same computation in a different order of kernel calls (fused matmuls), so
+logits agree with the Hugging Face forward to float rounding (fp32: ~1e-6). :func:`lean_forward`
+returns ``None`` for any model it does not cover (other architectures, sliding windows, RoPE types
+whose frequencies depend on the sequence length, QK-norm, biases on the MLP, ...), and it checks
+every model it builds against one Hugging Face forward before use, so an unnoticed difference falls
+back to the Hugging Face path rather than changing outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
+
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+_STATIC_ROPE = ("default", "linear", "llama3")
+_FUSE_MAX_PARAMS = 200_000_000  # above this, keep the projections separate (no copy of the weights)
+
+
+def _unsupported(model: torch.nn.Module) -> str | None:
+    """Why :class:`LeanForward` cannot run ``model`` (``None`` when it can)."""
+    name = type(model).__name__
+    if name not in SUPPORTED:
+        return f"architecture {name}"
+    if getattr(model, "hf_device_map", None):
+        return "a device_map (accelerate places, offloads and moves the weights)"
+    cfg = model.config
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(cfg, "mlp_bias", False):
+        return "mlp_bias"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp"
+    if name == "Qwen2ForCausalLM" and getattr(cfg, "use_sliding_window", False):
+        return "sliding window"
+    if name == "MistralForCausalLM" and getattr(cfg, "sliding_window", None) is not None:
+        return "sliding window"
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types and any(t != "full_attention" for t in layer_types):
+        return f"layer types {sorted(set(layer_types))}"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _STATIC_ROPE:
+        return f"rope_type {rope_type!r}"
+    attn = model.model.layers[0].self_attn
+    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+        return "QK-norm"
+    return None
+
+
+class LeanForward:
+    """The decoding forward of a Llama-family ``model`` with its own KV cache (batch size 1).
+
+    ``capacity`` is the context limit (positions); the buffers start small and double up to it.
+    """
+
+    def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
+                 pack: bool | None = None):
+        why = _unsupported(model)
+        if why is not None:
+            raise ValueError(f"model: the lean forward does not cover {why}")
+        if capacity < 1:
+            raise ValueError(f"capacity: must be >= 1, got {capacity}")
+        cfg = model.config
+        first = next(model.parameters())
+        self.device, self.dtype = first.device, first.dtype
+        self.capacity = int(capacity)
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.gqa = self.n_kv != self.n_heads
+        if fuse is None:
+            fuse = sum(p.numel() for p in model.parameters()) <= _FUSE_MAX_PARAMS
+        inner = model.model
+        self.embed = inner.embed_tokens.weight
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            if fuse:
+                qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                       None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+                gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+                proj = {"qkv": qkv, "gate_up": gate_up}
+            else:
+                proj = {"q": (a.q_proj.weight, a.q_proj.bias), "k": (a.k_proj.weight, a.k_proj.bias),
+                        "v": (a.v_proj.weight, a.v_proj.bias), "gate": m.gate_proj.weight, "up": m.up_proj.weight}
+            self.layers.append({
+                **proj, "o": (a.o_proj.weight, a.o_proj.bias), "down": m.down_proj.weight,
+                "ln1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                "ln2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+            })
+        self.fused = fuse
+        self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self.head = model.lm_head.weight
+        if pack is None:
+            pack = self.device.type == "cpu" and self.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        self.packed = bool(pack) and self._pack()
+        self.scaling = self.head_dim ** -0.5
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self._rotary = inner.rotary_emb
+        self._cos = self._sin = None
+        self._alloc(min(self.capacity, 256))
+        self.length = 0
+
+    @torch.inference_mode()
+    def _pack(self) -> bool:
+        """oneDNN-packed copies of every projection for ``k > 1`` rows; False if unavailable."""
+        try:
+            reorder = torch.ops.mkldnn._reorder_linear_weight
+            for layer in self.layers:
+                names = ("qkv", "o") if self.fused else ("q", "k", "v", "o")
+                for name in names:
+                    w, b = layer[name]
+                    layer[name + "_packed"] = (reorder(w, 8), b)
+                for name in (("gate_up",) if self.fused else ("gate", "up")) + ("down",):
+                    layer[name + "_packed"] = (reorder(layer[name], 8), None)
+            self.head_packed = reorder(self.head, 8)
+            x = torch.zeros(2, self.head.shape[1], dtype=self.dtype)
+            torch.ops.mkldnn._linear_pointwise(x, self.head_packed, None, "none", [], "")
+            return True
+        except (AttributeError, RuntimeError):
+            for layer in self.layers:
+                for name in [n for n in layer if n.endswith("_packed")]:
+                    del layer[name]
+            return False
+
+    # -- buffers ---------------------------------------------------------------------------
+    def _alloc(self, size: int) -> None:
+        size = min(max(size, 1), self.capacity)
+        old = getattr(self, "_kv", None)
+        self._kv = [torch.zeros(2, self.n_kv, size, self.head_dim, device=self.device, dtype=self.dtype)
+                    for _ in self.layers]
+        if old is not None:
+            for new, prev in zip(self._kv, old):
+                new[:, :, :self.length] = prev[:, :, :self.length]
+        pos = torch.arange(size, device=self.device)[None]
+        with torch.inference_mode():
+            cos, sin = self._rotary(self.embed[:1][None].to(self.dtype), pos)
+        self._cos, self._sin = cos[0], sin[0]  # [size, head_dim], in the model's dtype
+        self._size = size
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def rollback(self, length: int) -> None:
+        self.length = length
+
+    # -- the forward -----------------------------------------------------------------------
+    def _rms(self, x: torch.Tensor, w: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """``w * x / sqrt(mean(x^2) + eps)``, the statistics in fp32 (one fused kernel for fp32 models)."""
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), w[0], w[1])
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + w[1])
+        return w[0] * h.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x cos + rotate_half(x) sin`` with ``rotate_half(x) = [-x_2, x_1]`` (halves of the head dim)."""
+        half = self.head_dim // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+                ) -> torch.Tensor:
+        """``softmax(q K^T / sqrt(d) + mask) V`` per head with batched matmuls (cheaper per call than the
+        fused CPU attention kernel at these sizes). Grouped-query heads share their KV head without copying
+        it: the ``H / KV`` query heads of a group are stacked as rows. ``q [H, k, hd]``, ``keys [KV, n, hd]``."""
+        H, KV = self.n_heads, self.n_kv
+        k = q.shape[1]
+        if self.gqa:
+            q = q.reshape(KV, (H // KV) * k, self.head_dim)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scaling
+        if mask is not None:
+            scores = scores + mask
+        out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype), values)
+        return out.reshape(H, k, self.head_dim) if self.gqa else out
+
+    @staticmethod
+    def _lin_packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+    def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``).
+
+        Call it under ``torch.inference_mode()`` (the adapter does): it writes the KV buffers in place."""
+        k = int(ids.shape[0])
+        start, end = self.length, self.length + k
+        if end > self.capacity:
+            raise ValueError(f"context limit: {start} cached + {k} new tokens exceed {self.capacity} positions")
+        if end > self._size:
+            self._alloc(max(2 * self._size, end))
+        cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
+        mask = None
+        if k > 1:  # additive causal mask: query i (position start + i) sees keys j <= start + i
+            mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
+            mask.masked_fill_(torch.arange(end, device=self.device)[None, :]
+                              > torch.arange(start, end, device=self.device)[:, None], float("-inf"))
+            if self.gqa:
+                mask = mask.repeat(self.n_heads // self.n_kv, 1)
+        x = F.embedding(ids, self.embed)  # [k, d]
+        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
+        packed = self.packed and k > 1
+        lin = self._lin_packed if packed else F.linear
+        sfx = "_packed" if packed else ""
+        for layer, kv in zip(self.layers, self._kv):
+            n = self._rms(x, layer["ln1"])
+            if self.fused:
+                qkv = lin(n, *layer["qkv" + sfx]).view(k, H + 2 * KV, hd).transpose(0, 1)  # [H + 2KV, k, hd]
+                qk = self._rope(qkv[:H + KV], cos, sin)  # q and k heads rotated together
+                q, kk, v = qk[:H], qk[H:], qkv[H + KV:]
+            else:
+                q, kk, v = (lin(n, *layer[name + sfx]) for name in ("q", "k", "v"))
+                q = self._rope(q.view(k, H, hd).transpose(0, 1), cos, sin)      # [H, k, hd]
+                kk = self._rope(kk.view(k, KV, hd).transpose(0, 1), cos, sin)   # [KV, k, hd]
+                v = v.view(k, KV, hd).transpose(0, 1)
+            kv[0, :, start:end] = kk
+            kv[1, :, start:end] = v
+            att = self._attend(q, kv[0, :, :end], kv[1, :, :end], mask)  # [H, k, hd]
+            x = x + lin(att.transpose(0, 1).reshape(k, H * hd), *layer["o" + sfx])
+            m = self._rms(x, layer["ln2"])
+            if self.fused:
+                gate, up = lin(m, layer["gate_up"] if not packed else layer["gate_up_packed"][0]).chunk(2, dim=-1)
+            else:
+                gate = lin(m, layer["gate"] if not packed else layer["gate_packed"][0])
+                up = lin(m, layer["up"] if not packed else layer["up_packed"][0])
+            x = x + lin(F.silu(gate) * up, layer["down"] if not packed else layer["down_packed"][0])
+        if last_only:
+            x = x[-1:]
+        self.length = end
+        h = self._rms(x, self.norm)
+        return self._lin_packed(h, self.head_packed) if packed and x.shape[0] > 1 else F.linear(h, self.head)
+
+
+def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:
+    """A :class:`LeanForward` for ``model``, or ``None`` when it is not covered or (``check``) its logits
+    differ from one Hugging Face forward of a short random sequence beyond float rounding."""
+    if _unsupported(model) is not None or capacity < 2:
+        return None
+    try:
+        lean = LeanForward(model, capacity)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
+    if check and not _agrees(model, lean):
+        warnings.warn(f"lean forward of {type(model).__name__} disagrees with its Hugging Face forward; "
+                      "using the Hugging Face forward", RuntimeWarning, stacklevel=2)
+        return None
+    return lean
+
+
+@torch.inference_mode()
+def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
+    vocab = int(lean.embed.shape[0])
+    n = min(6, lean.capacity)
+    ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0)).to(lean.device)
+    ref = model(ids[None], use_cache=False).logits[0].float()
+    lean.reset()
+    first = lean.forward(ids[: n // 2])
+    rest = lean.forward(ids[n // 2:])
+    lean.reset()
+    got = torch.cat([first, rest]).float()
+    tol = 1e-4 if lean.dtype == torch.float32 else 5e-2
+    scale = max(1.0, float(ref.abs().max()))
+    return bool(torch.isfinite(got).all()) and float((got - ref).abs().max()) <= tol * scale and not math.isnan(scale)

@@ -1,0 +1,371 @@
+"""Speculative decoding metrics, each named and defined once.
+
+Notation (Leviathan et al., 2023): a *step* drafts ``gamma`` tokens ``x_0..x_{gamma-1}`` with the draft
+``q`` and verifies them with one forward of the target ``p``; it accepts a prefix of ``n`` of them
+(``0 <= n <= gamma``) and then emits one more token (the residual sample at the first rejection, or
+the *bonus* token ``~ p`` when all ``gamma`` were accepted), so a step yields ``n + 1`` tokens.
+
+Two inputs:
+
+- a **trace** (``spade_lib.trace``): one row per drafted token with ``reached``, ``accepted``,
+  ``n_accepted``, ``tv``, ``t_draft`` ...; steps that drafted nothing (``gamma = 0``) have no rows.
+- a **summary** (``summary.jsonl`` of a run, Spec-Bench's answer shape): one row per generation
+  (``question_id``, ``category``, ``sample``) with ``new_tokens`` (tokens emitted, after truncation
+  and stop tokens), ``wall_time`` (seconds, median of the timed repeats) and ``accept_lengths``
+  (``n + 1`` per step, the verification's outcome before truncation; all 1 for autoregressive
+  decoding, ``[]`` for HF generate, which does not expose its steps).
+
+Definitions (sums run over the rows of the frame passed in; group by ``category`` for per-category
+figures):
+
+==============================  =================================================================
+``acceptance_rate``             ``alpha_hat = sum(accepted) / sum(reached)``: acceptance per drafted
+                                token that was judged. Under the i.i.d. model each judged position is
+                                Bernoulli(alpha), so this estimates alpha. ``over="drafted"`` gives
+                                ``sum(accepted) / n_drafted`` instead (the fraction of drafted tokens
+                                kept, lower: unjudged tokens count as lost).
+``expected_acceptance_rate``    ``mean(1 - tv)`` over reached positions: the same alpha, estimated
+                                from the distributions instead of the coin flips (lower variance).
+``position_acceptance``         per draft position ``i``, among steps that drafted position ``i``:
+                                unconditional ``P(x_i accepted) = accepted_i / drafted_i`` (i.i.d.:
+                                ``alpha^(i+1)``) and conditional
+                                ``P(x_i accepted | x_0..x_{i-1} accepted) = accepted_i / reached_i``
+                                (i.i.d.: ``alpha``).
+``mean_accepted_length``        ``tau = mean over steps of (n + 1)`` with the bonus / residual token,
+                                or ``mean(n)`` without it; each step weighs 1 (pooled over prompts).
+``block_efficiency``            ``sum(new_tokens) / sum(steps)``: tokens emitted per target
+                                verification call (Chen et al., 2023's "block efficiency").
+``tokens_per_second``           ``sum(new_tokens) / sum(wall_time)`` (ratio of totals), or per
+                                generation with ``per_generation=True``.
+``speedup_ratio_of_totals``     ``tokens_per_second(method) / tokens_per_second(baseline)`` over the
+                                same generations.
+``speedup_mean_of_ratios``      ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``.
+``bootstrap_speedup``           both speedups with percentile bootstrap intervals (prompts
+                                resampled) and a flag where the two intervals do not overlap.
+``cost_ratio``                  ``c_hat = (sum t_draft / n_drafted) / (sum wall_time_AR /
+                                sum new_tokens_AR)``: one draft forward relative to one
+                                autoregressive target step, both measured.
+``verify_cost_ratio``           ``r_hat = mean t_verify per step / (sum wall_time_AR / sum
+                                new_tokens_AR)``: one verification forward relative to one AR step.
+``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost, ``(1 -
+                                alpha^(gamma+1)) / ((1 - alpha) (gamma c + r))``, from measured
+                                alpha, c and r; with per-step drafted counts (prompt lookup drafts
+                                fewer than gamma) the ratio of expected totals over the steps.
+==============================  =================================================================
+
+**Truncated final block.** A generation stops at ``max_new_tokens`` (or a stop token) possibly in
+the middle of a step's ``n + 1`` tokens. The rule: acceptance metrics and ``tau`` count every
+verification as it happened (the judged positions and ``n`` are facts about ``p`` and ``q``,
+whatever was cut afterwards); throughput, block efficiency and speedup count only the tokens
+actually emitted (``new_tokens``), which is also how the baselines are counted, so the speedup
+compares equal token counts whenever both stop at ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+STEP_KEYS = ["prompt_id", "sample", "step"]
+GENERATION_KEYS = ["question_id", "sample"]
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], arg: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{arg} lacks column(s) {missing}; has {list(df.columns)}")
+
+
+def _nonempty(n: float, what: str) -> None:
+    if n == 0:
+        raise ValueError(f"{what}: nothing to average over (empty selection)")
+
+
+def acceptance_rate(trace: pd.DataFrame, over: str = "reached") -> float:
+    """``sum(accepted) / sum(reached)`` (``over="reached"``) or ``/ n_drafted`` (``"drafted"``)."""
+    _require(trace, ["accepted", "reached"], "trace")
+    if over == "reached":
+        n = int(trace["reached"].sum())
+    elif over == "drafted":
+        n = len(trace)
+    else:
+        raise ValueError(f"over must be 'reached' or 'drafted', got {over!r}")
+    _nonempty(n, f"acceptance_rate(over={over!r})")
+    return float(trace["accepted"].sum()) / n
+
+
+def expected_acceptance_rate(trace: pd.DataFrame) -> float:
+    """``mean(1 - tv)`` over reached positions (alpha from the distributions)."""
+    _require(trace, ["reached", "tv"], "trace")
+    reached = trace.loc[trace["reached"], "tv"]
+    _nonempty(len(reached), "expected_acceptance_rate")
+    return float(1.0 - reached.astype(np.float64).mean())
+
+
+def position_acceptance(trace: pd.DataFrame) -> pd.DataFrame:
+    """Per draft position ``pos``: counts and unconditional / conditional acceptance.
+
+    Columns: ``drafted``, ``reached``, ``accepted``, ``unconditional`` (accepted / drafted),
+    ``conditional`` (accepted / reached; NaN where nothing was reached) and ``expected_conditional``
+    (mean ``1 - tv`` over reached rows).
+    """
+    _require(trace, ["pos", "reached", "accepted", "tv"], "trace")
+    t = trace[["pos", "reached", "accepted", "tv"]].copy()
+    t["one_minus_tv_reached"] = np.where(t["reached"], 1.0 - t["tv"].astype(np.float64), np.nan)
+    g = t.groupby("pos", sort=True)
+    out = pd.DataFrame(
+        {
+            "drafted": g.size(),
+            "reached": g["reached"].sum().astype(int),
+            "accepted": g["accepted"].sum().astype(int),
+            "expected_conditional": g["one_minus_tv_reached"].mean(),
+        }
+    )
+    out["unconditional"] = out["accepted"] / out["drafted"]
+    out["conditional"] = out["accepted"] / out["reached"].where(out["reached"] > 0)
+    out.index = out.index.astype(int)
+    return out[["drafted", "reached", "accepted", "unconditional", "conditional", "expected_conditional"]]
+
+
+def steps(trace: pd.DataFrame) -> pd.DataFrame:
+    """One row per verification step (that drafted at least one token): step-level columns."""
+    _require(trace, STEP_KEYS + ["gamma", "n_accepted"], "trace")
+    cols = [c for c in ["category", "gamma", "n_accepted", "next_token", "t_draft", "t_verify",
+                        "t_overhead"] if c in trace.columns]
+    return trace.groupby(STEP_KEYS, sort=True)[cols].first().reset_index()
+
+
+def mean_accepted_length(frame: pd.DataFrame, with_bonus: bool = True) -> float:
+    """``tau``: mean over steps of ``n + 1`` (``with_bonus``) or ``n``.
+
+    ``frame`` is a trace (steps that drafted nothing are absent from it) or a summary with
+    ``accept_lengths`` (every step, ``n + 1`` each) — prefer the summary when a policy may draft 0.
+    """
+    if "accept_lengths" in frame.columns:
+        lengths = np.concatenate([np.asarray(a, dtype=np.float64) for a in frame["accept_lengths"]]
+                                 or [np.zeros(0)])
+        n = lengths - 1.0
+    else:
+        n = steps(frame)["n_accepted"].to_numpy(dtype=np.float64)
+    _nonempty(len(n), "mean_accepted_length")
+    return float(n.mean() + (1.0 if with_bonus else 0.0))
+
+
+def block_efficiency(summary: pd.DataFrame) -> float:
+    """``sum(new_tokens) / sum(len(accept_lengths))``: emitted tokens per target verification."""
+    _require(summary, ["new_tokens", "accept_lengths"], "summary")
+    n_steps = int(sum(len(a) for a in summary["accept_lengths"]))
+    _nonempty(n_steps, "block_efficiency")
+    return float(summary["new_tokens"].sum()) / n_steps
+
+
+def tokens_per_second(summary: pd.DataFrame, per_generation: bool = False) -> float | pd.Series:
+    """``sum(new_tokens) / sum(wall_time)``, or ``new_tokens / wall_time`` per generation."""
+    _require(summary, ["new_tokens", "wall_time"], "summary")
+    if (summary["wall_time"] <= 0).any():
+        raise ValueError("summary: wall_time must be positive")
+    if per_generation:
+        return summary["new_tokens"] / summary["wall_time"]
+    _nonempty(len(summary), "tokens_per_second")
+    return float(summary["new_tokens"].sum() / summary["wall_time"].sum())
+
+
+def _paired(method: pd.DataFrame, baseline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Method and baseline rows of the same generations, in the same order."""
+    for name, df in (("method", method), ("baseline", baseline)):
+        _require(df, GENERATION_KEYS + ["new_tokens", "wall_time"], name)
+    m = method.set_index(GENERATION_KEYS).sort_index()
+    b = baseline.set_index(GENERATION_KEYS).sort_index()
+    if not m.index.equals(b.index):
+        only_m = sorted(map(str, m.index.difference(b.index)))[:5]
+        only_b = sorted(map(str, b.index.difference(m.index)))[:5]
+        raise ValueError(
+            f"method and baseline must cover the same (question_id, sample) generations; "
+            f"only in method: {only_m}, only in baseline: {only_b}"
+        )
+    return m, b
+
+
+def speedup_ratio_of_totals(method: pd.DataFrame, baseline: pd.DataFrame) -> float:
+    """``tokens_per_second(method) / tokens_per_second(baseline)`` over the same generations."""
+    m, b = _paired(method, baseline)
+    return tokens_per_second(m) / tokens_per_second(b)
+
+
+def speedup_mean_of_ratios(method: pd.DataFrame, baseline: pd.DataFrame) -> float:
+    """``mean_g [tps_g(method) / tps_g(baseline)]`` over the same generations ``g``."""
+    m, b = _paired(method, baseline)
+    return float((tokens_per_second(m, True) / tokens_per_second(b, True)).mean())
+
+
+def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95,
+                      seed: int = 0, by: str | None = "question_id") -> dict[str, float | bool]:
+    """Speedup of ``method`` over ``baseline`` with percentile bootstrap intervals.
+
+    The unit resampled is the prompt (``by="question_id"``: all samples of a prompt move together,
+    since they share its length and difficulty) or the generation (``by=None``). For each of
+    ``n_boot`` resamples both estimators are recomputed on the same units:
+
+    - ``ratio_of_totals`` ``= (sum N_m / sum t_m) / (sum N_b / sum t_b)`` (long generations weigh more),
+    - ``mean_of_ratios`` ``= mean_g (N_m,g / t_m,g) / (N_b,g / t_b,g)`` (every generation weighs 1),
+
+    and ``*_low`` / ``*_high`` are the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles.
+    ``disagree`` is True when the two intervals do not overlap: the estimators then answer different
+    questions on these data (a few generations with unusual timings dominate one of them), and a
+    single number should not be reported without saying which.
+    """
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
+    m, b = _paired(method, baseline)
+    if (m["wall_time"] <= 0).any() or (b["wall_time"] <= 0).any():
+        raise ValueError("method/baseline: wall_time must be positive")
+    nm, tm = m["new_tokens"].to_numpy(np.float64), m["wall_time"].to_numpy(np.float64)
+    nb, tb = b["new_tokens"].to_numpy(np.float64), b["wall_time"].to_numpy(np.float64)
+    _nonempty(len(nm), "bootstrap_speedup")
+    ratio = (nm / tm) / (nb / tb)
+    if by is None:
+        unit = np.arange(len(nm))
+    else:
+        if by not in m.index.names:
+            raise ValueError(f"by must be None or one of {GENERATION_KEYS}, got {by!r}")
+        unit = pd.factorize(m.index.get_level_values(by))[0]
+    n_units = int(unit.max()) + 1
+    # per-unit sums, so a resample of units is a weighted sum (weights = multiplicities)
+    sums = np.zeros((5, n_units))
+    for row, values in enumerate((nm, tm, nb, tb, ratio)):
+        np.add.at(sums[row], unit, values)
+    counts = np.bincount(unit, minlength=n_units).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot).astype(np.float64)
+    s = w @ sums.T  # (n_boot, 5)
+    rot = (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
+    mor = s[:, 4] / (w @ counts)
+    lo, hi = (1 - level) / 2, (1 + level) / 2
+    out: dict[str, float | bool] = {
+        "ratio_of_totals": float((nm.sum() / tm.sum()) / (nb.sum() / tb.sum())),
+        "ratio_of_totals_low": float(np.quantile(rot, lo)), "ratio_of_totals_high": float(np.quantile(rot, hi)),
+        "mean_of_ratios": float(ratio.mean()),
+        "mean_of_ratios_low": float(np.quantile(mor, lo)), "mean_of_ratios_high": float(np.quantile(mor, hi)),
+        "units": float(n_units), "level": float(level),
+    }
+    out["disagree"] = bool(out["ratio_of_totals_high"] < out["mean_of_ratios_low"]
+                           or out["mean_of_ratios_high"] < out["ratio_of_totals_low"])
+    return out
+
+
+def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
+    """``c_hat``: measured seconds per drafted token over measured seconds per AR target step.
+
+    ``t_draft`` is step-level (repeated on each row of a step), so it is summed once per step.
+    """
+    st = steps(trace)
+    _require(st, ["t_draft"], "trace")
+    _nonempty(len(trace), "cost_ratio")
+    per_draft_token = st["t_draft"].sum() / len(trace)
+    per_target_step = 1.0 / tokens_per_second(ar_summary)
+    return float(per_draft_token / per_target_step)
+
+
+def verify_cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
+    """``r_hat``: measured seconds per verification forward (``gamma + 1`` tokens, ``t_verify``, once
+    per step) over measured seconds per AR target step. Theorem 3.8 assumes ``r = 1``."""
+    st = steps(trace)
+    _require(st, ["t_verify"], "trace")
+    _nonempty(len(st), "verify_cost_ratio")
+    return float(st["t_verify"].mean() * tokens_per_second(ar_summary))
+
+
+def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
+    """Tokens drafted at every verification step of ``summary``'s generations: the trace's ``gamma``
+    where a step drafted, 0 for the steps that drafted nothing (prompt lookup without a match;
+    they are in ``accept_lengths`` but have no trace rows)."""
+    _require(summary, ["accept_lengths"], "summary")
+    n_steps = int(sum(len(a) for a in summary["accept_lengths"]))
+    g = steps(trace)["gamma"].to_numpy(np.int64) if len(trace) else np.zeros(0, np.int64)
+    if len(g) > n_steps:
+        raise ValueError(f"trace has {len(g)} drafting steps but summary only {n_steps} steps")
+    return np.concatenate([g, np.zeros(n_steps - len(g), np.int64)])
+
+
+def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: float,
+                      verify_cost: float | Sequence[float] | np.ndarray = 1.0) -> float:
+    """Predicted walltime speedup from measured ``alpha``, ``c`` and verify cost ``r``.
+
+    Scalar ``gamma``: Leviathan et al. (2023), Theorem 3.8 with a verify cost,
+    ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r))`` (``r = 1`` is the theorem as stated),
+    via :func:`spade_lib.theory.speedup`.
+
+    Array ``gamma`` (the number ``g_s`` drafted at each step ``s``, e.g. :func:`drafted_per_step`,
+    for drafters that propose fewer than gamma tokens, such as prompt lookup): the ratio of expected
+    totals ``sum_s E[tokens | g_s] / sum_s (g_s c + r_s)`` with ``E[tokens | g] =
+    (1 - alpha^(g+1)) / (1 - alpha)`` (1 when ``g = 0``) and ``r_s`` the step's verify cost (a
+    number, or one per step; a step that drafted nothing costs one plain target forward, 1).
+    """
+    from spade_lib.theory import expected_tokens, speedup
+
+    if np.ndim(gamma) == 0:
+        return float(speedup(alpha, gamma, c, verify_cost=verify_cost))
+    g = np.asarray(gamma, dtype=np.int64)
+    _nonempty(g.size, "predicted_speedup")
+    if (g < 0).any():
+        raise ValueError("gamma: drafted counts must be >= 0")
+    r = np.broadcast_to(np.asarray(verify_cost, dtype=np.float64), g.shape)
+    tokens = np.ones(g.shape)
+    drafted = g > 0
+    if drafted.any():
+        tokens[drafted] = expected_tokens(alpha, g[drafted])
+    cost = np.where(drafted, g * float(c) + r, 1.0)
+    return float(tokens.sum() / cost.sum())
+
+
+def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFrame | None = None,
+                gamma: int | None = None) -> dict[str, float]:
+    """Every metric above for one run (or one category of it), as a flat dict.
+
+    ``baseline`` (an autoregressive run over the same generations) adds the speedups (with their
+    bootstrap intervals and the ``disagree`` flag of :func:`bootstrap_speedup`), the measured cost
+    ratio ``c`` and verify-cost ratio ``r``, and two predictions from the measured ``alpha``:
+    ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says)
+    and ``predicted`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
+    ``g c + r``: the model the measurement should meet, up to the decoder's per-step overheads), and
+    the gaps ``fraction_of_prediction = speedup / predicted`` and ``gap = predicted - speedup``.
+    Trace-based entries are NaN for runs that drafted nothing (baselines).
+    """
+    nan = float("nan")
+    out: dict[str, float] = {
+        "generations": float(len(summary)), "new_tokens": float(summary["new_tokens"].sum()),
+        "tokens_per_s": tokens_per_second(summary),
+    }
+    drafted = len(trace) > 0 and bool(trace["reached"].any())
+    out["alpha"] = acceptance_rate(trace) if drafted else nan
+    out["alpha_expected"] = expected_acceptance_rate(trace) if drafted else nan
+    has_steps = "accept_lengths" in summary.columns and summary["accept_lengths"].map(len).sum() > 0
+    out["tau"] = mean_accepted_length(summary) if has_steps else nan
+    out["tau_no_bonus"] = mean_accepted_length(summary, with_bonus=False) if has_steps else nan
+    out["block_efficiency"] = block_efficiency(summary) if has_steps else nan
+    out["mean_gamma"] = float(steps(trace)["gamma"].mean()) if drafted else nan
+    out["mean_drafted"] = float(drafted_per_step(trace, summary).mean()) if drafted and has_steps else nan
+    if baseline is not None:
+        boot = bootstrap_speedup(summary, baseline, seed=0)
+        out["speedup"] = boot["ratio_of_totals"]
+        out["speedup_low"], out["speedup_high"] = boot["ratio_of_totals_low"], boot["ratio_of_totals_high"]
+        out["speedup_mean_of_ratios"] = boot["mean_of_ratios"]
+        out["speedup_mean_of_ratios_low"] = boot["mean_of_ratios_low"]
+        out["speedup_mean_of_ratios_high"] = boot["mean_of_ratios_high"]
+        out["estimators_disagree"] = float(boot["disagree"])
+        out["c"] = cost_ratio(trace, baseline) if drafted else nan
+        out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
+        if drafted and gamma is not None:
+            out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, out["c"])
+            g = drafted_per_step(trace, summary)
+            r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
+            out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r)
+            out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
+            out["gap"] = out["predicted"] - out["speedup"]
+        else:
+            out["predicted_thm38"] = out["predicted"] = out["fraction_of_prediction"] = out["gap"] = nan
+    return out

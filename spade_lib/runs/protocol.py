@@ -1,0 +1,244 @@
+"""One timing protocol for every wall-clock number: methods interleaved per prompt, one shared baseline.
+
+A speedup is a ratio of two timings taken at different moments on a machine whose speed drifts
+(other processes, thermal state, frequency scaling). Timing all of method A, then all of method B
+turns that drift into a fake speedup. :func:`run_interleaved` therefore times every configuration
+of a *session* on the same prompt, one after the other, before moving to the next prompt:
+
+1. **Warm-up**: ``Protocol.warmup`` untimed generations of every configuration on the first prompt.
+2. **Interleaving**: for each prompt and sample, ``Protocol.repeats`` (>= 3) rounds; each round
+   times every configuration once, in an order rotated by prompt and round (no configuration is
+   always first). A generation's ``wall_time`` is the median of its repeats.
+3. **One baseline per session**: the baseline (autoregressive decoding) is a member of every
+   session. When its run already exists (another notebook made it), it is re-timed in the new
+   session and those times are kept with the new runs only; its own run folder is not touched.
+4. **Pairing**: every summary row of a session run carries ``session`` (its id) and
+   ``session_wall_time`` / ``session_new_tokens``: the same generation's median time and token count
+   for *every* member of the session (keyed by config hash). :func:`paired_baseline` builds the
+   baseline a run was interleaved with from its own rows, so a run's speedup is one number
+   wherever it is read (notebooks 03 and 05 read the same rows).
+5. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
+   (:func:`spade_lib.metrics.bootstrap_speedup`, prompts resampled) and the flag where they disagree.
+
+Each configuration's run folder is the runner's usual one (``runner.run_dir_for``): traces, the
+untimed recorded pass and its token checks are those of :func:`spade_lib.runner.timed_generation`.
+``RunConfig.repeats`` / ``.warmup`` are set to the protocol's (they are part of a run's identity),
+and ``device="auto"`` is resolved when a ``RunConfig`` is made, so the same request from two
+notebooks is the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from spade_lib import paths
+
+from spade_lib.runs import metrics, runner, timing, trace
+from spade_lib.io import write_json
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How every wall-clock number is taken (see the module docstring)."""
+
+    warmup: int = 1        # untimed generations per configuration before the first timed one
+    repeats: int = 3       # timed rounds per (prompt, sample); the median is kept
+
+    def __post_init__(self) -> None:
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
+
+    def config(self, config: runner.RunConfig) -> runner.RunConfig:
+        """``config`` with this protocol's warm-up and repeats (both are part of its identity)."""
+        if not isinstance(config, runner.RunConfig):
+            raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+        return dataclasses.replace(config, warmup=self.warmup, repeats=self.repeats)
+
+
+def _finished(run_dir: Path, suite) -> bool:
+    if not (run_dir / "summary.jsonl").is_file():
+        return False
+    return all(runner.shard_path(run_dir, r["question_id"]).is_file() for r in suite.rows)
+
+
+def _session_id(configs: Sequence[runner.RunConfig]) -> str:
+    return hashlib.sha256(" ".join(sorted(c.hash for c in configs)).encode()).hexdigest()[:12]
+
+
+def _open_run(pair, suite, config: runner.RunConfig, run_dir: Path, device, session: str) -> dict:
+    """Write (or extend) ``metadata.json`` as ``runner.run_suite`` does; return the run identity."""
+    identity = runner.run_identity(pair, suite, config)
+    meta_path = run_dir / "metadata.json"
+    sessions = []
+    if run_dir.is_dir():
+        runner._check_existing(run_dir, identity)  # metadata or any shard of another run: refused
+    if meta_path.is_file():
+        sessions = json.loads(meta_path.read_text(encoding="utf-8")).get("sessions", [])
+    env = timing.environment_fingerprint(device)
+    sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
+                     "protocol_session": session})
+    write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
+                           "sampling": dataclasses.asdict(config.sampling()),
+                           "policy": repr(config.make_policy()) if config.method == "spade" else None,
+                           "device": str(device), "dtype": config.dtype, "protocol": "interleaved"})
+    return identity
+
+
+def _replayer(outputs: list) -> runner.Generator:
+    """A generator whose timed calls return already-timed outputs (for runner.timed_generation's checks)."""
+    it = iter(outputs)
+    return lambda ids, n, seed: next(it)
+
+
+def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: runner.RunConfig, *,
+                    protocol: Protocol = Protocol(), resume: bool = True, progress: bool = True
+                    ) -> dict[runner.RunConfig, Path]:
+    """Run ``configs`` and ``baseline`` under ``protocol``; return ``{config: run folder}``.
+
+    Keys are the configurations as run (``protocol.config(c)``), in the order given, baseline first.
+    Finished runs (``resume=True``) are read back; the others are timed in one interleaved session
+    with the baseline (re-timed if its run is already finished, see the module docstring).
+    """
+    base = protocol.config(baseline)
+    wanted = [base] + [protocol.config(c) for c in configs]
+    wanted = list(dict.fromkeys(wanted))
+    if not suite.rows:
+        raise ValueError(f"suite {suite.name!r} has no prompts")
+    if len({(c.n_samples, c.seed, c.max_new_tokens) for c in wanted}) != 1:
+        raise ValueError("configs: every configuration of a session needs the same n_samples, seed and "
+                         "max_new_tokens (the generations are paired)")
+    key = runner.suite_key(suite)
+    dirs = {c: runner.run_dir_for(pair.name, key, c) for c in wanted}
+    todo = [c for c in wanted if not (resume and _finished(dirs[c], suite))]
+    if not todo:
+        return dirs
+    session = todo if base in todo else [base, *todo]
+    sid = _session_id(session)
+    device = None
+    for c in session:
+        device = runner._check_pair_placement(pair, c)
+    if session[0].threads:
+        timing.fix_threads(session[0].threads)
+    identities = {c: _open_run(pair, suite, c, dirs[c], device, sid) for c in todo}
+    for c in todo:
+        paths.ensure_dir(dirs[c] / "trace")
+    generators = {c: runner.make_generator(pair, c) for c in session}
+    first = suite.rows[0]["turns"][0]
+    for w in range(protocol.warmup):
+        for c in session:
+            generators[c].timed(runner.prompt_ids(pair.tokenizer, first, c), c.max_new_tokens,
+                                runner.generation_seed(c.seed, "warmup", w))
+    rows = suite.rows
+    if progress:
+        from tqdm.auto import tqdm
+
+        rows = tqdm(rows, desc=f"{pair.name}/{suite.name} {len(session)} configs interleaved", unit="prompt",
+                    leave=False)
+    n_samples, seed0, n_new = session[0].n_samples, session[0].seed, session[0].max_new_tokens
+    for i, row in enumerate(rows):
+        shards = {c: runner.shard_path(dirs[c], row["question_id"]) for c in todo}
+        need = [c for c in todo if not (resume and runner._shard_done(shards[c], identities[c]))]
+        if not need:
+            continue
+        ids = {c: runner.prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}
+        records = {c: [] for c in need}
+        summaries = {c: [] for c in need}
+        for sample in range(n_samples):
+            seed = runner.generation_seed(seed0, row["question_id"], sample)
+            times = {c: [] for c in session}
+            outputs = {c: [] for c in session}
+            for rep in range(protocol.repeats):
+                k = (i + sample + rep) % len(session)
+                for c in session[k:] + session[:k]:
+                    t0 = timing.clock(device)
+                    g = generators[c].timed(ids[c], n_new, seed)
+                    times[c].append(timing.clock(device) - t0)
+                    outputs[c].append(g)
+            medians = {c: timing.summarize_times(times[c]) for c in session}
+            checked = {}
+            for c in session:  # token checks of every member; records (untimed pass) of the written runs
+                gen, _ = runner.timed_generation(
+                    runner.Generator(_replayer(outputs[c]), generators[c].recorded if c in need else None),
+                    ids[c], c, seed, device)
+                checked[c] = gen
+            partners_t = {c.hash: medians[c].median for c in session}
+            partners_n = {c.hash: len(checked[c].output_ids) for c in session}
+            for c in need:
+                gen = checked[c]
+                for r in gen.records:
+                    records[c].append({"prompt_id": str(row["question_id"]), "category": row["category"],
+                                       "sample": sample, **r})
+                s = runner._summary_row(row, sample, seed, ids[c], gen, medians[c])
+                s.update(session=sid, session_wall_time=partners_t, session_new_tokens=partners_n)
+                summaries[c].append(s)
+        for c in need:
+            trace.write_shard(records[c], shards[c], {**identities[c], "summary": summaries[c]})
+    for c in todo:
+        runner.write_summary(dirs[c], suite)
+    return dirs
+
+
+def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
+                    baseline_summary: pd.DataFrame | None = None) -> tuple[pd.DataFrame, bool]:
+    """The baseline generations ``summary``'s run was timed with: ``(frame, interleaved)``.
+
+    From the run's own ``session_*`` columns when every row holds ``baseline``'s times
+    (``interleaved=True``); otherwise ``baseline_summary`` (a separately timed run,
+    ``interleaved=False``: its speedup mixes two moments of the machine)."""
+    h = baseline.hash
+    if "session_wall_time" in summary.columns and summary["session_wall_time"].map(
+            lambda d: isinstance(d, dict) and h in d).all():
+        frame = summary[["question_id", "category", "sample"]].copy()
+        frame["wall_time"] = summary["session_wall_time"].map(lambda d: d[h]).astype(float)
+        frame["new_tokens"] = summary["session_new_tokens"].map(lambda d: d[h]).astype(int)
+        return frame, True
+    if baseline_summary is None:
+        raise ValueError(f"summary: its rows hold no times of baseline {baseline.label} and no "
+                         "baseline_summary was given")
+    return baseline_summary, False
+
+
+def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunConfig, *,
+                  protocol: Protocol = Protocol(), by: str | None = None, traces: dict | None = None) -> pd.DataFrame:
+    """One row per run (per run and ``by`` group, e.g. ``"category"``): its
+    :func:`spade_lib.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
+    intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``."""
+    base = protocol.config(baseline)
+    base_summary = runner.read_summary(run_dirs[base]) if base in run_dirs else None
+    rows = []
+    for cfg, d in run_dirs.items():
+        summ = runner.read_summary(d)
+        tr = traces[cfg] if traces is not None and cfg in traces else trace.read_trace(d)
+        b, interleaved = paired_baseline(summ, base, base_summary)
+        groups = [(None, summ, tr, b)] if by is None else [
+            (k, summ[summ[by] == k], tr[tr[by] == k] if len(tr) else tr, b[b[by] == k])
+            for k in dict.fromkeys(summ[by])]
+        for key, s_k, t_k, b_k in groups:
+            m = metrics.run_metrics(t_k, s_k, b_k, gamma=cfg.gamma if cfg.method == "spade" else None)
+            row = {"config": cfg, "label": cfg.label, "method": cfg.method,
+                   "draft": cfg.draft if cfg.method in ("spade", "hf_assisted") else "-",
+                   "policy": cfg.policy if cfg.method == "spade" else "-",
+                   "gamma": cfg.gamma if cfg.method in ("spade", "hf_assisted") else 0,
+                   "T": cfg.temperature, "interleaved": interleaved}
+            if by is not None:
+                row[by] = key
+            rows.append({**row, **m})
+    return pd.DataFrame(rows)
+
+
+def speedup_over(run_dir: Path, other: runner.RunConfig, *, protocol: Protocol = Protocol()) -> dict:
+    """:func:`spade_lib.metrics.bootstrap_speedup` of a run over another member of its session
+    (e.g. HF assisted generation over plain HF generate)."""
+    summ = runner.read_summary(run_dir)
+    b, _ = paired_baseline(summ, protocol.config(other))
+    return metrics.bootstrap_speedup(summ, b)

@@ -1,0 +1,209 @@
+"""Timing methodology: fixed threads, warm-up, repeats, median and spread, and where it ran.
+
+A speedup is a ratio of two timings, so both must be taken the same way:
+
+- **Threads fixed and recorded.** ``fix_threads(n)`` sets torch's intra-op thread count before any
+  timing; the count goes into the run metadata. On a shared machine the spread, not the median,
+  shows the interference.
+- **Warm-up.** The first calls pay for allocation, kernel selection and caches; ``measure`` runs
+  ``warmup`` untimed calls first.
+- **Repeats, median and spread.** ``measure`` times ``repeats`` calls and reports the median (robust
+  to a stray slow repeat) with min, max and the interquartile range; the relative spread is
+  ``(q75 - q25) / median``.
+- **Device synchronisation.** CUDA kernels run asynchronously; every clock read on a CUDA device
+  is preceded by ``torch.cuda.synchronize``, otherwise a timer measures only the kernel launches.
+- **Same token counting.** Throughput is ``new_tokens / seconds`` with ``new_tokens`` the tokens
+  emitted after the prompt, for the baseline and the method alike (``spade_lib.metrics``).
+- **Fingerprint.** ``environment_fingerprint()`` records the CPU model, core counts, thread counts,
+  GPU, library versions and the git commit (with a dirty flag), stored in every run's metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from spade_lib.paths import REPO_ROOT
+from spade_lib.validate import ArgumentTypeError
+
+T = TypeVar("T")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` → ``cuda`` when available else ``cpu``; otherwise ``torch.device(device)``."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise ArgumentTypeError(f"device: must be 'cpu', 'cuda', 'cuda:N', 'auto' or a torch.device, got {device!r}")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"device: must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available here (use 'cpu' or 'auto')")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return dev
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32"``/``"bfloat16"``/``"float16"`` (or fp32/bf16/fp16) → ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ValueError(f"dtype: must be a torch.dtype or one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def fix_threads(n: int | None = None) -> int:
+    """Set torch's intra-op thread count (default: the CPUs this process may use); return it."""
+    if n is None:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if n < 1:
+        raise ValueError(f"n (threads) must be >= 1, got {n}")
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def synchronize(device: str | torch.device | None) -> None:
+    """Wait for queued kernels on ``device`` (a no-op on CPU)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: str | torch.device | None = None) -> float:
+    """``time.perf_counter()`` after synchronising ``device``."""
+    synchronize(device)
+    return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of ``repeats`` timed calls and their summary."""
+
+    times: tuple[float, ...]
+    median: float
+    q25: float
+    q75: float
+    min: float
+    max: float
+
+    @property
+    def rel_spread(self) -> float:
+        """``(q75 - q25) / median``: the interquartile range relative to the median."""
+        return (self.q75 - self.q25) / self.median if self.median > 0 else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["times"] = list(self.times)
+        d["rel_spread"] = self.rel_spread
+        return d
+
+
+def summarize_times(times: list[float] | tuple[float, ...]) -> Timing:
+    """Median, quartiles (linear interpolation), min and max of ``times``."""
+    if len(times) == 0:
+        raise ValueError("times must hold at least one measurement")
+    a = np.asarray(times, dtype=np.float64)
+    q25, q75 = np.percentile(a, [25, 75])
+    return Timing(tuple(float(t) for t in a), float(statistics.median(a.tolist())), float(q25),
+                  float(q75), float(a.min()), float(a.max()))
+
+
+def measure(fn: Callable[[], T], *, warmup: int = 1, repeats: int = 3,
+            device: str | torch.device | None = None) -> tuple[T, Timing]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; return (last result, Timing)."""
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    times, result = [], None
+    for _ in range(repeats):
+        t0 = clock(device)
+        result = fn()
+        times.append(clock(device) - t0)
+    return result, summarize_times(times)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def git_commit() -> dict[str, Any]:
+    """``{"commit": sha or None, "dirty": bool or None}`` of the repository holding spade_lib."""
+    sha = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if sha else None
+    return {"commit": sha, "dirty": None if status is None else bool(status)}
+
+
+def environment_fingerprint(device: str | torch.device | None = None) -> dict[str, Any]:
+    """Where and with what a run was measured (JSON-serialisable)."""
+    import transformers
+
+    fp: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": np.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "device": str(device) if device is not None else None,
+        "gpu": None,
+        **{f"git_{k}": v for k, v in git_commit().items()},
+    }
+    if device is not None and torch.device(device).type == "cuda":
+        fp["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        fp["cuda"] = torch.version.cuda
+    fp["cpu_flags"] = _cpu_flags(["avx2", "avx512f", "avx512_bf16", "amx_bf16"])
+    return fp
+
+
+def _cpu_flags(wanted: list[str]) -> list[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            text = f.read(200_000)
+    except OSError:
+        return []
+    m = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    have = set(m.group(1).split()) if m else set()
+    return [w for w in wanted if w in have]

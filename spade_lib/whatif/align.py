@@ -1,0 +1,395 @@
+"""Teacher-forced alignment scoring: how well the draft ``q`` matches the target ``p``, without decoding.
+
+Given token sequences ``s = (s_0, ..., s_{L-1})`` whose first ``m`` tokens are a prompt, one batched
+forward of the target and one of the draft give, at every scored position ``t`` (the token ``s_t`` is
+predicted from ``s_{<t}``; ``t = m .. L-1``, indexed ``i = t - m`` within the continuation)::
+
+    p_t = adjust(target_logits[t - 1]),   q_t = adjust(draft_logits[t - 1])      (SamplingConfig)
+    alpha_t = sum_x min(p_t(x), q_t(x)) = 1 - TV(p_t, q_t)
+    KL(p_t || q_t), KL(q_t || p_t), H(p_t), H(q_t), top1_agree_t = [argmax p_t == argmax q_t],
+    p_t(s_t), q_t(s_t).
+
+``alpha_t`` is the probability that speculative sampling accepts a token drafted from ``q_t`` in this
+context (Leviathan et al. 2023, Thm. 3.5). On the text that decoding actually emitted, the context of
+every *reached* draft position is that text, so ``alpha_t`` equals ``1 - tv`` of the trace row at
+``abs_pos = i`` (the tests pin this).
+
+Predicting the mean accepted length ``tau`` (tokens per verification step, bonus included) for a
+draft length ``gamma`` from the per-position alphas, three ways:
+
+- ``iid``:     ``tau = (1 - a^{gamma+1}) / (1 - a)`` with ``a`` the mean alpha (Leviathan eq. 1):
+  every drafted token accepted independently with the same probability.
+- ``block``:   a block starting at position ``t`` yields ``E[L_t] = sum_{k=0}^{gamma} prod_{i<k}
+  alpha_{t+i}`` tokens (acceptances independent given the context, alphas varying along the text);
+  averaged over all starts ``t``.
+- ``renewal``: blocks start where the previous one ended (``t_{j+1} = t_j + L_j``, ``t_0 = 0``). A
+  dynamic programme over the probability ``s_t`` that some block starts at ``t`` gives the expected
+  number of steps; ``tau = E[tokens] / E[steps]``, the ratio of totals that measured ``tau`` is.
+
+Because ``f(a) = (1 - a^{gamma+1}) / (1 - a)`` is convex, ``E[f(alpha)] >= f(E[alpha])`` (Jensen):
+alpha varying along the text -- easy runs (boilerplate, repetition) next to hard tokens -- makes
+``block``/``renewal`` exceed ``iid``. The remaining gap to measured ``tau`` is sampling noise, the
+block starts (``block`` weights every start equally; decoding starts more blocks in hard regions,
+which ``renewal`` accounts for), and the selection effect that the scored text is the decoded text,
+whose tokens after a rejection come from the residual ``norm(max(0, p - q))`` rather than from ``p``.
+
+Speedup for draft cost ``c`` (one draft forward / one target forward) and verify cost ``r(gamma)``
+(one target forward over ``gamma + 1`` tokens / one over 1 token): ``tau / (gamma c + r(gamma))``,
+via :func:`spade_lib.theory.speedup`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from spade_lib import measures, theory
+from spade_lib.decoding.adapter import context_limit
+from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_token_ids
+
+SCORE_COLUMNS = ("seq", "i", "token", "alpha", "tv", "kl_pq", "kl_qp", "h_p", "h_q", "top1_agree",
+                 "p_x", "q_x")
+PREDICTION_METHODS = ("iid", "block", "renewal")
+
+
+@dataclass(frozen=True)
+class AlignConfig:
+    batch_size: int = 8            # sequences per forward pass
+    padding_side: str = "right"    # "right" or "left"; both give the same scores (position ids follow the mask)
+    score_prompt: bool = False     # also score the prompt's own tokens (from its second token on)
+    pad_id: int = 0                # token id used for padding (masked out, never scored)
+    stats_dtype: str = "float32"   # dtype of the per-position measures ("float64" for exactness checks)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
+        if self.stats_dtype not in ("float32", "float64"):
+            raise ValueError(f"stats_dtype must be 'float32' or 'float64', got {self.stats_dtype!r}")
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pad_batch(seqs: list[list[int]], side: str, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``input_ids``, ``attention_mask`` and ``position_ids`` (0 at each sequence's first real token)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        sl = slice(0, len(s)) if side == "right" else slice(width - len(s), width)
+        ids[row, sl] = torch.as_tensor(s, dtype=torch.long)
+        mask[row, sl] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+@torch.inference_mode()
+def _logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    dev = _device(model)
+    out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev), use_cache=False)
+    return out.logits.float()
+
+
+def _check_sequences(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int] | None) -> list[int]:
+    if isinstance(sequences, (str, bytes)) or not hasattr(sequences, "__len__"):
+        raise ArgumentTypeError(f"sequences: must be a list of token-id sequences, got {type(sequences).__name__}")
+    if len(sequences) == 0:
+        raise ValueError("sequences must not be empty")
+    for k, s in enumerate(sequences):
+        if len(check_token_ids(f"sequences[{k}]", s)) < 1:
+            raise ValueError(f"sequences[{k}]: must hold at least 1 token, got an empty sequence")
+    if prompt_lengths is None:
+        return [1] * len(sequences)
+    if len(prompt_lengths) != len(sequences):
+        raise ValueError(f"prompt_lengths has {len(prompt_lengths)} entries for {len(sequences)} sequences")
+    for k, (s, m) in enumerate(zip(sequences, prompt_lengths)):
+        if not 1 <= m <= len(s):
+            raise ValueError(f"prompt_lengths[{k}] = {m} must be in [1, len(sequences[{k}]) = {len(s)}]")
+    return [int(m) for m in prompt_lengths]
+
+
+@torch.inference_mode()
+def score_sequences(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    prompt_lengths: Sequence[int] | None = None,
+    sampling: SamplingConfig | None = None,
+    config: AlignConfig = AlignConfig(),
+) -> pd.DataFrame:
+    """Per-position alignment of ``draft`` to ``target`` on ``sequences`` (teacher forcing).
+
+    ``prompt_lengths[k]`` tokens of sequence ``k`` are context only (default 1: score everything after
+    the first token); with ``config.score_prompt`` the prompt's tokens are scored too. Returns one row
+    per scored token with :data:`SCORE_COLUMNS`: ``seq`` (index into ``sequences``), ``i`` (index in the
+    continuation, negative inside the prompt; comparable to a trace's ``abs_pos``), ``token`` (``s_t``),
+    and the quantities of the module docstring under ``sampling`` (default: temperature 1).
+    """
+    sampling = sampling if sampling is not None else SamplingConfig()
+    prompts = _check_sequences(sequences, prompt_lengths)
+    seqs = [[int(x) for x in s] for s in sequences]
+    vocab = min(int(target.config.vocab_size), int(draft.config.vocab_size)) if hasattr(target, "config") \
+        and hasattr(draft, "config") else None
+    limits = [context_limit(m) for m in (target, draft) if hasattr(m, "config")]
+    limit = min((x for x in limits if x is not None), default=None)
+    for k, s in enumerate(seqs):
+        if vocab is not None and (min(s) < 0 or max(s) >= vocab):
+            raise ValueError(f"sequences[{k}] holds token ids outside [0, {vocab}) (the models' vocabulary)")
+        if limit is not None and len(s) > limit:  # positions past the context are not scored silently
+            raise ValueError(f"sequences[{k}]: {len(s)} tokens exceed the models' context limit of {limit} positions")
+    frames: list[pd.DataFrame] = []
+    order = sorted(range(len(seqs)), key=lambda k: len(seqs[k]))  # similar lengths share a batch: less padding
+    for start in range(0, len(order), config.batch_size):
+        batch = order[start:start + config.batch_size]
+        ids, mask, positions = _pad_batch([seqs[k] for k in batch], config.padding_side, config.pad_id)
+        lp, lq = _logits(target, ids, mask, positions), _logits(draft, ids, mask, positions)
+        width = ids.shape[1]
+        rows, cols, seq_index, rel = [], [], [], []
+        for row, k in enumerate(batch):
+            n = len(seqs[k])
+            offset = 0 if config.padding_side == "right" else width - n
+            first = 1 if config.score_prompt else prompts[k]
+            t = np.arange(first, n)                      # index of the predicted token in the sequence
+            rows.append(np.full(len(t), row))
+            cols.append(offset + t - 1)                  # the logits that predict s_t
+            seq_index.append(np.full(len(t), k))
+            rel.append(t - prompts[k])
+        rows_t = torch.as_tensor(np.concatenate(rows))
+        cols_t = torch.as_tensor(np.concatenate(cols))
+        tokens = ids[rows_t, cols_t + 1]
+        frames.append(_stats(lp[rows_t, cols_t], lq[rows_t, cols_t], tokens, sampling,
+                             np.concatenate(seq_index), np.concatenate(rel), getattr(torch, config.stats_dtype)))
+    out = pd.concat(frames, ignore_index=True).sort_values(["seq", "i"], kind="stable").reset_index(drop=True)
+    out.attrs["sampling"] = repr(sampling)
+    return out
+
+
+def _stats(lp: torch.Tensor, lq: torch.Tensor, tokens: torch.Tensor, sampling: SamplingConfig,
+           seq: np.ndarray, rel: np.ndarray, dtype: torch.dtype) -> pd.DataFrame:
+    p = adjust(lp, sampling, dtype)
+    q = adjust(lq, sampling, dtype)
+    alpha = measures.alpha(p, q)
+    idx = tokens.to(p.device).unsqueeze(-1)
+    return pd.DataFrame({
+        "seq": seq.astype(np.int32),
+        "i": rel.astype(np.int32),
+        "token": tokens.numpy().astype(np.int32),
+        "alpha": alpha.cpu().numpy(),
+        "tv": (1.0 - alpha).cpu().numpy(),
+        "kl_pq": measures.kl(p, q).cpu().numpy(),
+        "kl_qp": measures.kl(q, p).cpu().numpy(),
+        "h_p": measures.entropy(p).cpu().numpy(),
+        "h_q": measures.entropy(q).cpu().numpy(),
+        "top1_agree": (lp.argmax(-1) == lq.argmax(-1)).cpu().numpy(),
+        "p_x": p.gather(-1, idx).squeeze(-1).cpu().numpy(),
+        "q_x": q.gather(-1, idx).squeeze(-1).cpu().numpy(),
+    })
+
+
+# --------------------------------------------------------------------------------------------------
+# Predicting tau and speedup from per-position alpha
+# --------------------------------------------------------------------------------------------------
+
+def _alpha_matrix(alphas: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Stack per-sequence alpha vectors into a NaN-padded matrix and their lengths."""
+    if len(alphas) == 0:
+        raise ValueError("alphas must hold at least one sequence")
+    lengths = np.array([len(a) for a in alphas])
+    if (lengths == 0).any():
+        raise ValueError("every alpha sequence must have at least one position")
+    mat = np.full((len(alphas), lengths.max()), np.nan)
+    for k, a in enumerate(alphas):
+        a = np.asarray(a, dtype=np.float64)
+        if ((a < -1e-9) | (a > 1 + 1e-9)).any():
+            raise ValueError(f"alphas[{k}] has values outside [0, 1]")
+        mat[k, :len(a)] = np.clip(a, 0.0, 1.0)
+    return mat, lengths
+
+
+def block_tokens(alpha: np.ndarray, gamma: int) -> np.ndarray:
+    """``E[L_t] = sum_{k=0}^{gamma} prod_{i<k} alpha_{t+i}`` for a block starting at every ``t``.
+
+    ``alpha`` is ``(..., n)``; positions past the end (or NaN) take the sequence's mean alpha, so
+    blocks near the end are not cut short. Each window is :func:`spade_lib.theory.expected_tokens`'s
+    position-wise form. Returns ``(..., n)``.
+    """
+    check_gamma("gamma", gamma)
+    alpha = np.asarray(alpha, dtype=np.float64)
+    fill = np.nanmean(alpha, axis=-1, keepdims=True)
+    ext = np.concatenate([alpha, np.broadcast_to(fill, alpha.shape[:-1] + (gamma,))], axis=-1)
+    ext = np.where(np.isnan(ext), fill, ext)
+    windows = np.lib.stride_tricks.sliding_window_view(ext, gamma, axis=-1)[..., :alpha.shape[-1], :]
+    return np.asarray(theory.expected_tokens(windows, gamma), dtype=np.float64)
+
+
+def renewal_tau(alpha: np.ndarray, lengths: np.ndarray, gamma: int) -> tuple[float, float]:
+    """Expected (tokens, steps) summed over sequences when blocks start where the previous ended.
+
+    ``s_0 = 1``; a block at ``t`` accepts ``k < gamma`` drafts w.p. ``prod_{i<k} alpha_{t+i} (1 -
+    alpha_{t+k})`` or all ``gamma`` w.p. ``prod_{i<gamma} alpha_{t+i}``, emits ``k + 1`` tokens, and the
+    next block starts at ``t + k + 1``. Expected steps ``= sum_{t < n} s_t``; expected tokens ``= sum_t
+    s_t E[L_t]`` (the last block may overshoot the sequence, as a decoder's last step may).
+    """
+    mat = np.asarray(alpha, dtype=np.float64)
+    n_seq, width = mat.shape
+    fill = np.nanmean(mat, axis=1, keepdims=True)
+    ext = np.concatenate([mat, np.broadcast_to(fill, (n_seq, gamma + 1))], axis=1)
+    ext = np.where(np.isnan(ext), fill, ext)
+    start = np.zeros((n_seq, width + gamma + 2))
+    start[:, 0] = 1.0
+    valid = np.arange(width)[None, :] < lengths[:, None]
+    tokens = steps = 0.0
+    for t in range(width):
+        s = np.where(valid[:, t], start[:, t], 0.0)
+        if not s.any():
+            continue
+        a = ext[:, t:t + gamma + 1]                                           # alpha_{t..t+gamma}
+        reach = np.concatenate([np.ones((n_seq, 1)), np.cumprod(a[:, :gamma], axis=1)], axis=1)  # P(k accepted so far)
+        stop = np.concatenate([1.0 - a[:, :gamma], np.ones((n_seq, 1))], axis=1)  # P(stop at k | reached k)
+        pk = reach * stop                                                      # P(exactly k accepted), k = 0..gamma
+        start[:, t + 1:t + gamma + 2] += s[:, None] * pk
+        steps += s.sum()
+        tokens += (s * reach.sum(axis=1)).sum()
+    return float(tokens), float(steps)
+
+
+def predict_tau(alphas: Sequence[np.ndarray], gammas: Iterable[int],
+                methods: Sequence[str] = PREDICTION_METHODS) -> pd.DataFrame:
+    """Predicted tau (tokens per step, bonus included) for each ``gamma`` and method.
+
+    ``alphas``: one vector of per-position alpha per sequence (e.g. the ``alpha`` column of
+    :func:`score_sequences` grouped by ``seq``). Returns rows ``(gamma, method, tau)``.
+    """
+    unknown = set(methods) - set(PREDICTION_METHODS)
+    if unknown:
+        raise ValueError(f"methods has unknown entries {sorted(unknown)}; choose from {PREDICTION_METHODS}")
+    mat, lengths = _alpha_matrix(alphas)
+    mean_alpha = float(np.nanmean(mat))
+    rows = []
+    for gamma in gammas:
+        gamma = check_gamma("gammas", gamma)  # 2.5 is refused, not truncated to 2
+        if gamma < 1:
+            raise ValueError(f"gammas must be >= 1, got {gamma}")
+        for method in methods:
+            if method == "iid":
+                tau = float(theory.expected_tokens(mean_alpha, gamma))
+            elif method == "block":
+                tau = float(np.nanmean(np.where(np.isnan(mat), np.nan, block_tokens(mat, gamma))))
+            else:
+                tokens, steps = renewal_tau(mat, lengths, gamma)
+                tau = tokens / steps
+            rows.append({"gamma": gamma, "method": method, "tau": tau})
+    return pd.DataFrame(rows)
+
+
+def alphas_by_sequence(scores: pd.DataFrame, continuation_only: bool = True) -> list[np.ndarray]:
+    """The ``alpha`` column of :func:`score_sequences` as one vector per sequence (ordered by ``i``)."""
+    df = scores[scores["i"] >= 0] if continuation_only else scores
+    return [g.sort_values("i")["alpha"].to_numpy() for _, g in df.groupby("seq", sort=True)]
+
+
+def predict(scores: pd.DataFrame, gammas: Iterable[int], c: float,
+            verify_cost: float | Callable[[int], float] = 1.0,
+            methods: Sequence[str] = PREDICTION_METHODS) -> pd.DataFrame:
+    """Predicted tau and speedup ``tau / (gamma c + r(gamma))`` for every gamma and method.
+
+    ``verify_cost`` is ``r(gamma)``: a constant or a function of gamma (cost of verifying ``gamma + 1``
+    tokens in one target forward, relative to a 1-token target forward).
+    """
+    c = check_float("c", c, min=0.0)
+    if not callable(verify_cost):
+        check_costs("verify_cost", verify_cost)
+    out = predict_tau(alphas_by_sequence(scores), gammas, methods)
+    r = out["gamma"].map(lambda g: float(verify_cost(int(g)) if callable(verify_cost) else verify_cost))
+    check_costs("verify_cost", r.to_numpy())
+    out["cost"] = np.broadcast_to(theory.step_cost(out["gamma"].to_numpy(), float(c), verify_cost), len(out))
+    out["speedup"] = out["tau"] / out["cost"]
+    return out
+
+
+def summarize(scores: pd.DataFrame, continuation_only: bool = True) -> dict[str, float]:
+    """Means over scored positions of every per-position quantity (``top1_agree`` as a rate)."""
+    df = scores[scores["i"] >= 0] if continuation_only else scores
+    cols = ["alpha", "tv", "kl_pq", "kl_qp", "h_p", "h_q", "top1_agree"]
+    out = {k: float(df[k].astype(float).mean()) for k in cols}
+    out["n_positions"] = int(len(df))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Text to score from a stored trace
+# --------------------------------------------------------------------------------------------------
+
+def continuations_from_trace(trace: pd.DataFrame) -> dict[tuple[str, int], list[int]]:
+    """The continuation each (prompt_id, sample) of a trace emitted: per step, the accepted draft
+    tokens then ``next_token`` (residual sample or bonus). Steps are taken in order; ``abs_pos`` of an
+    accepted row equals its index in the returned list."""
+    need = {"prompt_id", "sample", "step", "pos", "draft_token", "accepted", "next_token"}
+    missing = need - set(trace.columns)
+    if missing:
+        raise ValueError(f"trace lacks columns {sorted(missing)}")
+    out: dict[tuple[str, int], list[int]] = {}
+    df = trace.sort_values(["prompt_id", "sample", "step", "pos"], kind="stable")
+    for (pid, sample), g in df.groupby(["prompt_id", "sample"], sort=True):
+        tokens: list[int] = []
+        for _, block in g.groupby("step", sort=True):
+            tokens.extend(int(x) for x in block.loc[block["accepted"].astype(bool), "draft_token"])
+            tokens.append(int(block["next_token"].iloc[0]))
+        out[(str(pid), int(sample))] = tokens
+    return out
+
+
+def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int], pd.DataFrame]:
+    """The text a run emitted, ready to score: ``(sequences, prompt_lengths, keys)``.
+
+    Each generation of ``summary.jsonl`` becomes ``prompt ids + output_ids``, the prompt re-tokenised
+    exactly as the runner did (``spade_lib.runner.prompt_ids`` with the run's own config, checked
+    against the stored ``prompt_tokens``). ``keys`` has one row per sequence: ``seq``,
+    ``question_id``, ``prompt_id`` (as in traces), ``category``, ``sample``, ``new_tokens``. A trace
+    can hold drafted positions past ``new_tokens`` (after an EOS, or cut by ``max_new_tokens``): they
+    have no scored counterpart.
+    """
+    from spade_lib.runs import runner, trace
+
+    meta = trace.read_metadata(run_dir)
+    config = runner.RunConfig(**meta["config"])
+    summary = runner.read_summary(run_dir)
+    rows = {str(r["question_id"]): r for r in suite.rows}
+    seqs, prompts, keys = [], [], []
+    for _, s in summary.iterrows():
+        qid = str(s["question_id"])
+        if qid not in rows:
+            raise ValueError(f"suite has no question_id {qid!r} of run {run_dir}")
+        ids = runner.prompt_ids(tokenizer, rows[qid]["turns"][0], config)
+        if len(ids) != int(s["prompt_tokens"]):
+            raise ValueError(f"question {qid!r}: re-tokenised prompt has {len(ids)} tokens, the run had "
+                             f"{int(s['prompt_tokens'])} (another tokenizer or chat template?)")
+        keys.append({"seq": len(seqs), "question_id": s["question_id"], "prompt_id": qid,
+                     "category": s["category"], "sample": int(s["sample"]), "new_tokens": int(s["new_tokens"])})
+        seqs.append(ids + [int(t) for t in s["output_ids"]])
+        prompts.append(len(ids))
+    return seqs, prompts, pd.DataFrame(keys)
+
+
+def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, float, int]:
+    """Decoding-measured tau ``= mean(n + 1)`` over the steps that drafted ``gamma`` tokens (all steps
+    when ``None``; blocks capped by ``max_new_tokens`` are left out when ``gamma`` is given), with its
+    standard error and the number of steps."""
+    from spade_lib.runs import metrics
+
+    steps = metrics.steps(trace)
+    if gamma is not None:
+        steps = steps[steps["gamma"] == gamma]
+    if len(steps) == 0:
+        raise ValueError(f"trace has no steps with gamma = {gamma}")
+    n = steps["n_accepted"].to_numpy(np.float64) + 1.0
+    se = float(n.std(ddof=1) / np.sqrt(len(n))) if len(n) > 1 else float("nan")
+    return metrics.mean_accepted_length(steps), se, int(len(n))

@@ -1,0 +1,460 @@
+"""What-if replay of a stored trace: other acceptance rules and other stop rules, without a model.
+
+A trace (``spade_lib.trace``) keeps, for every drafted token ``x_i`` of every block, ``p(x_i)``,
+``q(x_i)``, the uniform ``u_i`` the verifier drew, ``H(p)`` and the draft's confidence. That is
+enough to re-decide each block under another rule. Notation: Leviathan et al. (2023).
+
+**The replay assumption.** After a counterfactual change in acceptance, decoding would continue from
+a different prefix and draft different blocks. What is replayable is the *per-step* outcome given the
+*same drafted block*: the accepted length ``n`` of each recorded block, and the tokens it emits
+(``n + 1``: the accepted drafts plus a residual or bonus token). Tau is then the mean over recorded
+steps. This is exact for each block; as an estimate of a real run under the new rule it assumes the
+blocks a real run would draft look like the recorded ones (same prompts, same kind of text).
+
+**Acceptance rules** are those of the registry :mod:`spade_lib.rules` (``RULES`` is a live view of
+it): each rule's accept probability ``a_i`` is the *same function* that :func:`spade_lib.verify.verify`
+runs, applied to the trace's columns of the same names (``p_x``, ``q_x``, ``h_p``, ``draft_token``,
+``p_top1``); pathwise decisions use the recorded ``u_i`` as common random numbers. What each rule
+needs (``RULE_NEEDS``) and how exact its replay is (``RULE_EXACTNESS``), for the built-in rules:
+
+================  ==========================================  ============================  ==================
+rule              accept ``x_i`` iff                          trace columns needed          replay is
+================  ==========================================  ============================  ==================
+``exact``         ``u < min(1, p(x)/q(x))``                   ``accept_prob``, ``uniform``  exact (pathwise)
+``lenience``      ``u < min(1, p(x)/(l q(x)))``               ``p_x``, ``q_x``, ``uniform`` exact (pathwise)
+``one_hot_q``     ``u < p(x)`` (q replaced by a point mass)   ``p_x``, ``uniform``          exact (pathwise)
+``sample_match``  ``y == x`` for ``y ~ p`` (inverse CDF      ``p_x`` (``a = p(x)``)        exact in expectation;
+                  of ``p`` at ``u``)                                                        pathwise needs ``p``'s
+                                                                                            CDF at ``x``: not stored
+``typical``       ``p(x) > min(eps, delta exp(-H(p)))``       ``p_x``, ``h_p``              exact (deterministic)
+``greedy``        ``x == argmax p``                           ``draft_token``, ``p_top1``   exact (deterministic)
+================  ==========================================  ============================  ==================
+
+Rule options (``lenience``; ``eps``, ``delta`` of ``typical``) are passed as ``options={rule: {...}}``
+(or the older :class:`RuleParams`).
+
+What the trace cannot replay: the *residual token* at a counterfactual rejection (it needs the full
+``norm(max(0, p - q))``; the trace stores the recorded one only), the text after a changed step, and
+rules that change *drafting* (a greedy draft instead of a sampled one: different blocks). The
+per-position acceptance rate of a *fresh* draft under a rule, ``alpha_rule = sum_x q(x) a(x)``, needs
+the full distributions; with top-k slices (``record_topk > 0``) :func:`rule_alpha_topk` bounds it:
+the sum over ``q``'s slice ``S``, with ``p(x)`` bounded where ``x`` is outside ``p``'s slice, plus at
+most ``q(outside S)``; exact when the slices hold all of the mass (e.g. ``top_k <= record_topk``
+sampling). Pathwise replays need ``uniform`` at every position a rule reaches; where a trace stores
+NaN (deterministic modes), only the expected values are given. ``one_hot_q`` and ``greedy`` replay the
+*verification* rule on the recorded, sampled drafts; a real run in those modes may draft otherwise
+(a deterministic drafter, greedy drafts).
+
+The **expected** tokens of a block under a rule (Rao-Blackwellised over the uniforms, lower variance)
+is ``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``.
+
+**Stop rules** are the draft-length policies of :mod:`spade_lib.policies` (``get_policy(name, ...)``;
+:class:`StopRule` is the older spelling). From a trace recorded with a fixed, generous ``gamma =
+max_gamma``, a policy that would have drafted only ``g <= max_gamma`` tokens of a block sees the same
+first ``g`` drafts, the same ``p``, ``q`` and uniforms (the context of position ``i`` only holds
+earlier positions), so its accepted length is exactly ``min(n, g)``. ``g`` comes from the policy's
+vectorised replay form (:meth:`spade_lib.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
+``confidence`` keeps drafting while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <=
+threshold``: ``g = 1 + #leading kept positions`` (capped at ``max_gamma``).
+
+Per block this is exact (same uniforms); a real run with another policy draws its uniforms in
+another order, so it agrees in distribution, not token for token. A step costs ``C(g) = g c + r(g)`` target-forward units (:func:`spade_lib.theory.step_cost`: ``g``
+draft forwards and ``r(g)`` the cost of verifying ``g + 1`` tokens); the predicted speedup over plain decoding (1 token
+per unit) is the ratio of totals ``sum_steps (min(n, g) + 1) / sum_steps C(g)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
+from spade_lib.decoding import policies as _policies
+from spade_lib import rules as _rules
+from spade_lib.theory import linear_verify_cost, pair_costs, step_cost  # noqa: F401  (old import paths)
+
+STEP_KEYS = ["prompt_id", "sample", "step"]
+
+
+def __getattr__(name: str):
+    """Live views of the registries: ``RULES``, ``RULE_NEEDS``, ``RULE_EXACTNESS`` (rules) and
+    ``POLICIES`` (stop policies)."""
+    if name == "RULES":
+        return _rules.rule_names()
+    if name == "RULE_NEEDS":
+        return {n: _rules.get_rule(n).needs for n in _rules.rule_names()}
+    if name == "RULE_EXACTNESS":
+        return {n: _rules.get_rule(n).exactness for n in _rules.rule_names()}
+    if name == "POLICIES":
+        return _policies.policy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@dataclass(frozen=True)
+class RuleParams:
+    """Compatibility shim: options of the built-in lossy rules under their older names. New code
+    passes ``options={"lenience": {"lenience": 0.7}, "typical": {"eps": 0.1}}``."""
+
+    lenience: float = 0.5            # l in (0, 1]: accept w.p. min(1, p / (l q)); l = 1 is exact
+    typical_eps: float = 0.09        # typical acceptance: eps (Medusa's posterior_threshold)
+    typical_delta: float = 0.3       # typical acceptance: delta (Medusa's posterior_alpha)
+
+    def __post_init__(self) -> None:
+        for name in ("lenience", "typical_eps", "typical_delta"):
+            check_float(name, getattr(self, name))  # NaN or inf: refused, naming the field
+        self.as_options()  # validates against the rules' ranges
+
+    def as_options(self) -> dict[str, dict[str, float]]:
+        return {"lenience": _rules.get_rule("lenience").check_options({"lenience": self.lenience}),
+                "typical": _rules.get_rule("typical").check_options({"eps": self.typical_eps,
+                                                                     "delta": self.typical_delta})}
+
+
+Options = RuleParams | Mapping[str, Mapping[str, float]] | None
+
+
+def _rule(name: str) -> _rules.Rule:
+    if not isinstance(name, str) or name not in _rules.rule_names():
+        raise ValueError(f"rule must be one of {_rules.rule_names()}, got {name!r}")
+    return _rules.get_rule(name)
+
+
+def _options(rule: _rules.Rule, options: Options) -> dict[str, float]:
+    if isinstance(options, RuleParams):
+        options = options.as_options()
+    return rule.check_options((options or {}).get(rule.name, {}))
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-position acceptance under a rule
+# --------------------------------------------------------------------------------------------------
+
+def _require(trace: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = sorted(set(columns) - set(trace.columns))
+    if missing:
+        raise ValueError(f"trace lacks columns {missing} needed for {what}")
+
+
+def _accept(rule: _rules.Rule, columns: Mapping[str, np.ndarray], opts: dict[str, float]) -> np.ndarray:
+    """The rule's own accept probability (the function ``verify`` runs) on NumPy columns, float64."""
+    inputs = {}
+    for name in {"p_x", "q_x", *rule.inputs_needed}:
+        if name in columns:
+            v = np.asarray(columns[name])
+            inputs[name] = torch.from_numpy(v.astype(np.float64 if v.dtype.kind == "f" else np.int64))
+    return rule.accept(inputs, **opts).to(torch.float64).numpy()
+
+
+def rule_accept_prob(trace: pd.DataFrame, rule: str, params: Options = None) -> np.ndarray:
+    """``a_i``: probability that ``rule`` accepts the drafted token of each row, were it reached."""
+    r = _rule(rule)
+    _require(trace, r.needs if r.stored_accept else r.inputs_needed, f"rule {rule!r}")
+    if r.stored_accept:
+        return trace["accept_prob"].to_numpy(np.float64)
+    return _accept(r, {c: trace[c].to_numpy() for c in r.inputs_needed}, _options(r, params))
+
+
+def rule_accepts(trace: pd.DataFrame, rule: str, params: Options = None) -> np.ndarray:
+    """Pathwise decision of ``rule`` for each row, were it reached (NaN where a uniform is missing).
+
+    Stochastic rules compare the recorded uniform with ``a_i`` exactly as the verifier does
+    (``u < a``, in float32 like the stored columns); deterministic rules ignore the uniform.
+    """
+    r = _rule(rule)
+    if r.deterministic:
+        return (rule_accept_prob(trace, rule, params) > 0.5).astype(np.float64)
+    if not r.pathwise_replay:  # e.g. sample_match: y ~ p over the whole vocabulary is not stored
+        return np.full(len(trace), np.nan)
+    _require(trace, ("uniform",), f"a pathwise replay of rule {rule!r}")
+    u = trace["uniform"].to_numpy(np.float32)
+    a = rule_accept_prob(trace, rule, params).astype(np.float32)
+    out = (u < a).astype(np.float64)
+    out[np.isnan(u)] = np.nan
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Counterfactual re-verification
+# --------------------------------------------------------------------------------------------------
+
+def _blocks(trace: pd.DataFrame) -> pd.DataFrame:
+    _require(trace, STEP_KEYS + ["pos", "category", "gamma", "n_accepted"], "replay")
+    if len(trace) == 0:
+        raise ValueError("trace is empty")
+    return trace.sort_values(STEP_KEYS + ["pos"], kind="stable").reset_index(drop=True)
+
+
+def _leading_run(values: np.ndarray, step_id: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Per step: number of leading positions whose ``values`` are 1; NaN if the first position that
+    is not 1 is NaN (the run's length is then unknown). Positions beyond a block's length count as 0."""
+    n_steps = int(step_id.max()) + 1
+    width = int(pos.max()) + 1
+    mat = np.zeros((n_steps, width + 1))
+    mat[step_id, pos] = values
+    first = np.argmax(mat != 1.0, axis=1)       # NaN != 1 is True, so a NaN also ends the run
+    return np.where(np.isnan(mat[np.arange(n_steps), first]), np.nan, first.astype(np.float64))
+
+
+def _expected_tokens(a: np.ndarray, step_id: np.ndarray, pos: np.ndarray, limit: np.ndarray | None = None) -> np.ndarray:
+    """Per step: ``sum_{k=0}^{g} prod_{i<k} a_i`` with ``g`` = the block's length (or ``limit``)."""
+    n_steps = int(step_id.max()) + 1
+    width = int(pos.max()) + 1
+    mat = np.zeros((n_steps, width))
+    mat[step_id, pos] = a
+    if limit is not None:
+        mat = np.where(np.arange(width)[None, :] < limit[:, None], mat, 0.0)
+    return 1.0 + np.cumprod(mat, axis=1).sum(axis=1)
+
+
+def _step_index(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    steps = df[STEP_KEYS + ["category", "gamma", "n_accepted"]].drop_duplicates(STEP_KEYS).reset_index(drop=True)
+    step_id = df.groupby(STEP_KEYS, sort=False).ngroup().to_numpy()
+    return steps, step_id
+
+
+def counterfactual_steps(trace: pd.DataFrame, rules: Sequence[str] | None = None,
+                         params: Options = None) -> pd.DataFrame:
+    """One row per recorded step and rule: the recorded ``n_accepted`` and, under the rule, the
+    pathwise accepted length ``n_path`` (NaN where uniforms are missing) and the expected tokens
+    ``tokens_expected = E[n + 1 | block]``."""
+    df = _blocks(trace)
+    steps, step_id = _step_index(df)
+    pos = df["pos"].to_numpy().astype(int)
+    frames = []
+    for rule in (_rules.rule_names() if rules is None else rules):
+        a = rule_accept_prob(df, rule, params)
+        decided = rule_accepts(df, rule, params) if ("uniform" in df.columns or _rule(rule).deterministic) \
+            else np.full(len(df), np.nan)
+        out = steps.copy()
+        out["rule"] = rule
+        out["n_path"] = _leading_run(decided, step_id, pos)
+        out["tokens_expected"] = _expected_tokens(a, step_id, pos)
+        frames.append(out)
+    return pd.concat(frames, ignore_index=True)
+
+
+def counterfactual(trace: pd.DataFrame, rules: Sequence[str] | None = None, params: Options = None,
+                   by: Sequence[str] = ()) -> pd.DataFrame:
+    """Acceptance and tau under each rule, from one trace (optionally grouped, e.g. by ``category``).
+
+    Columns: ``acceptance_path`` (accepted drafts / drafted tokens, pathwise), ``tau_path`` (mean
+    ``n_path + 1`` over steps whose pathwise length is known), ``tau_expected`` (mean
+    ``E[n + 1 | block]``), ``coverage_path`` (fraction of steps with a known pathwise length),
+    ``needs`` and ``exactness`` (what the rule reads, and how exact its replay is).
+    """
+    per_step = counterfactual_steps(trace, rules, params)
+    keys = ["rule", *by]
+    rows = []
+    for key, g in per_step.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        known = g["n_path"].notna()
+        rule = key[0]
+        row = dict(zip(keys, key))
+        row.update({
+            "steps": int(len(g)),
+            "acceptance_path": float(g.loc[known, "n_path"].sum() / g.loc[known, "gamma"].sum()) if known.any() else math.nan,
+            "tau_path": float((g.loc[known, "n_path"] + 1).mean()) if known.any() else math.nan,
+            "tau_expected": float(g["tokens_expected"].mean()),
+            "tau_recorded": float((g["n_accepted"] + 1).mean()),
+            "coverage_path": float(known.mean()),
+            "needs": ", ".join(_rule(rule).needs),
+            "exactness": _rule(rule).exactness,
+        })
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def replay_decisions(trace: pd.DataFrame, rule: str = "exact", params: Options = None) -> pd.DataFrame:
+    """Row-level replay: ``reached`` and ``accepted`` as ``rule`` would have decided them on the same
+    blocks (``reached`` = every earlier position of the block accepted). Replaying the rule a trace
+    was recorded with must give back its own ``reached``/``accepted``/``n_accepted`` columns."""
+    df = _blocks(trace)
+    steps, step_id = _step_index(df)
+    pos = df["pos"].to_numpy().astype(int)
+    decided = rule_accepts(df, rule, params)
+    n = _leading_run(decided, step_id, pos)
+    if np.isnan(n).any():
+        raise ValueError(f"trace lacks uniforms at positions rule {rule!r} reaches; use counterfactual() for expected values")
+    n_row = n[step_id]
+    out = df[STEP_KEYS + ["pos"]].copy()
+    out["reached"] = pos <= n_row
+    out["accepted"] = pos < n_row
+    out["n_accepted"] = n_row.astype(np.int16)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Rule acceptance of a fresh draft, from top-k slices
+# --------------------------------------------------------------------------------------------------
+
+def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: Options = None) -> pd.DataFrame:
+    """Per row: bounds on ``alpha_rule = sum_x q(x) a_rule(x)`` from the stored top-k slices.
+
+    Over the slice ``S`` of ``q`` (``q_topk_ids``), ``p(x)`` is read from ``p``'s slice; a token
+    outside ``p``'s slice has ``0 <= p(x) <= min(smallest stored p prob, 1 - p(slice))``. Every rule's
+    ``a`` is non-decreasing in ``p(x)``, so ``lower = sum_{x in S} q(x) a(p_low(x))`` and ``upper =
+    sum_{x in S} q(x) a(p_high(x)) + (1 - q(S))`` bound the truth; ``exact`` marks rows where ``q(S) =
+    1`` and ``p(x)`` is known for every ``x in S``. For ``exact`` this is ``1 - TV`` (the ``tv`` column).
+    """
+    r = _rule(rule)
+    opts = _options(r, params)
+    _require(trace, ("p_topk_ids", "p_topk_probs", "q_topk_ids", "q_topk_probs"),
+             "top-k replay (record the run with record_topk > 0)")
+    scalars = [c for c in r.inputs_needed if c not in ("p_x", "q_x", "draft_token")]  # per-row inputs
+    _require(trace, scalars, f"rule {rule!r}")
+    lowers, uppers, exacts = [], [], []
+    for row in trace.itertuples(index=False):
+        if row.q_topk_ids is None or row.p_topk_ids is None:
+            lowers.append(math.nan), uppers.append(math.nan), exacts.append(False)
+            continue
+        p_probs = np.asarray(row.p_topk_probs, dtype=np.float64)
+        p_map = dict(zip(np.asarray(row.p_topk_ids).tolist(), p_probs.tolist()))
+        p_cover = float(p_probs.sum())
+        p_unseen_max = min(float(p_probs.min()), max(0.0, 1.0 - p_cover))  # bound on p(x) outside p's slice
+        q_ids = np.asarray(row.q_topk_ids).tolist()
+        q_probs = np.asarray(row.q_topk_probs, dtype=np.float64)
+        in_p = np.array([x in p_map for x in q_ids])
+        p_low = np.array([p_map.get(x, 0.0) for x in q_ids])
+        p_high = np.where(in_p, p_low, p_unseen_max)
+        a_low, a_high = (_rule_a(r, pp, q_probs, q_ids, row, opts, scalars) for pp in (p_low, p_high))
+        q_cover = float(q_probs.sum())
+        lower = float((q_probs * a_low).sum())
+        lowers.append(lower)
+        uppers.append(min(1.0, float((q_probs * a_high).sum()) + max(0.0, 1.0 - q_cover)))
+        exacts.append(q_cover >= 1 - 1e-5 and bool(in_p.all() or p_unseen_max <= 1e-7))
+    out = trace[STEP_KEYS + ["pos"]].copy()
+    out["rule"] = rule
+    out["alpha_lower"] = lowers
+    out["alpha_upper"] = uppers
+    out["exact"] = exacts
+    return out
+
+
+def _rule_a(rule: _rules.Rule, p_of: np.ndarray, q_probs: np.ndarray, q_ids: list[int], row,
+            opts: dict[str, float], scalars: Sequence[str]) -> np.ndarray:
+    """``a_rule(x)`` for the tokens of ``q``'s slice given (bounds on) their ``p(x)``; monotone in ``p``."""
+    columns = {"p_x": p_of, "q_x": q_probs, "draft_token": np.asarray(q_ids)}
+    columns.update({c: np.full(len(q_ids), getattr(row, c)) for c in scalars})
+    return _accept(rule, columns, opts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Stop-rule replay
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StopRule:
+    """Compatibility shim for a stop policy by name: ``StopRule("confidence", 6, 0.4)`` is
+    ``get_policy("confidence", max_gamma=6, threshold=0.4)`` (:meth:`to_policy`)."""
+
+    policy: str = "fixed"          # a registered policy name ("fixed", "confidence", "entropy", ...)
+    gamma: int = 4                 # fixed: block length; others: max_gamma (<= the trace's max gamma)
+    threshold: float = 0.0         # confidence: keep drafting while q_top_prob >= threshold; entropy: while h_q_raw <= threshold
+
+    def __post_init__(self) -> None:
+        self.to_policy()
+
+    def to_policy(self) -> _policies.Policy:
+        opts = _policies.policy_options(self.policy)
+        given = {"gamma": self.gamma} if "gamma" in opts else {"max_gamma": self.gamma}
+        if "threshold" in opts:
+            given["threshold"] = self.threshold
+        return _policies.get_policy(self.policy, **given)
+
+    @property
+    def label(self) -> str:
+        return self.to_policy().label
+
+
+def _as_policy(rule: _policies.Policy | StopRule) -> _policies.Policy:
+    if isinstance(rule, StopRule):
+        return rule.to_policy()
+    if not isinstance(rule, _policies.Policy):
+        raise ValueError(f"rule: expected a spade_lib.policies.Policy (or StopRule), got {type(rule).__name__}")
+    return rule
+
+
+def blocks_used(trace: pd.DataFrame, rule: _policies.Policy | StopRule) -> tuple[pd.DataFrame, np.ndarray]:
+    """Steps of ``trace`` and the number of tokens ``g`` that the policy ``rule`` would have drafted
+    in each (its vectorised replay form, :meth:`spade_lib.policies.Policy.replay_gamma`)."""
+    policy = _as_policy(rule)
+    df = _blocks(trace)
+    steps, _ = _step_index(df)
+    max_gamma = int(steps["gamma"].max())
+    if policy.max_gamma > max_gamma:
+        raise ValueError(f"rule.gamma = {policy.max_gamma} exceeds the trace's largest block ({max_gamma}); "
+                         "record the trace with a fixed gamma >= every gamma to replay")
+    return steps, policy.replay_gamma(df)
+
+
+def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy | StopRule, c: float,
+                     verify_cost: float | Callable[[int], float] = 1.0, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Tokens and cost per step of ``rule`` replayed on ``trace`` (recorded with fixed max gamma).
+
+    Per step: ``g`` drafted, ``n = min(n_recorded, g)`` accepted (pathwise, exact), ``tokens = n + 1``,
+    ``tokens_expected = sum_{k<=g} prod_{i<k} accept_prob_i``, ``cost = g c + r(g)``. Aggregates
+    (optionally by ``by``): mean ``g``, ``tau`` (tokens per step), ``tau_expected``, ``cost`` per step,
+    ``speedup = sum tokens / sum cost`` (ratio of totals) and ``speedup_expected``.
+    """
+    c = check_float("c", c, min=0.0)
+    if not isinstance(rule, (StopRule, _policies.Policy)):
+        raise ArgumentTypeError(f"rule: must be a StopRule or a spade_lib.policies.Policy, got {type(rule).__name__}")
+    if not callable(verify_cost):
+        check_costs("verify_cost", verify_cost)
+    policy = _as_policy(rule)
+    steps, g = blocks_used(trace, policy)
+    df = _blocks(trace)
+    _, step_id = _step_index(df)
+    a = df["accept_prob"].to_numpy(np.float64)
+    per = steps.copy()
+    per["g"] = g
+    per["n"] = np.minimum(per["n_accepted"].to_numpy(), g)
+    per["tokens"] = per["n"] + 1
+    per["tokens_expected"] = _expected_tokens(a, step_id, df["pos"].to_numpy().astype(int), limit=g)
+    per["cost"] = np.broadcast_to(step_cost(g, float(c), verify_cost), g.shape)
+    rows = []
+    groups = per.groupby(list(by), sort=True) if by else [((), per)]
+    for key, grp in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(by, key))
+        row.update({
+            "policy": policy.name, "gamma": policy.max_gamma,
+            "threshold": float(getattr(policy, "threshold", rule.threshold if isinstance(rule, StopRule) else math.nan)),
+            "label": policy.label,
+            "steps": int(len(grp)),
+            "g_mean": float(grp["g"].mean()),
+            "tau": float(grp["tokens"].mean()),
+            "tau_expected": float(grp["tokens_expected"].mean()),
+            "cost": float(grp["cost"].mean()),
+            "speedup": float(grp["tokens"].sum() / grp["cost"].sum()),
+            "speedup_expected": float(grp["tokens_expected"].sum() / grp["cost"].sum()),
+        })
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stop_rule_frontier(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], float] = 1.0,
+                       gammas: Iterable[int] | None = None,
+                       confidence_thresholds: Iterable[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+                       entropy_thresholds: Iterable[float] = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
+                       by: Sequence[str] = ()) -> pd.DataFrame:
+    """:func:`replay_stop_rule` over a grid: every fixed gamma up to the trace's, and each threshold
+    of the confidence and entropy policies (capped at the trace's gamma)."""
+    max_gamma = int(_blocks(trace)["gamma"].max())
+    gammas = range(1, max_gamma + 1) if gammas is None else gammas
+    rules = [_policies.get_policy("fixed", gamma=int(gm)) for gm in gammas]
+    rules += [_policies.get_policy("confidence", max_gamma=max_gamma, threshold=float(t)) for t in confidence_thresholds]
+    rules += [_policies.get_policy("entropy", max_gamma=max_gamma, threshold=float(t)) for t in entropy_thresholds]
+    return pd.concat([replay_stop_rule(trace, r, c, verify_cost, by) for r in rules], ignore_index=True)
+
+
+def best_rules(frontier: pd.DataFrame, by: Sequence[str] = (), column: str = "speedup") -> pd.DataFrame:
+    """For each group (e.g. category) and policy, the grid point with the highest ``column``."""
+    keys = [*by, "policy"]
+    idx = frontier.groupby(keys, sort=True)[column].idxmax()
+    return frontier.loc[idx].reset_index(drop=True)

@@ -1,0 +1,236 @@
+"""The stop-rule study: data-driven threshold grids, AdaEDL's entropy bound, a learned stop classifier.
+
+Every rule here is replayed with :func:`spade_lib.replay.replay_stop_rule` on a trace recorded with a
+fixed ``max_gamma`` (a rule that drafts ``g`` tokens accepts exactly ``min(n, g)``; step cost
+``g c + r(g)``). After each drafted token ``i`` a rule reads a signal known at that moment and keeps
+drafting while the signal passes its threshold:
+
+- ``confidence``: the draft's max probability ``q_top_prob >= threshold``;
+- ``entropy``: the draft's entropy ``h_q_raw <= threshold`` (nats);
+- ``adaedl`` (Agrawal et al., 2024): keep drafting while the entropy-based lower bound on the
+  token's acceptance probability, ``1 - sqrt(gamma_c H(q))``, is at least ``lambda``. For a fixed
+  ``gamma_c`` this is the entropy rule at ``H <= (1 - lambda)^2 / gamma_c`` (the paper also adapts
+  ``lambda`` online; the static bound is what is replayed here);
+- ``learned`` (SpecDec++ / DISCO style): a logistic model ``P(accepted | reached)`` on draft-side
+  features (position, ``H(q)``, ``q_top_prob``, ``log q(x)``) fitted on one split of the prompts;
+  keep drafting while the predicted probability that the whole block so far is accepted,
+  ``prod_{j<=i} p_hat_j``, is at least ``threshold``.
+
+**Grids from the data.** A threshold grid is the signal's quantiles on the trace plus the two values
+where the rule degenerates (never stops: ``fixed max_gamma``; always stops after one token: ``fixed
+1``), so an optimum at a grid end is a degenerate rule, never an artefact of a narrow grid;
+:func:`edge_check` verifies it. **Honest selection.** Thresholds are chosen on the training prompts
+and scored on the held-out ones (:func:`split_prompts`), for every rule alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+
+from spade_lib.whatif import replay
+
+SIGNAL = {"confidence": "q_top_prob", "entropy": "h_q_raw"}
+FEATURES = ("pos", "h_q_raw", "q_top_prob", "log_q_x")
+_LEARNED = "_learned_signal"
+
+
+def split_prompts(trace: pd.DataFrame, frac: float = 0.5, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, test): the trace's prompts shuffled with ``seed``, the first ``frac`` of them train."""
+    if not 0 < frac < 1:
+        raise ValueError(f"frac must lie in (0, 1), got {frac!r}")
+    ids = np.array(sorted(trace["prompt_id"].astype(str).unique()))
+    if len(ids) < 2:
+        raise ValueError(f"trace: need at least 2 prompts to split, got {len(ids)}")
+    rng = np.random.default_rng(seed)
+    ids = ids[rng.permutation(len(ids))]
+    n_train = min(max(1, int(round(frac * len(ids)))), len(ids) - 1)
+    train = trace["prompt_id"].astype(str).isin(set(ids[:n_train]))
+    return trace[train], trace[~train]
+
+
+def signal_grid(trace: pd.DataFrame, policy: str, points: int = 12) -> list[float]:
+    """Thresholds for ``policy`` ("confidence" or "entropy"): quantiles of its signal on ``trace``
+    plus both degenerate ends (see the module docstring)."""
+    if policy not in SIGNAL:
+        raise ValueError(f"policy must be one of {sorted(SIGNAL)}, got {policy!r}")
+    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
+        raise ValueError(f"points must be an integer >= 2, got {points!r}")
+    x = trace[SIGNAL[policy]].to_numpy(np.float64)
+    x = x[np.isfinite(x)]
+    qs = np.quantile(x, np.linspace(0.02, 0.98, points)) if len(x) else np.zeros(0)
+    if len(x) > 1:  # midway between observed values: a float32 recomputation cannot land on the other side
+        u = np.unique(x)
+        i = np.clip(np.searchsorted(u, qs), 0, len(u) - 2)
+        qs = (u[i] + u[i + 1]) / 2
+    if policy == "confidence":  # >= 0 always passes (never stops); > max never passes
+        ends = [0.0, float(x.max()) + 1e-6 if len(x) else 1.0]
+    else:  # H <= max always passes; H <= -1 never does
+        ends = [-1.0, float(x.max()) + 1e-6 if len(x) else 20.0]
+    return sorted({float(v) for v in [*qs, *ends]})
+
+
+def adaedl_threshold(lam: float, gamma_c: float = 1.0) -> float:
+    """The entropy threshold of AdaEDL's static rule: ``1 - sqrt(gamma_c H) >= lam`` iff
+    ``H <= (1 - lam)^2 / gamma_c``."""
+    if not 0 <= lam < 1:
+        raise ValueError(f"lam must lie in [0, 1), got {lam!r}")
+    if gamma_c <= 0:
+        raise ValueError(f"gamma_c must be > 0, got {gamma_c!r}")
+    return (1.0 - lam) ** 2 / gamma_c
+
+
+def _features(trace: pd.DataFrame) -> np.ndarray:
+    q = trace["q_x_raw"] if "q_x_raw" in trace.columns else trace["q_x"]
+    cols = {"pos": trace["pos"], "h_q_raw": trace["h_q_raw"], "q_top_prob": trace["q_top_prob"],
+            "log_q_x": np.log(np.clip(q.to_numpy(np.float64), 1e-12, 1.0))}
+    return np.column_stack([np.asarray(cols[f], dtype=np.float64) for f in FEATURES])
+
+
+@dataclass
+class LearnedStop:
+    """Logistic ``P(accepted | reached)`` on draft-side features, standardised (``fit`` / ``predict``)."""
+
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray  # intercept first
+    n_train: int
+
+    @classmethod
+    def fit(cls, trace: pd.DataFrame, l2: float = 1e-2) -> "LearnedStop":
+        """Fit on the reached rows of ``trace`` (L2-penalised maximum likelihood, L-BFGS)."""
+        reached = trace[trace["reached"].astype(bool)]
+        if len(reached) < 10 or reached["accepted"].nunique() < 2:
+            raise ValueError("trace: need >= 10 reached rows with both outcomes to fit a stop classifier")
+        X = _features(reached)
+        mean, scale = X.mean(0), X.std(0)
+        scale = np.where(scale > 0, scale, 1.0)
+        Z = np.column_stack([np.ones(len(X)), (X - mean) / scale])
+        y = reached["accepted"].to_numpy(np.float64)
+
+        def loss(w):
+            z = Z @ w
+            nll = np.sum(np.logaddexp(0.0, z) - y * z) / len(y) + l2 * np.sum(w[1:] ** 2)
+            p = 1.0 / (1.0 + np.exp(-z))
+            grad = Z.T @ (p - y) / len(y)
+            grad[1:] += 2 * l2 * w[1:]
+            return nll, grad
+
+        res = optimize.minimize(loss, np.zeros(Z.shape[1]), jac=True, method="L-BFGS-B")
+        return cls(mean, scale, res.x, len(y))
+
+    def predict(self, trace: pd.DataFrame) -> np.ndarray:
+        """``p_hat`` per row of ``trace``."""
+        Z = np.column_stack([np.ones(len(trace)), (_features(trace) - self.mean) / self.scale])
+        return 1.0 / (1.0 + np.exp(-(Z @ self.coef)))
+
+    def signal(self, trace: pd.DataFrame) -> np.ndarray:
+        """Per row: ``prod_{j <= pos} p_hat_j`` within its step (the block-survival probability)."""
+        df = trace[replay.STEP_KEYS + ["pos"]].copy()
+        df["lp"] = np.log(np.clip(self.predict(trace), 1e-12, 1.0))
+        df = df.sort_values(replay.STEP_KEYS + ["pos"], kind="stable")
+        df["cum"] = np.exp(df.groupby(replay.STEP_KEYS, sort=False)["lp"].cumsum())
+        return df["cum"].reindex(trace.index).to_numpy()
+
+    def auc(self, trace: pd.DataFrame) -> float:
+        """Held-out AUC of ``p_hat`` on the reached rows of ``trace`` (0.5: chance)."""
+        from scipy.stats import mannwhitneyu
+
+        r = trace[trace["reached"].astype(bool)]
+        y = r["accepted"].to_numpy(bool)
+        if y.all() or not y.any():
+            return float("nan")
+        p = self.predict(r)
+        return float(mannwhitneyu(p[y], p[~y]).statistic / (y.sum() * (~y).sum()))
+
+
+# the thresholds each policy accepts; a grid end beyond them never passes: the rule drafts one token
+_RANGE = {"confidence": (0.0, 1.0), "entropy": (0.0, math.inf)}
+
+
+def _replay(trace, policy, gamma, threshold, c, verify_cost, by, *, name=None, shown=None):
+    lo, hi = _RANGE.get(policy, (-math.inf, math.inf))
+    if lo <= threshold <= hi:
+        out = replay.replay_stop_rule(trace, replay.StopRule(policy, int(gamma), float(threshold)), c, verify_cost, by)
+    else:  # the degenerate "always stop after one token" end: exactly fixed gamma 1
+        out = replay.replay_stop_rule(trace, replay.StopRule("fixed", 1, 0.0), c, verify_cost, by)
+        out["policy"], out["gamma"], out["threshold"] = policy, int(gamma), float(threshold)
+        out["label"] = f"{policy} {threshold:.3g} (<= {gamma})"
+    if name is not None:
+        out["policy"] = name
+        out["threshold"] = shown
+        out["label"] = f"{name} {shown:.3g} (<= {gamma})"
+    return out
+
+
+def frontier(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], float], *, max_gamma: int,
+             grids: dict[str, Sequence[float]], learned: LearnedStop | None = None, gamma_c: float = 1.0,
+             by: Sequence[str] = ()) -> pd.DataFrame:
+    """Every rule of the study replayed on ``trace``: fixed ``1..max_gamma`` and each threshold of
+    ``grids`` (keys ``"confidence"``, ``"entropy"``, ``"adaedl"`` (lambdas), ``"learned"``)."""
+    rows = [_replay(trace, "fixed", g, 0.0, c, verify_cost, by) for g in range(1, max_gamma + 1)]
+    for policy in ("confidence", "entropy"):
+        rows += [_replay(trace, policy, max_gamma, t, c, verify_cost, by) for t in grids.get(policy, ())]
+    for lam in grids.get("adaedl", ()):
+        rows.append(_replay(trace, "entropy", max_gamma, adaedl_threshold(lam, gamma_c), c, verify_cost, by,
+                            name="adaedl", shown=float(lam)))
+    if learned is not None and grids.get("learned"):
+        t = trace.copy()
+        t["q_top_prob"] = learned.signal(trace)  # the learned signal, read by the confidence replay
+        for th in grids["learned"]:
+            rows.append(_replay(t, "confidence", max_gamma, th, c, verify_cost, by, name="learned", shown=float(th)))
+    return pd.concat(rows, ignore_index=True)
+
+
+def best(front: pd.DataFrame, by: Sequence[str] = (), column: str = "speedup") -> pd.DataFrame:
+    """Per group and policy, the grid point with the highest ``column`` (smallest threshold on ties)."""
+    keys = [*by, "policy"]
+    idx = front.groupby(keys, sort=True)[column].idxmax()
+    return front.loc[idx].reset_index(drop=True)
+
+
+def edge_check(front: pd.DataFrame, chosen: pd.DataFrame, max_gamma: int) -> pd.DataFrame:
+    """Per policy: whether the chosen grid point is at an end of its grid, and if so whether that end
+    is a degenerate rule (it drafts ``max_gamma`` every step, or 1). ``suspicious`` = at an end that is
+    not degenerate: the grid is too narrow and must be widened. For ``fixed``, ``max_gamma`` is the
+    edge (the trace cannot show longer blocks)."""
+    out = []
+    for _, row in chosen.iterrows():
+        policy = row["policy"]
+        grid = front[front["policy"] == policy]
+        if policy == "fixed":
+            at_edge = int(row["gamma"]) == max_gamma and int(row["g_mean"] + 0.5) >= max_gamma - 1
+            out.append({"policy": policy, "chosen": row["label"], "at_edge": at_edge, "degenerate": False,
+                        "suspicious": at_edge})
+            continue
+        values = grid["threshold"].to_numpy(np.float64)
+        at_end = row["threshold"] in (values.min(), values.max())
+        g_mean = float(row["g_mean"])
+        fixed_max = front[(front["policy"] == "fixed") & (front["gamma"] == max_gamma)]["g_mean"]
+        degenerate = bool(abs(g_mean - 1.0) < 1e-9 or (len(fixed_max) and abs(g_mean - float(fixed_max.iloc[0])) < 1e-9))
+        out.append({"policy": policy, "chosen": row["label"], "at_edge": bool(at_end), "degenerate": degenerate,
+                    "suspicious": bool(at_end and not degenerate)})
+    return pd.DataFrame(out)
+
+
+def evaluate(front_train: pd.DataFrame, test: pd.DataFrame, c: float, verify_cost, *, max_gamma: int,
+             learned: LearnedStop | None = None, gamma_c: float = 1.0) -> pd.DataFrame:
+    """The best rule of each policy on the training prompts, replayed on the held-out ``test`` trace."""
+    chosen = best(front_train)
+    rows = []
+    for _, r in chosen.iterrows():
+        grids = {}
+        if r["policy"] == "fixed":
+            one = _replay(test, "fixed", int(r["gamma"]), 0.0, c, verify_cost, ())
+        else:
+            grids[r["policy"]] = [float(r["threshold"])]
+            one = frontier(test, c, verify_cost, max_gamma=max_gamma, grids=grids, learned=learned, gamma_c=gamma_c)
+            one = one[one["policy"] == r["policy"]]
+        rows.append(one.assign(speedup_train=float(r["speedup"])))
+    return pd.concat(rows, ignore_index=True)
