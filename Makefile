@@ -1,5 +1,6 @@
 # SPADE entry points. Two commands do everything on a fresh clone:
-#   make run   — set up .venv, build the embedded pair, execute every notebook, write figures/
+#   make run   — set up .venv, build the embedded and the real pair, execute every notebook (03-05 also on
+#                the real pair SmolLM2-135M-Instruct), write figures/
 #   make test  — set up .venv, run the unit tests and the notebooks (smoke profile) under nbval
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -42,6 +43,7 @@ run: venv
 	$(BIN)/python -m spade_lib.zoo default
 	$(BIN)/python -m spade_lib.zoo smollm2
 	$(BIN)/python -m spade_lib.runbook
+	$(BIN)/python -m spade_lib.runbook --only 03 04 05 --params params/smollm2
 
 test: venv
 	SPADE_PROFILE=smoke SPADE_FIGURES_DIR=$(TEST_OUT)/figures SPADE_RUNS_DIR=$(TEST_OUT) \
