@@ -34,14 +34,7 @@ TEXTS = [  # eight prompts of different lengths (1 to ~30 tokens)
 N_NEW = 24
 
 
-def perturbed(model, scale, seed=1):
-    """A draft that agrees with ``model`` often but not always: its weights plus Gaussian noise."""
-    d = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0.0))
-    return d
+from tests.test_decode import perturbed  # noqa: E402  (the same noisy-draft helper)
 
 
 @pytest.fixture(scope="module")

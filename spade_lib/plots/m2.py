@@ -18,17 +18,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from spade_lib.plots.palette import color_for, legend_outside, temperature_style
+from spade_lib.plots.m3 import _check  # one table check for every figure function
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
 SERIES_MARKERS = {"spade": "o", "hf_assisted": "*", "ngram": "^"}
 
 
-def _check(table: pd.DataFrame, columns: Sequence[str], name: str) -> None:
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise ValueError(f"{name}: table is missing column(s) {missing}")
-    if table.empty:
-        raise ValueError(f"{name}: table is empty")
 
 
 def _series_name(method: str, draft: str) -> str:
