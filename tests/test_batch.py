@@ -3,7 +3,6 @@ decoding (near ties classified by compare_greedy), sampled rows follow the exact
 against exact enumeration, p-value reported), a row's tokens do not depend on its batch-mates, and the
 holey caches equal a fresh prefill after rejections."""
 
-import copy
 import math
 
 import numpy as np
