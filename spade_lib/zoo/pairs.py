@@ -111,7 +111,7 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         if name == "smollm2":
             from spade_lib.zoo.smollm2 import load_smollm2
 
-            return load_smollm2(draft=draft, device=device, dtype=dtype, rebuild=rebuild)
+            return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild)
         if name not in PAIRS:
             raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
         config = get_config(name)

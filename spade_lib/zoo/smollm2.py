@@ -245,6 +245,7 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
 
 
 def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
+                 placement: dict | None = None,
                  config=None):
     """``load_pair("smollm2")``: the converted target and its drafts, loaded through the Auto classes.
 
@@ -264,7 +265,8 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
     default = draft if draft is not None else best
     if default not in refs:
         raise ValueError(f"draft: pair 'smollm2' has drafts {sorted(refs)}, not {default!r}")
-    pair = _load_models(str(target / "target"), refs, default, device=device, dtype=dtype,
+    placement = placement if placement is not None else {"device": device}
+    pair = _load_models(str(target / "target"), refs, default, placement=placement, dtype=dtype,
                         trust_remote_code=False, local_only=True)
     costs = dict(dm["costs"])
     pair.name, pair.path = "smollm2", drafts
