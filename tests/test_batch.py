@@ -33,7 +33,7 @@ TEXTS = [  # eight prompts of different lengths (1 to ~30 tokens)
 N_NEW = 24
 
 
-from tests.test_decode import perturbed  # noqa: E402  (the same noisy-draft helper)
+from tests.test_decode import llama, perturbed  # noqa: E402  (the same model helpers)
 
 
 @pytest.fixture(scope="module")
@@ -114,12 +114,7 @@ def test_adaptive_policy_gives_ragged_draft_lengths(rand_pair, tiny, prompts):
 
 def random_llama(vocab=128, seed=0, layers=2, hidden=32, init=0.3, max_pos=128):
     """A random Llama whose greedy continuations vary (the tiny pair's greedy text is one repeated token)."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_pos,
-                      initializer_range=init, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                      tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg).eval()
+    return llama(vocab=vocab, seed=seed, layers=layers, hidden=hidden, init=init, max_pos=max_pos)
 
 
 @pytest.fixture(scope="module")
