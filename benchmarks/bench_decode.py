@@ -60,6 +60,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from spade_lib import baselines, metrics, runner, timing  # noqa: E402
+from spade_lib.runs.costs import measure_costs  # noqa: E402
 from spade_lib.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.adaptive import AdaptiveGamma  # noqa: E402
 from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
@@ -143,57 +144,6 @@ class LoadMonitor:
         if self.stat0 is not None and stat1 is not None and stat1[1] > self.stat0[1]:
             others = max(0.0, ((stat1[0] - self.stat0[0]) - (own1 - self.own0)) / (stat1[1] - self.stat0[1]))
         return {"load_before": self.load_before, "load_after": self._loadavg(), "others_cores": others}
-
-
-# ------------------------------------------------------------------------------------------
-# costs
-
-
-@torch.inference_mode()
-def measure_costs(target: CausalLMAdapter, draft: CausalLMAdapter, max_gamma: int, context: int, clock,
-                  reps: int = 30, device=None) -> dict:
-    """Interleaved micro-benchmarks of the decoding adapters with a ``context``-token cache.
-
-    Per round: a 1-token target forward, each ``g+1``-token one (``g = 1 .. max_gamma``), a 1-token draft
-    forward (each followed by its rollback). ``r(g)`` and ``c`` are medians over rounds of the paired
-    ratios; the absolute medians are returned in seconds too."""
-    vocab = min(target.vocab_size, draft.vocab_size)
-    limit = min(x for x in (target.max_length, draft.max_length, context + max_gamma + 2) if x is not None)
-    ctx_len = max(1, limit - max_gamma - 2)
-    ids = torch.randint(0, vocab, (ctx_len + max_gamma + 1,), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(target.device)
-    target.prefill(ids[:ctx_len])
-    draft.prefill(ids[:ctx_len])
-    new = ids[ctx_len:]
-
-    def tfwd(k):
-        target.extend(new[:k], last_only=k == 1).argmax(-1)
-        target.rollback(ctx_len)
-
-    def dfwd():
-        draft.extend(new[:1], last_only=True).argmax(-1)
-        draft.rollback(ctx_len)
-
-    def timed(fn):
-        timing.synchronize(device)
-        t0 = clock()
-        fn()
-        timing.synchronize(device)
-        return clock() - t0
-
-    for _ in range(3):  # warm-up
-        tfwd(1), tfwd(max_gamma + 1), dfwd()
-    t1, tk, d1 = [], {g: [] for g in range(1, max_gamma + 1)}, []
-    for _ in range(reps):
-        t1.append(timed(lambda: tfwd(1)))
-        for g in tk:
-            tk[g].append(timed(lambda g=g: tfwd(g + 1)))
-        d1.append(timed(dfwd))
-    t1a = np.maximum(np.asarray(t1), 1e-9)
-    r = {g: float(np.median(np.asarray(v) / t1a)) for g, v in tk.items()}
-    c = float(np.median(np.asarray(d1) / t1a))
-    return {"c": c, "r": r, "t_target": float(np.median(t1)), "t_draft": float(np.median(d1)),
-            "t_verify": {g: float(np.median(v)) for g, v in tk.items()}, "context": ctx_len}
 
 
 # ------------------------------------------------------------------------------------------

@@ -323,7 +323,7 @@ def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: 
 
 
 def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFrame | None = None,
-                gamma: int | None = None) -> dict[str, float]:
+                gamma: int | None = None, costs: dict | None = None) -> dict[str, float]:
     """Every metric above for one run (or one category of it), as a flat dict.
 
     ``baseline`` (an autoregressive run over the same generations) adds the speedups (with their
@@ -334,6 +334,11 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     ``g c + r``: the model the measurement should meet, up to the decoder's per-step overheads), and
     the gaps ``fraction_of_prediction = speedup / predicted`` and ``gap = predicted - speedup``.
     Trace-based entries are NaN for runs that drafted nothing (baselines).
+
+    ``costs`` (the draft's :func:`spade_lib.runs.costs.measure_costs` table, paired micro-benchmarks)
+    supplies ``c`` and ``r = r(gamma)`` and prices each step at ``g_s c + r(g_s)``; the ratios from the
+    run's own step timings are then reported as ``c_trace`` and ``r_trace`` (they are normalised by the
+    AR run's time per token, prefill included, so they run low on short generations).
     """
     nan = float("nan")
     out: dict[str, float] = {
@@ -359,10 +364,21 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["estimators_disagree"] = float(boot["disagree"])
         out["c"] = cost_ratio(trace, baseline) if drafted else nan
         out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
+        r_step = None
+        if costs is not None and drafted and gamma is not None:
+            from spade_lib.runs.costs import verify_cost_fn
+
+            out["c_trace"], out["r_trace"] = out["c"], out["r"]
+            r_fn = verify_cost_fn(costs)
+            out["c"], out["r"] = float(costs["c"]), r_fn(gamma)
+            r_step = r_fn
         if drafted and gamma is not None:
             out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, out["c"])
             g = drafted_per_step(trace, summary)
-            r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
+            if r_step is not None:
+                r = np.array([r_step(x) for x in g])
+            else:
+                r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
             out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r)
             out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
             out["gap"] = out["predicted"] - out["speedup"]

@@ -209,10 +209,13 @@ def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
 
 
 def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunConfig, *,
-                  protocol: Protocol = Protocol(), by: str | None = None, traces: dict | None = None) -> pd.DataFrame:
+                  protocol: Protocol = Protocol(), by: str | None = None, traces: dict | None = None,
+                  costs: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per run (per run and ``by`` group, e.g. ``"category"``): its
     :func:`spade_lib.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
-    intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``."""
+    intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``. ``costs`` (draft name ->
+    :func:`spade_lib.runs.costs.pair_costs` entry) prices the predictions of SPADE runs with those
+    micro-benchmarked costs instead of the runs' step timings."""
     base = protocol.config(baseline)
     base_summary = runner.read_summary(run_dirs[base]) if base in run_dirs else None
     rows = []
@@ -224,7 +227,8 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
             (k, summ[summ[by] == k], tr[tr[by] == k] if len(tr) else tr, b[b[by] == k])
             for k in dict.fromkeys(summ[by])]
         for key, s_k, t_k, b_k in groups:
-            m = metrics.run_metrics(t_k, s_k, b_k, gamma=cfg.gamma if cfg.method == "spade" else None)
+            m = metrics.run_metrics(t_k, s_k, b_k, gamma=cfg.gamma if cfg.method == "spade" else None,
+                                    costs=(costs or {}).get(cfg.draft) if cfg.method == "spade" else None)
             row = {"config": cfg, "label": cfg.label, "method": cfg.method,
                    "draft": cfg.draft if cfg.method in ("spade", "hf_assisted") else "-",
                    "policy": cfg.policy if cfg.method == "spade" else "-",
