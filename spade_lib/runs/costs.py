@@ -14,7 +14,7 @@ the loop's per-token work: on short generations of long prompts that made ``r`` 
 :func:`spade_lib.metrics.run_metrics`, kept for comparison).
 
 :func:`pair_costs` measures each draft of a pair once and caches the result as JSON under
-``runs/costs/`` (keyed by pair, draft, device, dtype, threads, ``max_gamma`` and ``context``), so every
+``runs/costs/`` (keyed by pair and its folder, draft, device, dtype, threads, ``max_gamma`` and ``context``), so every
 notebook of one ``make run`` predicts from the same numbers.
 """
 
@@ -121,8 +121,8 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     target = None
     for name in dict.fromkeys(drafts):
         model = (getattr(pair, "drafts", {}) or {}).get(name)
-        key = dict(pair=pair.name, draft=name, device=str(device), dtype=dtype, threads=torch.get_num_threads(),
-                   max_gamma=int(max_gamma), context=int(context), reps=int(reps))
+        key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), draft=name, device=str(device), dtype=dtype,
+                   threads=torch.get_num_threads(), max_gamma=int(max_gamma), context=int(context), reps=int(reps))
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         path = paths.RUNS_DIR / "costs" / pair.name / f"{name}-{digest}.json"
         if cache and path.is_file():
