@@ -364,19 +364,18 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["estimators_disagree"] = float(boot["disagree"])
         out["c"] = cost_ratio(trace, baseline) if drafted else nan
         out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
-        r_step = None
+        r_fn = None
         if costs is not None and drafted and gamma is not None:
             from spade_lib.runs.costs import verify_cost_fn
 
-            out["c_trace"], out["r_trace"] = out["c"], out["r"]
             r_fn = verify_cost_fn(costs)
+            out["c_trace"], out["r_trace"] = out["c"], out["r"]
             out["c"], out["r"] = float(costs["c"]), r_fn(gamma)
-            r_step = r_fn
         if drafted and gamma is not None:
             out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, out["c"])
             g = drafted_per_step(trace, summary)
-            if r_step is not None:
-                r = np.array([r_step(x) for x in g])
+            if r_fn is not None:
+                r = np.array([r_fn(x) for x in g])
             else:
                 r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
             out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r)
