@@ -173,3 +173,34 @@ def test_bootstrap_speedup_intervals_and_disagreement():
         metrics.bootstrap_speedup(fast, ar, level=1.0)
     with pytest.raises(ValueError, match="by must be"):
         metrics.bootstrap_speedup(fast, ar, by="prompt")
+
+
+def test_bootstrap_resamples_rounds_within_prompts():
+    # two prompts, three rounds each: prompts alone give an interval that is only the gap between the
+    # two prompts' ratios; the rounds' own noise (here +-20 %) must widen it
+    ar = summary(["a", "b"], [32, 32], [2.0, 2.0]).assign(wall_times=[[2.0, 2.0, 2.0]] * 2)
+    noisy = [[1.0, 0.8, 1.2], [1.02, 0.82, 1.22]]
+    fast = summary(["a", "b"], [32, 32], [1.0, 1.02]).assign(wall_times=noisy)
+    one = metrics.bootstrap_speedup(fast, ar, n_boot=2000, rounds=False)
+    two = metrics.bootstrap_speedup(fast, ar, n_boot=2000)
+    assert one["rounds"] == 0 and two["rounds"] == 3 and two["units"] == 2
+    assert one["ratio_of_totals"] == two["ratio_of_totals"] == pytest.approx(4 / 2.02)
+    assert one["ratio_of_totals_high"] - one["ratio_of_totals_low"] < 0.05
+    assert two["ratio_of_totals_low"] < 1.8 and two["ratio_of_totals_high"] > 2.2
+    # rounds that all agree add nothing: the same interval as prompts alone (same seed, same draws)
+    steady = fast.assign(wall_times=[[1.0] * 3, [1.02] * 3])
+    same = metrics.bootstrap_speedup(steady, ar, n_boot=500)
+    plain = metrics.bootstrap_speedup(steady.drop(columns="wall_times"), ar, n_boot=500)
+    assert same["ratio_of_totals_low"] == pytest.approx(plain["ratio_of_totals_low"])
+    assert same["mean_of_ratios_high"] == pytest.approx(plain["mean_of_ratios_high"])
+    # paired rounds: a drift shared by method and baseline in one round cancels
+    drift = [[1.0, 1.5, 2.0], [1.0, 1.5, 2.0]]
+    ar_d = ar.assign(wall_times=[[2 * x for x in r] for r in drift])
+    fast_d = fast.assign(wall_times=drift)
+    d = metrics.bootstrap_speedup(fast_d, ar_d, n_boot=500)
+    assert d["ratio_of_totals_high"] - d["ratio_of_totals_low"] == pytest.approx(0.0, abs=1e-12)
+    # unequal round counts: prompts only
+    ragged = fast.assign(wall_times=[[1.0, 1.1], [1.0, 1.1, 0.9]])
+    assert metrics.bootstrap_speedup(ragged, ar, n_boot=50)["rounds"] == 0
+    with pytest.raises(ValueError, match="wall_times"):
+        metrics.bootstrap_speedup(fast.assign(wall_times=[[1.0, -1.0, 1.0]] * 2), ar, n_boot=50)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spade_lib import paths, protocol, runner, trace
+from spade_lib import metrics, paths, protocol, runner, trace
 from spade_lib.bench import Suite
 
 N_NEW = 10
@@ -66,6 +66,10 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     assert interleaved and (base["new_tokens"] == N_NEW).all()
     ar_summary = runner.read_summary(dirs[proto.config(ar)])
     assert base["wall_time"].tolist() == pytest.approx(ar_summary["wall_time"].tolist())
+    # every round of every member is kept, so the speedup's interval resamples rounds within prompts
+    assert base["wall_times"].tolist() == ar_summary["wall_times"].tolist()
+    assert s["session_wall_times"].map(lambda d: d[proto.config(g2).hash]).tolist() == s["wall_times"].tolist()
+    assert metrics.bootstrap_speedup(s, base, n_boot=50)["rounds"] == 3
 
     # a second session (another notebook): the finished AR run is re-timed, its folder left alone
     stamp = (dirs[proto.config(ar)] / "summary.jsonl").stat().st_mtime_ns

@@ -41,7 +41,8 @@ figures):
                                 same generations.
 ``speedup_mean_of_ratios``      ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``.
 ``bootstrap_speedup``           both speedups with percentile bootstrap intervals (prompts
-                                resampled) and a flag where the two intervals do not overlap.
+                                resampled, and each generation's timed rounds within them) and a
+                                flag where the two intervals do not overlap.
 ``cost_ratio``                  ``c_hat = (sum t_draft / n_drafted) / (sum wall_time_AR /
                                 sum new_tokens_AR)``: one draft forward relative to one
                                 autoregressive target step, both measured.
@@ -200,8 +201,28 @@ def speedup_mean_of_ratios(method: pd.DataFrame, baseline: pd.DataFrame) -> floa
     return float((tokens_per_second(m, True) / tokens_per_second(b, True)).mean())
 
 
+def _round_times(m: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-round times ``(G, R)`` of method and baseline when both frames carry ``wall_times`` with the
+    same number ``R >= 2`` of rounds for every generation; else None."""
+    if "wall_times" not in m.columns or "wall_times" not in b.columns:
+        return None
+    try:
+        tm = [np.asarray(x, dtype=np.float64).ravel() for x in m["wall_times"]]
+        tb = [np.asarray(x, dtype=np.float64).ravel() for x in b["wall_times"]]
+    except (TypeError, ValueError):
+        return None
+    lengths = {len(x) for x in tm + tb}
+    if len(lengths) != 1 or lengths.pop() < 2:
+        return None
+    tm, tb = np.stack(tm), np.stack(tb)
+    if not (np.isfinite(tm).all() and np.isfinite(tb).all() and (tm > 0).all() and (tb > 0).all()):
+        raise ValueError("method/baseline: wall_times must be finite and positive")
+    return tm, tb
+
+
 def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95,
-                      seed: int = 0, by: str | None = "question_id") -> dict[str, float | bool]:
+                      seed: int = 0, by: str | None = "question_id", rounds: bool = True
+                      ) -> dict[str, float | bool]:
     """Speedup of ``method`` over ``baseline`` with percentile bootstrap intervals.
 
     The unit resampled is the prompt (``by="question_id"``: all samples of a prompt move together,
@@ -212,6 +233,18 @@ def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: i
     - ``mean_of_ratios`` ``= mean_g (N_m,g / t_m,g) / (N_b,g / t_b,g)`` (every generation weighs 1),
 
     and ``*_low`` / ``*_high`` are the ``(1 - level) / 2`` and ``(1 + level) / 2`` quantiles.
+
+    **Two levels** (``rounds=True``, the default, when both frames carry ``wall_times``: every
+    generation's ``R >= 2`` timed rounds, paired by round as :mod:`spade_lib.runs.protocol` times them,
+    round ``k`` of every session member one after the other): each resample also redraws ``R`` round
+    indices for every drawn copy of a generation, with replacement and the same indices for method
+    and baseline (the usual two-stage bootstrap: clusters, then units within each drawn cluster), and uses
+    the medians of the redrawn rounds as ``t_m,g`` and ``t_b,g`` (the point estimate uses the medians
+    of all rounds, ``wall_time``). The interval then carries the round-to-round timing noise as well as
+    the prompt-to-prompt spread; with prompts alone, a suite of two prompts has three distinct
+    resamples and an "interval" that is only the gap between two prompts' ratios. ``rounds`` in the
+    result is ``R`` (0 when only prompts were resampled).
+
     ``disagree`` is True when the two intervals do not overlap: the estimators then answer different
     questions on these data (a few generations with unusual timings dominate one of them), and a
     single number should not be reported without saying which.
@@ -234,23 +267,40 @@ def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: i
             raise ValueError(f"by must be None or one of {GENERATION_KEYS}, got {by!r}")
         unit = pd.factorize(m.index.get_level_values(by))[0]
     n_units = int(unit.max()) + 1
-    # per-unit sums, so a resample of units is a weighted sum (weights = multiplicities)
-    sums = np.zeros((5, n_units))
-    for row, values in enumerate((nm, tm, nb, tb, ratio)):
-        np.add.at(sums[row], unit, values)
-    counts = np.bincount(unit, minlength=n_units).astype(np.float64)
+    per_round = _round_times(m, b) if rounds else None
+    n_rounds = 0 if per_round is None else per_round[0].shape[1]
+    rm, rb = per_round if per_round is not None else (tm[:, None], tb[:, None])
+    # unit u's generations, padded with a dummy generation G (weight 0): members[u, k]
+    G = len(nm)
+    counts = np.bincount(unit, minlength=n_units)
+    order = np.argsort(unit, kind="stable")
+    members = np.full((n_units, int(counts.max())), G)
+    members[unit[order], np.arange(G) - np.repeat(np.cumsum(counts) - counts, counts)] = order
+    nm_p, nb_p = np.append(nm, 1.0), np.append(nb, 1.0)
+    rm_p, rb_p = np.vstack([rm, np.ones((1, rm.shape[1]))]), np.vstack([rb, np.ones((1, rb.shape[1]))])
     rng = np.random.default_rng(seed)
-    w = rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=n_boot).astype(np.float64)
-    s = w @ sums.T  # (n_boot, 5)
-    rot = (s[:, 0] / s[:, 1]) / (s[:, 2] / s[:, 3])
-    mor = s[:, 4] / (w @ counts)
+    rot, mor = np.empty(n_boot), np.empty(n_boot)
+    chunk = max(1, 2_000_000 // members.size // rm.shape[1])
+    for i in range(0, n_boot, chunk):
+        k = min(chunk, n_boot - i)
+        gens = members[rng.integers(0, n_units, size=(k, n_units))]  # (k, U, width): prompts drawn
+        # every drawn copy of a generation redraws its R rounds (same indices for method and baseline)
+        pick = rng.integers(0, rm.shape[1], size=gens.shape + (rm.shape[1],))
+        t_m = np.median(rm_p[gens[..., None], pick], axis=-1)
+        t_b = np.median(rb_p[gens[..., None], pick], axis=-1)
+        valid = gens < G
+        n_m, n_b = np.where(valid, nm_p[gens], 0.0), np.where(valid, nb_p[gens], 0.0)
+        rot[i:i + k] = ((n_m.sum((1, 2)) / np.where(valid, t_m, 0.0).sum((1, 2)))
+                        / (n_b.sum((1, 2)) / np.where(valid, t_b, 0.0).sum((1, 2))))
+        mor[i:i + k] = (np.where(valid, (nm_p[gens] / t_m) / (nb_p[gens] / t_b), 0.0).sum((1, 2))
+                        / valid.sum((1, 2)))
     lo, hi = (1 - level) / 2, (1 + level) / 2
     out: dict[str, float | bool] = {
         "ratio_of_totals": float((nm.sum() / tm.sum()) / (nb.sum() / tb.sum())),
         "ratio_of_totals_low": float(np.quantile(rot, lo)), "ratio_of_totals_high": float(np.quantile(rot, hi)),
         "mean_of_ratios": float(ratio.mean()),
         "mean_of_ratios_low": float(np.quantile(mor, lo)), "mean_of_ratios_high": float(np.quantile(mor, hi)),
-        "units": float(n_units), "level": float(level),
+        "units": float(n_units), "rounds": float(n_rounds), "level": float(level),
     }
     out["disagree"] = bool(out["ratio_of_totals_high"] < out["mean_of_ratios_low"]
                            or out["mean_of_ratios_high"] < out["ratio_of_totals_low"])
@@ -327,7 +377,8 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     """Every metric above for one run (or one category of it), as a flat dict.
 
     ``baseline`` (an autoregressive run over the same generations) adds the speedups (with their
-    bootstrap intervals and the ``disagree`` flag of :func:`bootstrap_speedup`), the measured cost
+    bootstrap intervals, the numbers of prompts and of rounds resampled, ``speedup_prompts`` and
+    ``speedup_rounds``, and the ``disagree`` flag of :func:`bootstrap_speedup`), the measured cost
     ratio ``c`` and verify-cost ratio ``r``, and two predictions from the measured ``alpha``:
     ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says)
     and ``predicted`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
@@ -362,6 +413,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["speedup_mean_of_ratios_low"] = boot["mean_of_ratios_low"]
         out["speedup_mean_of_ratios_high"] = boot["mean_of_ratios_high"]
         out["estimators_disagree"] = float(boot["disagree"])
+        out["speedup_prompts"], out["speedup_rounds"] = boot["units"], boot["rounds"]
         out["c"] = cost_ratio(trace, baseline) if drafted else nan
         out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
         r_fn = None

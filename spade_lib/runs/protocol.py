@@ -13,12 +13,14 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    session. When its run already exists (another notebook made it), it is re-timed in the new
    session and those times are kept with the new runs only; its own run folder is not touched.
 4. **Pairing**: every summary row of a session run carries ``session`` (its id) and
-   ``session_wall_time`` / ``session_new_tokens``: the same generation's median time and token count
-   for *every* member of the session (keyed by config hash). :func:`paired_baseline` builds the
+   ``session_wall_time`` / ``session_wall_times`` / ``session_new_tokens``: the same generation's
+   median time, its time in every round and its token count for *every* member of the session
+   (keyed by config hash). :func:`paired_baseline` builds the
    baseline a run was interleaved with from its own rows, so a run's speedup is one number
    wherever it is read (notebooks 03 and 05 read the same rows).
 5. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
-   (:func:`spade_lib.metrics.bootstrap_speedup`, prompts resampled) and the flag where they disagree.
+   (:func:`spade_lib.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
+   rounds, paired across the session) and the flag where they disagree.
 
 Each configuration's run folder is the runner's usual one (``runner.run_dir_for``): traces, the
 untimed recorded pass and its token checks are those of :func:`spade_lib.runner.timed_generation`.
@@ -172,6 +174,7 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
                     ids[c], c, seed, device)
                 checked[c] = gen
             partners_t = {c.hash: medians[c].median for c in session}
+            partners_rounds = {c.hash: list(medians[c].times) for c in session}
             partners_n = {c.hash: len(checked[c].output_ids) for c in session}
             for c in need:
                 gen = checked[c]
@@ -179,7 +182,8 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
                     records[c].append({"prompt_id": str(row["question_id"]), "category": row["category"],
                                        "sample": sample, **r})
                 s = runner._summary_row(row, sample, seed, ids[c], gen, medians[c])
-                s.update(session=sid, session_wall_time=partners_t, session_new_tokens=partners_n)
+                s.update(session=sid, session_wall_time=partners_t, session_wall_times=partners_rounds,
+                         session_new_tokens=partners_n)
                 summaries[c].append(s)
         for c in need:
             trace.write_shard(records[c], shards[c], {**identities[c], "summary": summaries[c]})
@@ -193,7 +197,8 @@ def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
     """The baseline generations ``summary``'s run was timed with: ``(frame, interleaved)``.
 
     From the run's own ``session_*`` columns when every row holds ``baseline``'s times
-    (``interleaved=True``); otherwise ``baseline_summary`` (a separately timed run,
+    (``interleaved=True``; with the baseline's per-round ``wall_times`` when the rows hold them);
+    otherwise ``baseline_summary`` (a separately timed run,
     ``interleaved=False``: its speedup mixes two moments of the machine)."""
     h = baseline.hash
     if "session_wall_time" in summary.columns and summary["session_wall_time"].map(
@@ -201,6 +206,16 @@ def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
         frame = summary[["question_id", "category", "sample"]].copy()
         frame["wall_time"] = summary["session_wall_time"].map(lambda d: d[h]).astype(float)
         frame["new_tokens"] = summary["session_new_tokens"].map(lambda d: d[h]).astype(int)
+        if "session_wall_times" in summary.columns and summary["session_wall_times"].map(
+                lambda d: isinstance(d, dict) and h in d).all():
+            frame["wall_times"] = summary["session_wall_times"].map(lambda d: list(d[h]))
+        elif baseline_summary is not None and {"session", "wall_times"} <= set(baseline_summary.columns):
+            # runs written before session_wall_times: the baseline's own rounds, if timed in this session
+            keys = ["question_id", "sample", "session"]
+            own = baseline_summary[keys + ["wall_times"]]
+            merged = frame.assign(session=summary["session"].to_numpy()).merge(own, on=keys, how="left")
+            if len(merged) == len(frame) and merged["wall_times"].map(lambda x: isinstance(x, list)).all():
+                frame["wall_times"] = merged["wall_times"].to_numpy()
         return frame, True
     if baseline_summary is None:
         raise ValueError(f"summary: its rows hold no times of baseline {baseline.label} and no "
