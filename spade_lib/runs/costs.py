@@ -33,7 +33,7 @@ from spade_lib.runs import timing
 
 __all__ = ["MIN_GAMMA", "measure_costs", "pair_costs", "verify_cost_fn"]
 
-MIN_GAMMA = 8  # pair_costs measures r(g) at least up to this g
+MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
 
 @torch.inference_mode()
