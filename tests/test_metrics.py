@@ -120,6 +120,7 @@ def test_run_metrics_collects_everything():
     ar = summary(["a", "b"], [7, 1], [1.0, 0.2])
     m = metrics.run_metrics(t, s, ar, gamma=3)
     assert m["alpha"] == pytest.approx(5 / 7) and m["tau"] == pytest.approx(8 / 3)
+    assert (m["accepted"], m["judged"]) == (5, 7)  # the counts behind alpha
     assert m["speedup"] == pytest.approx(2.0) and m["mean_gamma"] == 3
     assert m["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c"]))
     assert m["predicted"] == pytest.approx(m["predicted_thm38"])  # every step drafted 3, r unmeasured (0 s)

@@ -62,6 +62,7 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     assert len(s) == 3 and (s["wall_times"].map(len) == 3).all()
     assert s["session"].nunique() == 1
     assert set(s["session_wall_time"].iloc[0]) == {proto.config(ar).hash, proto.config(g2).hash}
+    assert protocol.interleaved_with(s, proto.config(ar)) and not protocol.interleaved_with(s, cfg(method="hf"))
     base, interleaved = protocol.paired_baseline(s, proto.config(ar))
     assert interleaved and (base["new_tokens"] == N_NEW).all()
     ar_summary = runner.read_summary(dirs[proto.config(ar)])

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from spade_lib.runs import protocol, runner
+from spade_lib.runs.costs import read_costs
 
 __all__ = ["compare", "main", "speedups"]
 
@@ -30,18 +31,8 @@ KEYS = ["pair", "suite", "run", "baseline"]
 
 
 def _costs(folder: Path) -> dict[str, dict]:
-    out = {}
-    for f in sorted(folder.glob("*.json")):
-        d = json.loads(f.read_text(encoding="utf-8"))
-        d["r"] = {int(k): v for k, v in d["r"].items()}
-        out[d["key"]["draft"]] = d
-    return out
-
-
-def _timed_with(run_dir: Path, baseline: runner.RunConfig) -> bool:
-    s = runner.read_summary(run_dir)
-    return "session_wall_time" in s.columns and bool(
-        s["session_wall_time"].map(lambda d: isinstance(d, dict) and baseline.hash in d).all())
+    tables = (read_costs(f) for f in sorted(folder.glob("*.json")))
+    return {t["key"]["draft"]: t for t in tables}
 
 
 def speedups(runs: str | Path) -> pd.DataFrame:
@@ -59,16 +50,17 @@ def speedups(runs: str | Path) -> pd.DataFrame:
                 config = json.loads(meta.read_text(encoding="utf-8"))["config"]
                 dirs[runner.RunConfig(**config)] = meta.parent
         costs = _costs(runs / "costs" / suite_dir.parent.name)
+        summaries = {c: runner.read_summary(d) for c, d in dirs.items()}
         for ar in (c for c in dirs if c.method == "ar"):
             members = {c: d for c, d in dirs.items() if c == ar or (
-                c.method != "ar" and c.temperature == ar.temperature and _timed_with(d, ar))}
+                c.method != "ar" and c.temperature == ar.temperature and protocol.interleaved_with(summaries[c], ar))}
             proto = protocol.Protocol(warmup=ar.warmup, repeats=ar.repeats)
             t = protocol.speedup_table(members, ar, protocol=proto, costs=costs)
             t = t.assign(pair=suite_dir.parent.name, suite=suite_dir.name, baseline=ar.label,
                          run=[members[c].name for c in t["config"]])
             hf = [c for c in members if c.method == "hf"]
             for i in t.index[t["method"] == "hf_assisted"]:
-                if hf and _timed_with(members[t.at[i, "config"]], hf[0]):
+                if hf and protocol.interleaved_with(summaries[t.at[i, "config"]], hf[0]):
                     b = protocol.speedup_over(members[t.at[i, "config"]], hf[0], protocol=proto)
                     t.loc[i, ["vs_hf", "vs_hf_low", "vs_hf_high"]] = [
                         b["ratio_of_totals"], b["ratio_of_totals_low"], b["ratio_of_totals_high"]]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from spade_lib import paths
 from spade_lib.io import write_json
 from spade_lib.runs import timing
 
-__all__ = ["MIN_GAMMA", "measure_costs", "pair_costs", "verify_cost_fn"]
+__all__ = ["MIN_GAMMA", "measure_costs", "pair_costs", "read_costs", "verify_cost_fn"]
 
 MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
@@ -106,6 +107,14 @@ def verify_cost_fn(costs: dict) -> Callable[[int], float]:
     return r
 
 
+def read_costs(path) -> dict:
+    """A cost table :func:`pair_costs` cached as JSON, with its ``r`` and ``t_verify`` keyed by int ``g``."""
+    saved = json.loads(Path(path).read_text(encoding="utf-8"))
+    saved["r"] = {int(g): v for g, v in saved["r"].items()}
+    saved["t_verify"] = {int(g): v for g, v in saved["t_verify"].items()}
+    return saved
+
+
 def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 128, reps: int = 20,
                cache: bool = True, progress: bool = False) -> dict[str, dict]:
     """:func:`measure_costs` for each draft of ``pair`` (a pair draft model or a registered model-free
@@ -126,10 +135,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         path = paths.RUNS_DIR / "costs" / pair.name / f"{name}-{digest}.json"
         if cache and path.is_file():
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            saved["r"] = {int(g): v for g, v in saved["r"].items()}
-            saved["t_verify"] = {int(g): v for g, v in saved["t_verify"].items()}
-            out[name] = saved
+            out[name] = read_costs(path)
             continue
         target = target or CausalLMAdapter(pair.target)
         got = measure_costs(target, CausalLMAdapter(model) if model is not None else None, int(max_gamma),

@@ -398,6 +398,8 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     }
     drafted = len(trace) > 0 and bool(trace["reached"].any())
     out["alpha"] = acceptance_rate(trace) if drafted else nan
+    out["accepted"] = float(trace["accepted"].sum()) if drafted else nan  # alpha = accepted / judged
+    out["judged"] = float(trace["reached"].sum()) if drafted else nan
     out["alpha_expected"] = expected_acceptance_rate(trace) if drafted else nan
     has_steps = "accept_lengths" in summary.columns and summary["accept_lengths"].map(len).sum() > 0
     out["tau"] = mean_accepted_length(summary) if has_steps else nan

@@ -192,6 +192,12 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
     return dirs
 
 
+def interleaved_with(summary: pd.DataFrame, baseline: runner.RunConfig) -> bool:
+    """Whether every row of ``summary`` holds ``baseline``'s times (the two were timed in one session)."""
+    return "session_wall_time" in summary.columns and bool(
+        summary["session_wall_time"].map(lambda d: isinstance(d, dict) and baseline.hash in d).all())
+
+
 def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
                     baseline_summary: pd.DataFrame | None = None) -> tuple[pd.DataFrame, bool]:
     """The baseline generations ``summary``'s run was timed with: ``(frame, interleaved)``.
@@ -201,8 +207,7 @@ def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
     otherwise ``baseline_summary`` (a separately timed run,
     ``interleaved=False``: its speedup mixes two moments of the machine)."""
     h = baseline.hash
-    if "session_wall_time" in summary.columns and summary["session_wall_time"].map(
-            lambda d: isinstance(d, dict) and h in d).all():
+    if interleaved_with(summary, baseline):
         frame = summary[["question_id", "category", "sample"]].copy()
         frame["wall_time"] = summary["session_wall_time"].map(lambda d: d[h]).astype(float)
         frame["new_tokens"] = summary["session_new_tokens"].map(lambda d: d[h]).astype(int)
