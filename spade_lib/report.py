@@ -524,6 +524,15 @@ def render_index(summary: dict, figures: list[str]) -> str:
 
 # ---------------------------------------------------------------------------------- writing
 
+def _with_backlink(page: str, href: str) -> str:
+    """``page`` with a link to the report's index right after ``<body ...>``."""
+    at = page.find("<body")
+    end = page.find(">", at) + 1 if at >= 0 else 0
+    link = (f'<p style="font:13px system-ui,sans-serif;margin:8px 16px"><a href="{html.escape(href)}">'
+            "&larr; SPADE run report</a></p>")
+    return page[:end] + link + page[end:]
+
+
 def write_html(summary: dict, run_dir: Path) -> Path:
     """Every notebook of the summary as ``run_dir/report/...html`` (nbconvert's lab template, images
     embedded), the figures copied to ``report/figures/``, and ``report/index.html``."""
@@ -540,7 +549,8 @@ def write_html(summary: dict, run_dir: Path) -> Path:
             summary["errors"].append(f"{n['file']}: not converted to HTML ({type(e).__name__}: {e})")
             n["html"] = None
             continue
-        write_text(run_dir / n["html"], body)
+        up = "../" * (n["html"].count("/") - 1)
+        write_text(run_dir / n["html"], _with_backlink(body, f"{up}index.html"))
     figures = []
     for f in map(Path, summary["figures"]):
         if f.is_absolute():

@@ -165,6 +165,7 @@ def test_html_report(run):
             page = run / "report" / part / f"{nb}.html"
             assert f'href="{part}/{nb}.html"' in index
             assert "data:image/png;base64," in page.read_text()  # the figure is in the page itself
+            assert 'href="../index.html"' in page.read_text()
     assert 'src="figures/m2_speedup_runs-smollm2.png"' in index and "old_figure" not in index
     assert (run / "report" / "figures" / "m2_speedup_runs.png").read_bytes() == png_bytes()
     assert "2.55x [2.31, 2.80]" in index and "null-draft control" in index
@@ -232,7 +233,9 @@ def test_runbook_record_and_report(tmp_path, monkeypatch, capsys):
     assert all(n["status"] == "ok" and n["seconds"] >= 0 for n in record["notebooks"]) and record["status"] == "ok"
     assert record["profile"] == "default" and record["only"] == ["01", "02"] and record["finished"]
     assert record["machine"]["threads"] >= 1 and "commit" in record
-    assert (out / "summary.json").is_file() and (out / "report" / "index.html").is_file()
+    assert (out / "summary.json").is_file() and 'href="02_m2_acceptance_math.html"' in (
+        out / "report" / "index.html").read_text()
+    assert 'href="index.html"' in (out / "report" / "02_m2_acceptance_math.html").read_text()
     assert "HTML report:" in capsys.readouterr().out
 
     def boom(*a, **k):
