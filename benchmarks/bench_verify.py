@@ -26,7 +26,7 @@ import argparse
 
 import torch
 
-from spade_lib.timing import fix_threads, measure, resolve_device
+from spade_lib.runs.timing import fix_threads, measure, resolve_device
 from spade_lib.verify import verify, verify_reference
 
 

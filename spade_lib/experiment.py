@@ -15,7 +15,7 @@ defined here only: a name ending in ``.jsonl`` is a path (relative paths are rel
 01 wrote it; otherwise the name of an M1 source (``spade_lib.bench.named_source``: ``"embedded"``,
 ``"humaneval"`` once registered, ...) built in memory with the pair's tokenizer.
 
-``device="auto"`` is resolved here (and again by :class:`spade_lib.runner.RunConfig`), so two
+``device="auto"`` is resolved here (and again by :class:`spade_lib.runs.runner.RunConfig`), so two
 notebooks that ask for ``"auto"`` and ``"cpu"`` on a CPU machine hash to the same runs.
 """
 

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import paths, protocol, runner
+from spade_lib import paths
+from spade_lib.runs import protocol, runner
 from spade_lib.runs import compare
 from test_protocol import cfg, mini_suite
 

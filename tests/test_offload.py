@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import runner, trace
+from spade_lib.runs import runner, trace
 from spade_lib.bench import Suite
 from spade_lib.zoo.pairs import first_device
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spade_lib import metrics, paths, protocol, runner, trace
+from spade_lib import paths
+from spade_lib.runs import metrics, protocol, runner, trace
 from spade_lib.bench import Suite
 
 N_NEW = 10

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from spade_lib import policies, replay, rules, trace
+from spade_lib import rules
+from spade_lib.decoding import policies
+from spade_lib.runs import trace
+from spade_lib.whatif import replay
 from spade_lib.verify import verify
 
 
@@ -70,8 +73,8 @@ def test_toy_policy_by_name(toys):
 
 def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
     from spade_lib.bench import default_suite
-    from spade_lib.runner import RunConfig, run_suite
-    from spade_lib.trace import read_trace
+    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.trace import read_trace
     from spade_lib.zoo import load_pair
 
     pair = load_pair("tiny")

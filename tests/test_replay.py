@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import replay
+from spade_lib.whatif import replay
 from spade_lib.measures import entropy, tv
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold
 from spade_lib.verify import verify
 
 V = 12
@@ -222,8 +222,8 @@ def tiny_runs(tmp_path_factory):
     """Runs of the tiny pair on a small embedded suite: fixed gamma 6 (the trace to replay), fixed
     gamma 2, and a confidence policy, all at temperature 1 with top-k slices recorded."""
     from spade_lib.bench import default_suite
-    from spade_lib.runner import RunConfig, run_suite
-    from spade_lib.trace import read_trace
+    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.trace import read_trace
     from spade_lib.zoo import load_pair
 
     pair = load_pair("tiny")

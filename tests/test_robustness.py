@@ -20,10 +20,12 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import align, paths, replay, runbook, runner, theory, trace, validate
+from spade_lib import paths, runbook, theory, validate
+from spade_lib.runs import runner, trace
+from spade_lib.whatif import align, replay
 from spade_lib.bench import Suite
 from spade_lib.params import ParameterError, check_range, parse_parameters_cell, resolve
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.verify import verify
 
@@ -292,7 +294,7 @@ def test_shard_locked_by_another_process_is_not_computed_twice(pair, sandbox):
 TWO_PROCESS_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
-    from spade_lib import runner
+    from spade_lib.runs import runner
     from spade_lib.bench import Suite
     from spade_lib.zoo import load_pair
     run_dir, log, go = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -330,7 +332,7 @@ def test_two_processes_share_a_run_without_duplicates(sandbox):
 
 @pytest.fixture(scope="module")
 def decoders(pair):
-    from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 
     return (SpeculativeDecoder(pair.target, pair.draft, gamma=2, tokenizer=pair.tokenizer),
             AutoregressiveDecoder(pair.target, tokenizer=pair.tokenizer))
@@ -357,7 +359,7 @@ def test_decoder_prompt_ids(decoders, which, prompt, exc):
     (dict(mode="exact", lenience=0.5), ValueError, "lenience"),
 ])
 def test_decoder_construction(pair, kw, exc, name):
-    from spade_lib.decode import SpeculativeDecoder
+    from spade_lib.decoding.decode import SpeculativeDecoder
 
     refused(exc, name, SpeculativeDecoder, pair.target, pair.draft, gamma=2, **kw)
 
@@ -505,7 +507,7 @@ def test_runbook_cli_exits_cleanly(sandbox, capsys):
 ])
 def test_score_sequences(pair, seqs, exc, name):
     if seqs == "too_long":
-        from spade_lib.adapter import context_limit
+        from spade_lib.decoding.adapter import context_limit
 
         seqs = [[1] * (context_limit(pair.target) + 1)]
     refused(exc, name, align.score_sequences, pair.target, pair.draft, seqs)

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import paths, runner, trace
+from spade_lib import paths
+from spade_lib.runs import runner, trace
 from spade_lib.bench import Suite
 
 N_NEW = 12
@@ -124,7 +125,7 @@ def test_kill_9_then_resume_equals_uninterrupted(pair, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from spade_lib import runner
+        from spade_lib.runs import runner
         from spade_lib.zoo import load_pair
         from tests.test_runner import cfg, mini_suite
         pair = load_pair("tiny")
@@ -174,7 +175,7 @@ def test_run_dir_for_and_config_hash(monkeypatch):
 
 
 def test_policy_and_mode_options():
-    from spade_lib.policies import ConfidenceThreshold, FixedGamma
+    from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma
 
     assert cfg(gamma=3).make_policy() == FixedGamma(3)
     c = cfg(policy="confidence", threshold=0.3, max_gamma=5)

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import metrics, runner
+from spade_lib.runs import metrics, runner
 from spade_lib.bench import MT_BENCH_CATEGORIES, Suite, read_specbench_answers, write_specbench_answers
 from spade_lib.bench import specbench
 

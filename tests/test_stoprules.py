@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spade_lib import replay, stoprules
+from spade_lib.whatif import replay, stoprules
 
 
 def planted_trace(n_steps=600, gamma=6, seed=0):

@@ -93,7 +93,7 @@ def test_validation(call, match):
 
 
 def test_cost_model_takes_a_number_or_a_callable():
-    from spade_lib import replay
+    from spade_lib.whatif import replay
     from spade_lib.theory import linear_verify_cost, pair_costs, step_cost, verify_cost_at
 
     r = linear_verify_cost(1.5, 4)

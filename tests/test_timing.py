@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from spade_lib import timing
+from spade_lib.runs import timing
 
 
 def test_measure_runs_warmup_then_repeats():

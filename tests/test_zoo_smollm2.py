@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.adapter import CausalLMAdapter
-from spade_lib.decode import SpeculativeDecoder
-from spade_lib.divergence import compare_greedy
-from spade_lib.drafters import NGramDrafter
+from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.decode import SpeculativeDecoder
+from spade_lib.decoding.divergence import compare_greedy
+from spade_lib.decoding.drafters import NGramDrafter
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo.cache import verify_entry
 from spade_lib.zoo.distill import DistillConfig

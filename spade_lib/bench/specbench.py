@@ -251,7 +251,7 @@ class SpecBenchAnswers:
     ``overall``: ``generations``, ``steps``, ``tau`` (mean accepted length with the bonus token,
     pooled over steps; NaN without steps), ``tokens_per_s`` (mean per answer, speed.py's) and, with a
     baseline, ``baseline_tokens_per_s``, ``speedup`` (speed.py's ratio of means),
-    ``speedup_ratio_of_totals`` and ``speedup_mean_of_ratios`` (SPADE's two, :mod:`spade_lib.metrics`).
+    ``speedup_ratio_of_totals`` and ``speedup_mean_of_ratios`` (SPADE's two, :mod:`spade_lib.runs.metrics`).
     ``accept_length``: per category and ``overall``, the distribution of accepted lengths ``L = n + 1``
     (``accept_length``, ``n_accepted = L - 1``, ``steps``, ``fraction = P(L = k)``,
     ``survival = P(L >= k)``), zero counts kept; the columns of

@@ -1,12 +1,12 @@
-"""The run command line: one :class:`~spade_lib.runner.RunConfig` over one suite, in one process or
+"""The run command line: one :class:`~spade_lib.runs.runner.RunConfig` over one suite, in one process or
 sharded over several::
 
-    python -m spade_lib.runner --config params/cli/tiny.yaml --out runs/cli/tiny
-    torchrun --nproc-per-node 8 -m spade_lib.runner --config params/cli/qwen2.5_0.5b_7b.yaml --out runs/cli/qwen
-    accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runner --config ... --out ...
-    python -m spade_lib.runner --config ... --out DIR --merge   # after ranks launched as separate jobs
+    python -m spade_lib.runs.cli --config params/cli/tiny.yaml --out runs/cli/tiny
+    torchrun --nproc-per-node 8 -m spade_lib.runs.cli --config params/cli/qwen2.5_0.5b_7b.yaml --out runs/cli/qwen
+    accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runs.cli --config ... --out ...
+    python -m spade_lib.runs.cli --config ... --out DIR --merge   # after ranks launched as separate jobs
 
-The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runner.RunConfig`
+The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runs.runner.RunConfig`
 fields plus:
 
 =================  ==========================================================================
@@ -25,7 +25,7 @@ fields plus:
 
 Under ``torchrun`` / ``accelerate launch`` each process takes the prompts ``rows[rank::world_size]``
 and, on GPUs, the device ``cuda:LOCAL_RANK`` (``device: cuda`` or ``auto`` in the YAML); rank 0 merges
-after a barrier and prints the summary (``spade_lib.launch``). The run folder is the same as a
+after a barrier and prints the summary (``spade_lib.runs.launch``). The run folder is the same as a
 one-process run's, whatever the number of processes (only the measured timings differ).
 """
 
@@ -217,7 +217,7 @@ def merge_only(spec: RunSpec, run_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """Run (or merge) the YAML's run; return the summary on rank 0 (``None`` on other ranks)."""
-    parser = argparse.ArgumentParser(prog="python -m spade_lib.runner", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m spade_lib.runs.cli", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="run YAML (RunConfig fields, pair, suite, ...)")
     parser.add_argument("--out", help="run folder (default: runs/traces/<pair>/<suite key>/<label>-<hash>)")

@@ -13,7 +13,7 @@ A speedup is a ratio of two timings, so both must be taken the same way:
 - **Device synchronisation.** CUDA kernels run asynchronously; every clock read on a CUDA device
   is preceded by ``torch.cuda.synchronize``, otherwise a timer measures only the kernel launches.
 - **Same token counting.** Throughput is ``new_tokens / seconds`` with ``new_tokens`` the tokens
-  emitted after the prompt, for the baseline and the method alike (``spade_lib.metrics``).
+  emitted after the prompt, for the baseline and the method alike (``spade_lib.runs.metrics``).
 - **Fingerprint.** ``environment_fingerprint()`` records the CPU model, core counts, thread counts,
   GPU, library versions and the git commit (with a dirty flag), stored in every run's metadata.
 """

@@ -1,6 +1,6 @@
 """What-if replay of a stored trace: other acceptance rules and other stop rules, without a model.
 
-A trace (``spade_lib.trace``) keeps, for every drafted token ``x_i`` of every block, ``p(x_i)``,
+A trace (``spade_lib.runs.trace``) keeps, for every drafted token ``x_i`` of every block, ``p(x_i)``,
 ``q(x_i)``, the uniform ``u_i`` the verifier drew, ``H(p)`` and the draft's confidence. That is
 enough to re-decide each block under another rule. Notation: Leviathan et al. (2023).
 
@@ -48,12 +48,12 @@ NaN (deterministic modes), only the expected values are given. ``one_hot_q`` and
 The **expected** tokens of a block under a rule (Rao-Blackwellised over the uniforms, lower variance)
 is ``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``.
 
-**Stop rules** are the draft-length policies of :mod:`spade_lib.policies` (``get_policy(name, ...)``;
+**Stop rules** are the draft-length policies of :mod:`spade_lib.decoding.policies` (``get_policy(name, ...)``;
 :class:`StopRule` is the older spelling). From a trace recorded with a fixed, generous ``gamma =
 max_gamma``, a policy that would have drafted only ``g <= max_gamma`` tokens of a block sees the same
 first ``g`` drafts, the same ``p``, ``q`` and uniforms (the context of position ``i`` only holds
 earlier positions), so its accepted length is exactly ``min(n, g)``. ``g`` comes from the policy's
-vectorised replay form (:meth:`spade_lib.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
+vectorised replay form (:meth:`spade_lib.decoding.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
 ``confidence`` keeps drafting while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <=
 threshold``: ``g = 1 + #leading kept positions`` (capped at ``max_gamma``).
 
@@ -375,13 +375,13 @@ def _as_policy(rule: _policies.Policy | StopRule) -> _policies.Policy:
     if isinstance(rule, StopRule):
         return rule.to_policy()
     if not isinstance(rule, _policies.Policy):
-        raise ValueError(f"rule: expected a spade_lib.policies.Policy (or StopRule), got {type(rule).__name__}")
+        raise ValueError(f"rule: expected a spade_lib.decoding.policies.Policy (or StopRule), got {type(rule).__name__}")
     return rule
 
 
 def blocks_used(trace: pd.DataFrame, rule: _policies.Policy | StopRule) -> tuple[pd.DataFrame, np.ndarray]:
     """Steps of ``trace`` and the number of tokens ``g`` that the policy ``rule`` would have drafted
-    in each (its vectorised replay form, :meth:`spade_lib.policies.Policy.replay_gamma`)."""
+    in each (its vectorised replay form, :meth:`spade_lib.decoding.policies.Policy.replay_gamma`)."""
     policy = _as_policy(rule)
     df = _blocks(trace)
     steps, _ = _step_index(df)
@@ -403,7 +403,7 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy | StopRule, c: 
     """
     c = check_float("c", c, min=0.0)
     if not isinstance(rule, (StopRule, _policies.Policy)):
-        raise ArgumentTypeError(f"rule: must be a StopRule or a spade_lib.policies.Policy, got {type(rule).__name__}")
+        raise ArgumentTypeError(f"rule: must be a StopRule or a spade_lib.decoding.policies.Policy, got {type(rule).__name__}")
     if not callable(verify_cost):
         check_costs("verify_cost", verify_cost)
     policy = _as_policy(rule)

@@ -1,6 +1,6 @@
 """The stop-rule study: data-driven threshold grids, AdaEDL's entropy bound, a learned stop classifier.
 
-Every rule here is replayed with :func:`spade_lib.replay.replay_stop_rule` on a trace recorded with a
+Every rule here is replayed with :func:`spade_lib.whatif.replay.replay_stop_rule` on a trace recorded with a
 fixed ``max_gamma`` (a rule that drafts ``g`` tokens accepts exactly ``min(n, g)``; step cost
 ``g c + r(g)``). After each drafted token ``i`` a rule reads a signal known at that moment and keeps
 drafting while the signal passes its threshold:
