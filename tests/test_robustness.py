@@ -532,23 +532,25 @@ def _tiny_trace() -> pd.DataFrame:
      ValueError, "c: "),
     (lambda: align.predict(pd.DataFrame({"seq": [0, 0], "i": [0, 1], "alpha": [0.5, 0.6]}), [2], c=0.1,
                            verify_cost=0.0), ValueError, "verify_cost"),
-    (lambda: replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=math.nan), ValueError, "c: "),
-    (lambda: replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1, verify_cost=-1.0),
+    (lambda: replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=math.nan), ValueError, "c: "),
+    (lambda: replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=0.1, verify_cost=-1.0),
      ValueError, "verify_cost"),
-    (lambda: replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1,
+    (lambda: replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=0.1,
                                      verify_cost=lambda g: math.nan), ValueError, "verify_cost"),
-    (lambda: replay.StopRule("fixed", 2.5), TypeError, "gamma"),
-    (lambda: replay.StopRule("confidence", 4, math.nan), ValueError, "threshold"),
-    (lambda: replay.RuleParams(typical_eps=math.nan), ValueError, "typical_eps"),
-    (lambda: replay.RuleParams(lenience=math.nan), ValueError, "lenience"),
-    (lambda: replay.linear_verify_cost(math.nan, 4), ValueError, "ratio"),
+    (lambda: FixedGamma(2.5), TypeError, "gamma"),
+    (lambda: ConfidenceThreshold(threshold=math.nan, max_gamma=4), ValueError, "threshold"),
+    (lambda: replay.rule_accept_prob(_tiny_trace().assign(h_p=1.0), "typical", {"typical": {"eps": math.nan}}),
+     ValueError, "eps"),
+    (lambda: replay.rule_accept_prob(_tiny_trace(), "lenience", {"lenience": {"lenience": math.nan}}), ValueError,
+     "lenience"),
+    (lambda: theory.linear_verify_cost(math.nan, 4), ValueError, "ratio"),
 ])
 def test_alignment_and_replay_refuse(fn, exc, name):
     refused(exc, name, fn)
 
 
 def test_replay_still_works_on_good_input():
-    out = replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1)
+    out = replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=0.1)
     assert np.isfinite(out["speedup"]).all() and (out["speedup"] > 0).all()
 
 

@@ -175,7 +175,7 @@ def test_run_dir_for_and_config_hash(monkeypatch):
 
 
 def test_policy_and_mode_options():
-    from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma
+    from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma, policy_names
 
     assert cfg(gamma=3).make_policy() == FixedGamma(3)
     c = cfg(policy="confidence", threshold=0.3, max_gamma=5)
@@ -187,7 +187,7 @@ def test_policy_and_mode_options():
     c = cfg(mode="lenience", mode_options=opts)
     opts["lenience"] = 0.9  # the config keeps its own copy
     assert c.mode_options == {"lenience": 0.7} and c.hash == b.hash
-    assert runner.POLICIES[:3] == ("fixed", "confidence", "entropy")
+    assert policy_names()[:3] == ("fixed", "confidence", "entropy")
 
 
 def test_generation_seed_is_stable():

@@ -59,9 +59,10 @@ from transformers import DynamicCache
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.decode import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate, seed_streams
 from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
+from spade_lib import rules
 from spade_lib.measures import entropy, kl, tv
 from spade_lib.sampling import adjust
-from spade_lib.verify import DETERMINISTIC_MODES, sample_inverse_cdf, verify
+from spade_lib.verify import sample_inverse_cdf, verify
 
 __all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculative_generate_batch",
            "autoregressive_generate_batch", "batch_metrics", "row_seeds", "BatchStudyConfig", "forward_costs",
@@ -322,7 +323,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     lens = [int(p.numel()) for p in prompts_t]
     budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
                for n in lens]
-    draw_accept = mode not in DETERMINISTIC_MODES
+    draw_accept = mode not in rules.deterministic_names()
     draw_next = mode != "greedy"
 
     t_start = _clock(dev)

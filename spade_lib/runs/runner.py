@@ -82,14 +82,6 @@ META_LOCK = ".meta.lock"
 _POLICY_FIELDS = ("gamma", "threshold", "max_gamma")
 
 
-def __getattr__(name: str):
-    if name == "POLICIES":  # a live view of the policy registry (spade_lib.decoding.policies)
-        from spade_lib.decoding.policies import policy_names
-
-        return policy_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that determines a run's outputs (hashed into its folder name)."""
