@@ -31,7 +31,7 @@ from spade_lib.whatif import align  # noqa: E402
 from spade_lib.bench import default_suite  # noqa: E402
 from spade_lib.decoding.decode import SpeculativeDecoder  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
-from spade_lib.zoo import load_pair  # noqa: E402
+from spade_lib.zoo.pairs import load_pair  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -51,7 +51,7 @@ def main(argv=None) -> None:
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     threads = timing.fix_threads(args.threads or None)

@@ -76,7 +76,7 @@ BASE = {"ar": "hf", "spade": "ar", "hf_assisted": "hf"}
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="default", help="pair name for spade_lib.zoo.load_pair")
+    ap.add_argument("--pair", default="default", help="pair name for spade_lib.zoo.pairs.load_pair")
     ap.add_argument("--draft", default=None, help="draft of the pair (default: the pair's default draft)")
     ap.add_argument("--suite", default="", help="'embedded', 'humaneval' or a suite .jsonl (default: embedded; "
                                                  "humaneval for the real pair smollm2)")
@@ -242,7 +242,7 @@ def base_of(m: str) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from spade_lib.bench import default_suite, humaneval_suite, load_suite
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     threads = timing.fix_threads(args.threads)
     device = timing.resolve_device(args.device)

@@ -182,7 +182,7 @@ def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair(name, device=device)
     greedy = SamplingConfig(temperature=0)

@@ -125,7 +125,7 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
                     threads: int = 0) -> Experiment:
     """Load the pair on ``device``/``dtype``, fix torch's threads (0: every CPU this process may use)
     and resolve the suite. ``target_id`` (with ``draft_id``) loads a real pair labelled ``pair``."""
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     for name, v in (("pair", pair), ("target_id", target_id), ("draft_id", draft_id), ("device", device),
                     ("dtype", dtype), ("suite", suite)):

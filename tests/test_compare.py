@@ -16,7 +16,7 @@ from test_protocol import cfg, mini_suite
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     root = tmp_path_factory.mktemp("runs")
     before, old = torch.get_num_threads(), paths.RUNS_DIR

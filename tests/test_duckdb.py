@@ -25,7 +25,7 @@ README_QUERY = ("SELECT pos, count(*) AS drafted, avg(accepted::INT) FILTER (WHE
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     pair = load_pair("tiny")

@@ -224,7 +224,7 @@ def tiny_runs(tmp_path_factory):
     from spade_lib.bench import default_suite
     from spade_lib.runs.runner import RunConfig, run_suite
     from spade_lib.runs.trace import read_trace
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny")
     suite = default_suite(tokenizer="tiny", n_per_category=2)

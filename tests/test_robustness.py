@@ -175,7 +175,7 @@ N_NEW = 4
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")
@@ -296,7 +296,7 @@ TWO_PROCESS_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from spade_lib.runs import runner
     from spade_lib.bench import Suite
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
     run_dir, log, go = sys.argv[1], sys.argv[2], sys.argv[3]
     pair = load_pair("tiny")
     rows = [{"question_id": i, "category": "prose", "turns": [f"The value {i} is returned when"]} for i in range(6)]
@@ -412,7 +412,7 @@ def test_build_suite_spec(kw, name, sandbox):
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
 ])
 def test_load_pair_device_and_dtype(kw, exc, name, sandbox):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     refused(exc, name, load_pair, "tiny", root=sandbox, **kw)
 

@@ -30,7 +30,7 @@ def mini_suite(n: int = 4) -> Suite:
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")
@@ -126,7 +126,7 @@ def test_kill_9_then_resume_equals_uninterrupted(pair, tmp_path):
         import sys
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
         from spade_lib.runs import runner
-        from spade_lib.zoo import load_pair
+        from spade_lib.zoo.pairs import load_pair
         from tests.test_runner import cfg, mini_suite
         pair = load_pair("tiny")
         runner.run_suite(pair, mini_suite({n}), cfg(temperature=1.0), {str(killed_dir)!r}, progress=False,

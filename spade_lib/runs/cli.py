@@ -165,7 +165,7 @@ def rank_device(spec: RunSpec, ranks: launch.Ranks) -> str | None:
 
 def load_pair_for(spec: RunSpec, ranks: launch.Ranks):
     from spade_lib.runs import timing
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     kwargs = dict(device=rank_device(spec, ranks), dtype=timing.resolve_dtype(spec.config.dtype),
                   device_map=spec.device_map, max_memory=spec.max_memory, offload_folder=spec.offload_folder)
