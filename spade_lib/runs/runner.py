@@ -609,10 +609,3 @@ def list_runs(root: str | os.PathLike | None = None):
                     "suite_sha256": m["suite"]["sha256"], "config_hash": m["config_hash"], **m["config"]})
     return pd.DataFrame(out)
 
-
-if __name__ == "__main__":  # python -m spade_lib.runs.cli --config run.yaml --out DIR (see spade_lib.runs.cli)
-    import sys
-
-    from spade_lib.runs.cli import console
-
-    sys.exit(console())
