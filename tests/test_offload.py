@@ -14,7 +14,7 @@ import torch
 
 from spade_lib.runs import runner, trace
 from spade_lib.bench import Suite
-from spade_lib.zoo.pairs import first_device
+from spade_lib.zoo.loading import first_device
 
 pytest.importorskip("accelerate")
 

@@ -4,8 +4,9 @@
 ``load_pair(target=..., draft=...)`` loads a real one; ``load_tokenizer(name)`` gives an embedded
 pair's tokenizer alone. Modules: ``corpus`` (text), ``tokenizer`` (BPE), ``configs`` (recipes),
 ``data``, ``train``, ``evaluate`` (alpha, perplexity, costs), ``cache`` (lock + atomic build),
-``build``, ``pairs``; the real pair ``load_pair("smollm2")``: ``smollm2`` (GGUF conversion, pair),
-``distill`` (its drafts), ``frspec`` (the frequent-token draft head), ``early_exit`` (early-exit alpha).
+``build``, ``loading`` (a target and its drafts through the Auto classes), ``pairs``; the real pair
+``load_pair("smollm2")``: ``smollm2`` (GGUF conversion, pair), ``distill`` (its drafts), ``frspec``
+(the frequent-token draft head), ``early_exit`` (early-exit alpha).
 
 The package itself imports only ``configs`` (``PAIRS``, ``PairConfig``, ``get_config``), so that
 ``spade_lib.zoo.corpus`` and ``spade_lib.zoo.configs`` stay cheap to import (no torch); ``load_pair``,
