@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from spade_lib import devices  # noqa: E402
 from spade_lib.runs import runner, timing  # noqa: E402
 from spade_lib.whatif import align  # noqa: E402
 from spade_lib.bench import default_suite  # noqa: E402
@@ -62,7 +63,7 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     timing.fix_threads(args.threads)
-    device = timing.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     pair = load_pair(args.pair, device=device)
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd  # noqa: E402
 
+from spade_lib import devices  # noqa: E402
 from spade_lib.runs import runner, timing  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def main(argv=None) -> None:
 
     sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     threads = timing.fix_threads(args.threads or None)
-    device = timing.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     t0 = time.perf_counter()
     pair = load_pair(args.pair, device=device)
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)

@@ -60,6 +60,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from spade_lib.decoding import baselines  # noqa: E402
+from spade_lib import devices  # noqa: E402
 from spade_lib.runs import metrics, runner, timing  # noqa: E402
 from spade_lib.runs.costs import measure_costs  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
@@ -245,7 +246,7 @@ def main(argv=None) -> None:
     from spade_lib.zoo.pairs import load_pair
 
     threads = timing.fix_threads(args.threads)
-    device = timing.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
     clock = make_clock(clock_kind)
     t0 = time.perf_counter()

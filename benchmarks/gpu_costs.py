@@ -42,6 +42,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from spade_lib import io as sio  # noqa: E402
+from spade_lib import devices  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.theory import optimal_gamma, speedup  # noqa: E402
@@ -219,8 +220,8 @@ def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    device = timing.resolve_device(args.device)
-    dtype = timing.resolve_dtype(args.dtype)
+    device = devices.resolve_device(args.device)
+    dtype = devices.resolve_dtype(args.dtype)
     shapes = {"real": SHAPES, "tiny": TINY_SHAPES}.get(args.shapes) or embedded_shapes()
     known = EMBEDDED_PAIRS if args.shapes == "embedded" else PAIRS
     alphas = [float(a) for a in args.alphas.split(",") if a.strip()]

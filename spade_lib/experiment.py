@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import timing
 
@@ -135,8 +135,8 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
         raise ValueError("draft_id: only meaningful with target_id")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads must be an integer >= 0, got {threads!r}")
-    dev = timing.resolve_device(device)
-    torch_dtype = timing.resolve_dtype(dtype)
+    dev = devices.resolve_device(device)
+    torch_dtype = devices.resolve_dtype(dtype)
     n_threads = timing.fix_threads(threads or None)
     if target_id:
         the_pair = load_pair(pair or None, target=target_id, draft=draft_id or None, device=dev, dtype=torch_dtype)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import launch, runner
 
@@ -144,14 +144,12 @@ def load_suite_for(spec: RunSpec):
 
 def rank_device(spec: RunSpec, ranks: launch.Ranks) -> str | None:
     """The device this rank loads the pair on (``None``: placed by ``device_map``)."""
-    from spade_lib.runs import timing
-
     if spec.device_map is not None:
         if ranks.world_size > 1:
             raise ValueError("device_map: a target spread over devices runs in one process; "
                              f"launch 1 process, not {ranks.world_size}")
         return None
-    dev = timing.resolve_device(spec.config.device)
+    dev = devices.resolve_device(spec.config.device)
     if dev.type == "cuda" and ranks.world_size > 1:
         if dev.index is not None:
             raise ValueError(f"device: with {ranks.world_size} processes give 'cuda' or 'auto' (each rank "
@@ -164,10 +162,9 @@ def rank_device(spec: RunSpec, ranks: launch.Ranks) -> str | None:
 
 
 def load_pair_for(spec: RunSpec, ranks: launch.Ranks):
-    from spade_lib.runs import timing
     from spade_lib.zoo.pairs import load_pair
 
-    kwargs = dict(device=rank_device(spec, ranks), dtype=timing.resolve_dtype(spec.config.dtype),
+    kwargs = dict(device=rank_device(spec, ranks), dtype=devices.resolve_dtype(spec.config.dtype),
                   device_map=spec.device_map, max_memory=spec.max_memory, offload_folder=spec.offload_folder)
     if spec.target_id is None:
         return load_pair(spec.pair, **kwargs)

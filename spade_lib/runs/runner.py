@@ -68,7 +68,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import timing, trace
 from spade_lib.io import write_json, write_text
@@ -148,9 +148,9 @@ class RunConfig:
         v.check_str("device", self.device)
         self.sampling()  # validates temperature / top_k / top_p
         self.make_policy()  # validates the policy's options against their ranges
-        timing.resolve_dtype(self.dtype)
+        devices.resolve_dtype(self.dtype)
         if self.device == "auto":  # resolved before hashing: "auto" and what it means are one run
-            object.__setattr__(self, "device", str(timing.resolve_device("auto")))
+            object.__setattr__(self, "device", str(devices.resolve_device("auto")))
 
     def sampling(self):
         """The :class:`spade_lib.sampling.SamplingConfig` of this run."""
@@ -304,8 +304,8 @@ def prompt_ids(tokenizer, text: str, config: RunConfig) -> list[int]:
 
 
 def _check_pair_placement(pair, config: RunConfig):
-    want_dev = timing.resolve_device(config.device)
-    want_dtype = timing.resolve_dtype(config.dtype)
+    want_dev = devices.resolve_device(config.device)
+    want_dtype = devices.resolve_dtype(config.dtype)
     p = next(pair.target.parameters())
     if p.device.type != want_dev.type or (want_dev.index is not None and p.device != want_dev):
         raise ValueError(f"device: config asks for {want_dev} but the pair's target is on {p.device}; "

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from spade_lib.devices import resolve_device, resolve_dtype
 from spade_lib.zoo.build import pair_entry, tokenizer_entry
 from spade_lib.zoo.cache import read_manifest
 from spade_lib.zoo.configs import PAIRS, get_config
@@ -71,8 +72,6 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
     go onto the target's first device (:func:`spade_lib.zoo.loading.first_device`).
     """
-    from spade_lib.runs.timing import resolve_device, resolve_dtype
-
     if device is not None:
         device = resolve_device(device)  # refused here, before any model loads
     dtype = resolve_dtype(dtype)
