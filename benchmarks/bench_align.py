@@ -3,7 +3,7 @@
 Not a test: it prints ratios measured in one run on one machine. For ``--prompts`` prompts of the
 embedded suite it first *generates* ``--max-new-tokens`` tokens per prompt with SPADE's speculative
 decoder (``gamma``, full token-level records: what a trace costs), then *scores* the very same
-sequences (prompt + continuation) with :func:`spade_lib.align.score_sequences` (one batched forward of
+sequences (prompt + continuation) with :func:`spade_lib.whatif.align.score_sequences` (one batched forward of
 target and draft per ``--batch-size`` sequences, every per-position measure). Both are timed
 ``--repeats`` times (median kept) after one untimed warm-up. The last line is exactly::
 
@@ -26,11 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from spade_lib import align, runner, timing  # noqa: E402
+from spade_lib import devices  # noqa: E402
+from spade_lib.runs import runner, timing  # noqa: E402
+from spade_lib.whatif import align  # noqa: E402
 from spade_lib.bench import default_suite  # noqa: E402
-from spade_lib.decode import SpeculativeDecoder  # noqa: E402
+from spade_lib.decoding.decode import SpeculativeDecoder  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
-from spade_lib.zoo import load_pair  # noqa: E402
+from spade_lib.zoo.pairs import load_pair  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,7 +63,7 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
 def main(argv=None) -> None:
     args = parse_args(argv)
     timing.fix_threads(args.threads)
-    device = timing.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     pair = load_pair(args.pair, device=device)
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))

@@ -1,7 +1,7 @@
 """Batch benchmark: throughput of batched speculative vs batched autoregressive decoding against batch size.
 
 Not a test: it prints ratios measured in one run on one machine. On an embedded pair it runs
-:func:`spade_lib.batch.batch_study` (for each batch size ``B``, ``B`` suite prompts decoded together by
+:func:`spade_lib.decoding.batch.batch_study` (for each batch size ``B``, ``B`` suite prompts decoded together by
 both methods, alternating, ``--repeats`` timed batches after a warm-up, median kept; throughput = all
 rows' new tokens / the batch's wall time) with the theory's prediction ``E[tokens] / (gamma c(B) +
 r(B))`` from the measured ``alpha``, draft cost ``c(B)`` and verification cost ``r(B)``. Then it decodes
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd  # noqa: E402
 
-from spade_lib import runner, timing  # noqa: E402
+from spade_lib import devices  # noqa: E402
+from spade_lib.runs import runner, timing  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,15 +48,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from spade_lib.batch import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.decoding.batch import BatchStudyConfig, batch_study, stops_paying
     from spade_lib.bench import default_suite
-    from spade_lib.decode import SpeculativeDecoder
+    from spade_lib.decoding.decode import SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     threads = timing.fix_threads(args.threads or None)
-    device = timing.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     t0 = time.perf_counter()
     pair = load_pair(args.pair, device=device)
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)

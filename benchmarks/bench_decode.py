@@ -7,7 +7,7 @@ embedded pair, ``smollm2`` where built) it decodes the same prompts with
 - ``hf``: plain ``model.generate``;            ``hf_assisted``: HF assisted generation, same draft and
   gamma (constant schedule, threshold 0);
 
-and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.adaptive.AdaptiveGamma` fed the costs
+and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.decoding.adaptive.AdaptiveGamma` fed the costs
 measured below, plus the loop's per-step overhead measured on the first prompt), SPADE at each fixed
 gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
 (``num_assistant_tokens_schedule="heuristic"`` from ``gamma``) and ``hf_confidence`` (HF's defaults:
@@ -59,12 +59,14 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from spade_lib import baselines, metrics, runner, timing  # noqa: E402
+from spade_lib.decoding import baselines  # noqa: E402
+from spade_lib import devices  # noqa: E402
+from spade_lib.runs import metrics, runner, timing  # noqa: E402
 from spade_lib.runs.costs import measure_costs  # noqa: E402
-from spade_lib.adapter import CausalLMAdapter  # noqa: E402
-from spade_lib.adaptive import AdaptiveGamma  # noqa: E402
-from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
-from spade_lib.drafters import ModelDrafter  # noqa: E402
+from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
+from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
+from spade_lib.decoding.drafters import ModelDrafter  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
 from spade_lib.theory import expected_tokens, speedup as theory_speedup  # noqa: E402
 
@@ -75,7 +77,7 @@ BASE = {"ar": "hf", "spade": "ar", "hf_assisted": "hf"}
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", default="default", help="pair name for spade_lib.zoo.load_pair")
+    ap.add_argument("--pair", default="default", help="pair name for spade_lib.zoo.pairs.load_pair")
     ap.add_argument("--draft", default=None, help="draft of the pair (default: the pair's default draft)")
     ap.add_argument("--suite", default="", help="'embedded', 'humaneval' or a suite .jsonl (default: embedded; "
                                                  "humaneval for the real pair smollm2)")
@@ -241,10 +243,10 @@ def base_of(m: str) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from spade_lib.bench import default_suite, humaneval_suite, load_suite
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     threads = timing.fix_threads(args.threads)
-    device = timing.resolve_device(args.device)
+    device = devices.resolve_device(args.device)
     clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
     clock = make_clock(clock_kind)
     t0 = time.perf_counter()

@@ -5,7 +5,7 @@
 
 For the real pair ``smollm2`` it prints the per-draft table of ``python -m spade_lib.zoo smollm2``
 (alpha at T=0 and T=1 on held-out target generations, c, r, build time); ``--early-exit`` adds the
-teacher-forced alpha of the target's own early exit by layer (``spade_lib.zoo.early_exit_alpha``) on
+teacher-forced alpha of the target's own early exit by layer (``spade_lib.zoo.early_exit.early_exit_alpha``) on
 a few HumanEval prompts in the chat template, each followed by the target's greedy answer.
 
 Costs (see ``spade_lib.zoo.evaluate``): ``c = t_draft(1) / t_target(1)`` per draft and the target's
@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from spade_lib.zoo import load_pair
+from spade_lib.zoo.pairs import load_pair
 from spade_lib.zoo.evaluate import cost_ratios
 
 
@@ -60,7 +60,7 @@ def real_pair(pair, args) -> None:
 @torch.no_grad()
 def early_exit_table(pair, n_prompts: int, new_tokens: int = 64) -> None:
     from spade_lib.bench import humaneval_suite, render_prompt
-    from spade_lib.zoo import early_exit_alpha
+    from spade_lib.zoo.early_exit import early_exit_alpha
 
     tok = pair.tokenizer
     texts = []

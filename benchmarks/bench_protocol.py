@@ -1,6 +1,6 @@
 """Reproducibility of the timing protocol: the same session measured twice, intervals compared.
 
-Not a test: it runs one interleaved session (``spade_lib.protocol``: AR, SPADE at each gamma, prompt
+Not a test: it runs one interleaved session (``spade_lib.runs.protocol``: AR, SPADE at each gamma, prompt
 lookup, HF generate and HF assisted generation at one temperature) twice, into two fresh run
 folders, and prints per configuration both speedups with their 95 % bootstrap intervals and whether
 the two intervals overlap — issue 14's "two runs on the same machine give speedups whose intervals
@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spade_lib import experiment, paths, protocol, runner  # noqa: E402
+from spade_lib import experiment, paths  # noqa: E402
+from spade_lib.runs import protocol, runner  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_sharded.py --config params/cli/tiny.yaml --n-per-category 10 --procs 2
 
-Each round runs ``python -m spade_lib.runner`` (1 process) and ``torchrun --standalone
---nproc-per-node N -m spade_lib.runner`` into fresh folders, in alternating order (1, N, N, 1, ...), and
+Each round runs ``python -m spade_lib.runs.cli`` (1 process) and ``torchrun --standalone
+--nproc-per-node N -m spade_lib.runs.cli`` into fresh folders, in alternating order (1, N, N, 1, ...), and
 times the whole command (interpreter start, imports, model loading, decoding, merge). The two run
 folders are then compared: equal in every trace and summary column except the timings. Ratios are
 measured in one run; on a CPU the N processes share its cores (each gets ``threads`` of the YAML), so
@@ -25,7 +25,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from spade_lib import paths, runner, trace
+from spade_lib import paths
+from spade_lib.runs import runner, trace
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -37,7 +38,7 @@ def run(config: Path, out: Path, procs: int) -> tuple[float, float]:
     env["OMP_NUM_THREADS"] = "1"
     launcher = [sys.executable] if procs == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)]
-    cmd = launcher + ["-m", "spade_lib.runner", "--config", str(config), "--out", str(out), "--no-progress"]
+    cmd = launcher + ["-m", "spade_lib.runs.cli", "--config", str(config), "--out", str(out), "--no-progress"]
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start

@@ -7,7 +7,7 @@ correlated random logits (acceptance around 0.6), drafts sampled from ``q``.
 - ``speedup_vs_reference`` = time of :func:`python_reference` (plain Python per row: loops over rows
   and positions, Python floats, the residual and its inverse-CDF draw as loops over the ``V``-row
   read with ``tolist``; the same math and the same uniforms) / time of ``verify``. The stronger
-  :func:`spade_lib.verify.verify_reference` (the same loops, but ``torch`` vector ops on each
+  :func:`spade_lib.exactness.verify_reference` (the same loops, but ``torch`` vector ops on each
   ``V``-row) is timed too and printed as ``speedup_vs_torch_rows``;
 - ``bandwidth_fraction`` = effective bandwidth of ``verify`` (bytes of ``p`` and ``q`` / its time)
   over that of ``dst.copy_(src)`` on the same tensors (bytes / copy time), i.e. copy time / verify time.
@@ -26,8 +26,10 @@ import argparse
 
 import torch
 
-from spade_lib.timing import fix_threads, measure, resolve_device
-from spade_lib.verify import verify, verify_reference
+from spade_lib.devices import resolve_device
+from spade_lib.runs.timing import fix_threads, measure
+from spade_lib.exactness import verify_reference
+from spade_lib.verify import verify
 
 
 def python_reference(p, q, draft_tokens, uniforms, next_uniforms) -> tuple[list[int], list[int]]:

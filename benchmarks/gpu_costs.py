@@ -5,7 +5,7 @@ One prepared script for a GPU machine (it also runs on CPU with ``--shapes tiny`
 1. **Costs of real pairs' shapes.** Randomly initialised models with the exact architecture configs
    below (Qwen2.5-0.5B -> Qwen2.5-7B, Llama-3.2-1B -> Llama-3.1-8B; written here from their public
    ``config.json`` files, nothing is downloaded), in ``--dtype`` (bf16) on ``--device``, batch 1, a
-   ``--context``-token KV cache (512). Each decode forward goes through :class:`spade_lib.adapter.CausalLMAdapter`
+   ``--context``-token KV cache (512). Each decode forward goes through :class:`spade_lib.decoding.adapter.CausalLMAdapter`
    exactly as in decoding (extend ``k`` tokens, roll back), timed with CUDA synchronisation, median
    of ``--reps``, forwards of every size interleaved within a round. From them:
    ``c = t_draft(1) / t_target(1)`` and ``r(gamma) = t_target(gamma + 1) / t_target(1)``, gamma 1..8.
@@ -42,8 +42,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from spade_lib import io as sio  # noqa: E402
-from spade_lib import timing  # noqa: E402
-from spade_lib.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib import devices  # noqa: E402
+from spade_lib.runs import timing  # noqa: E402
+from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.theory import optimal_gamma, speedup  # noqa: E402
 
 # Architecture configs (public config.json values; weights are random).
@@ -178,11 +179,11 @@ def forward_times(model, *, device, context: int, max_k: int, reps: int, backend
 
 def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]:
     """Greedy SPADE vs AR on the embedded pair: equality and speedup (wall clock, synchronised)."""
-    from spade_lib import runner
+    from spade_lib.runs import runner
     from spade_lib.bench import default_suite
-    from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair(name, device=device)
     greedy = SamplingConfig(temperature=0)
@@ -219,8 +220,8 @@ def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    device = timing.resolve_device(args.device)
-    dtype = timing.resolve_dtype(args.dtype)
+    device = devices.resolve_device(args.device)
+    dtype = devices.resolve_dtype(args.dtype)
     shapes = {"real": SHAPES, "tiny": TINY_SHAPES}.get(args.shapes) or embedded_shapes()
     known = EMBEDDED_PAIRS if args.shapes == "embedded" else PAIRS
     alphas = [float(a) for a in args.alphas.split(",") if a.strip()]

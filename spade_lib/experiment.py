@@ -15,7 +15,7 @@ defined here only: a name ending in ``.jsonl`` is a path (relative paths are rel
 01 wrote it; otherwise the name of an M1 source (``spade_lib.bench.named_source``: ``"embedded"``,
 ``"humaneval"`` once registered, ...) built in memory with the pair's tokenizer.
 
-``device="auto"`` is resolved here (and again by :class:`spade_lib.runner.RunConfig`), so two
+``device="auto"`` is resolved here (and again by :class:`spade_lib.runs.runner.RunConfig`), so two
 notebooks that ask for ``"auto"`` and ``"cpu"`` on a CPU machine hash to the same runs.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import timing
 
@@ -125,7 +125,7 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
                     threads: int = 0) -> Experiment:
     """Load the pair on ``device``/``dtype``, fix torch's threads (0: every CPU this process may use)
     and resolve the suite. ``target_id`` (with ``draft_id``) loads a real pair labelled ``pair``."""
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     for name, v in (("pair", pair), ("target_id", target_id), ("draft_id", draft_id), ("device", device),
                     ("dtype", dtype), ("suite", suite)):
@@ -135,8 +135,8 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
         raise ValueError("draft_id: only meaningful with target_id")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
         raise ValueError(f"threads must be an integer >= 0, got {threads!r}")
-    dev = timing.resolve_device(device)
-    torch_dtype = timing.resolve_dtype(dtype)
+    dev = devices.resolve_device(device)
+    torch_dtype = devices.resolve_dtype(dtype)
     n_threads = timing.fix_threads(threads or None)
     if target_id:
         the_pair = load_pair(pair or None, target=target_id, draft=draft_id or None, device=dev, dtype=torch_dtype)

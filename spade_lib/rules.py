@@ -6,7 +6,7 @@ draft's ``q``, the drafted token ``x ~ q``. A rule is
 - an **accept probability** ``a(x)`` written against *named inputs*, the same names as the trace
   columns (``p_x`` = ``p(x)``, ``q_x`` = ``q(x)``, ``h_p`` = ``H(p)`` in nats, ``draft_token`` = ``x``,
   ``p_top1`` = ``argmax p``), so that :func:`spade_lib.verify.verify` computes it from ``p``/``q`` and
-  :mod:`spade_lib.replay` from a stored trace with the *same* function;
+  :mod:`spade_lib.whatif.replay` from a stored trace with the *same* function;
 - a **decision**: stochastic rules accept iff ``u < a`` (``u ~ U[0, 1)``, recorded); deterministic
   rules accept iff ``a = 1`` (``a`` is 0 or 1);
 - a **residual**: the weights of the next-token draw at the first rejection, from ``p`` and ``q`` at
@@ -48,7 +48,7 @@ import torch
 
 __all__ = ["Option", "Rule", "register_rule", "unregister_rule", "get_rule", "rule_names", "lossless_map", "INPUTS"]
 
-# named inputs an accept probability may read: also trace columns (spade_lib.trace.TRACE_SCHEMA)
+# named inputs an accept probability may read: also trace columns (spade_lib.runs.trace.TRACE_SCHEMA)
 INPUTS: tuple[str, ...] = ("p_x", "q_x", "h_p", "draft_token", "p_top1")
 
 

@@ -46,25 +46,6 @@ from spade_lib.measures import entropy
 from spade_lib.validate import check_float
 
 
-def __getattr__(name: str):
-    """Views of the rule registry (:mod:`spade_lib.rules`), live so that registered rules appear,
-    and the proof tools that moved to :mod:`spade_lib.exactness` (old import paths keep working)."""
-    if name == "MODES":
-        return rules.rule_names()
-    if name == "LOSSLESS":
-        return rules.lossless_map()
-    if name == "DETERMINISTIC_MODES":
-        return rules.deterministic_names()
-    if name in _MOVED:
-        from . import exactness
-
-        return getattr(exactness, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-_MOVED = ("verify_reference", "draft_tree", "block_law_error", "chi_square_pvalue", "monte_carlo_check")
-
-
 @dataclass
 class VerifyResult:
     """Outcome of one batched verification step (shapes for ``B`` rows and draft length ``gamma``)."""

@@ -6,7 +6,7 @@ import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MambaConfig,
                           MambaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from spade_lib.adapter import CausalLMAdapter, as_token_tensor, context_limit
+from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor, context_limit
 
 V = 96
 
@@ -82,7 +82,7 @@ def test_backend_choice():
 
 def test_lean_buffers_grow_and_respect_the_context_limit():
     """The lean KV buffers start small and double; feeding past the limit is refused."""
-    from spade_lib.lean import LeanForward
+    from spade_lib.decoding.lean import LeanForward
 
     m = llama()
     lean = LeanForward(m, 64)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib import align, measures, theory
+from spade_lib import measures, theory
+from spade_lib.whatif import align
 from spade_lib.sampling import SamplingConfig, adjust
 
 V = 48
@@ -163,8 +164,8 @@ def test_predict_adds_cost_and_speedup(models, sequences):
 
 @pytest.mark.slow
 def test_on_decoded_text_alpha_is_the_traces_and_predicted_tau_matches_measured():
-    from spade_lib.decode import SpeculativeDecoder
-    from spade_lib.zoo import load_pair
+    from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny")
     tok = pair.tokenizer
@@ -201,11 +202,11 @@ def test_on_decoded_text_alpha_is_the_traces_and_predicted_tau_matches_measured(
 
 @pytest.mark.slow
 def test_run_sequences_rebuild_the_emitted_text_of_a_run(tmp_path):
-    from spade_lib import metrics
+    from spade_lib.runs import metrics
     from spade_lib.bench import default_suite
-    from spade_lib.runner import RunConfig, run_suite
-    from spade_lib.trace import read_trace
-    from spade_lib.zoo import load_pair
+    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.trace import read_trace
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny")
     suite = default_suite(tokenizer="tiny", n_per_category=1)

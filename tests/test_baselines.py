@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.baselines import hf_generate, hf_sampling_kwargs
-from spade_lib.decode import SpeculativeDecoder
+from spade_lib.decoding.baselines import hf_generate, hf_sampling_kwargs
+from spade_lib.decoding.decode import SpeculativeDecoder
 from spade_lib.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0)

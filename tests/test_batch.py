@@ -1,4 +1,4 @@
-"""Batched decoding (spade_lib.batch) against single-sequence decoding: greedy rows equal per-row greedy
+"""Batched decoding (spade_lib.decoding.batch) against single-sequence decoding: greedy rows equal per-row greedy
 decoding (near ties classified by compare_greedy), sampled rows follow the exact target law (chi-square
 against exact enumeration, p-value reported), a row's tokens do not depend on its batch-mates, and the
 holey caches equal a fresh prefill after rejections."""
@@ -11,12 +11,12 @@ import scipy.stats
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.adapter import CausalLMAdapter
-from spade_lib.batch import BATCH_COLUMNS, BatchGenerationResult, _BatchLM, batch_metrics, row_seeds
-from spade_lib.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.divergence import compare_greedy
-from spade_lib.drafters import NGramDrafter
-from spade_lib.policies import ConfidenceThreshold
+from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.batch import BATCH_COLUMNS, BatchGenerationResult, _BatchLM, batch_metrics, row_seeds
+from spade_lib.decoding.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.divergence import compare_greedy
+from spade_lib.decoding.drafters import NGramDrafter
+from spade_lib.decoding.policies import ConfidenceThreshold
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
@@ -164,7 +164,7 @@ def test_greedy_rows_equal_single_decoding_on_gpt2_absolute_positions(rand_pair)
 
 def test_compaction_at_every_step_keeps_rows_exact(rand_pair, monkeypatch):
     """Force the holes-dominate compaction after every step: rows still equal single decoding."""
-    from spade_lib import batch
+    from spade_lib.decoding import batch
 
     calls = []
     original = batch._BatchLM._compact
@@ -412,7 +412,7 @@ def test_greedy_rows_equal_single_decoding_on_the_default_pair():
 
 
 def test_batch_study_table_stops_paying_and_figure(tiny, prompts, tmp_path):
-    from spade_lib.batch import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.decoding.batch import BatchStudyConfig, batch_study, stops_paying
     from spade_lib.plots import save_figure
     from spade_lib.plots.batch import plot_speedup_vs_batch
 

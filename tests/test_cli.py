@@ -1,4 +1,4 @@
-"""The run CLI and sharded runs (spade_lib.cli, spade_lib.launch, run_suite's rank/world_size).
+"""The run CLI and sharded runs (spade_lib.runs.cli, spade_lib.runs.launch, run_suite's rank/world_size).
 
 The slow tests launch ``torchrun --standalone --nproc-per-node 2`` (two CPU processes, gloo) on the
 tiny pair and compare the merged run folder with a one-process run of the same YAML: equal in every
@@ -21,7 +21,8 @@ import pytest
 import torch
 import yaml
 
-from spade_lib import cli, launch, paths, runner, trace
+from spade_lib import paths
+from spade_lib.runs import cli, launch, runner, trace
 from spade_lib.bench import Suite, load_suite
 
 N_PROMPTS = 6
@@ -32,7 +33,7 @@ TIMED = ["wall_time", "wall_times"]
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")
@@ -220,7 +221,7 @@ def torchrun(files: dict[str, Path], out: Path, script: Path | None = None) -> s
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(paths.REPO_ROOT), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    cmd += [str(script)] if script else ["-m", "spade_lib.runner"]
+    cmd += [str(script)] if script else ["-m", "spade_lib.runs.cli"]
     cmd += ["--config", str(files["yaml"]), "--out", str(out), "--no-progress"]
     return subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
 
@@ -243,7 +244,7 @@ def test_a_killed_rank_leaves_a_run_that_a_rerun_completes(files, reference, tmp
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from spade_lib import cli, trace
+        from spade_lib.runs import cli, trace
         if os.environ.get("RANK") == "1":  # SIGKILL rank 1 right after its first shard
             write = trace.write_shard
             def write_then_die(*args, **kwargs):

@@ -8,14 +8,15 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import paths, protocol, runner
+from spade_lib import paths
+from spade_lib.runs import protocol, runner
 from spade_lib.runs import compare
 from test_protocol import cfg, mini_suite
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     root = tmp_path_factory.mktemp("runs")
     before, old = torch.get_num_threads(), paths.RUNS_DIR

@@ -6,8 +6,9 @@ import types
 
 import pytest
 
-from spade_lib import metrics, paths
-from spade_lib.adapter import CausalLMAdapter
+from spade_lib import paths
+from spade_lib.runs import metrics
+from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.runs import costs as costs_mod
 from spade_lib.runs.costs import measure_costs, pair_costs, verify_cost_fn
 from tests.test_decode import llama

@@ -12,11 +12,11 @@ import scipy.stats
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from spade_lib import trace
-from spade_lib.adapter import CausalLMAdapter
-from spade_lib.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder, seed_streams
-from spade_lib.drafters import ModelDrafter, NGramDrafter
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.runs import trace
+from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder, seed_streams
+from spade_lib.decoding.drafters import ModelDrafter, NGramDrafter
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
@@ -121,7 +121,7 @@ def test_greedy_equals_hf_generate_on_gpt2(gamma):
 def test_half_precision_greedy_agrees_up_to_near_ties(tiny, dtype):
     """In bf16/fp16 batched verification rounds differently from 1-token steps: outputs may diverge, but
     only where the target's top two logits are within the dtype's tie threshold."""
-    from spade_lib.divergence import compare_greedy
+    from spade_lib.decoding.divergence import compare_greedy
 
     target, draft = copy.deepcopy(tiny.target).to(dtype), copy.deepcopy(tiny.draft).to(dtype)
     dec = SpeculativeDecoder(target, draft, gamma=3, sampling=GREEDY)

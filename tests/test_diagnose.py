@@ -11,7 +11,7 @@ from scipy import stats
 from spade_lib import diagnose as dg
 from spade_lib.diagnose.frame import Groups
 from spade_lib.diagnose.stats import digitize, grouped_mannwhitney, grouped_quantiles
-from spade_lib.trace import TRACE_SCHEMA, write_shard
+from spade_lib.runs.trace import TRACE_SCHEMA, write_shard
 
 ALPHA = (0.8, 0.7, 0.6, 0.5)
 

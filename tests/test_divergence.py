@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.divergence import TIE_THRESHOLDS, compare_greedy, first_difference
+from spade_lib.decoding.divergence import TIE_THRESHOLDS, compare_greedy, first_difference
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.drafters import ModelDrafter, NGramDrafter, _match_vocab
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
+from spade_lib.decoding.drafters import ModelDrafter, NGramDrafter, _match_vocab
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
@@ -167,7 +167,7 @@ def test_ngram_bad_arguments():
 def test_ngram_consults_the_policy_with_one_hot_signals():
     from dataclasses import dataclass
 
-    from spade_lib.policies import Policy
+    from spade_lib.decoding.policies import Policy
 
     @dataclass(frozen=True)
     class Seen(Policy):
@@ -194,7 +194,7 @@ def test_ngram_consults_the_policy_with_one_hot_signals():
 def test_make_drafter_by_name():
     from types import SimpleNamespace
 
-    from spade_lib.drafters import drafter_names, drafter_options, make_drafter
+    from spade_lib.decoding.drafters import drafter_names, drafter_options, make_drafter
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
@@ -212,7 +212,7 @@ def test_sample_categorical_draws_q_exactly():
     """Inverse-CDF draws follow q (chi-square p-value), never a zero-weight token, unnormalised rows too."""
     from scipy.stats import chisquare
 
-    from spade_lib.drafters import sample_categorical
+    from spade_lib.decoding.drafters import sample_categorical
 
     q = torch.zeros(300)
     q[[0, 7, 255, 256, 299]] = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])

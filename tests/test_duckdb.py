@@ -4,7 +4,7 @@ per-position acceptance as :func:`spade_lib.diagnose.position_acceptance`.
 ``README_QUERY`` is the README's one-line query (``{run_dir}`` a run folder): per draft position
 ``i``, the conditional acceptance ``alpha_i = accepted / reached`` and the unconditional
 ``beta_i = accepted / drafted``. The glob ``[!.]*.parquet`` skips the hidden temporary of a write that
-was interrupted (DuckDB's ``*`` matches hidden files), as :func:`spade_lib.trace.shard_paths` does.
+was interrupted (DuckDB's ``*`` matches hidden files), as :func:`spade_lib.runs.trace.shard_paths` does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from spade_lib import diagnose, runner
+from spade_lib import diagnose
+from spade_lib.runs import runner
 from spade_lib.bench import Suite
 
 duckdb = pytest.importorskip("duckdb", reason="pip install duckdb (pinned in requirements.txt)")
@@ -24,7 +25,7 @@ README_QUERY = ("SELECT pos, count(*) AS drafted, avg(accepted::INT) FILTER (WHE
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     pair = load_pair("tiny")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from spade_lib import metrics
+from spade_lib.runs import metrics
 
 
 def trace_from_blocks(blocks, gamma_of=None, tv=0.3, t_draft=0.01):

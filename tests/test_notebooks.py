@@ -51,7 +51,7 @@ def test_notebook_shape(path):
             assert not cell.get("outputs") or cell.execution_count is not None, "stale outputs"
 
 
-# params/cli/ holds run configs of the command line (spade_lib.cli), not notebook profiles
+# params/cli/ holds run configs of the command line (spade_lib.runs.cli), not notebook profiles
 @pytest.mark.parametrize("profile", sorted(p.name for p in PARAMS_DIR.iterdir() if p.is_dir() and p.name != "cli"))
 def test_profiles_only_set_declared_parameters(profile):
     stems = {nb.stem: nb for nb in NOTEBOOKS}

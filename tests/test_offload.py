@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import runner, trace
+from spade_lib.runs import runner, trace
 from spade_lib.bench import Suite
-from spade_lib.zoo.pairs import first_device
+from spade_lib.zoo.loading import first_device
 
 pytest.importorskip("accelerate")
 
@@ -23,7 +23,7 @@ CPU_BUDGET = 300_000  # bytes: embeddings + accelerate's one-layer reserve, not 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     offload = tmp_path_factory.mktemp("offload")
     big = load_pair("tiny", device_map="auto", max_memory={"cpu": CPU_BUDGET}, offload_folder=offload)
@@ -86,7 +86,7 @@ def test_first_device_of_a_device_map():
 
 
 def test_bad_placement_arguments(tmp_path):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     with pytest.raises(ValueError, match="max_memory: only used with device_map"):
         load_pair("tiny", max_memory={"cpu": "1GiB"})

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, Policy, as_policy
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, Policy, as_policy
 
 
 def test_fixed_gamma_never_stops_early():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spade_lib import metrics, paths, protocol, runner, trace
+from spade_lib import paths
+from spade_lib.runs import metrics, protocol, runner, trace
 from spade_lib.bench import Suite
 
 N_NEW = 10
@@ -20,7 +21,7 @@ def mini_suite(n: int = 3) -> Suite:
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from spade_lib import policies, replay, rules, trace
+from spade_lib import rules
+from spade_lib.decoding import policies
+from spade_lib.runs import trace
+from spade_lib.whatif import replay
 from spade_lib.verify import verify
 
 
@@ -54,8 +57,7 @@ def test_toy_rule_in_verify(toys):
     toy = verify(p, q, x, mode="toy_scaled", uniforms=u, scale=0.25)
     torch.testing.assert_close(toy.accept_prob, 0.25 * exact.accept_prob)
     assert (toy.n_accepted <= exact.n_accepted).all()
-    from spade_lib.verify import LOSSLESS, MODES
-    assert "toy_scaled" in MODES and LOSSLESS["toy_scaled"] is False
+    assert "toy_scaled" in rules.rule_names() and rules.lossless_map()["toy_scaled"] is False
     with pytest.raises(ValueError, match="scale"):
         verify(p, q, x, mode="toy_scaled", scale=1.5)
 
@@ -70,9 +72,9 @@ def test_toy_policy_by_name(toys):
 
 def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
     from spade_lib.bench import default_suite
-    from spade_lib.runner import RunConfig, run_suite
-    from spade_lib.trace import read_trace
-    from spade_lib.zoo import load_pair
+    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.trace import read_trace
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny")
     suite = default_suite(tokenizer="tiny", n_per_category=1)
@@ -94,7 +96,7 @@ def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
         np.testing.assert_array_equal(got[col].to_numpy(), tr_sorted[col].to_numpy())
     cf = replay.counterfactual(tr, rules=["toy_scaled", "exact"], params={"toy_scaled": {"scale": 0.8}})
     assert set(cf["rule"]) == {"toy_scaled", "exact"}
-    assert "toy_scaled" in replay.RULES and replay.RULE_NEEDS["toy_scaled"] == ("p_x", "q_x", "uniform")
+    assert "toy_scaled" in rules.rule_names() and rules.get_rule("toy_scaled").needs == ("p_x", "q_x", "uniform")
 
     # the policy: its replay form gives back the draft length it chose in every recorded step
     # (a block ends where the policy stopped, at max_gamma, or at the budget)

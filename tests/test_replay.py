@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import replay
+from spade_lib.whatif import replay
 from spade_lib.measures import entropy, tv
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, get_policy
 from spade_lib.verify import verify
 
 V = 12
@@ -127,7 +127,7 @@ def test_unknown_rule_and_missing_columns_are_value_errors():
     with pytest.raises(ValueError, match="h_p"):
         replay.counterfactual(trace.drop(columns=["h_p"]), rules=["typical"])
     with pytest.raises(ValueError, match="lenience"):
-        replay.RuleParams(lenience=0.0)
+        replay.counterfactual(trace, rules=["lenience"], params={"lenience": {"lenience": 0.0}})
 
 
 # -- top-k slices ----------------------------------------------------------------------------------
@@ -173,7 +173,7 @@ def test_fixed_gamma_truncation_equals_verifying_the_shorter_block():
     trace = _trace(p, q, x, u)
     for g in (1, 3, 6):
         direct = _verify_n(p[:, :g + 1], q[:, :g], x[:, :g], u[:, :g], "exact")
-        out = replay.replay_stop_rule(trace, replay.StopRule("fixed", g), c=0.1, verify_cost=1.0)
+        out = replay.replay_stop_rule(trace, FixedGamma(g), c=0.1, verify_cost=1.0)
         assert out["tau"].iloc[0] == pytest.approx(direct.mean() + 1)
         assert out["cost"].iloc[0] == pytest.approx(g * 0.1 + 1.0)
         assert out["speedup"].iloc[0] == pytest.approx((direct.mean() + 1) / (g * 0.1 + 1.0))
@@ -183,7 +183,7 @@ def test_fixed_gamma_truncation_equals_verifying_the_shorter_block():
 def test_threshold_stop_rules_draft_what_the_decoder_policy_drafts(policy, threshold):
     p, q, x, u = _random_blocks(48, 6, seed=10, sharp=1.0)
     trace = _trace(p, q, x, u)
-    rule = replay.StopRule(policy, 6, threshold)
+    rule = get_policy(policy, max_gamma=6, threshold=threshold)
     steps, g = replay.blocks_used(trace, rule)
     pol = (ConfidenceThreshold if policy == "confidence" else EntropyThreshold)(threshold=threshold, max_gamma=6)
     for (_, row), g_used in zip(steps.iterrows(), g):
@@ -210,9 +210,9 @@ def test_frontier_and_best_rules_per_category():
         same = frontier[(frontier["category"] == row["category"]) & (frontier["policy"] == row["policy"])]
         assert row["speedup"] == same["speedup"].max()
     with pytest.raises(ValueError, match="exceeds"):
-        replay.replay_stop_rule(trace, replay.StopRule("fixed", 7), c=0.1)
+        replay.replay_stop_rule(trace, FixedGamma(7), c=0.1)
     with pytest.raises(ValueError, match="policy"):
-        replay.StopRule("sometimes", 3)
+        get_policy("sometimes", max_gamma=3)
 
 
 # -- the tiny pair: replays against direct runs ----------------------------------------------------
@@ -222,9 +222,9 @@ def tiny_runs(tmp_path_factory):
     """Runs of the tiny pair on a small embedded suite: fixed gamma 6 (the trace to replay), fixed
     gamma 2, and a confidence policy, all at temperature 1 with top-k slices recorded."""
     from spade_lib.bench import default_suite
-    from spade_lib.runner import RunConfig, run_suite
-    from spade_lib.trace import read_trace
-    from spade_lib.zoo import load_pair
+    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.trace import read_trace
+    from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny")
     suite = default_suite(tokenizer="tiny", n_per_category=2)
@@ -267,8 +267,8 @@ def test_stop_rule_replays_predict_direct_runs(tiny_runs):
     """Replayed fixed gamma 2 and a confidence policy vs runs made with them: tau within 4 combined
     standard errors (different blocks, different uniforms: a statistical comparison)."""
     tr = tiny_runs["g6"]
-    for actual, rule in ((tiny_runs["g2"], replay.StopRule("fixed", 2)),
-                         (tiny_runs["conf"], replay.StopRule("confidence", 6, tiny_runs["threshold"]))):
+    for actual, rule in ((tiny_runs["g2"], FixedGamma(2)),
+                         (tiny_runs["conf"], ConfidenceThreshold(threshold=tiny_runs["threshold"], max_gamma=6))):
         pred = replay.replay_stop_rule(tr, rule, c=0.1).iloc[0]
         per = tr.groupby(replay.STEP_KEYS)["n_accepted"].first()
         tau, se = _tau_and_se(actual)

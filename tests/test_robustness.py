@@ -20,10 +20,12 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import align, paths, replay, runbook, runner, theory, trace, validate
+from spade_lib import paths, runbook, theory, validate
+from spade_lib.runs import runner, trace
+from spade_lib.whatif import align, replay
 from spade_lib.bench import Suite
 from spade_lib.params import ParameterError, check_range, parse_parameters_cell, resolve
-from spade_lib.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
+from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.verify import verify
 
@@ -173,7 +175,7 @@ N_NEW = 4
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")
@@ -292,9 +294,9 @@ def test_shard_locked_by_another_process_is_not_computed_twice(pair, sandbox):
 TWO_PROCESS_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
-    from spade_lib import runner
+    from spade_lib.runs import runner
     from spade_lib.bench import Suite
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
     run_dir, log, go = sys.argv[1], sys.argv[2], sys.argv[3]
     pair = load_pair("tiny")
     rows = [{"question_id": i, "category": "prose", "turns": [f"The value {i} is returned when"]} for i in range(6)]
@@ -330,7 +332,7 @@ def test_two_processes_share_a_run_without_duplicates(sandbox):
 
 @pytest.fixture(scope="module")
 def decoders(pair):
-    from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 
     return (SpeculativeDecoder(pair.target, pair.draft, gamma=2, tokenizer=pair.tokenizer),
             AutoregressiveDecoder(pair.target, tokenizer=pair.tokenizer))
@@ -357,7 +359,7 @@ def test_decoder_prompt_ids(decoders, which, prompt, exc):
     (dict(mode="exact", lenience=0.5), ValueError, "lenience"),
 ])
 def test_decoder_construction(pair, kw, exc, name):
-    from spade_lib.decode import SpeculativeDecoder
+    from spade_lib.decoding.decode import SpeculativeDecoder
 
     refused(exc, name, SpeculativeDecoder, pair.target, pair.draft, gamma=2, **kw)
 
@@ -410,7 +412,7 @@ def test_build_suite_spec(kw, name, sandbox):
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")),
 ])
 def test_load_pair_device_and_dtype(kw, exc, name, sandbox):
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     refused(exc, name, load_pair, "tiny", root=sandbox, **kw)
 
@@ -505,7 +507,7 @@ def test_runbook_cli_exits_cleanly(sandbox, capsys):
 ])
 def test_score_sequences(pair, seqs, exc, name):
     if seqs == "too_long":
-        from spade_lib.adapter import context_limit
+        from spade_lib.decoding.adapter import context_limit
 
         seqs = [[1] * (context_limit(pair.target) + 1)]
     refused(exc, name, align.score_sequences, pair.target, pair.draft, seqs)
@@ -530,23 +532,25 @@ def _tiny_trace() -> pd.DataFrame:
      ValueError, "c: "),
     (lambda: align.predict(pd.DataFrame({"seq": [0, 0], "i": [0, 1], "alpha": [0.5, 0.6]}), [2], c=0.1,
                            verify_cost=0.0), ValueError, "verify_cost"),
-    (lambda: replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=math.nan), ValueError, "c: "),
-    (lambda: replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1, verify_cost=-1.0),
+    (lambda: replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=math.nan), ValueError, "c: "),
+    (lambda: replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=0.1, verify_cost=-1.0),
      ValueError, "verify_cost"),
-    (lambda: replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1,
+    (lambda: replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=0.1,
                                      verify_cost=lambda g: math.nan), ValueError, "verify_cost"),
-    (lambda: replay.StopRule("fixed", 2.5), TypeError, "gamma"),
-    (lambda: replay.StopRule("confidence", 4, math.nan), ValueError, "threshold"),
-    (lambda: replay.RuleParams(typical_eps=math.nan), ValueError, "typical_eps"),
-    (lambda: replay.RuleParams(lenience=math.nan), ValueError, "lenience"),
-    (lambda: replay.linear_verify_cost(math.nan, 4), ValueError, "ratio"),
+    (lambda: FixedGamma(2.5), TypeError, "gamma"),
+    (lambda: ConfidenceThreshold(threshold=math.nan, max_gamma=4), ValueError, "threshold"),
+    (lambda: replay.rule_accept_prob(_tiny_trace().assign(h_p=1.0), "typical", {"typical": {"eps": math.nan}}),
+     ValueError, "eps"),
+    (lambda: replay.rule_accept_prob(_tiny_trace(), "lenience", {"lenience": {"lenience": math.nan}}), ValueError,
+     "lenience"),
+    (lambda: theory.linear_verify_cost(math.nan, 4), ValueError, "ratio"),
 ])
 def test_alignment_and_replay_refuse(fn, exc, name):
     refused(exc, name, fn)
 
 
 def test_replay_still_works_on_good_input():
-    out = replay.replay_stop_rule(_tiny_trace(), replay.StopRule("fixed", 2), c=0.1)
+    out = replay.replay_stop_rule(_tiny_trace(), FixedGamma(2), c=0.1)
     assert np.isfinite(out["speedup"]).all() and (out["speedup"] > 0).all()
 
 

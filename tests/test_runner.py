@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import paths, runner, trace
+from spade_lib import paths
+from spade_lib.runs import runner, trace
 from spade_lib.bench import Suite
 
 N_NEW = 12
@@ -29,7 +30,7 @@ def mini_suite(n: int = 4) -> Suite:
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")
@@ -124,8 +125,8 @@ def test_kill_9_then_resume_equals_uninterrupted(pair, tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(paths.REPO_ROOT)!r})
-        from spade_lib import runner
-        from spade_lib.zoo import load_pair
+        from spade_lib.runs import runner
+        from spade_lib.zoo.pairs import load_pair
         from tests.test_runner import cfg, mini_suite
         pair = load_pair("tiny")
         runner.run_suite(pair, mini_suite({n}), cfg(temperature=1.0), {str(killed_dir)!r}, progress=False,
@@ -174,7 +175,7 @@ def test_run_dir_for_and_config_hash(monkeypatch):
 
 
 def test_policy_and_mode_options():
-    from spade_lib.policies import ConfidenceThreshold, FixedGamma
+    from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma, policy_names
 
     assert cfg(gamma=3).make_policy() == FixedGamma(3)
     c = cfg(policy="confidence", threshold=0.3, max_gamma=5)
@@ -186,7 +187,7 @@ def test_policy_and_mode_options():
     c = cfg(mode="lenience", mode_options=opts)
     opts["lenience"] = 0.9  # the config keeps its own copy
     assert c.mode_options == {"lenience": 0.7} and c.hash == b.hash
-    assert runner.POLICIES[:3] == ("fixed", "confidence", "entropy")
+    assert policy_names()[:3] == ("fixed", "confidence", "entropy")
 
 
 def test_generation_seed_is_stable():

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib import metrics, runner
-from spade_lib.bench import MT_BENCH_CATEGORIES, Suite, read_specbench_answers, write_specbench_answers
-from spade_lib.bench import specbench
+from spade_lib.runs import metrics, runner, specbench
+from spade_lib.bench import MT_BENCH_CATEGORIES, Suite
+from spade_lib.runs.specbench import read_specbench_answers, write_specbench_answers
 
 N_NEW = 16
 CATEGORIES = ["writing", "coding", "translation"]
@@ -57,7 +57,7 @@ def mini_suite() -> Suite:
 
 @pytest.fixture(scope="module")
 def pair():
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
     before = torch.get_num_threads()
     yield load_pair("tiny")

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spade_lib import replay, stoprules
+from spade_lib.decoding.policies import EntropyThreshold
+from spade_lib.whatif import replay, stoprules
 
 
 def planted_trace(n_steps=600, gamma=6, seed=0):
@@ -49,7 +50,7 @@ def test_adaedl_is_the_entropy_rule_at_its_bound():
     t = planted_trace(200)
     assert stoprules.adaedl_threshold(0.5, 0.25) == pytest.approx(1.0)
     a = stoprules.frontier(t, 0.1, 1.0, max_gamma=6, grids={"adaedl": [0.5]}, gamma_c=0.25)
-    e = replay.replay_stop_rule(t, replay.StopRule("entropy", 6, 1.0), 0.1, 1.0)
+    e = replay.replay_stop_rule(t, EntropyThreshold(threshold=1.0, max_gamma=6), 0.1, 1.0)
     a = a[a.policy == "adaedl"]
     assert float(a["speedup"].iloc[0]) == pytest.approx(float(e["speedup"].iloc[0]))
     with pytest.raises(ValueError, match="lam"):

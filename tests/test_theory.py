@@ -93,12 +93,10 @@ def test_validation(call, match):
 
 
 def test_cost_model_takes_a_number_or_a_callable():
-    from spade_lib import replay
     from spade_lib.theory import linear_verify_cost, pair_costs, step_cost, verify_cost_at
 
     r = linear_verify_cost(1.5, 4)
     assert r(4) == pytest.approx(1.5) and r(0) == 1.0
-    assert replay.linear_verify_cost is linear_verify_cost and replay.pair_costs is pair_costs
     assert step_cost(4, 0.1, r) == pytest.approx(0.4 + 1.5)
     np.testing.assert_allclose(step_cost(np.array([2, 4]), 0.1, r), [0.2 + 1.25, 0.4 + 1.5])
     np.testing.assert_allclose(verify_cost_at(r, np.arange(1, 4)), [r(1), r(2), r(3)])

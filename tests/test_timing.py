@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from spade_lib import timing
+from spade_lib import devices
+from spade_lib.runs import timing
 
 
 def test_measure_runs_warmup_then_repeats():
@@ -51,13 +52,13 @@ def test_fingerprint_is_json_and_complete():
 
 
 def test_resolve_device_and_dtype():
-    assert timing.resolve_device("cpu") == torch.device("cpu")
-    assert timing.resolve_device("auto").type in ("cpu", "cuda")
+    assert devices.resolve_device("cpu") == torch.device("cpu")
+    assert devices.resolve_device("auto").type in ("cpu", "cuda")
     with pytest.raises(ValueError, match="device"):
-        timing.resolve_device("tpu")
+        devices.resolve_device("tpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            timing.resolve_device("cuda")
-    assert timing.resolve_dtype("bf16") is torch.bfloat16
+            devices.resolve_device("cuda")
+    assert devices.resolve_dtype("bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
-        timing.resolve_dtype("float8")
+        devices.resolve_dtype("float8")

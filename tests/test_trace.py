@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from spade_lib import trace
+from spade_lib.runs import trace
 
 
 def make_records(prompt_id: str, n_steps: int = 3, gamma: int = 3, seed: int = 0, topk: int = 0):
@@ -115,7 +115,7 @@ def test_nan_uniform_survives(tmp_path):
 
 
 def test_column_groups_partition_the_schema_and_the_decoder_derives_from_them():
-    from spade_lib import decode
+    from spade_lib.decoding import decode
 
     names = trace.TRACE_SCHEMA.names
     groups = [trace.ROW_KEYS, trace.STEP_COLUMNS, trace.BLOCK_COLUMNS, trace.POSITION_STATS]

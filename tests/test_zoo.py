@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spade_lib import paths
-from spade_lib.zoo import PAIRS, load_pair, load_tokenizer, pair_names
+from spade_lib.zoo import PAIRS
+from spade_lib.zoo.pairs import load_pair, load_tokenizer, pair_names
 from spade_lib.zoo.build import pair_entry
 from spade_lib.zoo.cache import read_manifest, verify_entry
 from spade_lib.zoo.configs import TINY, ModelConfig, TokenizerConfig, TrainConfig

@@ -124,7 +124,7 @@ def test_two_processes_build_once(tmp_path):
 @pytest.mark.slow
 def test_two_processes_load_tiny_once(tmp_path):
     """Two notebooks asking for the tiny pair on an empty cache: one build, both load it."""
-    script = "from spade_lib.zoo import load_pair; print(load_pair('tiny').manifest['build_id'])"
+    script = "from spade_lib.zoo.pairs import load_pair; print(load_pair('tiny').manifest['build_id'])"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "SPADE_CACHE_DIR": str(tmp_path)}
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for _ in range(2)]

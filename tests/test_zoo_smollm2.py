@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.adapter import CausalLMAdapter
-from spade_lib.decode import SpeculativeDecoder
-from spade_lib.divergence import compare_greedy
-from spade_lib.drafters import NGramDrafter
+from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.decode import SpeculativeDecoder
+from spade_lib.decoding.divergence import compare_greedy
+from spade_lib.decoding.drafters import NGramDrafter
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo.cache import verify_entry
 from spade_lib.zoo.distill import DistillConfig
@@ -99,7 +99,7 @@ def test_cache_rollback_equals_fresh_prefill(pair):
 
 
 def test_early_exit_alpha(pair):
-    from spade_lib.zoo import early_exit_alpha
+    from spade_lib.zoo.early_exit import early_exit_alpha
 
     df = early_exit_alpha(pair, [PROMPTS[0]], layers=[2, 30], max_tokens=32)
     assert list(df["layer"]) == [2, 30]
@@ -111,7 +111,7 @@ def test_early_exit_alpha(pair):
 
 
 def test_hf_early_exit_baseline_is_greedy_exact(pair):
-    from spade_lib.zoo import hf_early_exit_generate
+    from spade_lib.zoo.early_exit import hf_early_exit_generate
 
     t, tok = pair.target, pair.tokenizer
     ids = torch.tensor([chat_ids(tok, PROMPTS[1])])

@@ -6,8 +6,7 @@ Typical use::
     suite = default_suite(tokenizer="tiny", n_per_category=8)   # embedded, offline
     suite.save(DATA_DIR / "embedded.jsonl"); suite = load_suite(DATA_DIR / "embedded.jsonl")
 
-Spec-Bench answer files both ways (``specbench``, imported lazily: it needs pandas):
-``write_specbench_answers(run_dir, path)`` and ``read_specbench_answers(path, baseline=path)``.
+Spec-Bench answer files of runs, both ways, are :mod:`spade_lib.runs.specbench` (they read run folders).
 """
 
 from spade_lib.bench.build import (SuiteSpec, build_suite, default_suite, from_specbench, humaneval_suite,
@@ -23,20 +22,9 @@ from spade_lib.bench.specs import HF_SPECS, hf_spec
 __all__ = [
     "DEFAULT_TIER_EDGES", "EMBEDDED_CATEGORIES", "EmbeddedConfig", "EmbeddedSource", "HFSource", "HF_SPECS",
     "HumanEvalSource", "humaneval_path", "humaneval_suite",
-    "MT_BENCH_CATEGORIES", "SOURCE_KINDS", "SPEC_BENCH_SUBTASKS", "SpecBenchAnswers", "SpecBenchSource", "Suite",
+    "MT_BENCH_CATEGORIES", "SOURCE_KINDS", "SPEC_BENCH_SUBTASKS", "SpecBenchSource", "Suite",
     "SuiteSpec",
     "build_suite", "dedup", "default_suite", "from_specbench", "hf_spec", "length_tier", "load_suite",
     "manifest_path", "named_source", "normalise", "prompt_token_ids", "read_jsonl", "register_source",
-    "plot_specbench", "read_specbench_answers", "render_prompt", "source_from_dict", "spec_from_manifest",
-    "write_specbench_answers",
+    "render_prompt", "source_from_dict", "spec_from_manifest",
 ]
-
-_SPECBENCH = {"SpecBenchAnswers", "plot_specbench", "read_specbench_answers", "write_specbench_answers"}
-
-
-def __getattr__(name: str):
-    if name in _SPECBENCH:
-        from spade_lib.bench import specbench
-
-        return getattr(specbench, name)
-    raise AttributeError(f"module 'spade_lib.bench' has no attribute {name!r}")

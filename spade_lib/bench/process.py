@@ -47,14 +47,14 @@ def dedup(rows: list[dict]) -> tuple[list[dict], dict[str, int]]:
 
 
 def resolve_tokenizer(tokenizer: Any) -> tuple[Any, str]:
-    """``(tokenizer object, name)``: a name is loaded with :func:`spade_lib.zoo.load_tokenizer`."""
+    """``(tokenizer object, name)``: a name is loaded with :func:`spade_lib.zoo.pairs.load_tokenizer`."""
     if tokenizer is None:
         return None, None
     if isinstance(tokenizer, str):
         try:
-            from spade_lib.zoo import load_tokenizer
+            from spade_lib.zoo.pairs import load_tokenizer
         except ImportError as e:
-            raise ValueError(f"tokenizer={tokenizer!r}: loading by name needs spade_lib.zoo.load_tokenizer "
+            raise ValueError(f"tokenizer={tokenizer!r}: loading by name needs spade_lib.zoo.pairs.load_tokenizer "
                              f"({e}); pass a tokenizer object instead") from None
         return load_tokenizer(tokenizer), tokenizer
     if not callable(getattr(tokenizer, "encode", None)):

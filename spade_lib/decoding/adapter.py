@@ -17,7 +17,7 @@ window already overrun) is refused with a ``ValueError``. The adapter is device-
 feeds tokens on the model's device and returns logits in the model's dtype.
 
 Backends (``backend=``): ``"hf"`` calls the model's own forward with a ``DynamicCache`` as above;
-``"lean"`` runs :class:`spade_lib.lean.LeanForward` — the same function computed from the model's
+``"lean"`` runs :class:`spade_lib.decoding.lean.LeanForward` — the same function computed from the model's
 weights with a preallocated KV cache (rollback is setting an integer), without the per-call module,
 mask and cache bookkeeping that dominates a small draft's forward; ``"auto"`` (default) takes
 ``"lean"`` whenever it covers the model and agrees with one Hugging Face forward, else ``"hf"``.
@@ -112,7 +112,7 @@ class CausalLMAdapter:
             self.lean = lean_forward(model, limit)
         if backend == "lean" and self.lean is None:
             raise ValueError(f"backend: the lean forward does not cover {type(model).__name__} "
-                             "(see spade_lib.lean.SUPPORTED), use backend='hf' or 'auto'")
+                             "(see spade_lib.decoding.lean.SUPPORTED), use backend='hf' or 'auto'")
         self.backend = "hf" if self.lean is None else "lean"
         if self.lean is not None:
             self.cache = None  # the lean forward keeps its own buffers

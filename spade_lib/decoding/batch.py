@@ -1,7 +1,7 @@
 """Batched decoding (batch size ``B > 1``): exact speculative decoding with ragged acceptance.
 
 Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length. Each of the ``B``
-rows of a batch runs the loop of :mod:`spade_lib.decode` (draft ``x_0 .. x_{gamma_b - 1} ~ q``, one
+rows of a batch runs the loop of :mod:`spade_lib.decoding.decode` (draft ``x_0 .. x_{gamma_b - 1} ~ q``, one
 target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b`` drafts plus the
 residual / bonus token), but every model forward is one batched call over the rows still running.
 
@@ -26,19 +26,19 @@ counts slots, not positions); the draft must be a model (prompt lookup is not ba
 ``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
 
 **Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
-``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.drafters.ModelDrafter`
+``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.decoding.drafters.ModelDrafter`
 does (``V`` exponential draws per token), so that cost grows linearly with ``B``.
 
-**Randomness: per-row seeds.** Row ``b`` has its own three generators (:func:`spade_lib.decode.seed_streams`
+**Randomness: per-row seeds.** Row ``b`` has its own three generators (:func:`spade_lib.decoding.decode.seed_streams`
 of its seed: ``seed`` for every row when ``seed`` is an int, ``seed[b]`` when it is a list), and draws
-from them exactly what a single-sequence :meth:`~spade_lib.decode.SpeculativeDecoder.generate` with
+from them exactly what a single-sequence :meth:`~spade_lib.decoding.decode.SpeculativeDecoder.generate` with
 that seed draws (draft samples, ``gamma_b`` acceptance uniforms, one residual/bonus uniform per step).
 So a row's tokens depend only on its prompt and its seed, never on the other rows of its batch, and
 equal ``generate(prompt, seed=seed_b)`` token for token whenever the batched and single forwards round
 the same way (greedy: always, barring a near-tie of the target's top two logits; see
-:func:`spade_lib.divergence.compare_greedy`).
+:func:`spade_lib.decoding.divergence.compare_greedy`).
 
-Results: one :class:`BatchGenerationResult` per prompt (a :class:`~spade_lib.decode.GenerationResult`
+Results: one :class:`BatchGenerationResult` per prompt (a :class:`~spade_lib.decoding.decode.GenerationResult`
 with ``row``, ``batch_size``, the batch's totals), whose steps are :class:`BatchStepInfo` (row, batch
 step, rows in the step, step width) and whose :meth:`~BatchGenerationResult.records` add the columns
 ``row``, ``batch_size``, ``batch_step``, ``batch_rows``. :func:`batch_metrics` reports tokens/s per row
@@ -59,9 +59,10 @@ from transformers import DynamicCache
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.decode import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate, seed_streams
 from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
+from spade_lib import rules
 from spade_lib.measures import entropy, kl, tv
 from spade_lib.sampling import adjust
-from spade_lib.verify import DETERMINISTIC_MODES, sample_inverse_cdf, verify
+from spade_lib.verify import sample_inverse_cdf, verify
 
 __all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculative_generate_batch",
            "autoregressive_generate_batch", "batch_metrics", "row_seeds", "BatchStudyConfig", "forward_costs",
@@ -73,7 +74,7 @@ COMPACT_SLACK = 16  # a cache is compacted when its slots exceed 2 x (longest ro
 
 @dataclass
 class BatchStepInfo(StepInfo):
-    """A row's step in a batch: :class:`~spade_lib.decode.StepInfo` plus where it ran."""
+    """A row's step in a batch: :class:`~spade_lib.decoding.decode.StepInfo` plus where it ran."""
 
     row: int = 0          # the row (index of the prompt in the batch)
     batch_step: int = 0   # index of the batched step (the same for every row in it)
@@ -306,7 +307,7 @@ def _results(rows: _Rows, prompts, seeds, t_start, t_prefill, batch_totals, t_en
 @torch.inference_mode()
 def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0
                                ) -> list[BatchGenerationResult]:
-    """Decode ``prompts`` together with :class:`~spade_lib.decode.SpeculativeDecoder` ``dec``'s target,
+    """Decode ``prompts`` together with :class:`~spade_lib.decoding.decode.SpeculativeDecoder` ``dec``'s target,
     draft, policy, sampling and mode; one result per prompt (see the module docstring)."""
     _check_budget(max_new_tokens)
     if not isinstance(dec.drafter, ModelDrafter):
@@ -322,7 +323,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     lens = [int(p.numel()) for p in prompts_t]
     budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
                for n in lens]
-    draw_accept = mode not in DETERMINISTIC_MODES
+    draw_accept = mode not in rules.deterministic_names()
     draw_next = mode != "greedy"
 
     t_start = _clock(dev)
@@ -530,7 +531,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
 @torch.inference_mode()
 def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0
                                   ) -> list[BatchGenerationResult]:
-    """Plain batched KV-cached decoding with :class:`~spade_lib.decode.AutoregressiveDecoder` ``dec``:
+    """Plain batched KV-cached decoding with :class:`~spade_lib.decoding.decode.AutoregressiveDecoder` ``dec``:
     row ``b`` samples ``t ~ adjust(logits, sampling)`` with the residual stream of its seed, exactly as
     ``dec.generate(prompt_b, seed=seed_b)`` does."""
     _check_budget(max_new_tokens)

@@ -21,7 +21,7 @@ draft sampling, acceptance uniforms, residual/bonus sampling — so the same see
 for bit, and what one stream draws does not depend on how many draws the others consumed.
 
 Records (``record=True``): one row per drafted token with the trace columns of
-:data:`spade_lib.trace.TRACE_SCHEMA` (:meth:`GenerationResult.records`). Per step the statistics are
+:data:`spade_lib.runs.trace.TRACE_SCHEMA` (:meth:`GenerationResult.records`). Per step the statistics are
 computed vectorised over the ``gamma`` positions as named tensors (one per column of
 ``trace.POSITION_STATS``), stacked and moved to the host with a single ``.tolist()``.
 ``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings),
@@ -115,7 +115,7 @@ class GenerationResult:
 
     @property
     def accept_lengths(self) -> list[int]:
-        """``n + 1`` per step, the verification's outcome before truncation (``spade_lib.metrics``)."""
+        """``n + 1`` per step, the verification's outcome before truncation (``spade_lib.runs.metrics``)."""
         return [s.n_accepted + 1 for s in self.steps]
 
     @property
@@ -314,7 +314,7 @@ class SpeculativeDecoder(_Base):
         steps: list[StepInfo] = []
         totals = {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
         stop_reason = "max_new_tokens"
-        # a policy with per-generation state (spade_lib.adaptive) picks each step's gamma from past steps
+        # a policy with per-generation state (spade_lib.decoding.adaptive) picks each step's gamma from past steps
         state = policy.start() if hasattr(policy, "start") else None
         while True:
             budget = min(max_new_tokens, limit - L) - len(tokens)
@@ -390,7 +390,7 @@ class SpeculativeDecoder(_Base):
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
         """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or
         one per row. Each row equals ``generate(prompt, seed=its seed)`` up to rounding
-        (:mod:`spade_lib.batch`: masked holes, ragged acceptance)."""
+        (:mod:`spade_lib.decoding.batch`: masked holes, ragged acceptance)."""
         from spade_lib.decoding.batch import speculative_generate_batch
 
         return speculative_generate_batch(self, prompts, max_new_tokens, seed)
@@ -440,7 +440,7 @@ class AutoregressiveDecoder(_Base):
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
-        """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.batch`)."""
+        """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.decoding.batch`)."""
         from spade_lib.decoding.batch import autoregressive_generate_batch
 
         return autoregressive_generate_batch(self, prompts, max_new_tokens, seed)

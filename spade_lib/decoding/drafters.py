@@ -1,6 +1,6 @@
 """Drafters: whatever proposes the block ``x_0 .. x_{gamma-1}`` that the target then verifies.
 
-One interface (:class:`Drafter`), driven by :class:`spade_lib.decode.SpeculativeDecoder`:
+One interface (:class:`Drafter`), driven by :class:`spade_lib.decoding.decode.SpeculativeDecoder`:
 
 - ``reset(prompt_ids, vocab_size)`` starts a prompt (``vocab_size`` is the target's ``V``);
 - ``propose(max_gamma, policy, sampling, generator)`` returns a :class:`Draft`: the tokens and the
@@ -8,7 +8,7 @@ One interface (:class:`Drafter`), driven by :class:`spade_lib.decode.Speculative
 - ``accept(n_accepted, next_token)`` tells the drafter what was committed: ``x_0 .. x_{n-1}`` and the
   target's residual/bonus token.
 
-:class:`ModelDrafter` runs a small causal LM with its own KV cache (:class:`~spade_lib.adapter.CausalLMAdapter`):
+:class:`ModelDrafter` runs a small causal LM with its own KV cache (:class:`~spade_lib.decoding.adapter.CausalLMAdapter`):
 ``q_i = adjust(draft logits, sampling)`` — warped exactly like the target — and ``x_i ~ q_i`` from the
 draft-sampling generator (argmax when greedy). Its logits are cut or ``-inf``-padded to the target's
 vocabulary, which changes ``q`` but never the output distribution (any ``q`` is lossless).
@@ -22,7 +22,7 @@ takes a plain target step).
 
 **Policy and drafter.** The decoder caps each block at ``max_gamma`` (the policy's, the budget's);
 *every* drafter consults the policy after each drafted token with the temperature-1 signals of the
-distribution that token was drawn from (:mod:`spade_lib.policies`), and stops when it says so
+distribution that token was drawn from (:mod:`spade_lib.decoding.policies`), and stops when it says so
 (``Draft.stop == "policy"``). A deterministic drafter's ``q`` is one-hot: ``q_top_prob = 1``,
 ``h_q = 0``, computed on the host without a sync. A policy that reads no signals (``FixedGamma``,
 ``needs_signals = False``) is never consulted, so a fixed gamma adds no per-token host sync.

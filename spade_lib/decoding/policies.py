@@ -17,7 +17,7 @@ The decoder logs the draft length (``gamma``) and both signals for every step.
 
 **Registry.** Policies are looked up by name (``get_policy("confidence", threshold=0.3)``), as the
 runner does (``RunConfig.policy`` + ``policy_options``); :func:`register_policy` adds one. Every policy
-also has a vectorised replay form for :mod:`spade_lib.replay`: :meth:`Policy.keep_mask` answers
+also has a vectorised replay form for :mod:`spade_lib.whatif.replay`: :meth:`Policy.keep_mask` answers
 ``keep_drafting`` for every row of a trace at once (from the columns ``q_top_prob`` and ``h_q_raw``,
 the same temperature-1 signals), and :meth:`Policy.replay_gamma` turns it into the draft length of
 each recorded step, ``g = min(1 + #leading kept positions, max_gamma, recorded gamma)``. A policy
@@ -230,6 +230,6 @@ def as_policy(gamma: int | None = None, policy: Policy | None = None) -> Policy:
         raise ValueError("gamma/policy: give exactly one of gamma=<int> or policy=<Policy>")
     if policy is not None:
         if not isinstance(policy, Policy):
-            raise ValueError(f"policy: expected a spade_lib.policies.Policy, got {type(policy).__name__}")
+            raise ValueError(f"policy: expected a spade_lib.decoding.policies.Policy, got {type(policy).__name__}")
         return policy
     return FixedGamma(gamma=gamma)

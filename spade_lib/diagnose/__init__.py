@@ -1,6 +1,6 @@
 """M3 rejection diagnostics: token-level traces in, tidy tables out.
 
-Every function takes a trace (one row per drafted token, :mod:`spade_lib.trace`'s schema; a DataFrame
+Every function takes a trace (one row per drafted token, :mod:`spade_lib.runs.trace`'s schema; a DataFrame
 or a run directory) and an optional ``by`` of grouping columns, and returns a tidy ``DataFrame``
 (one row per group x position / bin / token; variables as columns). Figures are thin functions over
 these tables in :mod:`spade_lib.plots.m3`. Notation of Leviathan et al. (2023): ``p`` target, ``q``

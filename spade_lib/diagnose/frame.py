@@ -1,7 +1,7 @@
 """Trace inputs of the M3 diagnostics: load, check columns, label and combine runs.
 
 Every table in :mod:`spade_lib.diagnose` takes a token-level trace (one row per drafted token, the
-schema of :mod:`spade_lib.trace`) as a ``pandas.DataFrame`` or a run directory, and an optional
+schema of :mod:`spade_lib.runs.trace`) as a ``pandas.DataFrame`` or a run directory, and an optional
 ``by`` of extra grouping columns (e.g. ``"category"``, or the run label that :func:`combine_runs`
 adds), so one call compares several runs or categories side by side.
 """
@@ -20,7 +20,7 @@ By = str | Sequence[str] | None
 
 
 def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
-    """``trace`` as a DataFrame (reading a run directory or shard with :func:`spade_lib.trace.read_trace`),
+    """``trace`` as a DataFrame (reading a run directory or shard with :func:`spade_lib.runs.trace.read_trace`),
     checked to hold ``columns``."""
     if isinstance(trace, (str, os.PathLike)):
         from spade_lib.runs.trace import read_trace
@@ -30,7 +30,7 @@ def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
         raise ValueError(f"trace must be a DataFrame or a run directory, got {type(trace).__name__}")
     missing = [c for c in columns if c not in trace.columns]
     if missing:
-        raise ValueError(f"trace is missing column(s) {missing}; see spade_lib.trace.TRACE_SCHEMA")
+        raise ValueError(f"trace is missing column(s) {missing}; see spade_lib.runs.trace.TRACE_SCHEMA")
     return trace
 
 

@@ -14,7 +14,7 @@ reached (judged) positions (all computed from the step-level columns):
 - ``tokens_per_second = emitted / sum_s (t_draft + t_verify + t_overhead)`` when timings exist, and
   ``speedup = tokens_per_second / baseline_tokens_per_second`` (ratio of totals) when a baseline
   rate is given. Wall-clock speedups of whole generations come from the runs' summaries
-  (:mod:`spade_lib.metrics`), as notebook 04 does.
+  (:mod:`spade_lib.runs.metrics`), as notebook 04 does.
 """
 
 from __future__ import annotations

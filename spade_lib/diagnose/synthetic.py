@@ -58,7 +58,7 @@ def synthetic_trace(
 
     Steps are split into ``n_prompts`` contiguous generations; prompt ``j`` has category
     ``categories[j % len(categories)]``, whose logit shift is ``category_logit[...]`` (default 0).
-    Columns and dtypes are those of :func:`spade_lib.trace.read_trace`. Same arguments, same frame.
+    Columns and dtypes are those of :func:`spade_lib.runs.trace.read_trace`. Same arguments, same frame.
     """
     if n_steps < 1:
         raise ValueError(f"n_steps must be >= 1, got {n_steps}")

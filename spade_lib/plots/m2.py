@@ -1,6 +1,6 @@
 """M2 figures: measured speedups with their intervals, and the predictions they are compared with.
 
-Each function takes a table of :func:`spade_lib.protocol.speedup_table` rows (or a per-category
+Each function takes a table of :func:`spade_lib.runs.protocol.speedup_table` rows (or a per-category
 table with the same columns) and returns the ``Figure``; the caller saves it under a name of its own
 (``spade_lib.experiment.figure_name``). Colour is the draft (``spade_lib.plots.palette``); a
 temperature is a marker fill and line style; every measured speedup is drawn with its bootstrap

@@ -1,12 +1,12 @@
-"""The run command line: one :class:`~spade_lib.runner.RunConfig` over one suite, in one process or
+"""The run command line: one :class:`~spade_lib.runs.runner.RunConfig` over one suite, in one process or
 sharded over several::
 
-    python -m spade_lib.runner --config params/cli/tiny.yaml --out runs/cli/tiny
-    torchrun --nproc-per-node 8 -m spade_lib.runner --config params/cli/qwen2.5_0.5b_7b.yaml --out runs/cli/qwen
-    accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runner --config ... --out ...
-    python -m spade_lib.runner --config ... --out DIR --merge   # after ranks launched as separate jobs
+    python -m spade_lib.runs.cli --config params/cli/tiny.yaml --out runs/cli/tiny
+    torchrun --nproc-per-node 8 -m spade_lib.runs.cli --config params/cli/qwen2.5_0.5b_7b.yaml --out runs/cli/qwen
+    accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runs.cli --config ... --out ...
+    python -m spade_lib.runs.cli --config ... --out DIR --merge   # after ranks launched as separate jobs
 
-The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runner.RunConfig`
+The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runs.runner.RunConfig`
 fields plus:
 
 =================  ==========================================================================
@@ -25,7 +25,7 @@ fields plus:
 
 Under ``torchrun`` / ``accelerate launch`` each process takes the prompts ``rows[rank::world_size]``
 and, on GPUs, the device ``cuda:LOCAL_RANK`` (``device: cuda`` or ``auto`` in the YAML); rank 0 merges
-after a barrier and prints the summary (``spade_lib.launch``). The run folder is the same as a
+after a barrier and prints the summary (``spade_lib.runs.launch``). The run folder is the same as a
 one-process run's, whatever the number of processes (only the measured timings differ).
 """
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import launch, runner
 
@@ -144,14 +144,12 @@ def load_suite_for(spec: RunSpec):
 
 def rank_device(spec: RunSpec, ranks: launch.Ranks) -> str | None:
     """The device this rank loads the pair on (``None``: placed by ``device_map``)."""
-    from spade_lib.runs import timing
-
     if spec.device_map is not None:
         if ranks.world_size > 1:
             raise ValueError("device_map: a target spread over devices runs in one process; "
                              f"launch 1 process, not {ranks.world_size}")
         return None
-    dev = timing.resolve_device(spec.config.device)
+    dev = devices.resolve_device(spec.config.device)
     if dev.type == "cuda" and ranks.world_size > 1:
         if dev.index is not None:
             raise ValueError(f"device: with {ranks.world_size} processes give 'cuda' or 'auto' (each rank "
@@ -164,10 +162,9 @@ def rank_device(spec: RunSpec, ranks: launch.Ranks) -> str | None:
 
 
 def load_pair_for(spec: RunSpec, ranks: launch.Ranks):
-    from spade_lib.runs import timing
-    from spade_lib.zoo import load_pair
+    from spade_lib.zoo.pairs import load_pair
 
-    kwargs = dict(device=rank_device(spec, ranks), dtype=timing.resolve_dtype(spec.config.dtype),
+    kwargs = dict(device=rank_device(spec, ranks), dtype=devices.resolve_dtype(spec.config.dtype),
                   device_map=spec.device_map, max_memory=spec.max_memory, offload_folder=spec.offload_folder)
     if spec.target_id is None:
         return load_pair(spec.pair, **kwargs)
@@ -217,7 +214,7 @@ def merge_only(spec: RunSpec, run_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     """Run (or merge) the YAML's run; return the summary on rank 0 (``None`` on other ranks)."""
-    parser = argparse.ArgumentParser(prog="python -m spade_lib.runner", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m spade_lib.runs.cli", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="run YAML (RunConfig fields, pair, suite, ...)")
     parser.add_argument("--out", help="run folder (default: runs/traces/<pair>/<suite key>/<label>-<hash>)")

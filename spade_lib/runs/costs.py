@@ -11,7 +11,7 @@ denominator alike, and reports the **median over rounds of the paired ratios**. 
 ``benchmarks/bench_decode.py`` and the notebooks use. Costs taken from a run's step timings instead
 are normalised by the autoregressive run's time per token, which also holds the prompt's prefill and
 the loop's per-token work: on short generations of long prompts that made ``r`` < 1 (``r_trace`` in
-:func:`spade_lib.metrics.run_metrics`, kept for comparison).
+:func:`spade_lib.runs.metrics.run_metrics`, kept for comparison).
 
 :func:`pair_costs` measures each draft of a pair once and caches the result as JSON under
 ``runs/costs/`` (keyed by pair and its folder, draft, device, dtype, threads, ``max_gamma`` and ``context``), so every
@@ -40,7 +40,7 @@ MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma
 @torch.inference_mode()
 def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Callable[[], float] | None = None,
                   reps: int = 30, device=None) -> dict:
-    """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.adapter.CausalLMAdapter`).
+    """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.decoding.adapter.CausalLMAdapter`).
 
     ``draft=None`` (a drafter without a model, e.g. prompt lookup) gives ``c = 0``. Returns ``{"c",
     "r": {g: r(g) for g = 1 .. max_gamma}, "t_target", "t_draft", "t_verify": {g: s}, "context",
@@ -121,7 +121,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     drafter such as ``"ngram"``: ``c = 0``), cached under ``runs/costs/`` (see the module docstring).
     ``r(g)`` is measured for ``g = 1 .. max(max_gamma, MIN_GAMMA)``, so notebooks asking for different
     ``max_gamma`` below that share one measurement (and one prediction per configuration)."""
-    from spade_lib.adapter import CausalLMAdapter
+    from spade_lib.decoding.adapter import CausalLMAdapter
 
     max_gamma = max(int(max_gamma), MIN_GAMMA)
     device = next(pair.target.parameters()).device

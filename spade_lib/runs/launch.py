@@ -1,7 +1,7 @@
 """Several processes, one run: ranks from the launcher's environment, a barrier, and the merge.
 
-``torchrun --nproc-per-node N -m spade_lib.runner ...`` and ``accelerate launch --multi_gpu
---num_processes N -m spade_lib.runner ...`` (which starts torchrun) run N copies of the command with
+``torchrun --nproc-per-node N -m spade_lib.runs.cli ...`` and ``accelerate launch --multi_gpu
+--num_processes N -m spade_lib.runs.cli ...`` (which starts torchrun) run N copies of the command with
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set. (``accelerate launch
 --cpu`` starts one process; its multi-CPU mode goes through MPI: on a CPU use torchrun.) Each copy runs ``run_suite(..., rank, world_size)`` on its
 share ``rows[rank::world_size]`` of the prompts (one Parquet shard per prompt, written atomically), so
@@ -11,7 +11,7 @@ that is exchanged); then rank 0 merges (:func:`merge_run`).
 
 Without ``MASTER_ADDR`` (ranks started as independent jobs, e.g. a scheduler's job array with
 ``RANK``/``WORLD_SIZE`` set by hand) there is no barrier: each rank writes its shards and stops, and
-``python -m spade_lib.runner --config ... --out DIR --merge`` merges once all have finished.
+``python -m spade_lib.runs.cli --config ... --out DIR --merge`` merges once all have finished.
 
 A rank that dies leaves its finished shards; the launcher stops the others (torchrun does), and the
 same command run again (with any number of processes) redoes only the prompts without a shard.
@@ -108,7 +108,7 @@ def merge_run(run_dir: str | os.PathLike, suite, identity: dict[str, Any]) -> Pa
     The checks (each failure names what is wrong):
 
     - every shard's stored identity (schema version, pair and its hash, suite and its sha256, the full
-      config and its hash) equals ``identity`` (:func:`spade_lib.runner.run_identity`): no shard of
+      config and its hash) equals ``identity`` (:func:`spade_lib.runs.runner.run_identity`): no shard of
       another run or of an older schema slipped in;
     - every suite prompt has exactly one shard, and no shard belongs to a prompt outside the suite;
     - each shard holds the summaries of samples ``0 .. n_samples - 1`` of its own prompt, once each,

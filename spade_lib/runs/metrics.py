@@ -7,7 +7,7 @@ the *bonus* token ``~ p`` when all ``gamma`` were accepted), so a step yields ``
 
 Two inputs:
 
-- a **trace** (``spade_lib.trace``): one row per drafted token with ``reached``, ``accepted``,
+- a **trace** (``spade_lib.runs.trace``): one row per drafted token with ``reached``, ``accepted``,
   ``n_accepted``, ``tv``, ``t_draft`` ...; steps that drafted nothing (``gamma = 0``) have no rows.
 - a **summary** (``summary.jsonl`` of a run, Spec-Bench's answer shape): one row per generation
   (``question_id``, ``category``, ``sample``) with ``new_tokens`` (tokens emitted, after truncation

@@ -19,11 +19,11 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    baseline a run was interleaved with from its own rows, so a run's speedup is one number
    wherever it is read (notebooks 03 and 05 read the same rows).
 5. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
-   (:func:`spade_lib.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
+   (:func:`spade_lib.runs.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
    rounds, paired across the session) and the flag where they disagree.
 
 Each configuration's run folder is the runner's usual one (``runner.run_dir_for``): traces, the
-untimed recorded pass and its token checks are those of :func:`spade_lib.runner.timed_generation`.
+untimed recorded pass and its token checks are those of :func:`spade_lib.runs.runner.timed_generation`.
 ``RunConfig.repeats`` / ``.warmup`` are set to the protocol's (they are part of a run's identity),
 and ``device="auto"`` is resolved when a ``RunConfig`` is made, so the same request from two
 notebooks is the same run.
@@ -232,7 +232,7 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
                   protocol: Protocol = Protocol(), by: str | None = None, traces: dict | None = None,
                   costs: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per run (per run and ``by`` group, e.g. ``"category"``): its
-    :func:`spade_lib.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
+    :func:`spade_lib.runs.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
     intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``. ``costs`` (draft name ->
     :func:`spade_lib.runs.costs.pair_costs` entry) prices the predictions of SPADE runs with those
     micro-benchmarked costs instead of the runs' step timings."""
@@ -261,7 +261,7 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
 
 
 def speedup_over(run_dir: Path, other: runner.RunConfig, *, protocol: Protocol = Protocol()) -> dict:
-    """:func:`spade_lib.metrics.bootstrap_speedup` of a run over another member of its session
+    """:func:`spade_lib.runs.metrics.bootstrap_speedup` of a run over another member of its session
     (e.g. HF assisted generation over plain HF generate)."""
     summ = runner.read_summary(run_dir)
     b, _ = paired_baseline(summ, protocol.config(other))

@@ -4,7 +4,7 @@
 with one method and writes, under the run folder ``run_dir_for(pair.name, suite_key(suite), config)``::
 
     <run_dir>/metadata.json          the run: pair, suite (+ sha256), config, environment, schema
-    <run_dir>/trace/<id>.parquet     one shard per prompt: its token-level trace (spade_lib.trace),
+    <run_dir>/trace/<id>.parquet     one shard per prompt: its token-level trace (spade_lib.runs.trace),
                                      with the prompt's summary rows and the run's identity (config
                                      hash, schema version) in the file's metadata; ``<id>`` is
                                      ``validate.safe_name(question_id)``
@@ -24,8 +24,8 @@ resumed ends with the same trace as an uninterrupted one — every column except
 **Sharded.** ``run_suite(..., rank=r, world_size=W)`` decodes only the prompts ``rows[r::W]`` (a
 disjoint share; the shards do not depend on who wrote them). Rank 0 alone writes ``metadata.json``;
 with ``W > 1`` nobody writes ``summary.jsonl`` here: the launcher merges once every rank is done
-(``spade_lib.launch.merge_run``). ``python -m spade_lib.runner --config run.yaml --out DIR`` (under
-``torchrun`` or ``accelerate launch`` for several processes) is the command line (``spade_lib.cli``).
+(``spade_lib.runs.launch.merge_run``). ``python -m spade_lib.runs.cli --config run.yaml --out DIR`` (under
+``torchrun`` or ``accelerate launch`` for several processes) is the command line (``spade_lib.runs.cli``).
 
 **One run per folder.** Resuming into a folder whose ``metadata.json`` -- or, if that file was
 deleted, any shard -- describes another run (config hash, schema version, pair, suite) is refused
@@ -33,13 +33,13 @@ before anything is written. Concurrent processes on one folder (or ranks) share 
 is computed under its ``filelock`` lock by whichever process takes it first, never twice.
 
 **Methods** (``RunConfig.method``), all counted the same way (``new_tokens`` = tokens emitted after
-the prompt) and timed the same way (``spade_lib.timing``: ``warmup`` untimed generations on the
+the prompt) and timed the same way (``spade_lib.runs.timing``: ``warmup`` untimed generations on the
 first prompt, then each generation timed ``repeats`` times, median kept):
 
-- ``"spade"``: :class:`spade_lib.decode.SpeculativeDecoder` with the drafter ``config.draft`` (a draft
+- ``"spade"``: :class:`spade_lib.decoding.decode.SpeculativeDecoder` with the drafter ``config.draft`` (a draft
   of the pair, or a registered drafter such as ``"ngram"`` for prompt lookup:
-  :func:`spade_lib.drafters.make_drafter`), the draft-length policy ``config.policy`` with
-  ``config.policy_options`` (:func:`spade_lib.policies.get_policy`) and the acceptance rule
+  :func:`spade_lib.decoding.drafters.make_drafter`), the draft-length policy ``config.policy`` with
+  ``config.policy_options`` (:func:`spade_lib.decoding.policies.get_policy`) and the acceptance rule
   ``config.mode`` with ``config.mode_options`` (:mod:`spade_lib.rules`);
 - ``"ar"``: SPADE's autoregressive loop on the same adapter (the baseline for ``"spade"``);
 - ``"hf"``: plain ``model.generate``; ``"hf_assisted"``: HF assisted generation with the same draft
@@ -68,7 +68,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import timing, trace
 from spade_lib.io import write_json, write_text
@@ -80,14 +80,6 @@ META_LOCK = ".meta.lock"
 
 # RunConfig fields that fill the policy's option of the same name unless policy_options gives it
 _POLICY_FIELDS = ("gamma", "threshold", "max_gamma")
-
-
-def __getattr__(name: str):
-    if name == "POLICIES":  # a live view of the policy registry (spade_lib.policies)
-        from spade_lib.decoding.policies import policy_names
-
-        return policy_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -151,14 +143,14 @@ class RunConfig:
         v.check_float("threshold", self.threshold)
         if self.method == "hf_assisted" and self.draft in drafters.drafter_names():
             raise ValueError(f"draft: {self.draft!r} is not available for method 'hf_assisted', which needs a "
-                             "draft model (for prompt lookup use method 'hf' with spade_lib.baselines instead)")
+                             "draft model (for prompt lookup use method 'hf' with spade_lib.decoding.baselines instead)")
         v.check_choice("chat_template", self.chat_template, (True, False, "auto"))
         v.check_str("device", self.device)
         self.sampling()  # validates temperature / top_k / top_p
         self.make_policy()  # validates the policy's options against their ranges
-        timing.resolve_dtype(self.dtype)
+        devices.resolve_dtype(self.dtype)
         if self.device == "auto":  # resolved before hashing: "auto" and what it means are one run
-            object.__setattr__(self, "device", str(timing.resolve_device("auto")))
+            object.__setattr__(self, "device", str(devices.resolve_device("auto")))
 
     def sampling(self):
         """The :class:`spade_lib.sampling.SamplingConfig` of this run."""
@@ -167,7 +159,7 @@ class RunConfig:
         return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     def make_policy(self):
-        """The draft-length policy ``get_policy(policy, **options)`` (``spade_lib.policies``): the fields
+        """The draft-length policy ``get_policy(policy, **options)`` (``spade_lib.decoding.policies``): the fields
         ``gamma``, ``threshold``, ``max_gamma`` fill the policy's options of the same name, then
         ``policy_options`` (which wins)."""
         from spade_lib.decoding import policies
@@ -177,7 +169,7 @@ class RunConfig:
         return policies.get_policy(self.policy, **{**options, **self.policy_options})
 
     def make_drafter(self, pair):
-        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.drafters.make_drafter`);
+        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.decoding.drafters.make_drafter`);
         ``ngram_max`` fills a registered drafter's ``max_ngram``."""
         from spade_lib.decoding import drafters
 
@@ -312,8 +304,8 @@ def prompt_ids(tokenizer, text: str, config: RunConfig) -> list[int]:
 
 
 def _check_pair_placement(pair, config: RunConfig):
-    want_dev = timing.resolve_device(config.device)
-    want_dtype = timing.resolve_dtype(config.dtype)
+    want_dev = devices.resolve_device(config.device)
+    want_dtype = devices.resolve_dtype(config.dtype)
     p = next(pair.target.parameters())
     if p.device.type != want_dev.type or (want_dev.index is not None and p.device != want_dev):
         raise ValueError(f"device: config asks for {want_dev} but the pair's target is on {p.device}; "
@@ -617,10 +609,3 @@ def list_runs(root: str | os.PathLike | None = None):
                     "suite_sha256": m["suite"]["sha256"], "config_hash": m["config_hash"], **m["config"]})
     return pd.DataFrame(out)
 
-
-if __name__ == "__main__":  # python -m spade_lib.runner --config run.yaml --out DIR (see spade_lib.cli)
-    import sys
-
-    from spade_lib.runs.cli import console
-
-    sys.exit(console())

@@ -362,7 +362,7 @@ def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int]
     """The text a run emitted, ready to score: ``(sequences, prompt_lengths, keys)``.
 
     Each generation of ``summary.jsonl`` becomes ``prompt ids + output_ids``, the prompt re-tokenised
-    exactly as the runner did (``spade_lib.runner.prompt_ids`` with the run's own config, checked
+    exactly as the runner did (``spade_lib.runs.runner.prompt_ids`` with the run's own config, checked
     against the stored ``prompt_tokens``). ``keys`` has one row per sequence: ``seq``,
     ``question_id``, ``prompt_id`` (as in traces), ``category``, ``sample``, ``new_tokens``. A trace
     can hold drafted positions past ``new_tokens`` (after an EOS, or cut by ``max_new_tokens``): they

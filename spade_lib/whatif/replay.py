@@ -1,6 +1,6 @@
 """What-if replay of a stored trace: other acceptance rules and other stop rules, without a model.
 
-A trace (``spade_lib.trace``) keeps, for every drafted token ``x_i`` of every block, ``p(x_i)``,
+A trace (``spade_lib.runs.trace``) keeps, for every drafted token ``x_i`` of every block, ``p(x_i)``,
 ``q(x_i)``, the uniform ``u_i`` the verifier drew, ``H(p)`` and the draft's confidence. That is
 enough to re-decide each block under another rule. Notation: Leviathan et al. (2023).
 
@@ -30,8 +30,7 @@ rule              accept ``x_i`` iff                          trace columns need
 ``greedy``        ``x == argmax p``                           ``draft_token``, ``p_top1``   exact (deterministic)
 ================  ==========================================  ============================  ==================
 
-Rule options (``lenience``; ``eps``, ``delta`` of ``typical``) are passed as ``options={rule: {...}}``
-(or the older :class:`RuleParams`).
+Rule options (``lenience``; ``eps``, ``delta`` of ``typical``) are passed as ``params={rule: {...}}``.
 
 What the trace cannot replay: the *residual token* at a counterfactual rejection (it needs the full
 ``norm(max(0, p - q))``; the trace stores the recorded one only), the text after a changed step, and
@@ -48,12 +47,12 @@ NaN (deterministic modes), only the expected values are given. ``one_hot_q`` and
 The **expected** tokens of a block under a rule (Rao-Blackwellised over the uniforms, lower variance)
 is ``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``.
 
-**Stop rules** are the draft-length policies of :mod:`spade_lib.policies` (``get_policy(name, ...)``;
-:class:`StopRule` is the older spelling). From a trace recorded with a fixed, generous ``gamma =
+**Stop rules** are the draft-length policies of :mod:`spade_lib.decoding.policies` (``get_policy(name, ...)``).
+From a trace recorded with a fixed, generous ``gamma =
 max_gamma``, a policy that would have drafted only ``g <= max_gamma`` tokens of a block sees the same
 first ``g`` drafts, the same ``p``, ``q`` and uniforms (the context of position ``i`` only holds
 earlier positions), so its accepted length is exactly ``min(n, g)``. ``g`` comes from the policy's
-vectorised replay form (:meth:`spade_lib.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
+vectorised replay form (:meth:`spade_lib.decoding.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
 ``confidence`` keeps drafting while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <=
 threshold``: ``g = 1 + #leading kept positions`` (capped at ``max_gamma``).
 
@@ -66,7 +65,6 @@ per unit) is the ratio of totals ``sum_steps (min(n, g) + 1) / sum_steps C(g)``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -76,46 +74,12 @@ import torch
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
 from spade_lib.decoding import policies as _policies
 from spade_lib import rules as _rules
-from spade_lib.theory import linear_verify_cost, pair_costs, step_cost  # noqa: F401  (old import paths)
+from spade_lib.theory import step_cost
 
 STEP_KEYS = ["prompt_id", "sample", "step"]
 
 
-def __getattr__(name: str):
-    """Live views of the registries: ``RULES``, ``RULE_NEEDS``, ``RULE_EXACTNESS`` (rules) and
-    ``POLICIES`` (stop policies)."""
-    if name == "RULES":
-        return _rules.rule_names()
-    if name == "RULE_NEEDS":
-        return {n: _rules.get_rule(n).needs for n in _rules.rule_names()}
-    if name == "RULE_EXACTNESS":
-        return {n: _rules.get_rule(n).exactness for n in _rules.rule_names()}
-    if name == "POLICIES":
-        return _policies.policy_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@dataclass(frozen=True)
-class RuleParams:
-    """Compatibility shim: options of the built-in lossy rules under their older names. New code
-    passes ``options={"lenience": {"lenience": 0.7}, "typical": {"eps": 0.1}}``."""
-
-    lenience: float = 0.5            # l in (0, 1]: accept w.p. min(1, p / (l q)); l = 1 is exact
-    typical_eps: float = 0.09        # typical acceptance: eps (Medusa's posterior_threshold)
-    typical_delta: float = 0.3       # typical acceptance: delta (Medusa's posterior_alpha)
-
-    def __post_init__(self) -> None:
-        for name in ("lenience", "typical_eps", "typical_delta"):
-            check_float(name, getattr(self, name))  # NaN or inf: refused, naming the field
-        self.as_options()  # validates against the rules' ranges
-
-    def as_options(self) -> dict[str, dict[str, float]]:
-        return {"lenience": _rules.get_rule("lenience").check_options({"lenience": self.lenience}),
-                "typical": _rules.get_rule("typical").check_options({"eps": self.typical_eps,
-                                                                     "delta": self.typical_delta})}
-
-
-Options = RuleParams | Mapping[str, Mapping[str, float]] | None
+Options = Mapping[str, Mapping[str, float]] | None
 
 
 def _rule(name: str) -> _rules.Rule:
@@ -125,8 +89,6 @@ def _rule(name: str) -> _rules.Rule:
 
 
 def _options(rule: _rules.Rule, options: Options) -> dict[str, float]:
-    if isinstance(options, RuleParams):
-        options = options.as_options()
     return rule.check_options((options or {}).get(rule.name, {}))
 
 
@@ -347,41 +309,15 @@ def _rule_a(rule: _rules.Rule, p_of: np.ndarray, q_probs: np.ndarray, q_ids: lis
 # Stop-rule replay
 # --------------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class StopRule:
-    """Compatibility shim for a stop policy by name: ``StopRule("confidence", 6, 0.4)`` is
-    ``get_policy("confidence", max_gamma=6, threshold=0.4)`` (:meth:`to_policy`)."""
-
-    policy: str = "fixed"          # a registered policy name ("fixed", "confidence", "entropy", ...)
-    gamma: int = 4                 # fixed: block length; others: max_gamma (<= the trace's max gamma)
-    threshold: float = 0.0         # confidence: keep drafting while q_top_prob >= threshold; entropy: while h_q_raw <= threshold
-
-    def __post_init__(self) -> None:
-        self.to_policy()
-
-    def to_policy(self) -> _policies.Policy:
-        opts = _policies.policy_options(self.policy)
-        given = {"gamma": self.gamma} if "gamma" in opts else {"max_gamma": self.gamma}
-        if "threshold" in opts:
-            given["threshold"] = self.threshold
-        return _policies.get_policy(self.policy, **given)
-
-    @property
-    def label(self) -> str:
-        return self.to_policy().label
-
-
-def _as_policy(rule: _policies.Policy | StopRule) -> _policies.Policy:
-    if isinstance(rule, StopRule):
-        return rule.to_policy()
+def _as_policy(rule: _policies.Policy) -> _policies.Policy:
     if not isinstance(rule, _policies.Policy):
-        raise ValueError(f"rule: expected a spade_lib.policies.Policy (or StopRule), got {type(rule).__name__}")
+        raise ValueError(f"rule: expected a spade_lib.decoding.policies.Policy, got {type(rule).__name__}")
     return rule
 
 
-def blocks_used(trace: pd.DataFrame, rule: _policies.Policy | StopRule) -> tuple[pd.DataFrame, np.ndarray]:
+def blocks_used(trace: pd.DataFrame, rule: _policies.Policy) -> tuple[pd.DataFrame, np.ndarray]:
     """Steps of ``trace`` and the number of tokens ``g`` that the policy ``rule`` would have drafted
-    in each (its vectorised replay form, :meth:`spade_lib.policies.Policy.replay_gamma`)."""
+    in each (its vectorised replay form, :meth:`spade_lib.decoding.policies.Policy.replay_gamma`)."""
     policy = _as_policy(rule)
     df = _blocks(trace)
     steps, _ = _step_index(df)
@@ -392,7 +328,7 @@ def blocks_used(trace: pd.DataFrame, rule: _policies.Policy | StopRule) -> tuple
     return steps, policy.replay_gamma(df)
 
 
-def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy | StopRule, c: float,
+def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
                      verify_cost: float | Callable[[int], float] = 1.0, by: Sequence[str] = ()) -> pd.DataFrame:
     """Tokens and cost per step of ``rule`` replayed on ``trace`` (recorded with fixed max gamma).
 
@@ -402,8 +338,8 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy | StopRule, c: 
     ``speedup = sum tokens / sum cost`` (ratio of totals) and ``speedup_expected``.
     """
     c = check_float("c", c, min=0.0)
-    if not isinstance(rule, (StopRule, _policies.Policy)):
-        raise ArgumentTypeError(f"rule: must be a StopRule or a spade_lib.policies.Policy, got {type(rule).__name__}")
+    if not isinstance(rule, _policies.Policy):
+        raise ArgumentTypeError(f"rule: must be a spade_lib.decoding.policies.Policy, got {type(rule).__name__}")
     if not callable(verify_cost):
         check_costs("verify_cost", verify_cost)
     policy = _as_policy(rule)
@@ -424,7 +360,7 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy | StopRule, c: 
         row = dict(zip(by, key))
         row.update({
             "policy": policy.name, "gamma": policy.max_gamma,
-            "threshold": float(getattr(policy, "threshold", rule.threshold if isinstance(rule, StopRule) else math.nan)),
+            "threshold": float(getattr(policy, "threshold", math.nan)),
             "label": policy.label,
             "steps": int(len(grp)),
             "g_mean": float(grp["g"].mean()),

@@ -1,6 +1,6 @@
 """The stop-rule study: data-driven threshold grids, AdaEDL's entropy bound, a learned stop classifier.
 
-Every rule here is replayed with :func:`spade_lib.replay.replay_stop_rule` on a trace recorded with a
+Every rule here is replayed with :func:`spade_lib.whatif.replay.replay_stop_rule` on a trace recorded with a
 fixed ``max_gamma`` (a rule that drafts ``g`` tokens accepts exactly ``min(n, g)``; step cost
 ``g c + r(g)``). After each drafted token ``i`` a rule reads a signal known at that moment and keeps
 drafting while the signal passes its threshold:
@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
+from spade_lib.decoding.policies import Policy, get_policy
 from spade_lib.whatif import replay
 
 SIGNAL = {"confidence": "q_top_prob", "entropy": "h_q_raw"}
@@ -154,12 +155,19 @@ class LearnedStop:
 _RANGE = {"confidence": (0.0, 1.0), "entropy": (0.0, math.inf)}
 
 
+def _policy(policy: str, gamma: int, threshold: float) -> Policy:
+    if policy == "fixed":
+        return get_policy("fixed", gamma=int(gamma))
+    return get_policy(policy, max_gamma=int(gamma), threshold=float(threshold))
+
+
 def _replay(trace, policy, gamma, threshold, c, verify_cost, by, *, name=None, shown=None):
     lo, hi = _RANGE.get(policy, (-math.inf, math.inf))
     if lo <= threshold <= hi:
-        out = replay.replay_stop_rule(trace, replay.StopRule(policy, int(gamma), float(threshold)), c, verify_cost, by)
+        out = replay.replay_stop_rule(trace, _policy(policy, gamma, threshold), c, verify_cost, by)
+        out["threshold"] = float(threshold)  # fixed: the 0.0 it was called with (a Policy has none)
     else:  # the degenerate "always stop after one token" end: exactly fixed gamma 1
-        out = replay.replay_stop_rule(trace, replay.StopRule("fixed", 1, 0.0), c, verify_cost, by)
+        out = replay.replay_stop_rule(trace, _policy("fixed", 1, 0.0), c, verify_cost, by)
         out["policy"], out["gamma"], out["threshold"] = policy, int(gamma), float(threshold)
         out["label"] = f"{policy} {threshold:.3g} (<= {gamma})"
     if name is not None:

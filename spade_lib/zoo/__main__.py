@@ -18,8 +18,7 @@ import argparse
 import json
 import time
 
-from spade_lib.zoo import load_pair, pair_names
-from spade_lib.zoo.pairs import REAL_PAIRS
+from spade_lib.zoo.pairs import REAL_PAIRS, load_pair, pair_names
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,7 +13,7 @@ SmolLM2-135M).
 
 The class is a real Hugging Face model: ``FRSpecLlamaConfig`` (``model_type = "spade_frspec_llama"``)
 and ``FRSpecLlamaForCausalLM`` are registered with ``AutoConfig`` / ``AutoModelForCausalLM`` when this
-module is imported (``spade_lib.zoo.pairs`` imports it), so ``AutoModelForCausalLM.from_pretrained``
+module is imported (``spade_lib.zoo.smollm2.load_smollm2`` imports it), so ``AutoModelForCausalLM.from_pretrained``
 loads a saved draft from its safetensors folder without ``trust_remote_code``. The token ids are a
 persistent buffer saved with the weights.
 """

@@ -24,41 +24,17 @@ target's first device, where the decoder's inputs and the target's logits live.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from spade_lib.devices import resolve_device, resolve_dtype
 from spade_lib.zoo.build import pair_entry, tokenizer_entry
 from spade_lib.zoo.cache import read_manifest
 from spade_lib.zoo.configs import PAIRS, get_config
-
-
-@dataclass
-class Pair:
-    """A target model, named drafts (all in eval mode) and the tokenizer they share."""
-
-    name: str
-    target: Any
-    drafts: dict[str, Any]
-    default_draft: str
-    tokenizer: Any
-    manifest: dict
-    path: Path | None = None
-
-    @property
-    def draft(self):
-        """The default draft."""
-        return self.drafts[self.default_draft]
-
-    def __repr__(self) -> str:
-        def size(m) -> str:
-            return f"{type(m).__name__}({sum(p.numel() for p in m.parameters()) / 1e6:.2f} M params)"
-
-        drafts = ", ".join(f"{n!r}: {size(m)}" for n, m in self.drafts.items())
-        return (f"Pair(name={self.name!r}, target={size(self.target)}, drafts={{{drafts}}}, "
-                f"default_draft={self.default_draft!r}, vocab={len(self.tokenizer)}, path={self.path})")
+from spade_lib.zoo.loading import Pair, load_models
+from spade_lib.zoo.smollm2 import load_smollm2
 
 
 REAL_PAIRS = ("smollm2",)  # built from a model that a pinned package ships (``smollm2.py``)
@@ -94,10 +70,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     device give ``device_map`` instead (``"auto"``, ``"balanced"``, ``"sequential"`` or an explicit
     ``{module: device}``; needs ``accelerate``), optionally ``max_memory`` (``{gpu index or "cpu":
     bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
-    go onto the target's first device (:func:`first_device`).
+    go onto the target's first device (:func:`spade_lib.zoo.loading.first_device`).
     """
-    from spade_lib.runs.timing import resolve_device, resolve_dtype
-
     if device is not None:
         device = resolve_device(device)  # refused here, before any model loads
     dtype = resolve_dtype(dtype)
@@ -109,8 +83,6 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
             raise ValueError(f"name: give a pair name ({pair_names() + list(REAL_PAIRS)}) or target=/draft= "
                              "references")
         if name == "smollm2":
-            from spade_lib.zoo.smollm2 import load_smollm2
-
             return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild)
         if name not in PAIRS:
             raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
@@ -121,8 +93,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         default = draft if draft is not None else config.default_draft
         if default not in refs:
             raise ValueError(f"draft: embedded pair {name!r} has drafts {sorted(refs)}, not {default!r}")
-        pair = _load_models(str(entry / "target"), refs, default, placement=placement, dtype=dtype,
-                            trust_remote_code=False, local_only=True)
+        pair = load_models(str(entry / "target"), refs, default, placement=placement, dtype=dtype,
+                           trust_remote_code=False, local_only=True)
         pair.name, pair.manifest, pair.path = name, manifest, entry
         return pair
 
@@ -133,8 +105,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         refs = {"draft": draft, **refs}
     if not refs:
         raise ValueError("draft: a real pair needs draft= or drafts= alongside target=")
-    pair = _load_models(target, refs, next(iter(refs)), placement=placement, dtype=dtype,
-                        trust_remote_code=trust_remote_code, local_only=_hub_offline())
+    pair = load_models(target, refs, next(iter(refs)), placement=placement, dtype=dtype,
+                       trust_remote_code=trust_remote_code, local_only=_hub_offline())
     pair.name = name if name not in (None, *PAIRS) else target
     pair.manifest = {"kind": "hf", "target": target, "drafts": refs, "dtype": str(dtype),
                      "trust_remote_code": trust_remote_code}
@@ -167,82 +139,5 @@ def _placement(device, device_map, max_memory, offload_folder) -> dict[str, Any]
     return kwargs
 
 
-def first_device(model) -> torch.device:
-    """Where ``model`` takes its inputs and computes: for a model placed with a ``device_map``, the
-    first device of its map that is neither ``"cpu"`` nor ``"disk"`` (accelerate's execution device;
-    modules offloaded to CPU or disk are computed there), else ``"cpu"``; otherwise the device of its
-    first parameter."""
-    device_map = getattr(model, "hf_device_map", None)
-    if not device_map:
-        return next(model.parameters()).device
-    gpus = [d for d in device_map.values() if d not in ("cpu", "disk")]
-    if not gpus:
-        return torch.device("cpu")
-    first = gpus[0]
-    return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
-
-
 def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _resolve(ref: str, arg: str) -> str:
-    """A local folder as an absolute path, or a hub id unchanged; ``FileNotFoundError`` for a missing path."""
-    if not isinstance(ref, (str, os.PathLike)) or not str(ref):
-        raise ValueError(f"{arg}: expected a hub id or a local path, got {ref!r}")
-    ref = str(ref)
-    path = Path(ref).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ValueError(f"{arg}: {ref!r} is a file; give the model's folder")
-        return str(path.resolve())
-    looks_local = ref.startswith(("/", ".", "~")) or ref.count("/") > 1 or os.sep != "/" and os.sep in ref
-    if looks_local:
-        raise FileNotFoundError(f"{arg}: local path {ref!r} does not exist")
-    return ref
-
-
-def _from_pretrained(loader, ref: str, arg: str, local_only: bool, **kwargs):
-    try:
-        return loader.from_pretrained(ref, local_files_only=local_only, **kwargs)
-    except (OSError, ValueError) as e:
-        where = "local folder" if Path(ref).exists() else (
-            "hub id (HF_HUB_OFFLINE is set, so only the local HF cache was searched)" if local_only else "hub id")
-        raise OSError(f"{arg}: could not load {loader.__name__} from {where} {ref!r}: {e}") from e
-
-
-def _load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, placement: dict[str, Any], dtype,
-                 trust_remote_code: bool, local_only: bool) -> Pair:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target_ref = _resolve(target_ref, "target")
-    draft_refs = {n: _resolve(r, f"drafts[{n!r}]" if n != "draft" else "draft") for n, r in draft_refs.items()}
-    common = {"trust_remote_code": trust_remote_code}
-    tokenizer = _from_pretrained(AutoTokenizer, target_ref, "target", local_only, **common)
-    vocab = tokenizer.get_vocab()
-    for name, ref in draft_refs.items():
-        draft_vocab = _from_pretrained(AutoTokenizer, ref, f"draft {name!r}", local_only, **common).get_vocab()
-        if draft_vocab != vocab:
-            diff = len(set(vocab.items()) ^ set(draft_vocab.items()))
-            raise ValueError(
-                f"draft: tokenizer vocabularies differ between target {target_ref!r} ({len(vocab)} tokens) and "
-                f"draft {name!r} {ref!r} ({len(draft_vocab)} tokens; {diff} (token, id) pairs not shared); "
-                "speculative decoding needs p and q over the same vocabulary")
-
-    def model(ref: str, arg: str, **kwargs):
-        return _from_pretrained(AutoModelForCausalLM, ref, arg, local_only, dtype=dtype, use_safetensors=True,
-                                **common, **kwargs).eval()
-
-    if "device" in placement:
-        device = placement["device"]
-        target = model(target_ref, "target").to(device)
-    else:  # accelerate places the target (GPUs, then CPU, then disk); the drafts follow its first device
-        target = model(target_ref, "target", **placement)
-        device = first_device(target)
-        first = next(target.parameters()).device
-        if first != device:
-            raise ValueError(f"max_memory: the target's first weights landed on {first}, not on its execution "
-                             f"device {device} (device map {target.hf_device_map}); leave room for the input "
-                             "embeddings on the first device")
-    drafts = {name: model(ref, f"draft {name!r}").to(device) for name, ref in draft_refs.items()}
-    return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={})

