@@ -232,8 +232,8 @@ def test_sample_categorical_draws_q_exactly():
 def test_null_drafter_is_always_rejected_and_equals_autoregressive(temperature):
     """The null-draft control: every step verifies gamma + 1 tokens and keeps one token ~ p, drawn with
     the same residual stream as the autoregressive loop, so the outputs are identical."""
-    from spade_lib.decode import AutoregressiveDecoder, SpeculativeDecoder
-    from spade_lib.drafters import NullDrafter, make_drafter
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.drafters import NullDrafter, make_drafter
 
     target = tiny_llama(seed=3)
     sampling = SamplingConfig(temperature=temperature)
