@@ -58,7 +58,6 @@ import math
 import os
 import platform
 import re
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,7 +66,7 @@ from typing import Any
 from spade_lib import paths
 from spade_lib.io import write_bytes, write_json, write_text
 
-__all__ = ["RESULTS_BEGIN", "RESULTS_END", "SCHEMA", "git_commit", "machine_info", "main", "readme_block",
+__all__ = ["RESULTS_BEGIN", "RESULTS_END", "SCHEMA", "machine_info", "main", "readme_block",
            "summarize", "update_readme", "write_html", "write_report"]
 
 SCHEMA = "spade.summary/1"
@@ -85,38 +84,21 @@ _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
 
 # ---------------------------------------------------------------------------------- the machine, the commit
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict[str, Any]:
     """CPU model (``/proc/cpuinfo``, else ``platform.processor()``), CPU count, torch's intra-op thread
     count, torch, Python and platform."""
     import torch
 
-    return {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+    from spade_lib.decoding.kernels import cpu_model
+
+    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
 
 
-def git_commit(root: Path = paths.REPO_ROOT) -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the checkout at ``root``."""
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
-                                  check=True).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return None
+def _git_commit() -> dict[str, Any]:
+    from spade_lib.runs.timing import git_commit
 
-    sha = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if sha else None
-    return {"commit": sha or None, "dirty": None if status is None else bool(status)}
+    return git_commit()
 
 
 # ---------------------------------------------------------------------------------- reading a run folder
@@ -323,7 +305,7 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     started = [p["started"] for p in parts_meta if p.get("started")]
     finished = [p["finished"] for p in parts_meta if p.get("finished")]
     first = next((p for p in parts_meta if p.get("commit")), None)
-    commit = ({"commit": first["commit"], "dirty": first.get("dirty")} if first else git_commit())
+    commit = ({"commit": first["commit"], "dirty": first.get("dirty")} if first else _git_commit())
     machine = next((p["machine"] for p in parts_meta if p.get("machine")), None) or machine_info()
     secs = [n["seconds"] for n in notebooks if n["seconds"] is not None]
     for p in parts_meta:

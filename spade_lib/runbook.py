@@ -108,13 +108,14 @@ def _write_record(out_dir: Path, record: dict) -> None:
 def _new_record(profile, params_dir, only, extra) -> dict:
     """What ``runbook.json`` starts with; a machine or commit that cannot be read is left ``None``."""
     from spade_lib import report
+    from spade_lib.runs import timing
 
     record = {"profile": profile or os.environ.get("SPADE_PROFILE") or "default",
               "params": str(params_dir) if params_dir is not None else None, "only": only or None,
               "parameters": json.loads(json.dumps(extra or {}, default=str)), "started": _now(), "finished": None, "seconds": None,
               "status": "running", "commit": None, "dirty": None, "machine": None, "notebooks": []}
     try:
-        record.update(report.git_commit())
+        record.update(timing.git_commit())
         record["machine"] = report.machine_info()
     except Exception as e:  # noqa: BLE001 - the record must never stop the run
         print(f"runbook: could not read the commit or the machine ({e})", file=sys.stderr)
