@@ -73,7 +73,7 @@ import torch  # noqa: E402
 from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib import devices  # noqa: E402
 from spade_lib.runs import metrics, runner, timing  # noqa: E402
-from spade_lib.runs.costs import measure_costs  # noqa: E402
+from spade_lib.decoding.costs import measure_costs  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
@@ -323,7 +323,7 @@ def main(argv=None) -> None:
             for m in names[k:] + names[:k]:  # rotate so no method always runs first
                 w0, c0 = time.perf_counter(), clock()
                 toks, acc, gammas = methods[m](ids, args.max_new_tokens, seed)
-                timing.synchronize(device)
+                devices.synchronize(device)
                 c1, w1 = clock(), time.perf_counter()
                 rows.append({"round": rnd, "prompt": i, "method": m, "new_tokens": len(toks), "cpu": c1 - c0,
                              "wall": w1 - w0, "tokens": toks, "accept_lengths": acc, "gammas": gammas})

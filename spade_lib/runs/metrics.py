@@ -509,7 +509,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
         r_fn = None
         if costs is not None and drafted and gamma is not None:
-            from spade_lib.runs.costs import verify_cost_fn
+            from spade_lib.decoding.costs import verify_cost_fn
 
             r_fn = verify_cost_fn(costs)
             out["c_trace"], out["r_trace"] = out["c"], out["r"]

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from spade_lib.decoding import kernels
+from spade_lib.devices import clock
 from spade_lib.paths import REPO_ROOT
 
 T = TypeVar("T")
@@ -48,18 +49,6 @@ def fix_threads(n: int | None = None) -> int:
         raise ValueError(f"n (threads) must be >= 1, got {n}")
     torch.set_num_threads(n)
     return torch.get_num_threads()
-
-
-def synchronize(device: str | torch.device | None) -> None:
-    """Wait for queued kernels on ``device`` (a no-op on CPU)."""
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def clock(device: str | torch.device | None = None) -> float:
-    """``time.perf_counter()`` after synchronising ``device``."""
-    synchronize(device)
-    return time.perf_counter()
 
 
 @dataclass(frozen=True)
