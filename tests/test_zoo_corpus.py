@@ -61,6 +61,15 @@ def test_split_holds_out_whole_files(corpus):
     assert corpus.manifest()["source"]["package"] == "transformers"
 
 
+def test_committed_suite_names_this_corpus(corpus):
+    manifest = json.loads((paths.DATA_DIR / "embedded.manifest.json").read_text())
+    prov = manifest["provenance"]["embedded"]
+    assert prov["corpus_sha256"] == corpus.sha256  # also a golden value: the same on every Python
+    assert prov["source_package"] == "transformers==5.24.0" and prov["source_sha256"] == corpus.source.sha256
+    assert prov["heldout_documents"] == [d.name for d in corpus.heldout]
+    assert "python" not in manifest["software"]
+
+
 def test_key_recipe_has_no_python_version(corpus, monkeypatch):
     from spade_lib.zoo import build
     from spade_lib.zoo.cache import cache_key
