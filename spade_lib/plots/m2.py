@@ -61,7 +61,7 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
             y = s["speedup_vs_hf"]
             lo = s.get("speedup_vs_hf_low", y)
             hi = s.get("speedup_vs_hf_high", y)
-        label = f"{series}{' (vs HF generate)' if series == 'hf_assisted' else ''}, T={T:g}"
+        label = f"{series}{' (vs HF generate)' if series == 'hf_assisted' else ' (control)' if series == 'null' else ''}, T={T:g}"
         ax.errorbar(s["gamma"] + dx, y, yerr=_yerr(y, lo, hi), marker=SERIES_MARKERS.get(series, "o"),
                     color=color, capsize=1.5, ms=4, lw=0.9, label=label, **style)
         if "predicted" in s.columns and s["predicted"].notna().any() and series != "hf_assisted":

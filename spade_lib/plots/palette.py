@@ -21,6 +21,7 @@ FIXED = {
     "ngram": "#009E73",         # green: prompt lookup
     "hf_assisted": "#CC79A7",   # pink: HF assisted generation
     "early_exit": "#D55E00",    # vermillion: self-speculative
+    "null": "#000000",          # black: the null-draft control (every draft rejected)
     "ar": "#555555",            # baselines in greys
     "hf": "#999999",
 }
