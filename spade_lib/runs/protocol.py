@@ -43,7 +43,7 @@ import pandas as pd
 
 from spade_lib import devices, paths
 
-from spade_lib.runs import metrics, runner, timing, trace
+from spade_lib.runs import controls, metrics, runner, timing, trace
 from spade_lib.io import write_json
 
 
@@ -235,7 +235,8 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
     :func:`spade_lib.runs.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
     intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``. ``costs`` (draft name ->
     :func:`spade_lib.runs.costs.pair_costs` entry) prices the predictions of SPADE runs with those
-    micro-benchmarked costs instead of the runs' step timings."""
+    micro-benchmarked costs instead of the runs' step timings. ``physical_control`` holds the
+    :func:`spade_lib.runs.controls.speedup_warnings` of the row (empty when the physics holds)."""
     base = protocol.config(baseline)
     base_summary = runner.read_summary(run_dirs[base]) if base in run_dirs else None
     rows = []
@@ -257,7 +258,12 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
             if by is not None:
                 row[by] = key
             rows.append({**row, **m})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # physics before ratios (spade_lib.runs.controls): a speculative speedup above tau, or a null draft
+    # faster than AR, is a defect of the baseline; the column names it for every row that shows one
+    table["physical_control"] = ["; ".join(controls.speedup_warnings(table.loc[[i]])) for i in table.index] \
+        if len(table) else []
+    return table
 
 
 def speedup_over(run_dir: Path, other: runner.RunConfig, *, protocol: Protocol = Protocol()) -> dict:
