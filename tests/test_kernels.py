@@ -62,8 +62,9 @@ def test_auto_keeps_the_fastest_measured_and_caches_it(fresh):
 
 def test_bad_policy_is_refused(fresh):
     ws, bs = weights()
-    with pytest.raises(ValueError, match="policy: must be 'auto' or one of"):
+    with pytest.raises(ValueError, match="policy: must be 'auto', 'legacy' or one of"):
         kernels.plan(ws, bs, policy="fast")
+    assert [k.name for k in kernels.plan(ws, bs, policy="legacy")[0]] == ["mkl"] * 3
     with pytest.raises(ValueError, match="policy: 'onednn' needs oneDNN"):
         kernels.plan([w.double() for w in ws], None, policy="onednn")
     assert kernels.plan([], None) == ([], [])

@@ -19,6 +19,10 @@ warm-up, and keeps the one with the smallest median. Candidates:
 - ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
 - ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept.
 
+``policy="legacy"`` reproduces SPADE's rule before kernels were timed (MKL for one row, oneDNN for
+more), for before/after comparisons; the environment variable ``SPADE_LINEAR_KERNELS`` sets the policy
+of every lean forward a process builds (default ``"auto"``).
+
 All compute the same product; they differ in summation order only (fp32: ~1e-6 relative). The choice
 is cached per process and on disk (``<CACHE_DIR>/kernels/``, keyed by CPU model, torch version,
 thread count, dtype, shape, group size and row class), so every process on one machine uses the same
@@ -150,10 +154,10 @@ def plan(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] 
     if not weights:
         return [], []
     w0 = weights[0]
-    if policy != "auto" and policy not in CANDIDATES:
-        raise ValueError(f"policy: must be 'auto' or one of {sorted(CANDIDATES)}, got {policy!r}")
+    if policy != "auto" and policy not in CANDIDATES and policy != "legacy":
+        raise ValueError(f"policy: must be 'auto', 'legacy' or one of {sorted(CANDIDATES)}, got {policy!r}")
     packable = packing_available(w0.device, w0.dtype)
-    if policy != "auto" and policy != "mkl" and not packable:
+    if policy not in ("auto", "mkl", "legacy") and not packable:
         raise ValueError(f"policy: {policy!r} needs oneDNN on a CPU in float32 ({w0.device}, {w0.dtype} here)")
     prepared: dict[str, list[torch.Tensor]] = {}
 
@@ -168,6 +172,9 @@ def plan(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] 
     disk = _read_disk() if cache and policy == "auto" else {}
     chosen_names = {}
     for rows in ("one", "many"):
+        if policy == "legacy":
+            chosen_names[rows] = "onednn" if rows == "many" and packable else "mkl"
+            continue
         if policy != "auto":
             chosen_names[rows] = "mkl" if (policy == "onednn_pad2" and rows == "many") else policy
             continue

@@ -38,6 +38,7 @@ back to the Hugging Face path rather than changing outputs.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import torch
@@ -88,12 +89,12 @@ class LeanForward:
 
     ``capacity`` is the context limit (positions); the buffers start small and double up to it.
     ``kernels``: ``"auto"`` (the fastest linear kernel per weight shape, timed here:
-    :mod:`spade_lib.decoding.kernels`) or one candidate name for every product (``"mkl"`` is plain
-    ``F.linear``). ``self.kernel_names`` says what each projection got, for one row and for many.
+    :mod:`spade_lib.decoding.kernels`), ``"legacy"`` (the rule before timing) or one candidate name for
+    every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS`` (default auto). ``self.kernel_names`` says what each projection got, for one row and for many.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
-                 kernels: str = "auto"):
+                 kernels: str | None = None):
         why = _unsupported(model)
         if why is not None:
             raise ValueError(f"model: the lean forward does not cover {why}")
@@ -136,6 +137,8 @@ class LeanForward:
         self.head_token_ids = getattr(model, "head_token_ids", None)
         self.vocab_size = int(cfg.vocab_size) if self.head_token_ids is not None else int(model.lm_head.weight.shape[0])
         self.kernel_names: dict[str, tuple[str, str]] = {}
+        if kernels is None:
+            kernels = os.environ.get("SPADE_LINEAR_KERNELS", "auto")
         for name in raw[0]:
             one, many = _kernels.plan([r[name][0] for r in raw], [r[name][1] for r in raw], policy=kernels)
             for layer, k1, kk in zip(self.layers, one, many):
