@@ -1,6 +1,7 @@
 # SPADE entry points. Two commands do everything on a fresh clone:
 #   make run   — set up .venv, build the embedded and the real pair, execute every notebook (03-05 also on
-#                the real pair SmolLM2-135M-Instruct), write figures/
+#                the real pair SmolLM2-135M-Instruct) into one run folder, write figures/, and end with
+#                the results summary and the path of the HTML report (spade_lib.report)
 #   make test  — set up .venv, run the unit tests and the notebooks (smoke profile) under nbval
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -20,10 +21,16 @@ export TOKENIZERS_PARALLELISM := false
 # Where `make test` puts what the smoke notebooks write (never over the real figures or runs).
 TEST_OUT := $(CURDIR)/runs/test
 
+# One folder per `make run` (`:=`: the timestamp is taken once): embedded/ and smollm2/ hold the executed
+# notebooks of the two runbook calls; summary.md, summary.json and report/index.html cover both.
+RUN_STAMP := $(shell date -u +%Y%m%d-%H%M%S)
+RUN_DIR ?= $(or $(SPADE_RUNS_DIR),runs)/notebooks/$(RUN_STAMP)
+
 .PHONY: venv run test unit notebooks bench clean help
 
 help:
-	@echo "make run   - execute all notebooks (default profile) into runs/notebooks/<timestamp>/, figures to figures/"
+	@echo "make run   - execute all notebooks (default profile) into runs/notebooks/<timestamp>/, figures to figures/,"
+	@echo "             then print the results summary and the path of the HTML report"
 	@echo "make test  - unit tests + notebooks under nbval (smoke profile)"
 	@echo "make bench - the benchmarks in benchmarks/ (ratios measured in one run)"
 
@@ -42,8 +49,9 @@ venv: $(STAMP)
 run: venv
 	$(BIN)/python -m spade_lib.zoo default
 	$(BIN)/python -m spade_lib.zoo smollm2
-	$(BIN)/python -m spade_lib.runbook
-	$(BIN)/python -m spade_lib.runbook --only 03 04 05 --params params/smollm2
+	$(BIN)/python -m spade_lib.runbook --no-report --out $(RUN_DIR)/embedded
+	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/smollm2 --out $(RUN_DIR)/smollm2
+	$(BIN)/python -m spade_lib.report $(RUN_DIR)
 
 test: venv
 	SPADE_PROFILE=smoke SPADE_FIGURES_DIR=$(TEST_OUT)/figures SPADE_RUNS_DIR=$(TEST_OUT) \

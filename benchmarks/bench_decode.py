@@ -31,12 +31,23 @@ interleaved micro-benchmarks of the adapters used for decoding (a ``--context``-
 ``prediction = E[tokens](alpha, gamma) / (gamma c + 1)`` (Leviathan et al. 2023, Thm 3.8) and the
 r-aware ``E[tokens] / (gamma c + r(gamma))`` (:func:`spade_lib.theory.speedup`). The last line is exactly::
 
-    spade_vs_ar=<x> spade_vs_hf_assisted=<x> fraction_of_prediction=<x> fraction_of_r_aware=<x>
+    spade_vs_ar=<x> spade_vs_hf_assisted=<x> fraction_of_prediction=<x> fraction_of_r_aware=<x> tau=<x> r_min=<x> null_vs_ar=<x>
 
-(``spade_vs_hf_assisted`` = SPADE's speedup over AR / HF assisted's over plain HF, paired per round).
+(``spade_vs_hf_assisted`` = SPADE's speedup over AR / HF assisted's over plain HF, paired per round;
+``r_min`` the smallest ``r(g)`` for ``g = 1 .. 8``; ``null_vs_ar`` the null-draft control's speedup).
+
+**Physics before ratios.** Every step of speculative decoding costs at least one target forward, so a
+speedup above ``tau``, a verify cost ``r(g) < 1`` or a null draft (``null``: every draft rejected,
+``spade_lib.decoding.drafters.NullDrafter``) faster than autoregressive decoding is a defect of the
+baseline, not a result: the benchmark prints each violation and **exits with status 2**
+(:mod:`spade_lib.runs.controls`). It also prints the AR loop's weight-streaming rate (parameter bytes
+read per generated token / time per token) beside the machine's copy bandwidth
+(:func:`spade_lib.runs.timing.copy_bandwidth`): on a CPU an AR step is bound by streaming the weights,
+so that ratio says how close the baseline is to the machine's limit. It runs at the machine's default
+thread count (what the notebooks use) unless ``--threads`` says otherwise.
 
 Usage: ``python benchmarks/bench_decode.py [--pair default] [--temperature 0] [--gamma 4]
-[--n-per-category 2] [--max-new-tokens 128] [--repeats 3] [--threads 1] [--compare] [--backend auto]
+[--n-per-category 2] [--max-new-tokens 128] [--repeats 3] [--threads 0] [--compare] [--backend auto]
 [--profile]``.
 """
 
@@ -62,17 +73,18 @@ import torch  # noqa: E402
 from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib import devices  # noqa: E402
 from spade_lib.runs import metrics, runner, timing  # noqa: E402
-from spade_lib.runs.costs import measure_costs  # noqa: E402
+from spade_lib.decoding.costs import measure_costs  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
-from spade_lib.decoding.drafters import ModelDrafter  # noqa: E402
+from spade_lib.decoding.drafters import ModelDrafter, NullDrafter  # noqa: E402
+from spade_lib.runs import controls  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
 from spade_lib.theory import expected_tokens, speedup as theory_speedup  # noqa: E402
 
 CORE = ("ar", "spade", "hf", "hf_assisted")
 # baseline of each method: ar vs hf compares our AR loop with plain generate; spade* -> ar, hf* -> hf
-BASE = {"ar": "hf", "spade": "ar", "hf_assisted": "hf"}
+BASE = {"ar": "hf", "spade": "ar", "null": "ar", "hf_assisted": "hf"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -86,7 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per prompt (each runs every method once)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (fixed and recorded)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (0: the machine's default, as the notebooks run; recorded)")
     ap.add_argument("--clock", choices=("auto", "cpu", "wall"), default="auto",
                     help="auto: process CPU time with 1 thread on CPU, else wall time")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -100,7 +113,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="also cProfile SPADE's decode loop")
     args = ap.parse_args(argv)
-    for name in ("n_per_category", "max_new_tokens", "gamma", "repeats", "threads", "max_gamma", "context"):
+    if args.threads < 0:
+        ap.error("--threads must be >= 0 (0: the machine's default)")
+    for name in ("n_per_category", "max_new_tokens", "gamma", "repeats", "max_gamma", "context"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     return args
@@ -191,6 +206,10 @@ def build_methods(pair, draft_name: str, args, sampling: SamplingConfig, costs: 
     methods = {
         "ar": lambda ids, n, seed: (ar_dec.generate(ids, n, seed=seed).tokens, None, None),
         "spade": spade({"gamma": args.gamma}),
+        "null": (lambda dec: lambda ids, n, seed: (lambda o: (o.tokens, o.accept_lengths, o.gammas))(
+            dec.generate(ids, n, seed=seed)))(SpeculativeDecoder(
+                CausalLMAdapter(pair.target, backend=args.backend), NullDrafter(), gamma=args.gamma,
+                sampling=sampling, record="light")),
         "hf": lambda ids, n, seed: (baselines.hf_generate(pair.target, ids, n, sampling=sampling,
                                                           seed=seed).tokens, None, None),
         "hf_assisted": lambda ids, n, seed: (baselines.hf_generate(pair.target, ids, n, sampling=sampling,
@@ -245,7 +264,7 @@ def main(argv=None) -> None:
     from spade_lib.bench import default_suite, humaneval_suite, load_suite
     from spade_lib.zoo.pairs import load_pair
 
-    threads = timing.fix_threads(args.threads)
+    threads = timing.fix_threads(args.threads) if args.threads else torch.get_num_threads()
     device = devices.resolve_device(args.device)
     clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
     clock = make_clock(clock_kind)
@@ -304,7 +323,7 @@ def main(argv=None) -> None:
             for m in names[k:] + names[:k]:  # rotate so no method always runs first
                 w0, c0 = time.perf_counter(), clock()
                 toks, acc, gammas = methods[m](ids, args.max_new_tokens, seed)
-                timing.synchronize(device)
+                devices.synchronize(device)
                 c1, w1 = clock(), time.perf_counter()
                 rows.append({"round": rnd, "prompt": i, "method": m, "new_tokens": len(toks), "cpu": c1 - c0,
                              "wall": w1 - w0, "tokens": toks, "accept_lengths": acc, "gammas": gammas})
@@ -318,7 +337,8 @@ def main(argv=None) -> None:
     # exactness: greedy SPADE (any gamma / policy) must reproduce AR token for token
     first = df[df["round"].isin(df.groupby("prompt")["round"].min())]
     out = first.pivot(index="prompt", columns="method", values="tokens")
-    same = {m: int(sum(a == b for a, b in zip(out[m], out["ar"]))) for m in names if m.startswith("spade")}
+    same = {m: int(sum(a == b for a, b in zip(out[m], out["ar"]))) for m in names
+            if m.startswith("spade") or m == "null"}
     hf_same = int(sum(a == b for a, b in zip(out["hf"], out["ar"])))
     print(f"\n{len(prompts)} prompts x {args.repeats} rounds x {len(names)} methods in {elapsed:.0f} s. "
           f"Outputs equal to AR on {len(prompts)} prompts: "
@@ -328,8 +348,8 @@ def main(argv=None) -> None:
     # paired per-round ratios
     per = df.pivot(index="round", columns="method", values="sec_per_tok")
     per_wall = df.pivot(index="round", columns="method", values="wall_per_tok")
-    print(f"\n{'method':<15} {'tok/s':>8} {'vs':>4} {'speedup':>8} {'IQR':>15} {'wall speedup':>12} "
-          f"{'ratio of totals':>15}")
+    print(f"\n{'method':<15} {'tok/s':>8} {'wall tok/s':>10} {'vs':>4} {'speedup':>8} {'IQR':>15} "
+          f"{'wall speedup':>12} {'ratio of totals':>15}")
     sp = {}
     for m in names:
         b = base_of(m)
@@ -341,8 +361,11 @@ def main(argv=None) -> None:
         tot = (sel["new_tokens"].sum() / sel["sec_per_tok"].mul(sel["new_tokens"]).sum())
         bsel = df[df["method"] == b]
         tot_b = bsel["new_tokens"].sum() / bsel["sec_per_tok"].mul(bsel["new_tokens"]).sum()
-        print(f"{m:<15} {tot:8.1f} {b:>4} {q50:8.3f} {f'[{q25:.3f}, {q75:.3f}]':>15} {wall:12.3f} "
+        wall_tps = sel["new_tokens"].sum() / sel["wall"].sum()
+        print(f"{m:<15} {tot:8.1f} {wall_tps:10.1f} {b:>4} {q50:8.3f} {f'[{q25:.3f}, {q75:.3f}]':>15} {wall:12.3f} "
               f"{tot / tot_b:15.3f}")
+        if m == "null":
+            null_iqr = (float(q25), float(q75))
     vs_hf = float(np.median((per["ar"] / per["spade"]) / (per["hf"] / per["hf_assisted"])))
     direct = float(np.median(per["hf_assisted"] / per["spade"]))
     print(f"SPADE vs HF assisted, same draft and gamma: ratio of speedups {vs_hf:.3f}; "
@@ -394,10 +417,35 @@ def main(argv=None) -> None:
     if args.profile:
         profile_spade(methods["spade"], prompts, args)
 
+    # the physical limit of the baseline: weight bytes streamed per AR token vs the machine's copy bandwidth
+    ar_rows = df[df["method"] == "ar"]
+    ar_step = float(ar_rows["wall"].sum() / ar_rows["new_tokens"].sum())
+    nbytes = sum(p.numel() * p.element_size() for p in pair.target.parameters())
+    bw = timing.copy_bandwidth()
+    print(f"\nAR loop: {1 / ar_step:.1f} tok/s (wall), {nbytes / 1e6:.0f} MB of target weights per token -> "
+          f"{nbytes / ar_step / 1e9:.1f} GB/s streamed; copy bandwidth here {bw / 1e9:.1f} GB/s "
+          f"(read + write of a {timing.COPY_BYTES >> 20} MiB copy) -> {nbytes / ar_step / bw:.2f} of it. "
+          f"SPADE's AR loop vs HF generate: {sp['ar']:.3f}x")
+
+    # physical controls: r(g) >= 1, speedups <= tau, the null draft <= 1 (beyond the noise of the run)
+    r_min = min(v for g, v in costs["r"].items() if g <= 8)
+    problems = controls.cost_warnings({draft_name: costs}, pair=pair.name)
+    if sp["spade"] > tau * 1.05:
+        problems.append(f"physical control: {pair.name} SPADE gamma {g} speedup {sp['spade']:.3f} > tau {tau:.3f}: "
+                        "a step costs at least one target forward, so this is a defect of the baseline")
+    if null_iqr[0] > 1.0:
+        problems.append(f"physical control: {pair.name} null draft speedup {sp['null']:.3f} (IQR from "
+                        f"{null_iqr[0]:.3f}) > 1: a draft that is always rejected cannot speed decoding up")
+    for line in problems:
+        print("PHYSICS VIOLATION: " + line)
+
     frac = sp["spade"] / predicted
     frac_r = sp["spade"] / predicted_r
     print(f"spade_vs_ar={sp['spade']:.3f} spade_vs_hf_assisted={vs_hf:.3f} "
-          f"fraction_of_prediction={frac:.3f} fraction_of_r_aware={frac_r:.3f}")
+          f"fraction_of_prediction={frac:.3f} fraction_of_r_aware={frac_r:.3f} "
+          f"tau={tau:.3f} r_min={r_min:.3f} null_vs_ar={sp['null']:.3f}")
+    if problems:
+        sys.exit(2)
 
 
 def profile_spade(fn, prompts, args) -> None:

@@ -159,10 +159,10 @@ def forward_times(model, *, device, context: int, max_k: int, reps: int, backend
     new = ids[context:]
 
     def once(k):
-        timing.synchronize(device)
+        devices.synchronize(device)
         t0 = clock()
         ad.extend(new[:k], last_only=k == 1)
-        timing.synchronize(device)
+        devices.synchronize(device)
         dt = clock() - t0
         ad.rollback(context)
         return dt
@@ -196,10 +196,10 @@ def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]
     spade.generate(prompts[0], 8), ar.generate(prompts[0], 8)  # warm-up
     for ids in prompts:
         for dec, ts in ((ar, t_ar), (spade, t_sp)):
-            timing.synchronize(device)
+            devices.synchronize(device)
             t0 = time.perf_counter()
             out = dec.generate(ids, n_tokens)
-            timing.synchronize(device)
+            devices.synchronize(device)
             ts.append(time.perf_counter() - t0)
             if dec is ar:
                 ref, n_ar = out.tokens, n_ar + len(out.tokens)

@@ -8,6 +8,8 @@ experiments) resolves its arguments here, before any model loads.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from spade_lib.validate import ArgumentTypeError
@@ -43,3 +45,15 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"dtype: must be a torch.dtype or one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
+
+
+def synchronize(device: str | torch.device | None) -> None:
+    """Wait for queued kernels on ``device`` (a no-op on CPU)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: str | torch.device | None = None) -> float:
+    """``time.perf_counter()`` after synchronising ``device``."""
+    synchronize(device)
+    return time.perf_counter()

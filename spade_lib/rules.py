@@ -27,6 +27,8 @@ rule              kind      accept probability ``a(x)``                       re
 ``one_hot_q``     lossless  ``p(x)`` (``q`` treated as one-hot at ``x``)      ``norm(p`` without ``x)``
 ``typical``       lossy     ``1[p(x) > min(eps, delta exp(-H(p)))]`` (Medusa)  ``p`` (no residual)
 ``lenience``      lossy     ``min(1, p(x) / (l q(x)))``, ``l`` in (0, 1]      ``norm(max(0, p - l q))``
+``reject``        lossless  ``0`` (every draft rejected: the null-draft       ``p``
+                            control, one token ~ ``p`` per step)
 ================  ========  ================================================  ==============================
 
 Adding a rule is one :func:`register_rule` call: a :class:`Rule` with its accept probability (a
@@ -239,6 +241,12 @@ register_rule(Rule(
     options=(Option("lenience", 0.5, 0.0, 1.0, min_open=True, doc="l in (0, 1]; l = 1 is exact"),),
     requires_q_support=True, exactness=_PATHWISE,
     doc="Leviathan et al. App. A.5: u < min(1, p(x)/(l q(x))); residual norm(max(0, p - l q))"))
+
+register_rule(Rule(
+    "reject", lambda inputs: torch.zeros_like(inputs["p_x"]), ("p_x",), lossless=True, deterministic=True,
+    residual=residual_p, exactness="exact, deterministic",
+    doc="the null-draft control: a(x) = 0, next token ~ p. A step verifies gamma + 1 tokens and keeps one, "
+        "so its speedup over autoregressive decoding is 1 / r(gamma) <= 1 (spade_lib.decoding.drafters.NullDrafter)"))
 
 BUILTIN_RULES: tuple[str, ...] = rule_names()  # a snapshot; rule_names() is the live registry
 

@@ -8,6 +8,7 @@ notebook and exits non-zero, naming it and the executed copy that holds the trac
 Options::
 
     python -m spade_lib.runbook [--only 03 04] [--profile smoke] [--params params/<name>] [-p NAME VALUE]
+                                [--out DIR] [--no-report]
 
 ``--profile NAME`` sets ``SPADE_PROFILE`` (read by each notebook's ``setup_notebook``: values from
 ``params/NAME/<notebook>.yaml`` fill in whatever papermill does not pass). ``--params DIR`` passes
@@ -20,14 +21,22 @@ Everything is checked before papermill runs and before the output folder is made
 is a Python identifier declared in the notebook's ``parameters`` cell (papermill pastes names into
 code, so an undeclared name must never reach it); values have the declared types and ranges; the
 profile exists.
+
+``--out DIR`` executes into ``DIR`` instead of ``runs/notebooks/<timestamp>/`` (``make run`` puts its two
+runbook calls into ``runs/notebooks/<timestamp>/embedded`` and ``.../smollm2``). The folder also gets
+``runbook.json`` (rewritten after each notebook: profile, params folder, parameters, start/end, the
+commit, the machine, each notebook's seconds and status), and, unless ``--no-report``, the run's
+summary and HTML report (:mod:`spade_lib.report`), printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -83,6 +92,36 @@ def check_parameters(notebooks: list[Path], profile: str | None, params_dir: Pat
     return out
 
 
+RECORD = "runbook.json"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_record(out_dir: Path, record: dict) -> None:
+    from spade_lib.io import write_json
+
+    write_json(out_dir / RECORD, record)
+
+
+def _new_record(profile, params_dir, only, extra) -> dict:
+    """What ``runbook.json`` starts with; a machine or commit that cannot be read is left ``None``."""
+    from spade_lib import report
+    from spade_lib.runs import timing
+
+    record = {"profile": profile or os.environ.get("SPADE_PROFILE") or "default",
+              "params": str(params_dir) if params_dir is not None else None, "only": only or None,
+              "parameters": json.loads(json.dumps(extra or {}, default=str)), "started": _now(), "finished": None, "seconds": None,
+              "status": "running", "commit": None, "dirty": None, "machine": None, "notebooks": []}
+    try:
+        record.update(timing.git_commit())
+        record["machine"] = report.machine_info()
+    except Exception as e:  # noqa: BLE001 - the record must never stop the run
+        print(f"runbook: could not read the commit or the machine ({e})", file=sys.stderr)
+    return record
+
+
 def run_notebooks(
     only: list[str] | None = None,
     profile: str | None = None,
@@ -103,11 +142,18 @@ def run_notebooks(
         os.environ["SPADE_PROFILE"] = profile
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or paths.RUNS_DIR / "notebooks" / stamp
+    out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    record = _new_record(profile, params_dir, only, extra)
+    _write_record(out_dir, record)
+    t_run = time.perf_counter()
     print(f"executing {len(notebooks)} notebook(s) into {out_dir} (profile={profile or 'default'})", flush=True)
     for nb in notebooks:
         output = out_dir / nb.name
         start = time.perf_counter()
+        entry = {"name": nb.stem, "started": _now(), "seconds": None, "status": "running"}
+        record["notebooks"].append(entry)
+        _write_record(out_dir, record)
         print(f"==> {nb.name}", flush=True)
         try:
             pm.execute_notebook(
@@ -120,11 +166,34 @@ def run_notebooks(
                 log_output=False,
             )
         except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
+            entry.update(seconds=round(time.perf_counter() - start, 3), status="failed")
+            record.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 3), status="failed")
+            _write_record(out_dir, record)
             print(f"\nFAILED: {nb.name} — executed copy with the traceback: {output}\n{exc}", file=sys.stderr)
             raise SystemExit(1) from None
-        print(f"    {nb.name} done in {time.perf_counter() - start:.0f} s", flush=True)
+        entry.update(seconds=round(time.perf_counter() - start, 3), status="ok")
+        _write_record(out_dir, record)
+        print(f"    {nb.name} done in {entry['seconds']:.0f} s", flush=True)
+    record.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 3), status="ok")
+    _write_record(out_dir, record)
     print(f"all notebooks executed; figures in {paths.FIGURES_DIR}, executed copies in {out_dir}")
     return out_dir
+
+
+def report_run(out_dir: Path) -> bool:
+    """The run's summary and HTML report (:func:`spade_lib.report.write_report`), printed; a failure is
+    printed with its traceback and the command that retries it, and returns False (the notebooks ran)."""
+    try:
+        from spade_lib.report import write_report
+
+        print(flush=True)
+        write_report(out_dir)
+        return True
+    except Exception:  # noqa: BLE001 - reporting must not hide that every notebook ran
+        traceback.print_exc()
+        print(f"\nREPORT FAILED (the notebooks ran; their executed copies are in {out_dir}); retry with\n"
+              f"    python -m spade_lib.report {out_dir}", file=sys.stderr)
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,15 +203,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", type=Path, help="folder of <notebook>.yaml parameter files (e.g. params/paper)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="one parameter for every notebook (value parsed as YAML)")
+    parser.add_argument("--out", type=Path, help="folder for the executed notebooks (default runs/notebooks/<timestamp>)")
+    parser.add_argument("--no-report", action="store_true", help="skip the summary and HTML report at the end")
     args = parser.parse_args(argv)
     try:
         extra = {name: yaml.safe_load(value) for name, value in args.parameter}
     except yaml.YAMLError as e:
         parser.error(f"-p: a value is not valid YAML: {e}")
     try:
-        run_notebooks(args.only, args.profile, args.params, extra)
+        out_dir = run_notebooks(args.only, args.profile, args.params, extra, out_dir=args.out)
     except ValueError as e:  # bad options: nothing was run or written
         parser.error(str(e))
+    if not args.no_report:
+        report_run(out_dir)
 
 
 if __name__ == "__main__":

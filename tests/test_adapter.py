@@ -194,3 +194,35 @@ def test_as_token_tensor():
         as_token_tensor(torch.zeros(3), "cpu")
     with pytest.raises(ValueError, match="prompt_ids"):
         as_token_tensor(5, "cpu")
+
+
+def test_lean_forward_covers_the_frspec_draft_and_matches_its_hf_forward():
+    from spade_lib.zoo.frspec import FRSpecLlamaConfig, FRSpecLlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = FRSpecLlamaConfig(head_vocab=24, vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                            initializer_range=0.2)
+    model = FRSpecLlamaForCausalLM(cfg).eval()
+    model.set_head_tokens(torch.randperm(V)[:24])
+    lean, hf = CausalLMAdapter(model), CausalLMAdapter(model, backend="hf")
+    assert lean.backend == "lean" and hf.backend == "hf"
+    ids = torch.randint(0, V, (9,), generator=torch.Generator().manual_seed(1))
+    for a in (lean, hf):
+        a.prefill(ids[:5])
+    got, ref = lean.extend(ids[5:]), hf.extend(ids[5:])
+    assert got.shape == ref.shape == (4, V)
+    assert torch.equal(torch.isfinite(got), torch.isfinite(ref)) and int(torch.isfinite(got[0]).sum()) == 24
+    torch.testing.assert_close(got[torch.isfinite(got)], ref[torch.isfinite(ref)], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lean.extend(ids[:1], last_only=True), hf.extend(ids[:1], last_only=True),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_lean_forward_records_its_kernels_and_can_force_one():
+    from spade_lib.decoding.lean import LeanForward
+
+    lean = LeanForward(llama(), 64, kernels="mkl")
+    assert set(lean.kernel_names) == {"qkv", "gate_up", "o", "down", "lm_head"}
+    assert all(names == ("mkl", "mkl") for names in lean.kernel_names.values())
+    with pytest.raises(ValueError, match="policy"):
+        LeanForward(llama(), 64, kernels="fastest")

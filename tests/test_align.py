@@ -227,3 +227,45 @@ def test_run_sequences_rebuild_the_emitted_text_of_a_run(tmp_path):
     assert align.measured_tau(tr)[0] == pytest.approx(metrics.mean_accepted_length(tr))
     with pytest.raises(ValueError, match="gamma = 9"):
         align.measured_tau(tr, 9)
+
+
+def test_greedy_walk_alternating_agreement_gives_the_high_low_position_pattern():
+    """The reported greedy anomaly (conditional acceptance 0.90 / 0.21 / 0.71 at slots 0 / 1 / 2, alpha 0.89
+    at gamma 1 but 0.59 at gamma 2 on the same prompts) is what a text whose agreement alternates gives."""
+    agree = np.tile([True, False], 50)
+    g1, g2 = align.greedy_walk(agree, 1), align.greedy_walk(agree, 2)
+    assert g1.loc[0, "conditional"] == 1.0  # gamma 1 visits only the agreeing tokens
+    assert g2.loc[0, "conditional"] == 1.0 and g2.loc[1, "conditional"] == 0.0
+    alpha = lambda w: w["accepted"].sum() / w["reached"].sum()  # noqa: E731
+    assert alpha(g1) == 1.0 and alpha(g2) == pytest.approx(0.5, abs=0.01)
+    with pytest.raises(ValueError, match="gamma"):
+        align.greedy_walk(agree, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma", [1, 2, 4])
+def test_greedy_trace_positions_are_the_walk_over_its_own_text(gamma):
+    """Greedy decoding's per-slot counts equal greedy_walk of the teacher-forced top-1 agreement of the
+    emitted text, token for token: any per-position pattern of a greedy trace is the text's, and a draft
+    cache or position bug (proposals that differ from the draft's argmax on the text) would break this."""
+    import pandas as pd
+
+    from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.runs.metrics import position_acceptance
+    from spade_lib.zoo.pairs import load_pair
+
+    pair = load_pair("tiny")
+    tok = pair.tokenizer
+    greedy = SamplingConfig(temperature=0)
+    dec = SpeculativeDecoder(pair.target, pair.draft, gamma=gamma, sampling=greedy, eos_token_id=[])
+    walk, rows = None, []
+    for k, text in enumerate(["def main(", "import os\n", "class Foo:\n    def", "x = ["]):
+        ids = tok(text)["input_ids"]
+        res = dec.generate(ids, max_new_tokens=40)
+        rows += res.records()
+        sc = align.score_sequences(pair.target, pair.draft, [ids + res.tokens], [len(ids)], greedy)
+        w = align.greedy_walk(sc["top1_agree"].to_numpy(bool), gamma)
+        walk = w if walk is None else walk + w
+    measured = position_acceptance(pd.DataFrame(rows))
+    assert measured["reached"].tolist() == walk["reached"].tolist()[:len(measured)]
+    assert measured["accepted"].tolist() == walk["accepted"].tolist()[:len(measured)]

@@ -1,4 +1,5 @@
-"""JupyterLab in a real browser: notebook 02 opened in headless Chromium, run to the end.
+"""JupyterLab in a real browser: notebook 02 opened in headless Chromium, run to the end; and the
+HTML report of a run (``spade_lib.report``) opened from disk, every page rendering its figures.
 
 The test starts ``jupyter lab`` (the project's Python, so the notebook's ``python3`` kernel is the
 project kernel) headless on 127.0.0.1 at a free port, token disabled, in its own process group, with
@@ -33,6 +34,7 @@ import pytest
 
 from spade_lib import paths
 from spade_lib.io import atomic_path
+from test_report import run  # noqa: F401 - the fixture of a run folder
 
 NOTEBOOK = paths.NOTEBOOKS_DIR / "02_m2_acceptance_math.ipynb"
 SERVER_START_S = 120   # jupyter lab up and answering
@@ -44,7 +46,6 @@ INSTALL_HINT = ("no Chromium found for the browser test: install one with `apt-g
                 "(Debian/Ubuntu, as root) or `python -m playwright install chromium`, or point "
                 "SPADE_CHROMIUM at a Chrome/Chromium executable")
 
-pytestmark = pytest.mark.slow
 
 
 def find_browser(sync_api) -> str | None:
@@ -163,13 +164,20 @@ def dismiss_toasts(page) -> None:
             button.first.click()
 
 
-def test_notebook_02_runs_in_jupyterlab(tmp_path):
+def browser_or_skip():
+    """(playwright's sync API, a Chromium executable), or skip (fail under CI) saying how to get one."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (see requirements.txt)")
     browser_path = find_browser(sync_api)
     if browser_path is None:
         if os.environ.get("CI") == "true":  # .ci/run installs chromium: CI must run this test, not skip it
             pytest.fail(INSTALL_HINT)
         pytest.skip(INSTALL_HINT)
+    return sync_api, browser_path
+
+
+@pytest.mark.slow
+def test_notebook_02_runs_in_jupyterlab(tmp_path):
+    sync_api, browser_path = browser_or_skip()
     root = tmp_path / "lab"
     root.mkdir()
     nb_path = root / NOTEBOOK.name
@@ -232,3 +240,33 @@ def test_notebook_02_runs_in_jupyterlab(tmp_path):
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert shot.stat().st_size > 10_000
     print(f"browser test: {elapsed:.0f} s, {images} figures rendered, screenshot {shot}")
+
+
+def test_run_report_renders_in_chromium(run):
+    """The report of a make-run-shaped folder (tests/test_report.py's ``run``), opened from disk with
+    every network request refused: the index shows the run's figures, and each notebook page it links
+    to loads and shows its figure (``img`` elements decoded, ``naturalWidth > 0``)."""
+    from spade_lib import report
+
+    sync_api, browser_path = browser_or_skip()
+    summary = report.write_report(run, quiet=True)
+    index = run / "report" / "index.html"
+    loaded = "els => els.filter(e => e.complete && e.naturalWidth > 0).length"
+    args = ["--no-sandbox"] if os.geteuid() == 0 else []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_path, headless=True, args=args)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30_000)
+            page.route(re.compile(r"^https?://"), lambda route: route.abort())  # offline, as from a laptop
+            page.goto(index.as_uri(), wait_until="load")
+            assert page.title().startswith("SPADE run")
+            assert page.eval_on_selector_all("img", loaded) == len(summary["figures"]) >= 1
+            links = page.eval_on_selector_all("a[href$='.html']", "els => els.map(e => e.href)")
+            assert len(links) == len(summary["notebooks"]) >= 1
+            for url in links:
+                page.goto(url, wait_until="load")
+                assert page.locator(".jp-Notebook").count() == 1, url
+                assert page.eval_on_selector_all(".jp-OutputArea-output img", loaded) >= 1, url
+        finally:
+            browser.close()

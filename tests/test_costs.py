@@ -10,7 +10,8 @@ from spade_lib import paths
 from spade_lib.runs import metrics
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.runs import costs as costs_mod
-from spade_lib.runs.costs import measure_costs, pair_costs, verify_cost_fn
+from spade_lib.decoding.costs import measure_costs, verify_cost_fn
+from spade_lib.runs.costs import pair_costs
 from tests.test_decode import llama
 from tests.test_metrics import summary, trace_from_blocks
 

@@ -226,3 +226,22 @@ def test_sample_categorical_draws_q_exactly():
     edge = torch.zeros(1, 5)
     edge[0, 2] = 1.0  # a single token, last weights zero: always that token
     assert sample_categorical(edge.expand(100, -1), gen).unique().tolist() == [2]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_null_drafter_is_always_rejected_and_equals_autoregressive(temperature):
+    """The null-draft control: every step verifies gamma + 1 tokens and keeps one token ~ p, drawn with
+    the same residual stream as the autoregressive loop, so the outputs are identical."""
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.drafters import NullDrafter, make_drafter
+
+    target = tiny_llama(seed=3)
+    sampling = SamplingConfig(temperature=temperature)
+    spec = SpeculativeDecoder(target, NullDrafter(), gamma=4, sampling=sampling)
+    assert spec.mode == "reject"
+    out = spec.generate([1, 2, 3], 20, seed=5)
+    ref = AutoregressiveDecoder(target, sampling=sampling).generate([1, 2, 3], 20, seed=5)
+    assert out.tokens == ref.tokens
+    assert [s.n_accepted for s in out.steps] == [0] * 20 and all(s.gamma == 4 for s in out.steps[:-4])
+    assert all(r["accept_prob"] == 0.0 and not r["accepted"] for r in out.records())
+    assert isinstance(make_drafter("null", type("P", (), {"target": target})()), NullDrafter)

@@ -205,3 +205,45 @@ def test_bootstrap_resamples_rounds_within_prompts():
     assert metrics.bootstrap_speedup(ragged, ar, n_boot=50)["rounds"] == 0
     with pytest.raises(ValueError, match="wall_times"):
         metrics.bootstrap_speedup(fast.assign(wall_times=[[1.0, -1.0, 1.0]] * 2), ar, n_boot=50)
+
+
+def _acc_trace(rates: dict[str, float], n: int = 200, seed: int = 0) -> pd.DataFrame:
+    """One-position steps per prompt, accepted with the prompt's own rate (prompts differ)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for pid, a in rates.items():
+        acc = rng.random(n) < a
+        rows += [{"prompt_id": pid, "accepted": bool(x), "reached": True} for x in acc]
+    return pd.DataFrame(rows)
+
+
+def test_bootstrap_acceptance_intervals_hold_the_prompt_spread():
+    # two prompts with very different acceptance: the interval spans the prompts, not the coin flips
+    tr = _acc_trace({"a": 0.1, "b": 0.9}, n=2000)
+    summ = pd.DataFrame({"question_id": ["a", "b"], "accept_lengths": [[1, 2, 1], [2, 2, 2, 2]]})
+    out = metrics.bootstrap_acceptance(tr, summ)
+    assert out["alpha"] == pytest.approx(tr["accepted"].mean())
+    assert out["alpha_low"] < 0.2 and out["alpha_high"] > 0.8  # a pooled binomial interval would be +-0.02
+    assert out["tau"] == pytest.approx(metrics.mean_accepted_length(summ))
+    assert out["tau_low"] <= out["tau"] <= out["tau_high"]
+    assert out["prompts"] == 2
+    # many alike prompts: a narrow interval around the pooled rate
+    tr2 = _acc_trace({str(i): 0.6 for i in range(20)}, n=200)
+    out2 = metrics.bootstrap_acceptance(tr2)
+    assert out2["alpha_high"] - out2["alpha_low"] < 0.06 and out2["alpha_low"] < 0.6 < out2["alpha_high"]
+    with pytest.raises(ValueError, match="level"):
+        metrics.bootstrap_acceptance(tr, level=1.5)
+
+
+def test_paired_alpha_difference_pairs_prompts():
+    # prompts differ a lot but within each prompt run a beats run b by 0.1: pairing sees the difference
+    rates = {str(i): r for i, r in enumerate(np.linspace(0.1, 0.8, 12))}
+    ta = _acc_trace({k: v + 0.1 for k, v in rates.items()}, n=400, seed=1)
+    tb = _acc_trace(rates, n=400, seed=2)
+    d = metrics.paired_alpha_difference(ta, tb)
+    assert d["low"] > 0 and d["p_value"] < 0.01 and d["prompts"] == 12
+    # the same rates: no detectable difference
+    same = metrics.paired_alpha_difference(_acc_trace(rates, seed=3), _acc_trace(rates, seed=4))
+    assert same["low"] < 0 < same["high"] and same["p_value"] > 0.05
+    with pytest.raises(ValueError, match="no prompt in common"):
+        metrics.paired_alpha_difference(ta, _acc_trace({"zz": 0.5}))

@@ -272,3 +272,14 @@ def test_validation_errors_name_the_argument():
     _bad("same dtype", q=q.float())
     zero_q = q.clone(); zero_q[0, 0, x[0, 0]] = 0.0
     _bad("q\\(x\\) = 0", q=zero_q / zero_q.sum(-1, keepdim=True))
+
+
+def test_reject_rule_rejects_everything_and_emits_from_p():
+    """The null-draft control's rule: a(x) = 0 at every position, the next token's law is p at the root."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(3, 4, 7, generator=g, dtype=torch.float64), -1)
+    q = torch.softmax(torch.randn(3, 3, 7, generator=g, dtype=torch.float64), -1)
+    x = torch.randint(0, 7, (3, 3), generator=g)
+    res = verify(p, q, x, mode="reject", generator=g)
+    assert (res.n_accepted == 0).all() and (res.accept_prob == 0).all() and not res.accepted.any()
+    torch.testing.assert_close(res.next_dist, p[:, 0])

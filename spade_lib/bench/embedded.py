@@ -1,12 +1,14 @@
 """The embedded offline source: prompts cut from the corpus documents the embedded models never saw.
 
-:func:`spade_lib.zoo.corpus.build_corpus` holds out whole stdlib files and reference-manual topics.
+:func:`spade_lib.zoo.corpus.build_corpus` holds out whole files of the pinned ``transformers`` wheel:
+some as code, others as the prose paragraphs of their docstrings (never both).
 This module cuts each held-out document into (prompt, continuation) pairs in four categories whose
 predictability differs — which is the point: acceptance ``alpha`` depends on the task.
 
 - ``code_completion``  a function's signature and docstring -> its body (a HumanEval-shaped task).
 - ``docstring``        the first part of a docstring or ``#`` comment block -> the rest (prose about code).
-- ``reference_prose``  the first part of a reference-manual paragraph -> the rest (technical English).
+- ``reference_prose``  the first part of a docstring prose paragraph of a held-out prose document
+                       (a file whose code the models never saw either) -> the rest (technical English).
 - ``structured``       the first lines of a long literal (dict / list / tuple), a run of constant
                        assignments, a bulleted / numbered list, or a grammar block -> the following
                        lines (highly regular text).
@@ -24,9 +26,11 @@ import re
 import textwrap
 from dataclasses import dataclass
 
+from spade_lib.zoo.corpus import docstring_of, parse
+
 CATEGORIES = ("code_completion", "docstring", "reference_prose", "structured")
 SOURCE_NAME = "embedded"
-LICENSE = "PSF-2.0 (CPython standard library and documentation, via the local Python installation)"
+LICENSE = "Apache-2.0 (transformers 5.24.0 source files and docstrings, the pinned wheel in requirements.txt)"
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class EmbeddedConfig:
     max_chars: int = 1600        # longest prompt kept (longer ones are skipped, not truncated)
     max_reference_chars: int = 1200  # continuation kept as ``reference`` (truncated at a line end)
     min_prose_words: int = 20    # docstrings / comment blocks shorter than this are skipped
-    min_paragraph_words: int = 16  # reference-manual paragraphs shorter than this are skipped
+    min_paragraph_words: int = 16  # prose-document paragraphs shorter than this are skipped
     cut_fraction: float = 0.5    # prose prompt = text up to the sentence boundary nearest this fraction
     long_paragraph_words: int = 70  # a manual paragraph this long yields two prompts (cuts at 1/3, 2/3)
     literal_window: int = 8      # lines of a long literal shown in one structured prompt
@@ -81,7 +85,7 @@ def _lines(text: str, start: int, end: int) -> str:
 def code_completion(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig) -> list[dict]:
     rows = []
     for node in nodes:
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or ast.get_docstring(node) is None:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or docstring_of(node) is None:
             continue
         if len(node.body) < 2:
             continue
@@ -101,7 +105,7 @@ def docstring(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig) -
     for node in nodes:
         if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
-        doc = ast.get_docstring(node)
+        doc = docstring_of(node)
         if doc is None or len(doc.split()) < cfg.min_prose_words:
             continue
         cut = split_prose(doc, cfg.cut_fraction)
@@ -194,17 +198,22 @@ def _is_constant_like(value: ast.AST) -> bool:
     return False
 
 
+def _one_line_constant(stmt: ast.AST | None) -> bool:
+    """A one-line assignment, plain or annotated, of a constant-like value (``hidden_size: int = 768``)."""
+    return (isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None
+            and stmt.lineno == stmt.end_lineno and _is_constant_like(stmt.value))
+
+
 def _constant_runs(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConfig, min_run: int = 5) -> list[dict]:
-    """Runs of >= ``min_run`` consecutive one-line constant assignments (``START_ELEMENT = "..."``)."""
+    """Runs of >= ``min_run`` consecutive one-line constant assignments (``START_ELEMENT = "..."``,
+    a dataclass's ``vocab_size: int = 32000`` fields)."""
     rows, lines = [], text.splitlines()
     for node in nodes:
         body, run = getattr(node, "body", None), []
         if not isinstance(body, list):
             continue
         for stmt in body + [None]:
-            ok = (isinstance(stmt, ast.Assign) and stmt.lineno == stmt.end_lineno
-                  and _is_constant_like(stmt.value)
-                  and (not run or stmt.lineno == run[-1].end_lineno + 1))
+            ok = _one_line_constant(stmt) and (not run or stmt.lineno == run[-1].end_lineno + 1)
             if ok:
                 run.append(stmt)
                 continue
@@ -215,8 +224,7 @@ def _constant_runs(name: str, text: str, nodes: list[ast.AST], cfg: EmbeddedConf
                            textwrap.dedent("\n".join(lines[m - 1 : e])), cfg)
                 if row:
                     rows.append(row)
-            run = [stmt] if isinstance(stmt, ast.Assign) and stmt.lineno == stmt.end_lineno \
-                and _is_constant_like(stmt.value) else []
+            run = [stmt] if _one_line_constant(stmt) else []
     return rows
 
 
@@ -272,7 +280,7 @@ _CORPUS = None
 
 
 def heldout_corpus():
-    """The default corpus, built once per process (it depends only on the Python installation)."""
+    """The default corpus, built once per process (it depends only on the pinned source package)."""
     global _CORPUS
     if _CORPUS is None:
         from spade_lib.zoo.corpus import build_corpus
@@ -293,10 +301,10 @@ def embedded_candidates(categories: tuple[str, ...] = CATEGORIES, config: Embedd
     for doc in corpus.heldout:
         nodes = None
         if doc.kind == "code":
-            try:
-                nodes = list(ast.walk(ast.parse(doc.text)))  # breadth-first, deterministic
-            except SyntaxError:
+            tree = parse(doc.text)  # warnings silenced: the same on every Python
+            if tree is None:
                 continue
+            nodes = list(ast.walk(tree))  # breadth-first, deterministic
         found = {
             "code_completion": lambda: code_completion(doc.name, doc.text, nodes, cfg) if nodes else [],
             "docstring": lambda: docstring(doc.name, doc.text, nodes, cfg) if nodes else [],

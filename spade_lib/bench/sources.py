@@ -65,7 +65,7 @@ def source_from_dict(d: dict) -> Any:
 @register_source
 @dataclass(frozen=True)
 class EmbeddedSource:
-    """Prompts cut from the held-out stdlib files and reference-manual topics (offline)."""
+    """Prompts cut from the corpus' held-out files of the pinned ``transformers`` sources (offline)."""
 
     kind: ClassVar[str] = "embedded"
     categories: tuple[str, ...] = embedded.CATEGORIES  # which embedded categories to cut
@@ -82,7 +82,8 @@ class EmbeddedSource:
 
     def provenance(self) -> dict:
         corpus = _heldout_corpus()
-        return {"python_version": corpus.python_version, "corpus_sha256": corpus.sha256,
+        return {"source_package": f"{corpus.source.package}=={corpus.source.version}",
+                "source_sha256": corpus.source.sha256, "corpus_sha256": corpus.sha256,
                 "heldout_documents": [d.name for d in corpus.heldout]}
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spade_lib import theory
+from spade_lib import devices, theory
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import _BatchLM, _left_pad
-from spade_lib.decoding.common import _clock
+from spade_lib.decoding.costs import time_in_turns
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.sampling import SamplingConfig
 
@@ -58,35 +58,33 @@ class BatchStudyConfig:
 def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, repeats: int = 9
                   ) -> dict[str, float]:
     """Measured cost ratios of one batched step for these ``B`` prompts (their caches prefilled):
-    ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``.
-    The three forwards are timed in turns (order rotated each round, so machine noise hits them
-    alike), ``repeats`` rounds after one untimed round; each time is the median. Also returns the
-    three times (s) as ``t_target_1``, ``t_target_g``, ``t_draft_1``."""
+    ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``,
+    timed in turns by :func:`spade_lib.decoding.costs.time_in_turns` (the one cost measurement: order
+    rotated each round, ``repeats`` rounds after one untimed round, medians of the per-round ratios).
+    Also returns the three median times (s) as ``t_target_1``, ``t_target_g``, ``t_draft_1``."""
     ta = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
     da = draft if isinstance(draft, CausalLMAdapter) else CausalLMAdapter(draft)
     dev = ta.device
     rows = [as_token_tensor(p, dev) for p in prompts]
     ids, valid = _left_pad(rows, dev)
-    probes = []
+    forwards = {}
     with torch.inference_mode():
         for name, adapter, width in (("t_target_1", ta, 1), ("t_target_g", ta, gamma + 1), ("t_draft_1", da, 1)):
             lm = _BatchLM(adapter, len(rows), name)
             lm.forward(ids, valid, keep=1)
             new = ids[:, -1:].expand(-1, width).contiguous()
-            probes.append((name, lm, lm.length.clone(), new, width))
-        times: dict[str, list[float]] = {name: [] for name, *_ in probes}
-        for k in range(repeats + 1):
-            for name, lm, n0, new, width in probes[k % 3:] + probes[:k % 3]:
-                t0 = _clock(dev)
+
+            def step(lm=lm, n0=lm.length.clone(), new=new, width=width):
                 lm.forward(new, torch.ones_like(new, dtype=torch.bool), keep=0 if width > 1 else 1)
-                dt = _clock(dev) - t0
                 lm.rollback(n0)
                 lm.tidy()
-                if k > 0:
-                    times[name].append(dt)
+
+            forwards[name] = step
+        times = time_in_turns(forwards, reps=repeats, warmup=1, device=dev)
     out = {name: float(np.median(v)) for name, v in times.items()}
-    out["r"] = out["t_target_g"] / out["t_target_1"]
-    out["c"] = out["t_draft_1"] / out["t_target_1"]
+    t1 = np.maximum(times["t_target_1"], 1e-12)
+    out["r"] = float(np.median(times["t_target_g"] / t1))
+    out["c"] = float(np.median(times["t_draft_1"] / t1))
     return out
 
 
@@ -128,9 +126,9 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         times: dict[str, list[float]] = {"ar": [], "spec": []}
         for k in range(config.warmup + config.repeats):
             for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
-                t0 = _clock(spec.device)
+                t0 = devices.clock(spec.device)
                 out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
-                dt = _clock(spec.device) - t0
+                dt = devices.clock(spec.device) - t0
                 if k >= config.warmup:
                     results[name], times[name] = out, times[name] + [dt]
         if B not in costs:

@@ -125,7 +125,8 @@ class SpeculativeDecoder(_Base):
             if self.drafter.adapter.device != self.device:
                 raise ValueError(f"draft: on {self.drafter.adapter.device}, target on {self.device}")
         if mode is None:
-            mode = "greedy" if sampling.greedy else ("one_hot_q" if self.drafter.deterministic else "exact")
+            mode = self.drafter.mode or (
+                "greedy" if sampling.greedy else ("one_hot_q" if self.drafter.deterministic else "exact"))
         if mode not in rules.rule_names():
             raise ValueError(f"mode: must be one of {rules.rule_names()}, got {mode!r}")
         self.mode = mode

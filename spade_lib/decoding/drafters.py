@@ -27,6 +27,11 @@ distribution that token was drawn from (:mod:`spade_lib.decoding.policies`), and
 ``h_q = 0``, computed on the host without a sync. A policy that reads no signals (``FixedGamma``,
 ``needs_signals = False``) is never consulted, so a fixed gamma adds no per-token host sync.
 
+:class:`NullDrafter` (``"null"``) is the physical control of every speedup sweep: it proposes
+``max_gamma`` tokens that the ``reject`` rule always rejects, so each step pays a ``gamma + 1``-token
+target forward for one token drawn from ``p``. Its speedup over autoregressive decoding is
+``1 / r(gamma) <= 1``; a measured value above 1 is a defect of the baseline, not a result.
+
 **By name.** :func:`make_drafter(name, pair, **options) <make_drafter>` builds a drafter for the runner:
 a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``) or a draft model of the pair
 (``pair.drafts[name]``). :func:`register_drafter` adds a name.
@@ -43,7 +48,7 @@ from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.policies import Policy
 from spade_lib.sampling import SamplingConfig, adjust
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter", "make_drafter", "register_drafter", "drafter_names",
+__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter", "NullDrafter", "make_drafter", "register_drafter", "drafter_names",
            "sample_categorical"]
 
 
@@ -65,6 +70,7 @@ class Drafter:
     """Interface of a drafter (see the module docstring)."""
 
     deterministic: bool = False  # True: q is one-hot, verify with a deterministic lossless rule
+    mode: str | None = None      # the acceptance rule this drafter needs (None: by temperature and q)
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         raise NotImplementedError
@@ -252,6 +258,33 @@ class NGramDrafter(Drafter):
         self._proposed = []
 
 
+class NullDrafter(Drafter):
+    """The null-draft control: ``max_gamma`` copies of token 0, verified by the ``reject`` rule (module
+    docstring). Output is distributed exactly as ``p`` (greedy: identical to autoregressive decoding)."""
+
+    deterministic = True
+    mode = "reject"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.vocab_size = 0
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if isinstance(prompt_ids, torch.Tensor):
+            self.device = prompt_ids.device
+        self.vocab_size = vocab_size
+
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        tokens = torch.zeros(max_gamma, dtype=torch.long, device=self.device)
+        q = torch.zeros(max_gamma, self.vocab_size, device=self.device)
+        q[:, 0] = 1.0
+        return Draft(tokens, q, None, "max_gamma")
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        pass
+
+
 # ------------------------------------------------------------------------------------------------
 # drafters by name
 
@@ -300,3 +333,4 @@ def _ngram(pair, *, device, max_ngram: int = 3, min_ngram: int = 1) -> NGramDraf
 
 
 register_drafter("ngram", _ngram)
+register_drafter("null", lambda pair, *, device: NullDrafter(device=device))

@@ -18,10 +18,14 @@ weights and nothing else:
   cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
   needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``;
 - the final norm and LM head run on the last position only when only it is needed;
-- on CPU in fp32, blocks of ``k > 1`` tokens (the target's verification forward) multiply by weights
-  pre-packed for oneDNN (``torch.ops.mkldnn._linear_pointwise``): MKL's ``sgemm`` is 2-3x slower per row
-  for 2-9 rows than for one, which made a 5-token forward cost ~1.5-1.9 one-token forwards; one-token
-  forwards keep ``F.linear`` (MKL's GEMV is the faster kernel there).
+- every projection and the LM head run on the linear kernel that :mod:`spade_lib.decoding.kernels`
+  found fastest on this machine for that weight shape, separately for one new token and for blocks of
+  ``k > 1`` (the verification forward): MKL's GEMV, oneDNN on pre-packed weights, ... — chosen by
+  timing, never assumed (on the project's AMD EPYC machines MKL's one-row GEMV is 2-3x slower than the
+  packed oneDNN kernel; on other CPUs it is the faster one). ``kernels=`` forces one for all;
+- an FR-Spec draft (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`, a head over a subset of the
+  vocabulary) computes its ``head_vocab`` logits and scatters them into ``-inf``-filled full-vocabulary
+  rows, exactly as its Hugging Face forward does.
 
 Numerically it is the same computation in a different order of kernel calls (fused matmuls), so
 logits agree with the Hugging Face forward to float rounding (fp32: ~1e-6). :func:`lean_forward`
@@ -39,9 +43,11 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from spade_lib.decoding import kernels as _kernels
+
 __all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "FRSpecLlamaForCausalLM")
 _STATIC_ROPE = ("default", "linear", "llama3")
 _FUSE_MAX_PARAMS = 200_000_000  # above this, keep the projections separate (no copy of the weights)
 
@@ -81,10 +87,13 @@ class LeanForward:
     """The decoding forward of a Llama-family ``model`` with its own KV cache (batch size 1).
 
     ``capacity`` is the context limit (positions); the buffers start small and double up to it.
+    ``kernels``: ``"auto"`` (the fastest linear kernel per weight shape, timed here:
+    :mod:`spade_lib.decoding.kernels`) or one candidate name for every product (``"mkl"`` is plain
+    ``F.linear``). ``self.kernel_names`` says what each projection got, for one row and for many.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
-                 pack: bool | None = None):
+                 kernels: str = "auto"):
         why = _unsupported(model)
         if why is not None:
             raise ValueError(f"model: the lean forward does not cover {why}")
@@ -102,56 +111,45 @@ class LeanForward:
             fuse = sum(p.numel() for p in model.parameters()) <= _FUSE_MAX_PARAMS
         inner = model.model
         self.embed = inner.embed_tokens.weight
+        # raw (weight, bias) per projection and layer; planned into kernels below
+        raw: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]] = []
         self.layers = []
-        for layer in inner.layers:
-            a, m = layer.self_attn, layer.mlp
-            if fuse:
-                qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                       None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-                gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
-                proj = {"qkv": qkv, "gate_up": gate_up}
-            else:
-                proj = {"q": (a.q_proj.weight, a.q_proj.bias), "k": (a.k_proj.weight, a.k_proj.bias),
-                        "v": (a.v_proj.weight, a.v_proj.bias), "gate": m.gate_proj.weight, "up": m.up_proj.weight}
-            self.layers.append({
-                **proj, "o": (a.o_proj.weight, a.o_proj.bias), "down": m.down_proj.weight,
-                "ln1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                "ln2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-            })
+        with torch.inference_mode():
+            for layer in inner.layers:
+                a, m = layer.self_attn, layer.mlp
+                if fuse:
+                    qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                           None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+                    proj = {"qkv": qkv, "gate_up": (torch.cat([m.gate_proj.weight, m.up_proj.weight]), None)}
+                else:
+                    proj = {"q": (a.q_proj.weight, a.q_proj.bias), "k": (a.k_proj.weight, a.k_proj.bias),
+                            "v": (a.v_proj.weight, a.v_proj.bias), "gate": (m.gate_proj.weight, None),
+                            "up": (m.up_proj.weight, None)}
+                raw.append({**proj, "o": (a.o_proj.weight, a.o_proj.bias), "down": (m.down_proj.weight, None)})
+                self.layers.append({
+                    "ln1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                    "ln2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+                })
         self.fused = fuse
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
-        self.head = model.lm_head.weight
-        if pack is None:
-            pack = self.device.type == "cpu" and self.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-        self.packed = bool(pack) and self._pack()
+        # FR-Spec drafts score a subset of the vocabulary and scatter it into -inf-filled full rows
+        self.head_token_ids = getattr(model, "head_token_ids", None)
+        self.vocab_size = int(cfg.vocab_size) if self.head_token_ids is not None else int(model.lm_head.weight.shape[0])
+        self.kernel_names: dict[str, tuple[str, str]] = {}
+        for name in raw[0]:
+            one, many = _kernels.plan([r[name][0] for r in raw], [r[name][1] for r in raw], policy=kernels)
+            for layer, k1, kk in zip(self.layers, one, many):
+                layer[name] = (k1, kk)
+            self.kernel_names[name] = (one[0].name, many[0].name)
+        one, many = _kernels.plan([model.lm_head.weight], policy=kernels)
+        self.head = (one[0], many[0])
+        self.kernel_names["lm_head"] = (one[0].name, many[0].name)
         self.scaling = self.head_dim ** -0.5
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self._rotary = inner.rotary_emb
         self._cos = self._sin = None
         self._alloc(min(self.capacity, 256))
         self.length = 0
-
-    @torch.inference_mode()
-    def _pack(self) -> bool:
-        """oneDNN-packed copies of every projection for ``k > 1`` rows; False if unavailable."""
-        try:
-            reorder = torch.ops.mkldnn._reorder_linear_weight
-            for layer in self.layers:
-                names = ("qkv", "o") if self.fused else ("q", "k", "v", "o")
-                for name in names:
-                    w, b = layer[name]
-                    layer[name + "_packed"] = (reorder(w, 8), b)
-                for name in (("gate_up",) if self.fused else ("gate", "up")) + ("down",):
-                    layer[name + "_packed"] = (reorder(layer[name], 8), None)
-            self.head_packed = reorder(self.head, 8)
-            x = torch.zeros(2, self.head.shape[1], dtype=self.dtype)
-            torch.ops.mkldnn._linear_pointwise(x, self.head_packed, None, "none", [], "")
-            return True
-        except (AttributeError, RuntimeError):
-            for layer in self.layers:
-                for name in [n for n in layer if n.endswith("_packed")]:
-                    del layer[name]
-            return False
 
     # -- buffers ---------------------------------------------------------------------------
     def _alloc(self, size: int) -> None:
@@ -204,10 +202,6 @@ class LeanForward:
         out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype), values)
         return out.reshape(H, k, self.head_dim) if self.gqa else out
 
-    @staticmethod
-    def _lin_packed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
     def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``).
 
@@ -228,36 +222,36 @@ class LeanForward:
                 mask = mask.repeat(self.n_heads // self.n_kv, 1)
         x = F.embedding(ids, self.embed)  # [k, d]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        packed = self.packed and k > 1
-        lin = self._lin_packed if packed else F.linear
-        sfx = "_packed" if packed else ""
+        sel = 1 if k > 1 else 0  # which planned kernel: one row, or many
         for layer, kv in zip(self.layers, self._kv):
             n = self._rms(x, layer["ln1"])
             if self.fused:
-                qkv = lin(n, *layer["qkv" + sfx]).view(k, H + 2 * KV, hd).transpose(0, 1)  # [H + 2KV, k, hd]
+                qkv = layer["qkv"][sel](n).view(k, H + 2 * KV, hd).transpose(0, 1)  # [H + 2KV, k, hd]
                 qk = self._rope(qkv[:H + KV], cos, sin)  # q and k heads rotated together
                 q, kk, v = qk[:H], qk[H:], qkv[H + KV:]
             else:
-                q, kk, v = (lin(n, *layer[name + sfx]) for name in ("q", "k", "v"))
+                q, kk, v = (layer[name][sel](n) for name in ("q", "k", "v"))
                 q = self._rope(q.view(k, H, hd).transpose(0, 1), cos, sin)      # [H, k, hd]
                 kk = self._rope(kk.view(k, KV, hd).transpose(0, 1), cos, sin)   # [KV, k, hd]
                 v = v.view(k, KV, hd).transpose(0, 1)
             kv[0, :, start:end] = kk
             kv[1, :, start:end] = v
             att = self._attend(q, kv[0, :, :end], kv[1, :, :end], mask)  # [H, k, hd]
-            x = x + lin(att.transpose(0, 1).reshape(k, H * hd), *layer["o" + sfx])
+            x = x + layer["o"][sel](att.transpose(0, 1).reshape(k, H * hd))
             m = self._rms(x, layer["ln2"])
             if self.fused:
-                gate, up = lin(m, layer["gate_up"] if not packed else layer["gate_up_packed"][0]).chunk(2, dim=-1)
+                gate, up = layer["gate_up"][sel](m).chunk(2, dim=-1)
             else:
-                gate = lin(m, layer["gate"] if not packed else layer["gate_packed"][0])
-                up = lin(m, layer["up"] if not packed else layer["up_packed"][0])
-            x = x + lin(F.silu(gate) * up, layer["down"] if not packed else layer["down_packed"][0])
+                gate, up = layer["gate"][sel](m), layer["up"][sel](m)
+            x = x + layer["down"][sel](F.silu(gate) * up)
         if last_only:
             x = x[-1:]
         self.length = end
-        h = self._rms(x, self.norm)
-        return self._lin_packed(h, self.head_packed) if packed and x.shape[0] > 1 else F.linear(h, self.head)
+        logits = self.head[1 if x.shape[0] > 1 else 0](self._rms(x, self.norm))
+        if self.head_token_ids is not None:
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            logits = full.index_copy_(-1, self.head_token_ids, logits)
+        return logits
 
 
 def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:
@@ -287,6 +281,9 @@ def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
     rest = lean.forward(ids[n // 2:])
     lean.reset()
     got = torch.cat([first, rest]).float()
+    finite = torch.isfinite(ref)  # an FR-Spec head's logits are -inf off its tokens, in both forwards
+    if got.shape != ref.shape or not torch.equal(finite, torch.isfinite(got)) or not bool(finite.any()):
+        return False
     tol = 1e-4 if lean.dtype == torch.float32 else 5e-2
-    scale = max(1.0, float(ref.abs().max()))
-    return bool(torch.isfinite(got).all()) and float((got - ref).abs().max()) <= tol * scale and not math.isnan(scale)
+    scale = max(1.0, float(ref[finite].abs().max()))
+    return float((got[finite] - ref[finite]).abs().max()) <= tol * scale and not math.isnan(scale)

@@ -43,6 +43,11 @@ figures):
 ``bootstrap_speedup``           both speedups with percentile bootstrap intervals (prompts
                                 resampled, and each generation's timed rounds within them) and a
                                 flag where the two intervals do not overlap.
+``bootstrap_acceptance``        ``alpha`` and ``tau`` with percentile intervals, prompts resampled
+                                (ratio of resampled sums: a prompt's positions and steps are not
+                                independent draws, its text decides many of them together).
+``paired_alpha_difference``     ``alpha_a - alpha_b`` of two runs over the same prompts, with an
+                                interval from resampling prompts *jointly* (the runs are dependent).
 ``cost_ratio``                  ``c_hat = (sum t_draft / n_drafted) / (sum wall_time_AR /
                                 sum new_tokens_AR)``: one draft forward relative to one
                                 autoregressive target step, both measured.
@@ -308,6 +313,84 @@ def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: i
     return out
 
 
+def _cluster_sums(frame: pd.DataFrame, key: str, num: pd.Series, den: pd.Series) -> pd.DataFrame:
+    return pd.DataFrame({"num": num.to_numpy(np.float64), "den": den.to_numpy(np.float64),
+                         "unit": frame[key].astype(str).to_numpy()}).groupby("unit", sort=True).sum()
+
+
+def _ratio_boot(sums: list[pd.DataFrame], n_boot: int, level: float, seed: int) -> list[tuple[float, float]]:
+    """Percentile intervals of ``sum num / sum den`` for each frame of per-unit sums, the same units
+    drawn for every frame (units are aligned on their index; a unit missing from a frame adds 0)."""
+    units = sorted(set().union(*(s.index for s in sums)))
+    rng = np.random.default_rng(seed)
+    draw = rng.integers(0, len(units), size=(n_boot, len(units)))
+    out = []
+    for s in sums:
+        s = s.reindex(units, fill_value=0.0)
+        num, den = s["num"].to_numpy()[draw].sum(1), s["den"].to_numpy()[draw].sum(1)
+        vals = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        vals = vals[np.isfinite(vals)]
+        lo, hi = (1 - level) / 2, (1 + level) / 2
+        out.append((float(np.quantile(vals, lo)), float(np.quantile(vals, hi))) if len(vals) else (np.nan, np.nan))
+    return out
+
+
+def _alpha_sums(trace: pd.DataFrame) -> pd.DataFrame:
+    _require(trace, ["prompt_id", "accepted", "reached"], "trace")
+    return _cluster_sums(trace, "prompt_id", trace["accepted"].astype(np.float64), trace["reached"].astype(np.float64))
+
+
+def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = None, *, n_boot: int = 2000,
+                         level: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """``alpha`` (accepted / judged) and, with ``summary``, ``tau`` (mean ``n + 1`` per step) with
+    percentile bootstrap intervals over prompts: each resample draws the prompts with replacement and
+    recomputes the ratio of sums, so the interval holds the prompt-to-prompt spread (positions of one
+    prompt are dependent). Returns ``alpha, alpha_low, alpha_high, tau, tau_low, tau_high, prompts``."""
+    if not 0 < level < 1:
+        raise ValueError(f"level: must lie in (0, 1), got {level!r}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
+        raise ValueError(f"n_boot: must be an integer >= 1, got {n_boot!r}")
+    a = _alpha_sums(trace)
+    out = {"alpha": float(a["num"].sum() / a["den"].sum()) if a["den"].sum() > 0 else np.nan}
+    frames = [a]
+    if summary is not None:
+        _require(summary, ["question_id", "accept_lengths"], "summary")
+        t = _cluster_sums(summary, "question_id", summary["accept_lengths"].map(lambda x: float(np.sum(x))),
+                          summary["accept_lengths"].map(lambda x: float(len(x))))
+        out["tau"] = float(t["num"].sum() / t["den"].sum()) if t["den"].sum() > 0 else np.nan
+        frames.append(t)
+    intervals = _ratio_boot(frames, n_boot, level, seed)
+    out["alpha_low"], out["alpha_high"] = intervals[0]
+    if summary is not None:
+        out["tau_low"], out["tau_high"] = intervals[1]
+    out["prompts"] = float(len(set(a.index) | (set(frames[1].index) if summary is not None else set())))
+    return out
+
+
+def paired_alpha_difference(trace_a: pd.DataFrame, trace_b: pd.DataFrame, *, n_boot: int = 4000,
+                            level: float = 0.95, seed: int = 0) -> dict[str, float]:
+    """``alpha_a - alpha_b`` for two runs over the same prompts (e.g. greedy and sampled), with a
+    percentile interval from resampling prompts jointly (both runs' positions of a drawn prompt move
+    together) and a two-sided bootstrap p-value ``2 min(P(d* <= 0), P(d* >= 0))``. Returns ``diff,
+    low, high, p_value, prompts``; with fewer than 5 common prompts the interval is too coarse to
+    mean much (``prompts`` says how many)."""
+    a, b = _alpha_sums(trace_a), _alpha_sums(trace_b)
+    units = sorted(set(a.index) & set(b.index))
+    if not units:
+        raise ValueError("trace_a/trace_b: no prompt in common")
+    a, b = a.loc[units], b.loc[units]
+    rng = np.random.default_rng(seed)
+    draw = rng.integers(0, len(units), size=(n_boot, len(units)))
+    da = a["num"].to_numpy()[draw].sum(1) / np.maximum(a["den"].to_numpy()[draw].sum(1), 1e-300)
+    db = b["num"].to_numpy()[draw].sum(1) / np.maximum(b["den"].to_numpy()[draw].sum(1), 1e-300)
+    d = da - db
+    diff = float(a["num"].sum() / a["den"].sum() - b["num"].sum() / b["den"].sum())
+    lo, hi = (1 - level) / 2, (1 + level) / 2
+    p = float(min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean())))
+    return {"diff": diff, "low": float(np.quantile(d, lo)), "high": float(np.quantile(d, hi)), "p_value": p,
+            "prompts": float(len(units))}
+
+
 def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     """``c_hat``: measured seconds per drafted token over measured seconds per AR target step.
 
@@ -404,6 +487,12 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     out["alpha_expected"] = expected_acceptance_rate(trace) if drafted else nan
     has_steps = "accept_lengths" in summary.columns and summary["accept_lengths"].map(len).sum() > 0
     out["tau"] = mean_accepted_length(summary) if has_steps else nan
+    if drafted and has_steps and "prompt_id" in trace.columns:
+        boot_a = bootstrap_acceptance(trace, summary)
+        for name in ("alpha_low", "alpha_high", "tau_low", "tau_high"):
+            out[name] = boot_a[name]
+    else:
+        out["alpha_low"] = out["alpha_high"] = out["tau_low"] = out["tau_high"] = nan
     out["tau_no_bonus"] = mean_accepted_length(summary, with_bonus=False) if has_steps else nan
     out["block_efficiency"] = block_efficiency(summary) if has_steps else nan
     out["mean_gamma"] = float(steps(trace)["gamma"].mean()) if drafted else nan
@@ -421,7 +510,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
         r_fn = None
         if costs is not None and drafted and gamma is not None:
-            from spade_lib.runs.costs import verify_cost_fn
+            from spade_lib.decoding.costs import verify_cost_fn
 
             r_fn = verify_cost_fn(costs)
             out["c_trace"], out["r_trace"] = out["c"], out["r"]

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
 from spade_lib.runs import metrics, runner, timing, trace
 from spade_lib.io import write_json
@@ -162,9 +162,9 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
             for rep in range(protocol.repeats):
                 k = (i + sample + rep) % len(session)
                 for c in session[k:] + session[:k]:
-                    t0 = timing.clock(device)
+                    t0 = devices.clock(device)
                     g = generators[c].timed(ids[c], n_new, seed)
-                    times[c].append(timing.clock(device) - t0)
+                    times[c].append(devices.clock(device) - t0)
                     outputs[c].append(g)
             medians = {c: timing.summarize_times(times[c]) for c in session}
             checked = {}

@@ -34,6 +34,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from spade_lib.decoding import kernels
+from spade_lib.devices import clock
 from spade_lib.paths import REPO_ROOT
 
 T = TypeVar("T")
@@ -47,18 +49,6 @@ def fix_threads(n: int | None = None) -> int:
         raise ValueError(f"n (threads) must be >= 1, got {n}")
     torch.set_num_threads(n)
     return torch.get_num_threads()
-
-
-def synchronize(device: str | torch.device | None) -> None:
-    """Wait for queued kernels on ``device`` (a no-op on CPU)."""
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def clock(device: str | torch.device | None = None) -> float:
-    """``time.perf_counter()`` after synchronising ``device``."""
-    synchronize(device)
-    return time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -111,15 +101,23 @@ def measure(fn: Callable[[], T], *, warmup: int = 1, repeats: int = 3,
     return result, summarize_times(times)
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+COPY_BYTES = 256 << 20  # a copy far larger than any last-level cache
+
+
+def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 7) -> float:
+    """The machine's memory bandwidth as a plain torch copy moves it: ``2 nbytes / t`` (read + write,
+    STREAM's convention) for ``dst.copy_(src)`` of ``nbytes`` fp32, median of ``repeats`` after a
+    warm-up, at the current thread count. An autoregressive CPU decode step that streams its weights at
+    a rate near this is at the machine's limit."""
+    n = max(1, int(nbytes) // 4)
+    src, dst = torch.randn(n), torch.empty(n)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return 2 * n * 4 / sorted(times)[len(times) // 2]
 
 
 def _git(*args: str) -> str | None:
@@ -145,7 +143,7 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
     fp: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": kernels.cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__,
@@ -162,6 +160,9 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
         fp["gpu"] = torch.cuda.get_device_name(torch.device(device))
         fp["cuda"] = torch.version.cuda
     fp["cpu_flags"] = _cpu_flags(["avx2", "avx512f", "avx512_bf16", "amx_bf16"])
+    # the linear kernel the lean forward chose for each weight shape and row class (timed here)
+    fp["linear_kernels"] = [{k: c[k] for k in ("shape", "group", "rows", "kernel", "threads")}
+                            for c in kernels.choices()]
     return fp
 
 

@@ -33,6 +33,17 @@ block starts (``block`` weights every start equally; decoding starts more blocks
 which ``renewal`` accounts for), and the selection effect that the scored text is the decoded text,
 whose tokens after a rejection come from the residual ``norm(max(0, p - q))`` rather than from ``p``.
 
+**Greedy decoding is a deterministic walk over the text** (:func:`greedy_walk`). At ``T = 0`` the
+emitted text is the target's greedy text, every draft proposal is the draft's argmax given that
+text, and a drafted token is accepted iff the two argmaxes agree: ``a_t = top1_agree_t``. A step
+starting at ``t`` accepts ``x_0 .. x_{k-1}`` while ``a_{t+i} = 1`` and the next step starts after the
+first disagreement (or after the bonus). So per-position conditional acceptance is the agreement
+rate on the positions each draft slot *visits*, which differ by slot: with an agreement pattern
+``1, 0, 1, 0, ...`` (a repetition loop whose every other token the draft misses) slot 0 always lands on
+a ``1`` and slot 1 on a ``0``, giving conditional acceptance 1.0 / 0.0 and alpha 1.0 at ``gamma = 1``
+but 0.5 at ``gamma = 2`` on the same text. A trace's greedy pattern that :func:`greedy_walk` of its
+own text reproduces is this selection effect, not a cache or position bug (``tests/test_align.py``).
+
 Speedup for draft cost ``c`` (one draft forward / one target forward) and verify cost ``r(gamma)``
 (one target forward over ``gamma + 1`` tokens / one over 1 token): ``tau / (gamma c + r(gamma))``,
 via :func:`spade_lib.theory.speedup`.
@@ -377,6 +388,36 @@ def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int]
         seqs.append(ids + [int(t) for t in s["output_ids"]])
         prompts.append(len(ids))
     return seqs, prompts, pd.DataFrame(keys)
+
+
+def greedy_walk(agree: Sequence[bool] | np.ndarray, gamma: int) -> pd.DataFrame:
+    """Greedy speculative decoding replayed on one text from its teacher-forced top-1 agreement
+    ``agree[i]`` (continuation token ``i``), exactly as :class:`spade_lib.decoding.decode.SpeculativeDecoder`
+    steps: a step at ``t`` drafts ``g = min(gamma, L - t - 1)`` tokens (a plain target step when
+    ``g = 0``), accepts while ``agree`` holds, and the next step starts after its ``n + 1`` tokens.
+
+    Returns per draft slot ``pos``: ``reached``, ``accepted`` and ``conditional`` = accepted / reached
+    (the columns of :func:`spade_lib.runs.metrics.position_acceptance` for a greedy trace of that text),
+    plus ``steps`` (steps that drafted that slot)."""
+    gamma = check_gamma("gamma", gamma)
+    a = np.asarray(agree, dtype=bool)
+    L = len(a)
+    reached = np.zeros(gamma, dtype=np.int64)
+    accepted = np.zeros(gamma, dtype=np.int64)
+    t = 0
+    while t < L:
+        g = min(gamma, L - t - 1)
+        n = 0
+        for i in range(g):
+            reached[i] += 1
+            if not a[t + i]:
+                break
+            accepted[i] += 1
+            n += 1
+        t += n + 1
+    out = pd.DataFrame({"pos": np.arange(gamma), "reached": reached, "accepted": accepted})
+    out["conditional"] = out["accepted"] / out["reached"].where(out["reached"] > 0)
+    return out.set_index("pos")
 
 
 def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, float, int]:

@@ -1,4 +1,4 @@
-"""Embedded draft/target pairs built offline from the Python standard library, and real HF pairs.
+"""Embedded draft/target pairs built offline from the pinned transformers sources, and real HF pairs.
 
 ``load_pair("tiny")`` / ``load_pair("default")`` build (once, cached) and load an embedded pair;
 ``load_pair(target=..., draft=...)`` loads a real one; ``load_tokenizer(name)`` gives an embedded

@@ -1,4 +1,4 @@
-"""Building an embedded pair from nothing but the Python installation (cached, see ``cache.py``).
+"""Building an embedded pair from the pinned ``transformers`` sources alone (cached, see ``cache.py``).
 
 Steps: corpus (``corpus.py``) → byte-level BPE tokenizer (``tokenizer.py``) → target trained on the
 training split → each draft trained on data (``lm``) or distilled from the target (``kl``) → every
@@ -62,17 +62,33 @@ def _environment() -> dict:
             "platform": platform.platform()}
 
 
+def tokenizer_recipe(config: PairConfig) -> dict:
+    """What the tokenizer's cache key hashes: the build format, the tokenizer and corpus configs (the
+    pinned source package and version among them) and the corpus sha256 (which covers the source
+    files). Nothing of the interpreter: the key is the same on every Python."""
+    corpus = cached_corpus(config.corpus)
+    return _jsonable({"format": BUILD_FORMAT_VERSION, "kind": "tokenizer", "tokenizer": config.tokenizer,
+                      "corpus": config.corpus, "corpus_sha256": corpus.sha256})
+
+
+def pair_recipe(config: PairConfig) -> dict:
+    """What a pair's cache key hashes: the build format, the whole ``PairConfig`` (its ``CorpusConfig``
+    names the pinned source package and version) and the corpus sha256; no interpreter facts."""
+    corpus = cached_corpus(config.corpus)
+    return _jsonable({"format": BUILD_FORMAT_VERSION, "kind": "pair", "config": config.to_dict(),
+                      "corpus_sha256": corpus.sha256})
+
+
 def tokenizer_entry(config: PairConfig, *, rebuild: bool = False) -> Path:
     """The cache folder of ``config``'s tokenizer, built if needed."""
     corpus = cached_corpus(config.corpus)
-    recipe = {"format": BUILD_FORMAT_VERSION, "kind": "tokenizer", "tokenizer": config.tokenizer,
-              "corpus": config.corpus, "corpus_sha256": corpus.sha256}
-    entry = zoo_dir() / f"{config.name}-tokenizer-{cache_key(_jsonable(recipe))}"
+    recipe = tokenizer_recipe(config)
+    entry = zoo_dir() / f"{config.name}-tokenizer-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()
         facts = build_tokenizer(tmp, corpus.train, config.tokenizer)
-        return {"kind": "tokenizer", "name": config.name, "recipe": _jsonable(recipe), **facts,
+        return {"kind": "tokenizer", "name": config.name, "recipe": recipe, **facts,
                 "corpus": corpus.manifest(), "environment": _environment(),
                 "build_seconds": time.perf_counter() - t0}
 
@@ -82,10 +98,9 @@ def tokenizer_entry(config: PairConfig, *, rebuild: bool = False) -> Path:
 def pair_entry(config: PairConfig, *, rebuild: bool = False) -> Path:
     """The cache folder of the pair ``config``, built if needed."""
     corpus = cached_corpus(config.corpus)
-    recipe = {"format": BUILD_FORMAT_VERSION, "kind": "pair", "config": config.to_dict(),
-              "corpus_sha256": corpus.sha256}
-    entry = zoo_dir() / f"{config.name}-{cache_key(_jsonable(recipe))}"
-    return get_or_build(entry, functools.partial(_build_pair, config, corpus, _jsonable(recipe)), rebuild=rebuild)
+    recipe = pair_recipe(config)
+    entry = zoo_dir() / f"{config.name}-{cache_key(recipe)}"
+    return get_or_build(entry, functools.partial(_build_pair, config, corpus, recipe), rebuild=rebuild)
 
 
 def _build_pair(config: PairConfig, corpus: Corpus, recipe: dict, out: Path) -> dict:

@@ -3,7 +3,7 @@
 The recipe (``DistillConfig``), for a target ``p`` such as SmolLM2-135M-Instruct:
 
 1. **Teacher data: the target's own generations and its soft labels on code.** Prompts cut from the
-   training split of the embedded corpus (function signatures with docstrings, and reference-manual
+   training split of the embedded corpus (function signatures with docstrings, and docstring prose
    paragraphs to explain; never the held-out files nor HumanEval), each in the target's chat template,
    are answered by the target in batches (``generate`` with left padding, greedy for even batches and
    ``T = 1`` sampling for odd ones); the same pass records, at every generated position ``t``, the
@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 @dataclass(frozen=True)
 class DistillConfig:
     n_prompts: int = 32            # prompts the target answers (teacher data)
-    code_fraction: float = 0.75    # share of code prompts (the rest: explain a manual paragraph)
+    code_fraction: float = 0.75    # share of code prompts (the rest: explain a docstring paragraph)
     max_prompt_tokens: int = 160   # prompts longer than this (in the chat template) are skipped
     gen_tokens: int = 64           # new tokens per teacher generation
     gen_batch: int = 32            # prompts per batched generate call (larger: cheaper per token)
@@ -81,7 +81,7 @@ _DEF = re.compile(r'^(?:    )?def [A-Za-z_]\w*\([^)]*\)[^:\n]*:\n(?:\s+"""[\s\S]
 def teacher_prompts(n: int, code_fraction: float, seed: int) -> list[str]:
     """``n`` user messages from the embedded corpus's *training* split: ``round(n * code_fraction)``
     "complete this function" prompts (a ``def`` line and its docstring) and explain-this-paragraph
-    prompts from the reference-manual topics. Deterministic for a seed."""
+    prompts from the corpus' prose documents (docstring paragraphs). Deterministic for a seed."""
     import random
 
     from spade_lib.zoo.build import cached_corpus
@@ -90,7 +90,7 @@ def teacher_prompts(n: int, code_fraction: float, seed: int) -> list[str]:
     corpus = cached_corpus(CorpusConfig())
     code, prose = [], []
     for doc in corpus.train:
-        if doc.name.startswith("pydoc:"):
+        if doc.kind == "prose":
             prose.extend(p.strip() for p in doc.text.split("\n\n") if 200 <= len(p.strip()) <= 700)
         else:
             code.extend(m.group(0).strip("\n") for m in _DEF.finditer(doc.text))
@@ -179,7 +179,7 @@ def teacher_windows(target, tokenizer, cfg: DistillConfig, batch: int = 8,
     data = TeacherData([], [], [], [])
     if cfg.n_windows == 0:
         return data
-    docs = [d for d in cached_corpus(CorpusConfig()).train if not d.name.startswith("pydoc:")]
+    docs = [d for d in cached_corpus(CorpusConfig()).train if d.kind == "code"]
     g = torch.Generator().manual_seed(cfg.seed + 1)
     order = torch.randperm(len(docs), generator=g).tolist()
     windows = []

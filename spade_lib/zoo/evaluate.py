@@ -9,8 +9,8 @@ logits / T):
   (Leviathan et al. 2023: the probability that speculative sampling accepts a drafted token);
 - greedy top-1 agreement ``mean_t [argmax p_t = argmax q_t]`` (alpha of greedy decoding).
 
-Costs, measured with a KV cache holding ``context`` tokens (median over ``reps`` timed forwards,
-the cache cropped back after each):
+Costs, measured with a KV cache holding ``context`` tokens by :func:`spade_lib.decoding.costs.measure_costs`
+(the decoding adapters' forwards timed in turns, medians of per-round ratios):
 
 - ``c = t_draft(1) / t_target(1)``: the draft/target cost ratio of one decode step;
 - ``verify_cost_ratio = t_target(gamma + 1) / t_target(1)``: the target's cost of verifying a block of
@@ -21,8 +21,6 @@ Timings depend on the machine and on its load; they are recorded, never asserted
 from __future__ import annotations
 
 import math
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -62,33 +60,23 @@ def teacher_forced_stats(target, drafts: dict, windows: torch.Tensor, temperatur
     return out
 
 
-@torch.no_grad()
-def decode_step_seconds(model, n_tokens: int, *, context: int = 64, reps: int = 50, warmup: int = 3,
-                        seed: int = 0) -> float:
-    """Median seconds of one cached forward of ``n_tokens`` new tokens after ``context`` cached tokens."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    ctx = torch.randint(1, vocab, (1, context), generator=g)
-    new = torch.randint(1, vocab, (1, n_tokens), generator=g)
-    cache = model(input_ids=ctx, use_cache=True).cache  # transformers 5.x: `cache`, not `past_key_values`
-    times = []
-    for r in range(warmup + reps):
-        t0 = time.perf_counter()
-        model(input_ids=new, cache=cache, use_cache=True)
-        dt = time.perf_counter() - t0
-        cache.crop(-n_tokens)  # negative: number of tokens to remove
-        if r >= warmup:
-            times.append(dt)
-    return statistics.median(times)
-
-
 def cost_ratios(target, drafts: dict, *, gamma: int = 4, context: int = 64, reps: int = 50) -> dict:
-    """``c`` of every draft and the target's verify-cost ratio, with the raw step times (seconds)."""
-    t1 = decode_step_seconds(target, 1, context=context, reps=reps)
-    tg = decode_step_seconds(target, gamma + 1, context=context, reps=reps)
-    out = {"gamma": gamma, "context": context, "reps": reps, "threads": torch.get_num_threads(),
-           "target_step_s": t1, "target_verify_step_s": tg, "verify_cost_ratio": tg / t1, "drafts": {}}
-    for name, draft in drafts.items():
-        td = decode_step_seconds(draft, 1, context=context, reps=reps)
-        out["drafts"][name] = {"step_s": td, "c": td / t1}
+    """``c`` of every draft and the target's verify-cost ratio ``r(gamma)``, with the step times (s),
+    from :func:`spade_lib.decoding.costs.measure_costs` (the one cost measurement: the decoding
+    adapters' forwards timed in turns, medians of per-round ratios) on a ``context``-token cache."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.costs import measure_costs
+
+    ta = CausalLMAdapter(target)
+    out = {"gamma": gamma, "context": context, "reps": reps, "threads": torch.get_num_threads(), "drafts": {}}
+    for i, (name, draft) in enumerate(drafts.items()):
+        m = measure_costs(ta, CausalLMAdapter(draft), gamma, context, reps=reps)
+        if i == 0:
+            out.update(target_step_s=m["t_target"], target_verify_step_s=m["t_verify"][gamma],
+                       verify_cost_ratio=m["r"][gamma])
+        out["drafts"][name] = {"step_s": m["t_draft"], "c": m["c"]}
+    if not drafts:
+        m = measure_costs(ta, None, gamma, context, reps=reps)
+        out.update(target_step_s=m["t_target"], target_verify_step_s=m["t_verify"][gamma],
+                   verify_cost_ratio=m["r"][gamma])
     return out

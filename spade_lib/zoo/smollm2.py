@@ -139,14 +139,17 @@ def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
     """The cache folder of SmolLM2's drafts (``<entry>/drafts/<name>``), built if needed."""
     import dataclasses
 
-    from spade_lib.zoo.build import _jsonable
+    from spade_lib.zoo.build import _jsonable, cached_corpus
+    from spade_lib.zoo.corpus import CorpusConfig
 
     target = target_entry()
     cfg = config or distill_config()
     # the thread count is not part of the key: it changes the weights only by float rounding (the same
-    # seed and thread count give the same bytes), and a busy machine builds faster with fewer threads
+    # seed and thread count give the same bytes), and a busy machine builds faster with fewer threads.
+    # The teacher prompts and windows come from the embedded corpus: its sha256 is part of the key.
     recipe = {"format": DRAFTS_FORMAT_VERSION, "kind": "smollm2-drafts", "target_entry": target.name,
-              "distill": _jsonable({k: v for k, v in dataclasses.asdict(cfg).items() if k != "threads"})}
+              "distill": _jsonable({k: v for k, v in dataclasses.asdict(cfg).items() if k != "threads"}),
+              "corpus_sha256": cached_corpus(CorpusConfig()).sha256}
     entry = zoo_dir() / f"smollm2-drafts-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:

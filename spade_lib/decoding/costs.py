@@ -1,0 +1,112 @@
+"""Forward costs ``c`` and ``r(g)`` from paired micro-benchmarks: the one cost measurement of SPADE.
+
+The cost model (:mod:`spade_lib.theory`) prices one speculative step at ``g c + r(g)`` target forwards:
+
+- ``c``    = t(draft, 1 token) / t(target, 1 token), each with a ``context``-token KV cache;
+- ``r(g)`` = t(target, ``g + 1`` tokens) / t(target, 1 token), the verification forward.
+
+Every ratio SPADE reports comes from :func:`time_in_turns`: the forwards being compared are timed
+**in turns** (each round runs every one once, in an order rotated from round to round, each rolled
+back), so load hits numerator and denominator alike, and a ratio is the **median over rounds of the
+per-round ratios**. :func:`measure_costs` does this for decoding adapters (batch size 1: the pairs'
+cost tables, ``benchmarks/bench_decode.py``, the zoo's build manifest), and
+:func:`spade_lib.decoding.batch.forward_costs` for ``B`` rows at once (the batch study). Costs taken
+from a run's step timings instead are normalised by the autoregressive run's time per token, which
+also holds the prompt's prefill and the loop's per-token work: on short generations of long prompts
+that made ``r`` < 1 (``r_trace`` in :func:`spade_lib.runs.metrics.run_metrics`, kept for comparison).
+Caching per pair is :func:`spade_lib.runs.costs.pair_costs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from spade_lib.devices import clock as device_clock, synchronize
+
+__all__ = ["time_in_turns", "measure_costs", "verify_cost_fn"]
+
+
+def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3,
+                  clock: Callable[[], float] | None = None, device=None) -> dict[str, np.ndarray]:
+    """Seconds of each callable in ``forwards`` over ``reps`` rounds (after ``warmup`` untimed ones):
+    every round runs each once, in an order rotated by the round. Returns ``{name: times [reps]}``;
+    round ``k`` of every name was timed back to back, so ratios should be taken round by round."""
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
+    clock = clock or (lambda: device_clock(device))
+    names = list(forwards)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for k in range(warmup + reps):
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            synchronize(device)
+            t0 = clock()
+            forwards[name]()
+            synchronize(device)
+            if k >= warmup:
+                times[name].append(clock() - t0)
+    return {n: np.asarray(v) for n, v in times.items()}
+
+
+@torch.inference_mode()
+def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Callable[[], float] | None = None,
+                  reps: int = 30, device=None) -> dict:
+    """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.decoding.adapter.CausalLMAdapter`).
+
+    ``draft=None`` (a drafter without a model, e.g. prompt lookup) gives ``c = 0``. Returns ``{"c",
+    "r": {g: r(g) for g = 1 .. max_gamma}, "t_target", "t_draft", "t_verify": {g: s}, "context",
+    "reps"}`` (times in seconds, medians; ratios are medians of per-round ratios)."""
+    if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or max_gamma < 1:
+        raise ValueError(f"max_gamma: must be an integer >= 1, got {max_gamma!r}")
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
+    models = [target] + ([draft] if draft is not None else [])
+    vocab = min(m.vocab_size for m in models)
+    limit = min(x for x in [m.max_length for m in models] + [context + max_gamma + 2] if x is not None)
+    ctx_len = max(1, limit - max_gamma - 2)
+    ids = torch.randint(0, vocab, (ctx_len + max_gamma + 1,), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(target.device)
+    for m in models:
+        m.prefill(ids[:ctx_len])
+    new = ids[ctx_len:]
+
+    def tfwd(k):
+        target.extend(new[:k], last_only=k == 1).argmax(-1)
+        target.rollback(ctx_len)
+
+    def dfwd():
+        if draft is not None:
+            draft.extend(new[:1], last_only=True).argmax(-1)
+            draft.rollback(ctx_len)
+
+    forwards = {"t1": lambda: tfwd(1), **{g: (lambda g=g: tfwd(g + 1)) for g in range(1, max_gamma + 1)}}
+    if draft is not None:
+        forwards["d1"] = dfwd
+    times = time_in_turns(forwards, reps=reps, warmup=3, clock=clock, device=device)
+    t1, d1 = times["t1"], times.get("d1", np.zeros(reps))
+    tk = {g: times[g] for g in range(1, max_gamma + 1)}
+    t1a = np.maximum(np.asarray(t1), 1e-9)
+    r = {g: float(np.median(np.asarray(v) / t1a)) for g, v in tk.items()}
+    c = float(np.median(np.asarray(d1) / t1a))
+    return {"c": c, "r": r, "t_target": float(np.median(t1)), "t_draft": float(np.median(d1)),
+            "t_verify": {g: float(np.median(v)) for g, v in tk.items()}, "context": ctx_len, "reps": reps}
+
+
+def verify_cost_fn(costs: dict) -> Callable[[int], float]:
+    """``r(g)`` from :func:`measure_costs`' table; 1 at ``g = 0`` (a step that drafted nothing is one
+    target forward) and linear beyond the largest measured ``g`` (through its last two points)."""
+    table = {int(g): float(v) for g, v in costs["r"].items()}
+    top = max(table)
+    slope = table[top] - table[top - 1] if top - 1 in table else 0.0
+
+    def r(g) -> float:
+        g = int(g)
+        if g <= 0:
+            return 1.0
+        return table[g] if g in table else table[top] + slope * (g - top)
+
+    return r
+
+

@@ -1,0 +1,711 @@
+"""The results of a run on one page: ``summary.md``, ``summary.json`` and an HTML report.
+
+``python -m spade_lib.report RUN_DIR [RUN_DIR ...]`` reads a folder of executed notebooks (what
+``python -m spade_lib.runbook`` writes, ``runs/notebooks/<stamp>/``; or a folder of such folders, as
+``make run`` writes: ``<stamp>/embedded/`` and ``<stamp>/smollm2/``) and writes, inside the (first)
+run folder and nowhere else:
+
+- ``summary.json``: the machine-readable summary (schema ``spade.summary/1``, below);
+- ``summary.md``: the same as Markdown tables;
+- ``report/index.html``: links to every executed notebook as HTML (``report/[<part>/]NN_name.html``,
+  converted by nbconvert, figures embedded), the summary table, and the run's figures (copied to
+  ``report/figures/`` so the folder opens from disk, links relative);
+
+and prints the summary table and the path of the index. Its numbers are
+:func:`spade_lib.runs.compare.speedups` of the runs folder (``SPADE_RUNS_DIR``, ``runs/``), restricted to
+the run folders the executed notebooks name (notebook 03 prints ``label -> traces/<pair>/<suite>/<run>``;
+every run of the runs folder when none is named): per pair, configuration and temperature, alpha, tau
+and the speedup over the autoregressive baseline of the same interleaved session, with their 95 %
+intervals where the table has them; the null-draft control (draft ``"null"``); ``c`` and ``r(g)`` per
+pair and draft from the cost tables under ``runs/costs/<pair>/``; the machine; each notebook's wall
+time (the runbook's ``runbook.json``, else papermill's metadata); and the physical-control warnings of
+:mod:`spade_lib.runs.controls` (computed here, plus any line starting with ``physical control`` in
+the notebooks' outputs).
+
+``python -m spade_lib.report readme RUN_DIR`` rewrites the block of ``README.md`` between
+``<!-- results:begin -->`` and ``<!-- results:end -->`` from ``RUN_DIR/summary.json`` (sentences and a
+table, the run's commit, date and machine) and copies the teaser figure of that run
+(``m2_speedup_runs-smollm2.png``) to ``figures/teaser.png``.
+
+``summary.json``::
+
+    {"schema": "spade.summary/1", "generated": ISO time, "run_dir": str, "runs_dir": str,
+     "selection": "referenced" | "all",
+     "run": {"commit", "dirty", "started", "finished", "seconds",
+             "parts": [{"name", "folder", "profile", "params", "only", "status", "started", "finished",
+                        "seconds", "commit"}]},
+     "machine": {"cpu_model", "cpu_count", "threads", "torch", "python", "platform"},
+     "notebooks": [{"part", "name", "file", "seconds", "status", "html"}],
+     "configurations": [{"pair", "suite", "run", "baseline", "label", "configuration", "method", "draft",
+                         "policy", "gamma", "T", "role": "baseline"|"hf"|"speculative"|"control",
+                         "control": bool, "tokens_per_s", "alpha", "alpha_low", "alpha_high", "tau",
+                         "tau_low", "tau_high", "speedup", "speedup_low", "speedup_high", "predicted",
+                         "vs_hf", "vs_hf_low", "vs_hf_high", "warnings": [str]}],
+     "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "passed"}],
+     "costs": {pair: {draft: {"c", "r": {g: r(g)}, "threads", "device", "dtype", "file"}}},
+     "warnings": [str], "figures": [paths relative to the run folder], "report": "report/index.html",
+     "errors": [str]}
+
+Numbers missing from the table (say ``alpha_low`` before the table has it) are ``null``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import os
+import platform
+import re
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from spade_lib import paths
+from spade_lib.io import write_bytes, write_json, write_text
+
+__all__ = ["RESULTS_BEGIN", "RESULTS_END", "SCHEMA", "machine_info", "main", "readme_block",
+           "summarize", "update_readme", "write_html", "write_report"]
+
+SCHEMA = "spade.summary/1"
+RUNBOOK_RECORD = "runbook.json"
+RESULTS_BEGIN = "<!-- results:begin -->"
+RESULTS_END = "<!-- results:end -->"
+TEASER = "m2_speedup_runs-smollm2"
+REPORT_DIR = "report"
+COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "policy", "gamma", "T", "tokens_per_s",
+           "alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
+           "speedup_high", "predicted", "vs_hf", "vs_hf_low", "vs_hf_high"]
+METHOD_ORDER = {"ar": 0, "hf": 1, "spade": 2, "hf_assisted": 3}
+_RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
+
+
+# ---------------------------------------------------------------------------------- the machine, the commit
+
+def machine_info() -> dict[str, Any]:
+    """CPU model (``/proc/cpuinfo``, else ``platform.processor()``), CPU count, torch's intra-op thread
+    count, torch, Python and platform."""
+    import torch
+
+    from spade_lib.decoding.kernels import cpu_model
+
+    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _git_commit() -> dict[str, Any]:
+    from spade_lib.runs.timing import git_commit
+
+    return git_commit()
+
+
+# ---------------------------------------------------------------------------------- reading a run folder
+
+def _notebooks(folder: Path) -> list[Path]:
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def _parts(run_dirs: list[Path]) -> list[tuple[str, Path]]:
+    """(name, folder) of every folder of executed notebooks: a run folder itself, or its subfolders."""
+    out = []
+    for d in run_dirs:
+        if not d.is_dir():
+            raise FileNotFoundError(f"run_dir: no such folder {d}")
+        found = [(d.name if len(run_dirs) > 1 else "", d)] if _notebooks(d) else [
+            (f"{d.name}/{s.name}" if len(run_dirs) > 1 else s.name, s)
+            for s in sorted(p for p in d.iterdir() if p.is_dir() and p.name != REPORT_DIR) if _notebooks(s)]
+        if not found:
+            raise FileNotFoundError(f"run_dir: no executed notebooks (NN_*.ipynb) in {d} or its subfolders")
+        out.extend(found)
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _outputs_text(nb) -> str:
+    """Every text output of a notebook (streams, plain-text results and errors), joined."""
+    chunks = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if o.get("output_type") == "stream":
+                chunks.append(o.get("text", ""))
+            elif o.get("output_type") == "error":
+                chunks.append(f"{o.get('ename')}: {o.get('evalue')}")
+            else:
+                chunks.append(o.get("data", {}).get("text/plain", ""))
+    return "\n".join(c if isinstance(c, str) else "".join(c) for c in chunks)
+
+
+def _relative(path: Path, root: Path = paths.REPO_ROOT) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(root))
+    except ValueError:
+        return str(Path(path).resolve())
+
+
+def _num(x) -> float | None:
+    """A JSON number, or None for missing and NaN."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _plain(x):
+    """numpy/pandas scalars as plain Python (NaN as None) for JSON."""
+    if isinstance(x, (bool, str)) or x is None:
+        return x
+    if hasattr(x, "item"):
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return x
+
+
+def _role(method: str, draft: str) -> str:
+    from spade_lib.runs.controls import NULL_DRAFT
+
+    if method == "ar":
+        return "baseline"
+    if method == "hf":
+        return "hf"
+    return "control" if draft == NULL_DRAFT else "speculative"
+
+
+def _configurations(runs_dir: Path, referenced: dict[tuple[str, str, str], None],
+                    errors: list[str]) -> tuple[list, str]:
+    """Rows of :func:`spade_lib.runs.compare.speedups` (the referenced runs, else all), as JSON dicts,
+    pairs in the order the notebooks name them."""
+    from spade_lib.runs import compare, controls
+
+    try:
+        table = compare.speedups(runs_dir)
+    except FileNotFoundError as e:
+        errors.append(f"no speedups: {e}")
+        return [], "none"
+    selection = "all"
+    if referenced:
+        keep = [(p, s, r) in referenced for p, s, r in zip(table["pair"], table["suite"], table["run"])]
+        if any(keep):
+            table, selection = table[keep], "referenced"
+    table = table.reindex(columns=COLUMNS)
+    rows = []
+    for rec in table.to_dict("records"):
+        row = {k: _plain(v) for k, v in rec.items()}
+        row["gamma"] = int(row["gamma"]) if row.get("gamma") is not None else None
+        row["configuration"] = re.sub(r"-T[^-]*$", "", str(row["label"]))
+        row["role"] = _role(row["method"], row["draft"])
+        row["control"] = row["role"] == "control"
+        row["warnings"] = controls.speedup_warnings([rec])
+        rows.append(row)
+    order = {p: i for i, p in enumerate(dict.fromkeys(p for p, _, _ in referenced))}
+    rows.sort(key=lambda r: (order.get(r["pair"], len(order)), r["pair"], r["suite"], r["T"], METHOD_ORDER.get(r["method"], 9), r["draft"] or "",
+                             r["gamma"] or 0, r["label"], r["baseline"]))
+    return rows, selection
+
+
+def _costs(runs_dir: Path, pairs: list[str], errors: list[str]) -> dict[str, dict]:
+    """The newest cost table per pair and draft under ``runs/costs/<pair>/``."""
+    from spade_lib.runs.costs import read_costs
+
+    out: dict[str, dict] = {}
+    for pair in pairs:
+        folder = runs_dir / "costs" / pair.replace("/", "--")
+        newest: dict[str, tuple[float, Path, dict]] = {}
+        for f in sorted(folder.glob("*.json")):
+            try:
+                t = read_costs(f)
+                draft = t["key"]["draft"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                errors.append(f"cost table {f}: unreadable ({e})")
+                continue
+            mtime = f.stat().st_mtime
+            if draft not in newest or mtime >= newest[draft][0]:
+                newest[draft] = (mtime, f, t)
+        if newest:
+            out[pair] = {d: {"c": _num(t.get("c")), "r": {int(g): _num(v) for g, v in sorted(t["r"].items())},
+                             "threads": t["key"].get("threads"), "device": t["key"].get("device"),
+                             "dtype": t["key"].get("dtype"), "file": _relative(f, runs_dir)}
+                         for d, (_, f, t) in sorted(newest.items())}
+    return out
+
+
+def _figures(parts_meta: list[dict], notebooks_started: list[float], figures_dir: Path) -> list[Path]:
+    """PNG figures written since the run started (all of them when the start is unknown)."""
+    starts = [datetime.fromisoformat(p["started"]).timestamp() for p in parts_meta if p.get("started")]
+    starts = starts or notebooks_started
+    since = min(starts) - 5 if starts else -math.inf
+    return [f for f in sorted(figures_dir.glob("*.png")) if f.name != "teaser.png" and f.stat().st_mtime >= since]
+
+
+def summarize(run_dirs, *, runs_dir: str | Path | None = None,
+              figures_dir: str | Path | None = None) -> dict[str, Any]:
+    """The summary of one run (a list of folders is one run: their notebooks are reported together) as
+    the ``summary.json`` object of the module docstring, without writing anything. The ``figures``
+    entry holds absolute paths of the source figures here; :func:`write_report` rewrites it."""
+    import nbformat
+
+    from spade_lib.runs import controls
+
+    run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else run_dirs)]
+    runs_dir = Path(runs_dir) if runs_dir is not None else paths.RUNS_DIR
+    figures_dir = Path(figures_dir) if figures_dir is not None else paths.FIGURES_DIR
+    errors: list[str] = []
+    parts_meta, notebooks, referenced, nb_warnings, nb_started = [], [], {}, [], []
+    for name, folder in _parts(run_dirs):
+        record = _read_json(folder / RUNBOOK_RECORD)
+        seconds = {n.get("name"): n for n in record.get("notebooks", []) if isinstance(n, dict)}
+        parts_meta.append({"name": name, "folder": _relative(folder, run_dirs[0].resolve()),
+                           **{k: record.get(k) for k in ("profile", "params", "only", "status", "started",
+                                                         "finished", "seconds", "commit", "dirty")},
+                           "machine": record.get("machine")})
+        for path in _notebooks(folder):
+            try:
+                nb = nbformat.read(path, as_version=4)
+            except Exception as e:  # a notebook cut short by a crash: name it, report the rest
+                errors.append(f"{path}: unreadable notebook ({e})")
+                continue
+            pm = nb.metadata.get("papermill", {}) or {}
+            entry = seconds.get(path.stem, {})
+            secs = entry.get("seconds", pm.get("duration"))
+            status = entry.get("status") or ("failed" if pm.get("exception") else "ok")
+            if pm.get("start_time"):
+                try:
+                    nb_started.append(datetime.fromisoformat(pm["start_time"]).timestamp())
+                except ValueError:
+                    pass
+            text = _outputs_text(nb)
+            referenced.update(dict.fromkeys(_RUN_REF.findall(text)))
+            for line in text.splitlines():
+                if line.strip().startswith(controls.PREFIX):
+                    nb_warnings.append(f"{line.strip()} (printed by {name + '/' if name else ''}{path.stem})")
+            html_name = f"{REPORT_DIR}/{name + '/' if name else ''}{path.stem}.html"
+            notebooks.append({"part": name, "name": path.stem, "file": _relative(path, run_dirs[0].resolve()),
+                              "seconds": _num(secs), "status": status, "html": html_name})
+
+    rows, selection = _configurations(runs_dir, referenced, errors)
+    pairs = list(dict.fromkeys(r["pair"] for r in rows))
+    costs = _costs(runs_dir, pairs, errors)
+    warnings = [w for r in rows for w in r["warnings"]]
+    for pair, by_draft in costs.items():
+        warnings += controls.cost_warnings(by_draft, pair=pair)
+    warnings += [w for w in nb_warnings if not any(w.startswith(c) for c in warnings)]
+    control_rows = [{k: r[k] for k in ("pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high")}
+                    | {"passed": not r["warnings"]} for r in rows if r["control"]]
+
+    started = [p["started"] for p in parts_meta if p.get("started")]
+    finished = [p["finished"] for p in parts_meta if p.get("finished")]
+    first = next((p for p in parts_meta if p.get("commit")), None)
+    commit = ({"commit": first["commit"], "dirty": first.get("dirty")} if first else _git_commit())
+    machine = next((p["machine"] for p in parts_meta if p.get("machine")), None) or machine_info()
+    secs = [n["seconds"] for n in notebooks if n["seconds"] is not None]
+    for p in parts_meta:
+        p.pop("machine")
+    return {
+        "schema": SCHEMA,
+        "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "run_dir": _relative(run_dirs[0]),
+        "runs_dir": _relative(runs_dir),
+        "selection": selection,
+        "run": {**commit, "started": min(started) if started else None, "finished": max(finished) if finished else None,
+                "seconds": sum(secs) if secs else None, "parts": parts_meta},
+        "machine": machine,
+        "notebooks": notebooks,
+        "configurations": rows,
+        "controls": control_rows,
+        "costs": costs,
+        "warnings": warnings,
+        "figures": [str(f) for f in _figures(parts_meta, nb_started, figures_dir)],
+        "report": f"{REPORT_DIR}/index.html",
+        "errors": errors,
+    }
+
+
+# ---------------------------------------------------------------------------------- rendering
+
+def _fmt(x, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _with_interval(row: dict, key: str, digits: int = 2, suffix: str = "") -> str:
+    v, lo, hi = row.get(key), row.get(f"{key}_low"), row.get(f"{key}_high")
+    if v is None:
+        return "–"
+    s = f"{v:.{digits}f}{suffix}"
+    return s + (f" [{lo:.{digits}f}, {hi:.{digits}f}]" if lo is not None and hi is not None else "")
+
+
+def _note(row: dict) -> str:
+    notes = []
+    if row["control"]:
+        notes.append("control (null draft: always rejected, must be <= 1x)")
+    if row["method"] == "hf":
+        notes.append("plain HF generate")
+    if row["method"] == "hf_assisted" and row.get("vs_hf") is not None:
+        notes.append(f"{_with_interval(row, 'vs_hf', suffix='x')} vs HF generate")
+    if row["warnings"]:
+        notes.append("WARNING: see below")
+    return "; ".join(notes)
+
+
+def table_rows(summary: dict) -> list[dict[str, str]]:
+    """The summary table as strings: one row per non-baseline configuration and temperature."""
+    return [{"pair": r["pair"], "suite": r["suite"], "configuration": r["configuration"], "T": f"{r['T']:g}",
+             "alpha": _with_interval(r, "alpha"), "tau": _with_interval(r, "tau"),
+             "speedup": _with_interval(r, "speedup", suffix="x"), "predicted": _fmt(r.get("predicted")),
+             "note": _note(r)}
+            for r in summary["configurations"] if r["role"] != "baseline"]
+
+
+def _run_line(summary: dict) -> str:
+    run, m = summary["run"], summary["machine"] or {}
+    commit = (run.get("commit") or "unknown")[:12] + (" (uncommitted changes)" if run.get("dirty") else "")
+    when = run.get("started") or summary["generated"]
+    return (f"commit {commit}, started {when}; machine: {m.get('cpu_model')} ({m.get('cpu_count')} CPUs, "
+            f"{m.get('threads')} torch threads), torch {m.get('torch')}, Python {m.get('python')}")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    esc = [[c.replace("|", "\\|") for c in r] for r in rows]
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |",
+            *("| " + " | ".join(r) + " |" for r in esc)]
+
+
+def _cost_lines(summary: dict) -> list[list[str]]:
+    out = []
+    for pair, by_draft in summary["costs"].items():
+        for draft, t in by_draft.items():
+            r = t["r"]
+            out.append([pair, draft, _fmt(t["c"], 3),
+                        " ".join(f"{_fmt(v)}" for v in r.values()) + (f" (g = 1..{max(r)})" if r else ""),
+                        str(t.get("threads"))])
+    return out
+
+
+def _notebook_lines(summary: dict) -> list[list[str]]:
+    return [[(n["part"] + "/" if n["part"] else "") + n["name"], _fmt(n["seconds"], 0), n["status"]]
+            for n in summary["notebooks"]]
+
+
+def render_markdown(summary: dict) -> str:
+    """``summary.md``."""
+    lines = [f"# SPADE run summary: `{summary['run_dir']}`", "", _run_line(summary) + ".", ""]
+    lines += ["## Speedup over autoregressive decoding", "",
+              "Per pair, configuration and temperature: alpha, tau and the speedup over the autoregressive run "
+              "of the same interleaved session (ratio of totals), with 95 % bootstrap intervals where measured; "
+              "`predicted` from the measured alpha, c and r(g). "
+              + ("Runs: those the executed notebooks name." if summary["selection"] == "referenced" else
+                 f"Runs: every finished run under `{summary['runs_dir']}`."), ""]
+    rows = table_rows(summary)
+    if rows:
+        header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
+        lines += _md_table(header, [[r[h] for h in header] for r in rows])
+    else:
+        lines.append("No speedups: no finished run with an autoregressive baseline.")
+    lines += ["", "## Null-draft control", ""]
+    if summary["controls"]:
+        lines += [f"- {c['pair']} `{c['label']}`: {_with_interval(c, 'speedup', suffix='x')} — "
+                  + ("passes (not faster than autoregressive)" if c["passed"] else "FAILS (faster than autoregressive)")
+                  for c in summary["controls"]]
+    else:
+        lines.append("No null-draft configuration in this run.")
+    lines += ["", "## Costs: c and r(g) (paired micro-benchmarks, `runs/costs/`)", ""]
+    lines += _md_table(["pair", "draft", "c", "r(g)", "threads"], _cost_lines(summary)) if summary["costs"] else [
+        "No cost tables."]
+    lines += ["", "## Physical-control warnings", ""]
+    lines += [f"- {w}" for w in summary["warnings"]] or ["None."]
+    lines += ["", "## Notebooks (wall time)", ""]
+    lines += _md_table(["notebook", "seconds", "status"], _notebook_lines(summary))
+    if summary["run"].get("seconds") is not None:
+        lines += ["", f"Total: {summary['run']['seconds']:.0f} s of notebooks."]
+    if summary["errors"]:
+        lines += ["", "## Problems reading the run", "", *(f"- {e}" for e in summary["errors"])]
+    lines += ["", f"HTML report: `{summary['report']}`.", ""]
+    return "\n".join(lines)
+
+
+def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(header), fmt(["-" * w for w in widths]), *map(fmt, rows)]
+
+
+def render_text(summary: dict) -> str:
+    """What the command prints: the summary table, the controls, costs, times and warnings."""
+    lines = [f"SPADE run summary: {summary['run_dir']}", _run_line(summary), ""]
+    rows = table_rows(summary)
+    header = ["pair", "configuration", "T", "alpha", "tau", "speedup over AR [95 %]", "predicted", "note"]
+    keys = ["pair", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
+    lines += _text_table(header, [[r[k] for k in keys] for r in rows]) if rows else ["(no speedups)"]
+    if summary["costs"]:
+        lines += ["", *_text_table(["pair", "draft", "c", "r(g)", "threads"], _cost_lines(summary))]
+    lines += ["", *_text_table(["notebook", "seconds", "status"], _notebook_lines(summary))]
+    if not summary["controls"]:
+        lines += ["", "null-draft control: not in this run"]
+    lines += ["", f"physical-control warnings: {len(summary['warnings'])}", *(f"  {w}" for w in summary["warnings"])]
+    lines += [f"problem: {e}" for e in summary["errors"]]
+    return "\n".join(lines)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 7px;
+text-align:left;vertical-align:top}th{background:#f3f3f3}.warn{color:#a00}.fig{display:inline-block;margin:6px;
+text-align:center;font-size:12px}.fig img{max-width:560px;border:1px solid #ddd}code{background:#f5f5f5}"""
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    e = html.escape
+    return ("<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr></thead><tbody>"
+            + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</tbody></table>")
+
+
+def render_index(summary: dict, figures: list[str]) -> str:
+    """``report/index.html``: links relative to ``report/``."""
+    e = html.escape
+    rows = table_rows(summary)
+    header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
+    def link(n):
+        name = e((n["part"] + "/" if n["part"] else "") + n["name"])
+        return f"<a href=\"{e(n['html'].removeprefix(REPORT_DIR + '/'))}\">{name}</a>" if n["html"] else name
+
+    nb_rows = "".join(f"<tr><td>{link(n)}</td><td>{e(_fmt(n['seconds'], 0))}</td><td>{e(n['status'])}</td></tr>"
+                      for n in summary["notebooks"])
+    warnings = "".join(f"<li class=\"warn\">{e(w)}</li>" for w in summary["warnings"]) or "<li>None.</li>"
+    figs = "".join(f"<div class=\"fig\"><a href=\"{e(f)}\"><img src=\"{e(f)}\" alt=\"{e(Path(f).stem)}\"></a>"
+                   f"<br>{e(Path(f).stem)}</div>" for f in figures) or "<p>No figures.</p>"
+    costs = _html_table(["pair", "draft", "c", "r(g)", "threads"], _cost_lines(summary)) if summary["costs"] else (
+        "<p>No cost tables.</p>")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>SPADE run {e(summary['run_dir'])}</title>
+<style>{_CSS}</style></head><body>
+<h1>SPADE run <code>{e(summary['run_dir'])}</code></h1>
+<p>{e(_run_line(summary))}. Machine-readable: <a href="../summary.json">summary.json</a>,
+<a href="../summary.md">summary.md</a>.</p>
+<h2>Notebooks</h2>
+<table><thead><tr><th>notebook</th><th>seconds</th><th>status</th></tr></thead><tbody>{nb_rows}</tbody></table>
+<h2>Speedup over autoregressive decoding (95 % intervals)</h2>
+{_html_table(header, [[r[h] for h in header] for r in rows]) if rows else '<p>No speedups.</p>'}
+<h2>Costs: c and r(g)</h2>
+{costs}
+<h2>Physical-control warnings</h2>
+<ul>{warnings}</ul>
+<h2>Figures</h2>
+{figs}
+</body></html>
+"""
+
+
+# ---------------------------------------------------------------------------------- writing
+
+def _with_backlink(page: str, href: str) -> str:
+    """``page`` with a link to the report's index right after ``<body ...>``."""
+    at = page.find("<body")
+    end = page.find(">", at) + 1 if at >= 0 else 0
+    link = (f'<p style="font:13px system-ui,sans-serif;margin:8px 16px"><a href="{html.escape(href)}">'
+            "&larr; SPADE run report</a></p>")
+    return page[:end] + link + page[end:]
+
+
+def write_html(summary: dict, run_dir: Path) -> Path:
+    """Every notebook of the summary as ``run_dir/report/...html`` (nbconvert's lab template, images
+    embedded), the figures copied to ``report/figures/``, and ``report/index.html``."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    run_dir = Path(run_dir).resolve()
+    report = run_dir / REPORT_DIR
+    exporter = HTMLExporter(template_name="lab", embed_images=True)
+    for n in summary["notebooks"]:
+        try:
+            body, _ = exporter.from_notebook_node(nbformat.read(run_dir / n["file"], as_version=4))
+        except Exception as e:  # one notebook that does not convert must not cost the others
+            summary["errors"].append(f"{n['file']}: not converted to HTML ({type(e).__name__}: {e})")
+            n["html"] = None
+            continue
+        up = "../" * (n["html"].count("/") - 1)
+        write_text(run_dir / n["html"], _with_backlink(body, f"{up}index.html"))
+    figures = []
+    for f in map(Path, summary["figures"]):
+        if f.is_absolute():
+            write_bytes(report / "figures" / f.name, f.read_bytes())
+            f = Path(REPORT_DIR) / "figures" / f.name
+        figures.append(str(f))
+    summary["figures"] = figures
+    index = report / "index.html"
+    write_text(index, render_index(summary, [f.removeprefix(REPORT_DIR + "/") for f in figures]))
+    return index
+
+
+def write_report(run_dirs, *, runs_dir=None, figures_dir=None, html: bool = True, quiet: bool = False) -> dict:
+    """:func:`summarize` the run, write ``summary.json``, ``summary.md`` and (``html``) the HTML report
+    into the first run folder, print the summary (unless ``quiet``) and return it."""
+    run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else run_dirs)]
+    summary = summarize(run_dirs, runs_dir=runs_dir, figures_dir=figures_dir)
+    out = run_dirs[0]
+    if html:
+        index = write_html(summary, out)
+    else:
+        summary["report"], summary["figures"], index = None, [], None
+    write_json(out / "summary.json", summary)
+    write_text(out / "summary.md", render_markdown(summary))
+    if not quiet:
+        print(render_text(summary))
+        print(f"\nsummary: {out / 'summary.md'} (machine-readable: {out / 'summary.json'})")
+        if index is not None:
+            print(f"HTML report: {index.resolve()}")
+    return summary
+
+
+# ---------------------------------------------------------------------------------- the README block
+
+def _pick_pair(summary: dict, pair: str | None) -> str:
+    pairs = list(dict.fromkeys(r["pair"] for r in summary["configurations"]))
+    if not pairs:
+        raise ValueError("summary.json holds no configurations: nothing to write into the README")
+    if pair is None:
+        return "smollm2" if "smollm2" in pairs else pairs[-1]
+    if pair not in pairs:
+        raise ValueError(f"pair: {pair!r} is not in the summary (pairs: {pairs})")
+    return pair
+
+
+def _x(row: dict, key: str = "speedup") -> str:
+    return _with_interval(row, key, suffix="×")
+
+
+def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER) -> str:
+    """The README's results block (markers included) for one pair of the summary: the teaser, sentences
+    printed from the numbers, a table, and the run, commit, date and machine they come from."""
+    pair = _pick_pair(summary, pair)
+    rows = [r for r in summary["configurations"] if r["pair"] == pair]
+    suite = rows[0]["suite"]
+    m, run = summary["machine"] or {}, summary["run"]
+    temps = sorted({r["T"] for r in rows})
+    spec = [r for r in rows if r["role"] == "speculative" and r["speedup"] is not None]
+    sentences = []
+    for T in temps:
+        at = [r for r in spec if r["T"] == T]
+        if at:
+            best = max(at, key=lambda r: r["speedup"])
+            sentences.append(f"at T = {T:g} the fastest configuration is `{best['configuration']}`, "
+                             f"{_x(best)} over autoregressive decoding")
+    for draft in dict.fromkeys(r["draft"] for r in spec if r["method"] == "spade"):
+        at = [r for r in spec if r["method"] == "spade" and r["draft"] == draft]
+        for T in temps:
+            d = [r for r in at if r["T"] == T]
+            if len(d) < 2:
+                continue
+            above = sum(r["speedup_low"] is not None and r["speedup_low"] > 1 for r in d)
+            below = sum(r["speedup_high"] is not None and r["speedup_high"] < 1 for r in d)
+            alpha = [r["alpha"] for r in d if r["alpha"] is not None]
+            sentences.append(f"the `{draft}` draft at T = {T:g} (alpha {min(alpha):.2f}–{max(alpha):.2f}) is faster "
+                             f"than autoregressive beyond its interval at {above} of {len(d)} draft lengths and slower "
+                             f"at {below}" if alpha else "")
+    for r in rows:
+        if r["method"] == "hf_assisted" and r.get("vs_hf") is not None:
+            sentences.append(f"HF assisted generation (`{r['configuration']}`, T = {r['T']:g}) runs at "
+                             f"{_x(r, 'vs_hf')} of plain HF generate")
+    for c in summary["controls"]:
+        if c["pair"] == pair:
+            sentences.append(f"the null-draft control (T = {c['T']:g}) runs at {_x(c)}"
+                             + ("" if c["passed"] else ", faster than autoregressive: a defect of the baseline"))
+    warned = [w for w in summary["warnings"] if f" {pair}/" in w or f": {pair}/" in w]
+    sentences.append(f"{len(warned)} physical-control warning{'s' * (len(warned) != 1)} for this pair")
+    sentences = [s for s in sentences if s]
+    by_cfg: dict[str, dict] = {}
+    for r in rows:
+        if r["role"] != "baseline":
+            by_cfg.setdefault(r["configuration"], {})[r["T"]] = r
+    header = ["configuration"] + [h for T in temps for h in (f"alpha T={T:g}", f"speedup T={T:g}")]
+    table = [[f"`{cfg}`"] + [c for T in temps for c in (
+        _with_interval(v[T], "alpha") if T in v else "–", _x(v[T]) if T in v else "–")] for cfg, v in by_cfg.items()]
+    commit = (run.get("commit") or "unknown")[:7] + (" + uncommitted changes" if run.get("dirty") else "")
+    machine = f"{m.get('cpu_model')}, {m.get('threads')} torch threads, torch {m.get('torch')}, Python {m.get('python')}"
+    lines = [RESULTS_BEGIN,
+             f"<!-- written by `python -m spade_lib.report readme {summary['run_dir']}` from its summary.json: "
+             "do not edit by hand -->",
+             f"![Speedup over autoregressive decoding of {pair} on {suite}, with 95 % bootstrap intervals and the "
+             f"cost-model prediction (figures/{teaser}.png of the run below)](figures/teaser.png)", "",
+             f"*{pair} on `{suite}` (`figures/{teaser}.png`; run `{summary['run_dir']}`, commit `{commit}`, "
+             f"{(run.get('started') or summary['generated'])[:10]}; {machine}): " + "; ".join(sentences) + ".*", "",
+             *_md_table(header, table), "",
+             f"All numbers: `{summary['run_dir']}/summary.md`, per notebook: `{summary['run_dir']}/report/index.html` "
+             f"(`make run` writes both).", RESULTS_END]
+    return "\n".join(lines)
+
+
+def update_readme(run_dir, *, readme: str | Path | None = None, pair: str | None = None, teaser: str = TEASER,
+                  figures_dir: str | Path | None = None) -> Path:
+    """Rewrite the results block of ``readme`` (``README.md``) from ``run_dir/summary.json`` and copy
+    the run's ``<teaser>.png`` (its report copy, else ``figures_dir``) to ``figures/teaser.png`` beside
+    the README. Checks everything before writing either file."""
+    run_dir = Path(run_dir)
+    readme = Path(readme) if readme is not None else paths.REPO_ROOT / "README.md"
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise FileNotFoundError(f"run_dir: no summary.json in {run_dir} (run `python -m spade_lib.report {run_dir}`)")
+    summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    if summary.get("schema") != SCHEMA:
+        raise ValueError(f"{summary_path}: schema {summary.get('schema')!r}, expected {SCHEMA!r}")
+    text = readme.read_text(encoding="utf-8")
+    if text.count(RESULTS_BEGIN) != 1 or text.count(RESULTS_END) != 1 or text.index(RESULTS_BEGIN) > text.index(RESULTS_END):
+        raise ValueError(f"{readme}: needs exactly one {RESULTS_BEGIN} ... {RESULTS_END} block")
+    figures_dir = Path(figures_dir) if figures_dir is not None else paths.FIGURES_DIR
+    source = next((f for f in (run_dir / REPORT_DIR / "figures" / f"{teaser}.png", figures_dir / f"{teaser}.png")
+                   if f.is_file()), None)
+    if source is None:
+        raise FileNotFoundError(f"teaser: no {teaser}.png in {run_dir / REPORT_DIR / 'figures'} or {figures_dir}")
+    block = readme_block(summary, pair=pair, teaser=teaser)
+    head, rest = text.split(RESULTS_BEGIN, 1)
+    tail = rest.split(RESULTS_END, 1)[1]
+    write_bytes(readme.parent / "figures" / "teaser.png", source.read_bytes())
+    write_text(readme, head + block + tail)
+    return readme
+
+
+# ---------------------------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["readme"]:
+        ap = argparse.ArgumentParser(prog="python -m spade_lib.report readme",
+                                     description="Rewrite README.md's results block from RUN_DIR/summary.json and "
+                                                 "copy the run's teaser figure to figures/teaser.png.")
+        ap.add_argument("run_dir", type=Path)
+        ap.add_argument("--readme", type=Path, help="the README to rewrite (default: the repository's)")
+        ap.add_argument("--pair", help="the pair the block describes (default: smollm2 if in the run, else the last)")
+        ap.add_argument("--teaser", default=TEASER, help=f"figure stem copied to figures/teaser.png ({TEASER})")
+        args = ap.parse_args(argv[1:])
+        try:
+            path = update_readme(args.run_dir, readme=args.readme, pair=args.pair, teaser=args.teaser)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"rewrote the results block of {path} and {path.parent / 'figures' / 'teaser.png'} from {args.run_dir}")
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m spade_lib.report", description=__doc__.split("\n\n")[0],
+                                 epilog="python -m spade_lib.report readme RUN_DIR: rewrite README.md's results block")
+    ap.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                    help="folder of executed notebooks (or of such folders); the report goes into the first")
+    ap.add_argument("--runs", type=Path, help="runs folder with traces/ and costs/ (default: SPADE_RUNS_DIR or runs/)")
+    ap.add_argument("--no-html", action="store_true", help="only summary.md and summary.json")
+    args = ap.parse_args(argv)
+    try:
+        write_report(args.run_dirs, runs_dir=args.runs, html=not args.no_html)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Physical controls: numbers a correct measurement cannot produce, turned into warnings.
+
+Each function is pure (no files, no clocks) and returns a list of human-readable strings, each
+starting with :data:`PREFIX` and naming the pair, the configuration and the numbers, so a notebook, a
+benchmark or ``python -m spade_lib.report`` can print them (the report also collects lines starting
+with :data:`PREFIX` from the executed notebooks' outputs). An empty list means every control passed.
+
+The physics, with ``t_1`` the time of a one-token target forward on the cache:
+
+(a) **A speculative speedup cannot exceed tau.** An autoregressive step costs one target forward and
+    emits one token. A speculative step (SPADE or HF assisted generation) emits on average ``tau``
+    tokens (accepted drafts plus the bonus token, :func:`spade_lib.runs.metrics.mean_accepted_length`)
+    and costs at least one target forward, ``r(g) t_1 >= t_1`` (verifying ``g + 1`` tokens reads the
+    same weights as verifying one, and does more arithmetic), plus drafting, which costs ``>= 0``. So
+    ``speedup = tau t_AR / t_step <= tau``. A speedup whose whole 95 % interval lies above ``tau``
+    (``speedup_low > tau``) is a defect of the **baseline** (an autoregressive loop slower than its
+    target forwards: extra work per token, a cold cache, a different thread count), not a win.
+    Plain HF ``generate`` (method ``hf``) and the autoregressive baseline itself are not speculative
+    and are not checked.
+
+(b) **The null draft is the control.** Its proposals are always rejected, so every step costs a
+    draft call plus a target forward and emits exactly one token (``tau = 1``): it can only be as fast
+    as autoregressive decoding or slower. Its speedup's interval lying wholly above 1
+    (``speedup_low > 1``) again means the baseline is slow.
+
+(c) **Verification cannot be cheaper than one token.** ``r(g) = t(target, g + 1 tokens) / t_1`` is
+    at least 1 by the argument of (a); a measured ``r(g) < 1 - tol`` is a defective micro-benchmark
+    (frequency scaling or other load between the paired forwards, an unequal cache), and every
+    prediction priced with it is too optimistic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "cost_warnings", "speedup_warnings"]
+
+PREFIX = "physical control"
+NULL_DRAFT = "null"                    # the control drafter: its tokens are always rejected
+NON_SPECULATIVE = ("ar", "hf")         # the autoregressive baseline and plain HF generate
+
+
+def _rows(table) -> list[Mapping[str, Any]]:
+    """The rows of a DataFrame (``speedups``/``speedup_table``) or of an iterable of mappings."""
+    if hasattr(table, "to_dict") and hasattr(table, "columns"):
+        return table.to_dict("records")
+    return [dict(r) for r in table]
+
+
+def _num(value) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return x
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    """``pair/label`` (or the method, draft and gamma where the table has no label)."""
+    label = row.get("label")
+    if not isinstance(label, str) or not label:
+        label = f"{row.get('method', '?')}-{row.get('draft', '?')}-g{row.get('gamma', '?')}"
+    pair = row.get("pair")
+    where = f"{pair}/" if isinstance(pair, str) and pair else ""
+    suite = row.get("suite")
+    on = f" on {suite}" if isinstance(suite, str) and suite else ""
+    T = _num(row.get("T"))
+    at = f" at T={T:g}" if math.isfinite(T) else ""
+    return f"{where}{label}{on}{at}"
+
+
+def _interval(row: Mapping[str, Any]) -> str:
+    return (f"{_num(row.get('speedup')):.3f}x [{_num(row.get('speedup_low')):.3f}, "
+            f"{_num(row.get('speedup_high')):.3f}]")
+
+
+def speedup_warnings(table) -> list[str]:
+    """Controls (a) and (b) of the module docstring on a speedup table (one row per configuration,
+    with ``method``, ``draft``, ``tau``, ``speedup_low``; ``pair``, ``label``, ``T`` name it).
+
+    (a) a speculative configuration (``method`` not in :data:`NON_SPECULATIVE`) with
+    ``speedup_low > tau``; (b) the null-draft control (``draft == "null"``) with ``speedup_low > 1``.
+    A null-draft row flagged by (b) is not flagged again by (a). Rows with a missing ``tau`` (HF
+    assisted generation hides its steps) or a missing interval are skipped by (a)."""
+    out = []
+    for row in _rows(table):
+        method = row.get("method", "spade")
+        if method in NON_SPECULATIVE:
+            continue
+        low, tau = _num(row.get("speedup_low")), _num(row.get("tau"))
+        if row.get("draft") == NULL_DRAFT and low > 1.0:
+            out.append(f"{PREFIX}: {_name(row)}: the null-draft control is faster than autoregressive "
+                       f"beyond its interval ({_interval(row)} > 1): its drafts are always rejected, so each "
+                       f"step costs at least one target forward and emits one token; the autoregressive "
+                       f"baseline is slower than it should be")
+        elif math.isfinite(tau) and low > tau:
+            out.append(f"{PREFIX}: {_name(row)}: speedup {_interval(row)} lies above tau = {tau:.3f}: each "
+                       f"speculative step costs at least one target forward and emits tau tokens on average, "
+                       f"so speedup <= tau; the autoregressive baseline is slower than its target forwards")
+    return out
+
+
+def cost_warnings(costs: Mapping[str, Mapping], *, tol: float = 0.05, pair: str = "") -> list[str]:
+    """Control (c) of the module docstring on a pair's cost tables (draft name -> table with ``"r":
+    {g: r(g)}``, as :func:`spade_lib.runs.costs.pair_costs` returns): one warning per draft whose
+    ``r(g) < 1 - tol`` at some ``g``, naming every such ``g``."""
+    if not (isinstance(tol, (int, float)) and 0 <= tol < 1):
+        raise ValueError(f"tol: must be a number in [0, 1), got {tol!r}")
+    out = []
+    where = f"{pair}/" if pair else ""
+    for draft, table in costs.items():
+        r = (table or {}).get("r") or {}
+        low = []
+        for g, v in sorted(((int(g), _num(v)) for g, v in r.items()), key=lambda gv: gv[0]):
+            if v < 1 - tol:
+                low.append(f"g={g}: {v:.3f}")
+        if low:
+            out.append(f"{PREFIX}: {where}{draft}: r(g) < {1 - tol:g} at " + ", ".join(low)
+                       + ": verifying g + 1 tokens cannot cost less than a one-token target forward; the cost "
+                         "micro-benchmark is defective (load or frequency changes between the paired forwards) "
+                         "and predictions priced with it are too optimistic")
+    return out

@@ -1,0 +1,249 @@
+"""The run's results on one page: summary.md/json, the HTML report, the README block, runbook.json."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from spade_lib import paths, report, runbook
+from spade_lib.io import write_json
+from spade_lib.runs import compare
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = {"tiny": "embedded-0123abcd", "smollm2": "humaneval-89abcdef"}
+
+
+def png_bytes(color: str = "red") -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    fig.patch.set_facecolor(color)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def row(pair, label, method, draft="-", gamma=0, T=0.0, **m):
+    base = dict(pair=pair, suite=SUITE[pair], run=f"{label}-0123456789ab", baseline=f"ar-T{T:g}", label=label,
+                method=method, draft=draft, policy="fixed" if method == "spade" else "-", gamma=gamma, T=T,
+                interleaved=True, tokens_per_s=100.0, alpha=math.nan, tau=math.nan, speedup=1.0, speedup_low=1.0,
+                speedup_high=1.0, predicted=math.nan, speedup_rounds=3, estimators_disagree=0.0)
+    return {**base, **m}
+
+
+def fake_table() -> pd.DataFrame:
+    """What compare.speedups returns (its columns; no alpha/tau intervals yet, as today)."""
+    return pd.DataFrame([
+        row("tiny", "ar-T0", "ar"),
+        row("tiny", "spade-distilled-g2-T0", "spade", "distilled", 2, alpha=0.61, tau=2.1, speedup=1.31,
+            speedup_low=1.20, speedup_high=1.42, predicted=1.5),
+        row("tiny", "spade-null-g2-T0", "spade", "null", 2, alpha=0.0, tau=1.0, speedup=0.91, speedup_low=0.85,
+            speedup_high=0.97, predicted=0.8),
+        row("tiny", "spade-stale-g9-T0", "spade", "distilled", 9, alpha=0.5, tau=2.0, speedup=9.0,
+            speedup_low=8.0, speedup_high=10.0),  # a run of an older make run: not named by the notebooks
+        row("smollm2", "ar-T0", "ar"),
+        row("smollm2", "hf-T0", "hf", speedup=0.7, speedup_low=0.6, speedup_high=0.8),
+        row("smollm2", "spade-ngram-g4-T0", "spade", "ngram", 4, alpha=0.4, tau=1.9, speedup=2.55,
+            speedup_low=2.31, speedup_high=2.80, predicted=1.8),  # above tau: a baseline defect
+        row("smollm2", "spade-distilled-g1-T0", "spade", "distilled", 1, alpha=0.12, tau=1.1, speedup=0.61,
+            speedup_low=0.55, speedup_high=0.66, predicted=0.7),
+        row("smollm2", "spade-distilled-g2-T0", "spade", "distilled", 2, alpha=0.13, tau=1.2, speedup=0.52,
+            speedup_low=0.47, speedup_high=0.58, predicted=0.6),
+        row("smollm2", "hf_assisted-distilled-g4-T0", "hf_assisted", "distilled", 4, speedup=0.4,
+            speedup_low=0.35, speedup_high=0.45, vs_hf=0.54, vs_hf_low=0.5, vs_hf_high=0.6),
+        row("smollm2", "ar-T1", "ar", T=1.0),
+        row("smollm2", "spade-ngram-g4-T1", "spade", "ngram", 4, T=1.0, alpha=0.3, tau=1.7, speedup=1.32,
+            speedup_low=1.2, speedup_high=1.45, predicted=1.4),
+        row("smollm2", "spade-null-g4-T1", "spade", "null", 4, T=1.0, alpha=0.0, tau=1.0, speedup=1.2,
+            speedup_low=1.1, speedup_high=1.3),  # the control faster than AR: flagged
+    ])
+
+
+def notebook(pair: str, labels: list[str], png: bytes, warning: str = "") -> nbformat.NotebookNode:
+    refs = "".join(f"  {lab:<30} -> traces/{pair}/{SUITE[pair]}/{lab}-0123456789ab\n" for lab in labels)
+    cells = [new_markdown_cell(f"# 03 on {pair}"),
+             new_code_cell("print(runs)", outputs=[new_output("stream", name="stdout", text=refs + warning)]),
+             new_code_cell("fig", outputs=[new_output("display_data", data={
+                 "image/png": base64.b64encode(png).decode(), "text/plain": "<Figure>"})])]
+    nb = new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+        "papermill": {"duration": 12.5, "start_time": "2000-01-01T00:00:00", "exception": None}})
+    return nb
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    """A make-run-shaped folder (embedded/ and smollm2/ parts), its runs folder (costs) and figures."""
+    runs, figures, root = tmp_path / "runs", tmp_path / "figures", tmp_path / "runs" / "notebooks" / "20000101-000000"
+    monkeypatch.setattr(paths, "RUNS_DIR", runs)
+    monkeypatch.setattr(paths, "FIGURES_DIR", figures)
+    monkeypatch.setattr(compare, "speedups", lambda runs_dir: fake_table())
+    png = png_bytes()
+    started = time.time() - 60
+    for part, pair, labels in (("embedded", "tiny", ["ar-T0", "spade-distilled-g2-T0", "spade-null-g2-T0"]),
+                               ("smollm2", "smollm2", [r for r in fake_table().label if r.startswith(
+                                   ("ar", "hf", "spade-ngram", "spade-distilled", "spade-null"))])):
+        folder = root / part
+        folder.mkdir(parents=True)
+        nbformat.write(notebook(pair, labels, png, "physical control: printed by the notebook itself\n"
+                                if part == "smollm2" else ""), folder / "03_m2_speedup_runs.ipynb")
+        nbformat.write(notebook(pair, [], png), folder / "04_m3_rejection_diagnostics.ipynb")
+        write_json(folder / "runbook.json", {
+            "profile": "default", "params": f"params/{part}" if part == "smollm2" else None, "status": "ok",
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)), "finished": None,
+            "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False,
+            "machine": {"cpu_model": "Test CPU 9000", "cpu_count": 2, "threads": 2, "torch": "2.x", "python": "3.x"},
+            "notebooks": [{"name": "03_m2_speedup_runs", "seconds": 154.2, "status": "ok"},
+                          {"name": "04_m3_rejection_diagnostics", "seconds": 35.0, "status": "ok"}]})
+    for pair, r in (("tiny", {1: 1.02, 2: 1.05}), ("smollm2", {1: 1.01, 2: 0.90, 3: 1.1})):
+        for draft, c in (("distilled", 0.3), ("ngram", 0.0)):
+            write_json(runs / "costs" / pair / f"{draft}-abc.json", {
+                "c": c, "r": r, "t_verify": {g: 0.01 for g in r}, "t_target": 0.01, "t_draft": 0.0,
+                "key": {"pair": pair, "draft": draft, "threads": 2, "device": "cpu", "dtype": "float32"}})
+    figures.mkdir()
+    for name in ("m2_speedup_runs", "m2_speedup_runs-smollm2", "old_figure", "teaser"):
+        (figures / f"{name}.png").write_bytes(png)
+    os.utime(figures / "old_figure.png", (started - 3600, started - 3600))
+    return root
+
+
+def test_summary_files(run, capsys):
+    s = report.write_report(run)
+    out = capsys.readouterr().out
+    saved = json.loads((run / "summary.json").read_text())
+    assert saved["schema"] == report.SCHEMA and saved["selection"] == "referenced"
+    assert saved == json.loads(json.dumps(s))
+    labels = {(r["pair"], r["label"]) for r in saved["configurations"]}
+    assert ("tiny", "spade-stale-g9-T0") not in labels and ("smollm2", "spade-ngram-g4-T1") in labels
+    ngram = next(r for r in saved["configurations"] if r["label"] == "spade-ngram-g4-T0")
+    assert ngram["configuration"] == "spade-ngram-g4" and ngram["role"] == "speculative"
+    assert ngram["speedup_low"] == 2.31 and ngram["alpha_low"] is None and len(ngram["warnings"]) == 1
+    assert [(c["label"], c["passed"]) for c in saved["controls"]] == [("spade-null-g2-T0", True),
+                                                                    ("spade-null-g4-T1", False)]
+    assert saved["costs"]["smollm2"]["distilled"]["r"] == {"1": 1.01, "2": 0.9, "3": 1.1}
+    w = saved["warnings"]
+    assert any("smollm2/spade-ngram-g4-T0" in x and "tau" in x for x in w)
+    assert any("smollm2/spade-null-g4-T1" in x and "null-draft control" in x for x in w)
+    assert any(x.startswith("physical control: smollm2/distilled: r(g)") for x in w)
+    assert any("printed by the notebook itself (printed by smollm2/03_m2_speedup_runs)" in x for x in w)
+    assert not any("tiny/" in x for x in w)
+    nbs = {(n["part"], n["name"]): n for n in saved["notebooks"]}
+    assert nbs[("smollm2", "03_m2_speedup_runs")]["seconds"] == 154.2
+    assert nbs[("embedded", "04_m3_rejection_diagnostics")]["html"] == "report/embedded/04_m3_rejection_diagnostics.html"
+    assert saved["machine"]["cpu_model"] == "Test CPU 9000" and saved["run"]["commit"].startswith("0123456")
+    assert sorted(Path(f).name for f in saved["figures"]) == ["m2_speedup_runs-smollm2.png", "m2_speedup_runs.png"]
+    md = (run / "summary.md").read_text()
+    assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] |" in md
+    assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
+    assert "control (null draft" in md and "FAILS" in md and "Test CPU 9000" in md
+    assert "spade-ngram-g4" in out and "2.55x [2.31, 2.80]" in out and "154" in out
+    assert f"HTML report: {(run / 'report' / 'index.html').resolve()}" in out
+    assert not (paths.RUNS_DIR / "summary.json").exists() and not (run / "embedded" / "summary.json").exists()
+
+
+def test_html_report(run):
+    report.write_report(run, quiet=True)
+    index = (run / "report" / "index.html").read_text()
+    for part in ("embedded", "smollm2"):
+        for nb in ("03_m2_speedup_runs", "04_m3_rejection_diagnostics"):
+            page = run / "report" / part / f"{nb}.html"
+            assert f'href="{part}/{nb}.html"' in index
+            assert "data:image/png;base64," in page.read_text()  # the figure is in the page itself
+            assert 'href="../index.html"' in page.read_text()
+    assert 'src="figures/m2_speedup_runs-smollm2.png"' in index and "old_figure" not in index
+    assert (run / "report" / "figures" / "m2_speedup_runs.png").read_bytes() == png_bytes()
+    assert "2.55x [2.31, 2.80]" in index and "null-draft control" in index
+    assert 'href="../summary.json"' in index
+
+
+def test_a_run_without_speedups_is_still_reported(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.setattr(paths, "FIGURES_DIR", tmp_path / "figures")
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    nbformat.write(notebook("tiny", [], png_bytes()), folder / "02_m2_acceptance_math.ipynb")
+    assert report.main([str(folder), "--no-html"]) == 0
+    s = json.loads((folder / "summary.json").read_text())
+    assert s["configurations"] == [] and "no traces" in s["errors"][0] and s["notebooks"][0]["seconds"] == 12.5
+    assert "(no speedups)" in capsys.readouterr().out and not (folder / "report").exists()
+    assert report.main([str(tmp_path / "missing")]) == 1
+
+
+def readme_copy(tmp_path) -> Path:
+    readme = tmp_path / "repo" / "README.md"
+    readme.parent.mkdir()
+    shutil.copyfile(REPO / "README.md", readme)
+    return readme
+
+
+def test_readme_block(run, tmp_path):
+    report.write_report(run, quiet=True)
+    readme = readme_copy(tmp_path)
+    before = readme.read_text()
+    assert before.count(report.RESULTS_BEGIN) == 1 and before.count(report.RESULTS_END) == 1
+    assert report.main(["readme", str(run), "--readme", str(readme)]) == 0
+    after = readme.read_text()
+    head, tail = before.split(report.RESULTS_BEGIN)[0], before.split(report.RESULTS_END)[1]
+    assert after.startswith(head) and after.endswith(tail)
+    block = after.split(report.RESULTS_BEGIN)[1].split(report.RESULTS_END)[0]
+    assert "`spade-ngram-g4`, 2.55× [2.31, 2.80] over autoregressive" in block
+    assert "0.54× [0.50, 0.60] of plain HF generate" in block
+    assert "the `distilled` draft at T = 0 (alpha 0.12–0.13) is faster than autoregressive beyond its interval " \
+           "at 0 of 2 draft lengths and slower at 2" in block
+    assert "commit `0123456`" in block and "Test CPU 9000" in block and "tiny" not in block
+    assert "| `spade-ngram-g4` | 0.40 | 2.55× [2.31, 2.80] | 0.30 | 1.32× [1.20, 1.45] |" in block
+    assert (readme.parent / "figures" / "teaser.png").read_bytes() == png_bytes()
+    assert report.main(["readme", str(run), "--readme", str(readme)]) == 0 and readme.read_text() == after  # stable
+    readme.write_text("no markers\n")
+    assert report.main(["readme", str(run), "--readme", str(readme)]) == 1 and readme.read_text() == "no markers\n"
+
+
+def fake_papermill(input_path, output_path, **kw):
+    nb = nbformat.read(input_path, as_version=4)
+    nbformat.write(nb, output_path)
+
+
+def test_runbook_record_and_report(tmp_path, monkeypatch, capsys):
+    import papermill
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.setattr(paths, "FIGURES_DIR", tmp_path / "figures")
+    monkeypatch.setattr(papermill, "execute_notebook", fake_papermill)
+    monkeypatch.delenv("SPADE_PROFILE", raising=False)
+    out = tmp_path / "out"
+    runbook.main(["--only", "01", "02", "--out", str(out)])
+    record = json.loads((out / "runbook.json").read_text())
+    assert [n["name"] for n in record["notebooks"]] == ["01_m1_build_benchmark", "02_m2_acceptance_math"]
+    assert all(n["status"] == "ok" and n["seconds"] >= 0 for n in record["notebooks"]) and record["status"] == "ok"
+    assert record["profile"] == "default" and record["only"] == ["01", "02"] and record["finished"]
+    assert record["machine"]["threads"] >= 1 and "commit" in record
+    assert (out / "summary.json").is_file() and 'href="02_m2_acceptance_math.html"' in (
+        out / "report" / "index.html").read_text()
+    assert 'href="index.html"' in (out / "report" / "02_m2_acceptance_math.html").read_text()
+    assert "HTML report:" in capsys.readouterr().out
+
+    def boom(*a, **k):
+        raise RuntimeError("reporting broke")
+
+    monkeypatch.setattr(report, "write_report", boom)
+    runbook.main(["--only", "02", "--out", str(tmp_path / "again")])  # the notebooks ran: no exception
+    err = capsys.readouterr().err
+    assert "REPORT FAILED" in err and "reporting broke" in err and "python -m spade_lib.report" in err
+    runbook.main(["--only", "02", "--out", str(tmp_path / "quiet"), "--no-report"])
+    assert not (tmp_path / "quiet" / "summary.json").exists()
