@@ -1,7 +1,7 @@
 """Batch benchmark: throughput of batched speculative vs batched autoregressive decoding against batch size.
 
 Not a test: it prints ratios measured in one run on one machine. On an embedded pair it runs
-:func:`spade_lib.decoding.batch.batch_study` (for each batch size ``B``, ``B`` suite prompts decoded together by
+:func:`spade_lib.decoding.batch_study.batch_study` (for each batch size ``B``, ``B`` suite prompts decoded together by
 both methods, alternating, ``--repeats`` timed batches after a warm-up, median kept; throughput = all
 rows' new tokens / the batch's wall time) with the theory's prediction ``E[tokens] / (gamma c(B) +
 r(B))`` from the measured ``alpha``, draft cost ``c(B)`` and verification cost ``r(B)``. Then it decodes
@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from spade_lib.decoding.batch import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study, stops_paying
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig

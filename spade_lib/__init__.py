@@ -7,14 +7,15 @@ the draft model's, ``gamma`` the number of drafted tokens per step, ``alpha`` th
 Every module has one import path; import names from the module that defines them. Top to bottom
 (a layer imports only from the layers below it; ``lint-imports`` checks this, see ``pyproject.toml``):
 
-- ``spade_lib.runbook``, ``spade_lib.experiment``: the notebooks' runbook and experiment helpers;
+- ``spade_lib.runbook``: runs the notebooks; ``spade_lib.report`` (the run report) and
+  ``spade_lib.experiment`` (the notebooks' pair, suite and runs);
 - ``spade_lib.whatif`` (``align``, ``replay``, ``stoprules``) and ``spade_lib.diagnose`` (M3);
 - ``spade_lib.runs``: suite runs, traces, timing protocol, metrics, the run command line
   (``python -m spade_lib.runs.cli``);
-- ``spade_lib.decoding`` (``adapter``, ``lean``, ``drafters``, ``policies``, ``adaptive``, ``records``,
-  ``common``, ``batch``, ``decode``, ``batch_study``, ``baselines``, ``divergence``: the M2 decoder)
-  and ``spade_lib.bench`` (M1 suites);
-- ``spade_lib.zoo``: embedded and real draft/target pairs;
+- ``spade_lib.bench`` (M1 suites), then ``spade_lib.zoo`` (embedded and real draft/target pairs);
+- ``spade_lib.decoding`` (``adapter``, ``lean``, ``kernels``, ``drafters``, ``policies``, ``adaptive``,
+  ``records``, ``common``, ``costs``, ``batch``, ``decode``, ``batch_study``, ``baselines``,
+  ``divergence``: the M2 decoder);
 - ``spade_lib.exactness``; ``spade_lib.verify``, ``spade_lib.theory``: the verification core;
 - ``spade_lib.sampling``, ``spade_lib.measures``, ``spade_lib.rules``, ``spade_lib.devices``;
 - ``spade_lib.params``, ``spade_lib.plots``, then ``spade_lib.validate``, ``spade_lib.io``,

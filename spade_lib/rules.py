@@ -35,7 +35,7 @@ Adding a rule is one :func:`register_rule` call: a :class:`Rule` with its accept
 function of named inputs, non-decreasing in ``p_x`` so that top-k replay can bound it), and optionally
 a residual. Every layer then accepts its name: ``verify(mode=name, **options)``,
 ``SpeculativeDecoder(mode=name)``, ``RunConfig(mode=name, mode_options={...})``, and the replay
-functions (``replay.RULES`` is a view of this registry).
+functions of :mod:`spade_lib.whatif.replay` (which read :func:`rule_names` and :func:`get_rule`).
 """
 
 from __future__ import annotations

@@ -13,10 +13,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import BATCH_COLUMNS, BatchGenerationResult, _BatchLM, batch_metrics, row_seeds
-from spade_lib.decoding.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.divergence import compare_greedy
 from spade_lib.decoding.drafters import NGramDrafter
 from spade_lib.decoding.policies import ConfidenceThreshold
+from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
@@ -412,7 +413,7 @@ def test_greedy_rows_equal_single_decoding_on_the_default_pair():
 
 
 def test_batch_study_table_stops_paying_and_figure(tiny, prompts, tmp_path):
-    from spade_lib.decoding.batch import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study, stops_paying
     from spade_lib.plots import save_figure
     from spade_lib.plots.batch import plot_speedup_vs_batch
 

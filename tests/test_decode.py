@@ -14,9 +14,11 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from spade_lib.runs import trace
 from spade_lib.decoding.adapter import CausalLMAdapter
-from spade_lib.decoding.decode import RECORD_COLUMNS, AutoregressiveDecoder, SpeculativeDecoder, seed_streams
+from spade_lib.decoding.common import seed_streams
+from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.drafters import ModelDrafter, NGramDrafter
 from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)

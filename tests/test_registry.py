@@ -11,6 +11,7 @@ import torch
 
 from spade_lib import rules
 from spade_lib.decoding import policies
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.runs import trace
 from spade_lib.whatif import replay
 from spade_lib.verify import verify
@@ -91,7 +92,7 @@ def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
 
     # the rule: replaying it on its own trace reproduces every decision
     got = replay.replay_decisions(tr, "toy_scaled", params={"toy_scaled": {"scale": 0.8}})
-    tr_sorted = tr.sort_values(replay.STEP_KEYS + ["pos"], kind="stable").reset_index(drop=True)
+    tr_sorted = tr.sort_values(STEP_KEYS + ["pos"], kind="stable").reset_index(drop=True)
     for col in ("reached", "accepted", "n_accepted"):
         np.testing.assert_array_equal(got[col].to_numpy(), tr_sorted[col].to_numpy())
     cf = replay.counterfactual(tr, rules=["toy_scaled", "exact"], params={"toy_scaled": {"scale": 0.8}})

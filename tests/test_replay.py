@@ -15,6 +15,7 @@ import torch
 from spade_lib.whatif import replay
 from spade_lib.measures import entropy, tv
 from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, get_policy
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.verify import verify
 
 V = 12
@@ -244,7 +245,7 @@ def tiny_runs(tmp_path_factory):
 
 
 def _tau_and_se(trace: pd.DataFrame) -> tuple[float, float]:
-    n = trace.groupby(replay.STEP_KEYS)["n_accepted"].first().to_numpy(np.float64) + 1
+    n = trace.groupby(STEP_KEYS)["n_accepted"].first().to_numpy(np.float64) + 1
     return float(n.mean()), float(n.std(ddof=1) / np.sqrt(len(n)))
 
 
@@ -270,9 +271,9 @@ def test_stop_rule_replays_predict_direct_runs(tiny_runs):
     for actual, rule in ((tiny_runs["g2"], FixedGamma(2)),
                          (tiny_runs["conf"], ConfidenceThreshold(threshold=tiny_runs["threshold"], max_gamma=6))):
         pred = replay.replay_stop_rule(tr, rule, c=0.1).iloc[0]
-        per = tr.groupby(replay.STEP_KEYS)["n_accepted"].first()
+        per = tr.groupby(STEP_KEYS)["n_accepted"].first()
         tau, se = _tau_and_se(actual)
         se_pred = 2 * per.std() / np.sqrt(len(per))
         assert abs(pred["tau"] - tau) < 4 * np.hypot(se, se_pred), (rule.label, pred["tau"], tau, se)
-        g_actual = actual.groupby(replay.STEP_KEYS)["gamma"].first()
+        g_actual = actual.groupby(STEP_KEYS)["gamma"].first()
         assert abs(pred["g_mean"] - g_actual.mean()) < 4 * np.hypot(g_actual.std() / np.sqrt(len(g_actual)), 0.1) + 0.05

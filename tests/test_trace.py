@@ -115,11 +115,12 @@ def test_nan_uniform_survives(tmp_path):
 
 
 def test_column_groups_partition_the_schema_and_the_decoder_derives_from_them():
-    from spade_lib.decoding import decode
+    from spade_lib.decoding import records
 
     names = trace.TRACE_SCHEMA.names
-    groups = [trace.ROW_KEYS, trace.STEP_COLUMNS, trace.BLOCK_COLUMNS, trace.POSITION_STATS]
+    groups = [records.ROW_KEYS, records.STEP_COLUMNS, records.BLOCK_COLUMNS, records.POSITION_STATS]
     assert sorted(sum(map(list, groups), [])) == sorted(names)
-    assert decode.RECORD_COLUMNS == tuple(n for n in names if n not in trace.ROW_KEYS)
-    assert decode._STATS == trace.POSITION_STATS
-    assert decode._INT_STATS == {"draft_token", "p_top1"} and decode._BOOL_STATS == {"reached", "accepted"}
+    assert records.RECORD_COLUMNS == tuple(n for n in names if n not in records.ROW_KEYS)
+    assert set(records.STEP_KEYS) <= set(records.ROW_KEYS + records.STEP_COLUMNS)
+    assert trace.SORT_COLUMNS == [*records.STEP_KEYS, "pos"]
+    assert records.INT_STATS == {"draft_token", "p_top1"} and records.BOOL_STATS == {"reached", "accepted"}

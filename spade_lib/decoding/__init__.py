@@ -2,6 +2,7 @@
 speculative and autoregressive decoders (single and batched), HF baselines, greedy-divergence
 classification.
 
-Modules: ``adapter``, ``lean``, ``drafters``, ``policies``, ``adaptive``, ``decode``, ``batch``, ``baselines``, ``divergence``. Each is also importable at its old
-path ``spade_lib.<module>``.
+Modules: ``adapter``, ``lean``, ``drafters``, ``policies``, ``adaptive``, ``records`` (the trace's column
+names), ``common`` (results and helpers the decoders share), ``batch``, ``decode``, ``batch_study``,
+``baselines``, ``divergence``; import each as ``spade_lib.decoding.<module>``.
 """

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from spade_lib.decoding.adapter import as_token_tensor, context_limit
-from spade_lib.decoding.decode import GenerationResult, _check_budget, _clock, _eos_set
+from spade_lib.decoding.common import GenerationResult, _check_budget, _clock
+from spade_lib.decoding.decode import _eos_set
 from spade_lib.sampling import SamplingConfig
 
 __all__ = ["hf_generate", "hf_sampling_kwargs"]

@@ -21,136 +21,34 @@ draft sampling, acceptance uniforms, residual/bonus sampling — so the same see
 for bit, and what one stream draws does not depend on how many draws the others consumed.
 
 Records (``record=True``): one row per drafted token with the trace columns of
-:data:`spade_lib.runs.trace.TRACE_SCHEMA` (:meth:`GenerationResult.records`). Per step the statistics are
+:data:`spade_lib.runs.trace.TRACE_SCHEMA` (:meth:`spade_lib.decoding.common.GenerationResult.records`). Per step the statistics are
 computed vectorised over the ``gamma`` positions as named tensors (one per column of
-``trace.POSITION_STATS``), stacked and moved to the host with a single ``.tolist()``.
+``spade_lib.decoding.records.POSITION_STATS``), stacked and moved to the host with a single ``.tolist()``.
 ``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings),
 ``record=False`` only the tokens and total times.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from spade_lib import rules
-from spade_lib.runs import trace
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
+from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_generate_batch
+from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
+                                       seed_streams)
 from spade_lib.decoding.drafters import Draft, Drafter, ModelDrafter
 from spade_lib.measures import entropy, kl, tv
 from spade_lib.decoding.policies import Policy, as_policy
+from spade_lib.decoding.records import POSITION_STATS
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
 from spade_lib.verify import sample_inverse_cdf, verify
 
-__all__ = ["SpeculativeDecoder", "AutoregressiveDecoder", "GenerationResult", "StepInfo", "RECORD_COLUMNS",
-           "seed_streams"]
-
-RECORD_COLUMNS: tuple[str, ...] = trace.RECORD_COLUMNS  # the trace's columns minus prompt_id/category/sample
-# per-position statistics: the names of the tensors _stats returns, stacked in this order for the host
-_STATS: tuple[str, ...] = trace.POSITION_STATS
-_INT_STATS = frozenset(n for n in _STATS if pa.types.is_integer(trace.TRACE_SCHEMA.field(n).type))
-_BOOL_STATS = frozenset(n for n in _STATS if pa.types.is_boolean(trace.TRACE_SCHEMA.field(n).type))
-STREAMS = ("draft", "accept", "residual")
-
-
-def seed_streams(seed: int, device: torch.device | str) -> dict[str, torch.Generator]:
-    """Independent generators for draft sampling, acceptance uniforms and residual/bonus sampling."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: must be an integer >= 0, got {seed!r}")
-    states = np.random.SeedSequence(int(seed)).spawn(len(STREAMS))
-    return {name: torch.Generator(device=device).manual_seed(int(s.generate_state(1, np.uint64)[0] >> 1))
-            for name, s in zip(STREAMS, states)}
-
-
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-@dataclass
-class StepInfo:
-    """Step-level facts of one verification step."""
-
-    gamma: int            # tokens drafted
-    n_accepted: int       # accepted drafts
-    next_token: int       # residual / bonus token
-    emitted: int          # tokens appended to the output (n + 1, or fewer when truncated)
-    abs_pos: int          # tokens emitted before this step
-    draft_stop: str       # why drafting stopped: "max_gamma", "policy", "no_match" or "budget"
-    t_draft: float = float("nan")
-    t_verify: float = float("nan")
-    t_overhead: float = float("nan")
-    stats: dict[str, list] | None = None  # per-position statistics by column name, each [gamma] (record=True only)
-    topk: list[Any] | None = None     # record_topk > 0: [p_ids, p_probs, q_ids, q_probs], each [gamma][k]
-
-
-@dataclass
-class GenerationResult:
-    """Output of one generation: the new tokens, step-level info, timings and token-level records."""
-
-    tokens: list[int]                  # new token ids (prompt excluded)
-    prompt_length: int
-    stop_reason: str                   # "eos", "max_new_tokens" or "context_limit"
-    steps: list[StepInfo] = field(default_factory=list)
-    timing: dict[str, float] = field(default_factory=dict)  # prefill, draft, verify, overhead, total (s)
-    text: str | None = None
-    seed: int = 0
-
-    @property
-    def n_steps(self) -> int:
-        """Target verification calls after the prefill (= tokens for autoregressive decoding)."""
-        return len(self.steps)
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def accept_lengths(self) -> list[int]:
-        """``n + 1`` per step, the verification's outcome before truncation (``spade_lib.runs.metrics``)."""
-        return [s.n_accepted + 1 for s in self.steps]
-
-    @property
-    def emitted_lengths(self) -> list[int]:
-        """Tokens each step actually appended (``accept_lengths`` truncated by EOS / ``max_new_tokens``)."""
-        return [s.emitted for s in self.steps]
-
-    @property
-    def gammas(self) -> list[int]:
-        return [s.gamma for s in self.steps]
-
-    def records(self) -> list[dict[str, Any]]:
-        """One dict per drafted token with exactly the trace columns (minus prompt_id/category/sample);
-        plus ``p_topk_ids``, ``p_topk_probs``, ``q_topk_ids``, ``q_topk_probs`` when recorded."""
-        rows: list[dict[str, Any]] = []
-        for step, s in enumerate(self.steps):
-            if s.gamma == 0:
-                continue
-            if s.stats is None:
-                raise ValueError("records: this generation ran with record='light' or False (no token records)")
-            g = s.gamma
-            cols = s.stats
-            for pos in range(g):
-                row: dict[str, Any] = {"step": step, "pos": pos, "abs_pos": s.abs_pos + pos, "gamma": g}
-                for name in _STATS:
-                    v = cols[name][pos]
-                    row[name] = int(v) if name in _INT_STATS else bool(v) if name in _BOOL_STATS else v
-                row["n_accepted"] = s.n_accepted
-                row["next_token"] = s.next_token
-                row["t_draft"], row["t_verify"], row["t_overhead"] = s.t_draft, s.t_verify, s.t_overhead
-                rows.append({name: row[name] for name in RECORD_COLUMNS})
-                if s.topk is not None:
-                    for name, values in zip(("p_topk_ids", "p_topk_probs", "q_topk_ids", "q_topk_probs"), s.topk):
-                        rows[-1][name] = values[pos]
-        return rows
+__all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
 
 
 def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
@@ -171,29 +69,6 @@ def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
         raise
     except TypeError:
         raise ArgumentTypeError(f"eos_token_id: must be an int or a list of ints, got {eos_token_id!r}") from None
-
-
-def _check_budget(max_new_tokens: int) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens: must be an integer >= 0, got {max_new_tokens!r}")
-
-
-def _check_prompt(prompt: torch.Tensor, limit: int | None, vocab_size: int | None = None) -> None:
-    if prompt.numel() == 0:
-        raise ValueError("prompt_ids: empty prompt (at least one token, e.g. BOS, is needed to condition on)")
-    if limit is not None and prompt.numel() > limit:
-        raise ValueError(f"prompt_ids: {prompt.numel()} tokens exceed the context limit of {limit} positions")
-    if vocab_size is not None and (int(prompt.min()) < 0 or int(prompt.max()) >= vocab_size):
-        bad = int(prompt.min()) if int(prompt.min()) < 0 else int(prompt.max())
-        raise ValueError(f"prompt_ids: token ids must lie in [0, {vocab_size}) (the vocabulary), got {bad}")
-
-
-def _truncate(emitted: list[int], budget: int, eos: frozenset[int]) -> tuple[list[int], bool]:
-    """Cut ``emitted`` after the first EOS and to ``budget`` tokens; also return whether EOS was hit."""
-    for i, t in enumerate(emitted[:budget]):
-        if t in eos:
-            return emitted[:i + 1], True
-    return emitted[:budget], False
 
 
 class _Base:
@@ -266,7 +141,7 @@ class SpeculativeDecoder(_Base):
     # -- per-step statistics ------------------------------------------------------------------
     def _stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: Draft, res) -> dict[str, torch.Tensor]:
         """The per-position statistics of one step: ``{column: tensor [gamma]}`` for every column of
-        ``_STATS`` (``trace.POSITION_STATS``)."""
+        ``records.POSITION_STATS`` (stacked in this order for the host)."""
         g = draft.gamma
         x = draft.tokens
         p_g, q = p[:g], draft.q
@@ -351,9 +226,9 @@ class SpeculativeDecoder(_Base):
                 head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
                 if full:
                     named = self._stats(logits_p, p, draft, res)
-                    flat = torch.stack([named[name].to(torch.float64) for name in _STATS]).flatten()
+                    flat = torch.stack([named[name].to(torch.float64) for name in POSITION_STATS]).flatten()
                     host = torch.cat([head, flat]).tolist()
-                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(_STATS)}
+                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(POSITION_STATS)}
                     topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
                 else:
                     host, stats, topk = head.tolist(), None, None
@@ -391,8 +266,6 @@ class SpeculativeDecoder(_Base):
         """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or
         one per row. Each row equals ``generate(prompt, seed=its seed)`` up to rounding
         (:mod:`spade_lib.decoding.batch`: masked holes, ragged acceptance)."""
-        from spade_lib.decoding.batch import speculative_generate_batch
-
         return speculative_generate_batch(self, prompts, max_new_tokens, seed)
 
 
@@ -441,6 +314,4 @@ class AutoregressiveDecoder(_Base):
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
         """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.decoding.batch`)."""
-        from spade_lib.decoding.batch import autoregressive_generate_batch
-
         return autoregressive_generate_batch(self, prompts, max_new_tokens, seed)

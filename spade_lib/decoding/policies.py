@@ -31,14 +31,14 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.validate import check_float, check_gamma
 import numpy as np
 
 __all__ = ["Policy", "FixedGamma", "ConfidenceThreshold", "EntropyThreshold", "as_policy", "register_policy",
-           "get_policy", "policy_names", "SIGNAL_COLUMNS", "STEP_KEYS"]
+           "get_policy", "policy_names", "SIGNAL_COLUMNS"]
 
 SIGNAL_COLUMNS = ("q_top_prob", "h_q_raw")  # trace columns holding keep_drafting's two signals
-STEP_KEYS = ["prompt_id", "sample", "step"]  # a trace's step identity
 
 
 def _check_max_gamma(value: int, name: str = "max_gamma") -> None:

@@ -1,6 +1,6 @@
 """M2 batch figure: throughput and speedup of speculative decoding against batch size.
 
-A thin function over the table of :func:`spade_lib.decoding.batch.batch_study`; saving is the caller's
+A thin function over the table of :func:`spade_lib.decoding.batch_study.batch_study`; saving is the caller's
 ``save_figure(fig, "m2_speedup_vs_batch")``.
 """
 

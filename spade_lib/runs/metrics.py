@@ -74,7 +74,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-STEP_KEYS = ["prompt_id", "sample", "step"]
+from spade_lib.decoding.records import STEP_KEYS
+
 GENERATION_KEYS = ["question_id", "sample"]
 
 

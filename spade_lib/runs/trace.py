@@ -70,12 +70,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from spade_lib.decoding.records import BOOL_STATS, INT_STATS, POSITION_STATS, RECORD_COLUMNS, ROW_KEYS, STEP_KEYS
 from spade_lib.io import atomic_path
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"spade"
 SCHEMA_VERSION_KEY = b"spade_schema_version"
-SORT_COLUMNS = ["prompt_id", "sample", "step", "pos"]
+SORT_COLUMNS = [*STEP_KEYS, "pos"]
 
 # Identity of a row, then the verifier's decision, then diagnostics, then timings.
 TRACE_SCHEMA = pa.schema(
@@ -114,13 +115,11 @@ TRACE_SCHEMA = pa.schema(
     ],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
-# Column groups (the decoder derives its record layout from these; nothing else lists columns)
-ROW_KEYS: tuple[str, ...] = ("prompt_id", "category", "sample")  # added by the runner per generation
-STEP_COLUMNS: tuple[str, ...] = ("step", "gamma", "n_accepted", "next_token", "t_draft", "t_verify", "t_overhead")
-BLOCK_COLUMNS: tuple[str, ...] = ("pos", "abs_pos")  # a drafted token's place in its block / the text
-RECORD_COLUMNS: tuple[str, ...] = tuple(n for n in TRACE_SCHEMA.names if n not in ROW_KEYS)
-# per-position statistics the decoder computes for each drafted token (one named tensor each)
-POSITION_STATS: tuple[str, ...] = tuple(n for n in RECORD_COLUMNS if n not in STEP_COLUMNS + BLOCK_COLUMNS)
+# The column names and their groups are the decoder's (spade_lib.decoding.records); the types are here.
+if (TRACE_SCHEMA.names != [*ROW_KEYS, *RECORD_COLUMNS]
+        or {n for n in POSITION_STATS if pa.types.is_integer(TRACE_SCHEMA.field(n).type)} != INT_STATS
+        or {n for n in POSITION_STATS if pa.types.is_boolean(TRACE_SCHEMA.field(n).type)} != BOOL_STATS):
+    raise RuntimeError("TRACE_SCHEMA and spade_lib.decoding.records disagree on the trace's columns or their kinds")
 
 TOPK_FIELDS = [
     pa.field("p_topk_ids", pa.list_(pa.int32())),

@@ -1,6 +1,5 @@
 """What-if analysis: teacher-forced scoring and tau predictions (align), counterfactual acceptance
 and stop-rule replay of stored traces (replay), the stop-rule study (stoprules).
 
-Modules: ``align``, ``replay``, ``stoprules``. Each is also importable at its old
-path ``spade_lib.<module>``.
+Modules: ``align``, ``replay``, ``stoprules``; import each as ``spade_lib.whatif.<module>``.
 """

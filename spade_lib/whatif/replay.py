@@ -74,9 +74,8 @@ import torch
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
 from spade_lib.decoding import policies as _policies
 from spade_lib import rules as _rules
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.theory import step_cost
-
-STEP_KEYS = ["prompt_id", "sample", "step"]
 
 
 Options = Mapping[str, Mapping[str, float]] | None

@@ -35,6 +35,7 @@ import pandas as pd
 from scipy import optimize
 
 from spade_lib.decoding.policies import Policy, get_policy
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.whatif import replay
 
 SIGNAL = {"confidence": "q_top_prob", "entropy": "h_q_raw"}
@@ -133,10 +134,10 @@ class LearnedStop:
 
     def signal(self, trace: pd.DataFrame) -> np.ndarray:
         """Per row: ``prod_{j <= pos} p_hat_j`` within its step (the block-survival probability)."""
-        df = trace[replay.STEP_KEYS + ["pos"]].copy()
+        df = trace[STEP_KEYS + ["pos"]].copy()
         df["lp"] = np.log(np.clip(self.predict(trace), 1e-12, 1.0))
-        df = df.sort_values(replay.STEP_KEYS + ["pos"], kind="stable")
-        df["cum"] = np.exp(df.groupby(replay.STEP_KEYS, sort=False)["lp"].cumsum())
+        df = df.sort_values(STEP_KEYS + ["pos"], kind="stable")
+        df["cum"] = np.exp(df.groupby(STEP_KEYS, sort=False)["lp"].cumsum())
         return df["cum"].reindex(trace.index).to_numpy()
 
     def auc(self, trace: pd.DataFrame) -> float:
