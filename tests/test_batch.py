@@ -16,6 +16,7 @@ from spade_lib.decoding.batch import BATCH_COLUMNS, BatchGenerationResult, _Batc
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.divergence import compare_greedy
 from spade_lib.decoding.drafters import NGramDrafter
+from spade_lib.decoding.adaptive import AdaptiveGamma
 from spade_lib.decoding.policies import ConfidenceThreshold
 from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.sampling import SamplingConfig, adjust
@@ -147,6 +148,32 @@ def test_greedy_rows_equal_single_decoding_on_a_random_llama(rand_pair):
                 by_step.setdefault(s.batch_step, set()).add(s.n_accepted)
         ragged += sum(len(v) > 1 for v in by_step.values())
     assert ragged > 0  # rows accepted different numbers of drafts in the same batched step
+
+
+def test_adaptive_gamma_rows_keep_their_own_state_as_in_single_decoding(rand_pair):
+    """AdaptiveGamma is stateful: every row gets its own state (policy.start()), whose gamma() caps that
+    row's drafts from that row's past steps. Batched rows equal single decoding in tokens, per-step
+    gammas, accept lengths and stop reasons (a loop that never starts the state drafts max_gamma
+    every step: these gammas vary and mostly lie below it)."""
+    target, _, prompts = rand_pair
+    pol = AdaptiveGamma(c=0.05, verify_cost=1.0, max_gamma=6, decay=0.8)
+    dec = SpeculativeDecoder(target, perturbed(target, 0.05), policy=pol, sampling=GREEDY, eos_token_id=[],
+                             record="light")
+    singles = [dec.generate(p, N_NEW) for p in prompts]
+    assert all(len(set(s.gammas)) >= 3 for s in singles)          # the caps follow the acceptance
+    assert sum(g < pol.max_gamma for s in singles for g in s.gammas[:-1]) > len(prompts)
+    out = dec.generate_batch(prompts, N_NEW)
+    assert_rows_match(out, [s.tokens for s in singles], target, prompts, "adaptive")
+    same = [(r, s) for r, s in zip(out, singles) if r.tokens == s.tokens]
+    assert len(same) >= len(prompts) - 1
+    for r, s in same:
+        assert r.gammas == s.gammas and r.accept_lengths == s.accept_lengths, r.row
+        assert [x.draft_stop for x in r.steps] == [x.draft_stop for x in s.steps], r.row
+    by_step: dict[int, set] = {}
+    for r in out:
+        for x in r.steps:
+            by_step.setdefault(x.batch_step, set()).add(x.gamma)
+    assert any(len(v) > 1 for v in by_step.values())  # rows' own caps differ within a batched step
 
 
 def test_greedy_rows_equal_single_decoding_on_gpt2_absolute_positions(rand_pair):

@@ -60,3 +60,43 @@ def test_as_policy():
     assert as_policy(gamma=3) == FixedGamma(3)
     c = ConfidenceThreshold(0.3, 8)
     assert as_policy(policy=c) is c
+
+
+def test_start_hook_stateless_by_default_and_adaptive_is_a_registered_stateful_policy():
+    from spade_lib.decoding.adaptive import AdaptiveGamma
+    from spade_lib.decoding.policies import PolicyState, get_policy, policy_names, step_cap
+
+    for p in (FixedGamma(3), ConfidenceThreshold(), EntropyThreshold()):
+        assert p.start() is None and step_cap(p, None) == p.max_gamma
+    assert "adaptive" in policy_names()
+    pol = get_policy("adaptive", c=0.05, verify_cost=[1.0] * 6, max_gamma=6)  # a JSON list stays hashable
+    assert isinstance(pol, AdaptiveGamma) and pol.name == "adaptive" and hash(pol) == hash(dataclasses.replace(pol))
+    a, b = pol.start(), pol.start()
+    assert isinstance(a, PolicyState) and a is not b  # one fresh state per generation (per batch row)
+    assert step_cap(pol, a) == a.gamma() == pol.gamma_at(pol.prior_alpha)
+    for _ in range(10):
+        a.observe(step_cap(pol, a), 0)
+    assert step_cap(pol, a) == 1 and step_cap(pol, b) == pol.gamma_at(pol.prior_alpha)  # states are separate
+
+    class Broken(PolicyState):
+        def gamma(self):
+            return 7
+
+    with pytest.raises(ValueError, match=r"\[1, 6\]"):
+        step_cap(pol, Broken())
+    with pytest.raises(ValueError, match="stateful"):
+        pol.replay_gamma(None)
+
+
+def test_run_config_takes_the_adaptive_policy_by_name():
+    from spade_lib.decoding.adaptive import AdaptiveGamma
+    from spade_lib.runs.runner import RunConfig
+
+    c = RunConfig(policy="adaptive", max_gamma=5, device="cpu",
+                  policy_options={"c": 0.1, "verify_cost": [1.0, 1.1, 1.2, 1.3, 1.4], "decay": 0.8})
+    assert c.make_policy() == AdaptiveGamma(c=0.1, verify_cost=(1.0, 1.1, 1.2, 1.3, 1.4), max_gamma=5, decay=0.8)
+    assert c.hash == RunConfig(**c.to_dict()).hash
+    with pytest.raises(ValueError, match="decay"):
+        RunConfig(policy="adaptive", device="cpu", policy_options={"decay": 0})
+    with pytest.raises(ValueError, match="policy_options"):
+        RunConfig(policy="adaptive", device="cpu", policy_options={"threshold": 0.3})

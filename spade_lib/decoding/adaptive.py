@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spade_lib.decoding.policies import Policy
+from spade_lib.decoding.policies import Policy, PolicyState, register_policy
 from spade_lib.theory import optimal_gamma
 
 __all__ = ["AdaptiveGamma", "AdaptiveState"]
@@ -33,9 +33,13 @@ __all__ = ["AdaptiveGamma", "AdaptiveState"]
 _GRID = 401  # alpha values tabulated in [0, 1] for the optimal-gamma lookup
 
 
+@register_policy("adaptive")
 @dataclass(frozen=True)
 class AdaptiveGamma(Policy):
-    """Pick each step's gamma by the cost model at the running acceptance estimate (module docstring)."""
+    """Pick each step's gamma by the cost model at the running acceptance estimate (module docstring).
+
+    Stateful: :meth:`start` gives each generation (each row of a batch) its own :class:`AdaptiveState`.
+    Registered as ``"adaptive"`` (``RunConfig(policy="adaptive", policy_options={"c": ..., ...})``)."""
 
     c: float = 0.05                 # draft cost per token / target cost per token (>= 0)
     verify_cost: float | tuple[float, ...] = 1.0  # r: a number, or r(g) for g = 1 .. max_gamma
@@ -47,6 +51,8 @@ class AdaptiveGamma(Policy):
     def __post_init__(self) -> None:
         if isinstance(self.max_gamma, bool) or not isinstance(self.max_gamma, int) or self.max_gamma < 1:
             raise ValueError(f"max_gamma: must be an integer >= 1, got {self.max_gamma!r}")
+        if isinstance(self.verify_cost, list):  # JSON (policy_options) gives lists; keep the policy hashable
+            object.__setattr__(self, "verify_cost", tuple(self.verify_cost))
         if not (np.isfinite(self.c) and self.c >= 0):
             raise ValueError(f"c: must be finite and >= 0, got {self.c!r}")
         r = np.asarray(self.verify_cost, dtype=np.float64)
@@ -70,11 +76,11 @@ class AdaptiveGamma(Policy):
         return self._table[int(round(min(max(alpha, 0.0), 1.0) * (_GRID - 1)))]
 
     def start(self) -> "AdaptiveState":
-        """Fresh per-generation state (the decoder calls this at the start of each ``generate``)."""
+        """Fresh per-generation state (the decoders call this once per generation, once per batch row)."""
         return AdaptiveState(self)
 
 
-class AdaptiveState:
+class AdaptiveState(PolicyState):
     """The running estimate of one generation: ``gamma()`` before a step, ``observe(g, n)`` after it."""
 
     def __init__(self, policy: AdaptiveGamma):

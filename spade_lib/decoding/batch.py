@@ -22,7 +22,10 @@ row's valid slots gathered, order kept). Models with sliding-window layers are r
 counts slots, not positions); the draft must be a model (prompt lookup is not batched).
 
 **Ragged acceptance.** The step's width is ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` tokens
-(its policy, its budget), the rest of its columns are holes. Verification runs once per distinct
+(its cap, its budget, its policy's ``keep_drafting``), the rest of its columns are holes. A stateful
+policy gives every row its own state (``policy.start()`` per row): row ``b``'s cap is its state's
+``gamma()`` and its state observes only row ``b``'s steps, exactly as in single decoding
+(:func:`spade_lib.decoding.policies.step_cap`). Verification runs once per distinct
 ``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
 
 **Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
@@ -61,6 +64,7 @@ from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
                                        seed_streams)
 from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
+from spade_lib.decoding.policies import step_cap
 from spade_lib import rules
 from spade_lib.measures import entropy, kl, tv
 from spade_lib.sampling import adjust
@@ -318,6 +322,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     B = len(prompts_t)
     seeds = row_seeds(seed, B)
     gens = [seed_streams(s, dev) for s in seeds]
+    states = [policy.start() for _ in range(B)]  # per-row policy state (None: stateless)
     full, timed = dec.record is True, dec.record is not False
     topk_k = dec.record_topk
     vocab = dec.target.vocab_size
@@ -359,7 +364,8 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     while active:
         R = len(active)
         budget = [budget0[b] - len(rows.tokens[b]) for b in active]
-        max_gamma = [min(policy.max_gamma, n - 1) for n in budget]
+        cap = [step_cap(policy, states[b]) for b in active]    # each row's own cap (its state's gamma())
+        max_gamma = [min(c, n - 1) for c, n in zip(cap, budget)]
         ta = _clock(dev) if timed else 0.0
 
         # -- draft: G forwards of the draft over all rows; row b keeps its first gamma_b proposals
@@ -396,7 +402,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                         gamma[i] += 1
                         if gamma[i] == max_gamma[i]:
                             drafting[i] = False
-                            stop[i] = "max_gamma" if max_gamma[i] == policy.max_gamma else "budget"
+                            stop[i] = "max_gamma" if max_gamma[i] == cap[i] else "budget"
                 if policy.needs_signals and any(drafting):
                     q_raw = logits.float().softmax(dim=-1)
                     sig = torch.stack([q_raw.amax(dim=-1), torch.special.entr(q_raw).sum(dim=-1)], dim=1).tolist()
@@ -489,6 +495,8 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                                                stats=stats[i], topk=topk[i], row=b, batch_step=step,
                                                batch_rows=R, width=G))
             rows.tokens[b].extend(emitted)
+            if states[b] is not None:
+                states[b].observe(gamma[i], n)
             if hit_eos:
                 rows.stop[b] = "eos"
                 finished.append(i)

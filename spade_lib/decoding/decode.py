@@ -42,7 +42,7 @@ from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget
                                        seed_streams)
 from spade_lib.decoding.drafters import Draft, Drafter, ModelDrafter
 from spade_lib.measures import entropy, kl, tv
-from spade_lib.decoding.policies import Policy, as_policy
+from spade_lib.decoding.policies import Policy, as_policy, step_cap
 from spade_lib.decoding.records import POSITION_STATS
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
@@ -189,15 +189,15 @@ class SpeculativeDecoder(_Base):
         steps: list[StepInfo] = []
         totals = {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
         stop_reason = "max_new_tokens"
-        # a policy with per-generation state (spade_lib.decoding.adaptive) picks each step's gamma from past steps
-        state = policy.start() if hasattr(policy, "start") else None
+        # per-generation policy state (None: stateless); it caps each step from past steps (policies.step_cap)
+        state = policy.start()
         while True:
             budget = min(max_new_tokens, limit - L) - len(tokens)
             if budget <= 0:
                 if len(tokens) < max_new_tokens:
                     stop_reason = "context_limit"
                 break
-            cap = policy.max_gamma if state is None else state.gamma()
+            cap = step_cap(policy, state)
             max_gamma = min(cap, budget - 1)
             ta = _clock(dev) if timed else 0.0
             cur = target.length

@@ -10,10 +10,20 @@ and answers whether to draft ``x_{i+1}``. The token just drafted is always kept 
 generation: a low-confidence token is verified, drafting just stops after it). Every policy has a
 ``max_gamma``; the decoder may cap the block further (``max_new_tokens``, the context limit).
 
-Policies are frozen dataclasses with no state: a step's draft length depends only on that step's draft
-distributions, so the choice never peeks at the target and speculative sampling stays lossless for
-any policy (Leviathan et al. 2023, Theorem 1 holds for every block length chosen before verification).
-The decoder logs the draft length (``gamma``) and both signals for every step.
+Policies are frozen dataclasses: a step's draft length depends only on that step's draft distributions
+and, for a *stateful* policy, on the outcomes of earlier steps, so the choice never peeks at the
+target's verdict on the current block and speculative sampling stays lossless for any policy (Leviathan
+et al. 2023, Theorem 1 holds for every block length chosen before verification). The decoder logs the
+draft length (``gamma``) and both signals for every step.
+
+**Per-generation state.** :meth:`Policy.start` is called once at the start of every generation (once
+per row in batched decoding) and returns ``None`` (the default: stateless, every step may draft up to
+``max_gamma``) or a fresh :class:`PolicyState`. Before each step the decoder asks the state's
+:meth:`~PolicyState.gamma` for that step's cap (an integer in ``[1, max_gamma]``, further capped by the
+budget; ``keep_drafting`` may still stop earlier), and after verification tells it
+:meth:`~PolicyState.observe` ``(gamma, n_accepted)`` (``gamma = 0`` for a plain target step).
+:func:`step_cap` is that rule. :class:`spade_lib.decoding.adaptive.AdaptiveGamma` (``"adaptive"``) is
+the built-in stateful policy.
 
 **Registry.** Policies are looked up by name (``get_policy("confidence", threshold=0.3)``), as the
 runner does (``RunConfig.policy`` + ``policy_options``); :func:`register_policy` adds one. Every policy
@@ -21,7 +31,8 @@ also has a vectorised replay form for :mod:`spade_lib.whatif.replay`: :meth:`Pol
 ``keep_drafting`` for every row of a trace at once (from the columns ``q_top_prob`` and ``h_q_raw``,
 the same temperature-1 signals), and :meth:`Policy.replay_gamma` turns it into the draft length of
 each recorded step, ``g = min(1 + #leading kept positions, max_gamma, recorded gamma)``. A policy
-that only defines ``keep_drafting`` gets a row-by-row ``keep_mask`` (correct, slower).
+that only defines ``keep_drafting`` gets a row-by-row ``keep_mask`` (correct, slower). A stateful
+policy has no replay form (its caps depend on outcomes the trace may not hold): ``replay_gamma`` refuses.
 """
 
 from __future__ import annotations
@@ -35,8 +46,8 @@ from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.validate import check_float, check_gamma
 import numpy as np
 
-__all__ = ["Policy", "FixedGamma", "ConfidenceThreshold", "EntropyThreshold", "as_policy", "register_policy",
-           "get_policy", "policy_names", "SIGNAL_COLUMNS"]
+__all__ = ["Policy", "PolicyState", "step_cap", "FixedGamma", "ConfidenceThreshold", "EntropyThreshold", "as_policy",
+           "register_policy", "get_policy", "policy_names", "SIGNAL_COLUMNS"]
 
 SIGNAL_COLUMNS = ("q_top_prob", "h_q_raw")  # trace columns holding keep_drafting's two signals
 
@@ -45,8 +56,21 @@ def _check_max_gamma(value: int, name: str = "max_gamma") -> None:
     check_gamma(name, value)  # an integer in [1, validate.MAX_GAMMA]
 
 
+class PolicyState:
+    """One generation's state of a stateful policy (:meth:`Policy.start`): :meth:`gamma` before each step
+    (that step's cap), :meth:`observe` after it. Subclasses override both."""
+
+    def gamma(self) -> int:
+        """This step's draft cap, an integer in ``[1, policy.max_gamma]``, from the steps observed so far."""
+        raise NotImplementedError
+
+    def observe(self, gamma: int, n_accepted: int) -> None:
+        """A step drafted ``gamma`` tokens (``0``: a plain target step) and accepted ``n_accepted``."""
+        raise NotImplementedError
+
+
 class Policy:
-    """Interface: ``max_gamma`` and ``keep_drafting``; subclasses are frozen dataclasses."""
+    """Interface: ``max_gamma``, ``keep_drafting`` and ``start``; subclasses are frozen dataclasses."""
 
     max_gamma: int
     needs_signals: bool = False  # True when keep_drafting reads the signals (one host sync per token)
@@ -55,6 +79,11 @@ class Policy:
     def keep_drafting(self, q_top_prob: float, h_q: float) -> bool:
         """After drafting a token whose draft distribution has these signals: draft another one?"""
         return True
+
+    def start(self) -> PolicyState | None:
+        """Fresh per-generation state, or ``None`` (this default: a stateless policy). The decoders call
+        it once per generation (once per row of a batch) and then use it as :func:`step_cap` says."""
+        return None
 
     @property
     def name(self) -> str:
@@ -86,7 +115,11 @@ class Policy:
         """Draft length ``g`` of every step of ``trace`` (steps in ``(prompt_id, sample, step)`` order),
         for a trace recorded with a fixed ``gamma``: ``min(1 + #leading kept positions, max_gamma,
         recorded gamma)``. Blocks shorter than the trace's gamma (end-of-generation caps) stay capped.
-        Exact per block: position ``i``'s signals depend on earlier positions only."""
+        Exact per block: position ``i``'s signals depend on earlier positions only. Refused for a
+        stateful policy (:meth:`start` not ``None``)."""
+        if self.start() is not None:
+            raise ValueError(f"policy {self.name!r} is stateful (its gamma depends on earlier steps' outcomes); "
+                             "it has no stop-rule replay")
         df = trace.sort_values([*STEP_KEYS, "pos"], kind="stable")
         step_id = df.groupby(STEP_KEYS, sort=False).ngroup().to_numpy()
         recorded = df.groupby(STEP_KEYS, sort=False)["gamma"].first().to_numpy().astype(int)
@@ -95,6 +128,18 @@ class Policy:
         mat[step_id, pos] = self.keep_mask(df)
         leading = np.cumprod(mat, axis=1).sum(axis=1)
         return np.minimum(np.minimum(leading + 1, self.max_gamma), recorded).astype(int)
+
+
+def step_cap(policy: Policy, state: PolicyState | None) -> int:
+    """The most tokens ``policy`` lets the next step draft: ``max_gamma`` when ``state`` (from
+    ``policy.start()``) is ``None``, else ``state.gamma()``, checked to lie in ``[1, max_gamma]``."""
+    if state is None:
+        return policy.max_gamma
+    g = state.gamma()
+    if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not 1 <= g <= policy.max_gamma:
+        raise ValueError(f"policy {policy.name!r}: its state's gamma() must be an integer in "
+                         f"[1, {policy.max_gamma}], got {g!r}")
+    return int(g)
 
 
 def _require_signals(trace, what: str, columns: tuple[str, ...] = SIGNAL_COLUMNS) -> None:
@@ -233,3 +278,6 @@ def as_policy(gamma: int | None = None, policy: Policy | None = None) -> Policy:
             raise ValueError(f"policy: expected a spade_lib.decoding.policies.Policy, got {type(policy).__name__}")
         return policy
     return FixedGamma(gamma=gamma)
+
+
+from spade_lib.decoding import adaptive as _adaptive  # noqa: E402,F401  (registers "adaptive")

@@ -89,7 +89,7 @@ class RunConfig:
     method: str = "spade"        # "spade" | "ar" | "hf" | "hf_assisted" (see the module docstring)
     draft: str = "distilled"     # a draft of the pair ("distilled", "data_only", ...) or "ngram"
     gamma: int = 4               # draft length (fixed policy; num_assistant_tokens for hf_assisted)
-    policy: str = "fixed"        # a registered policy: "fixed" | "confidence" (stop when max q < threshold) | "entropy" (H(q) > threshold)
+    policy: str = "fixed"        # a registered policy: "fixed" | "confidence" (stop when max q < threshold) | "entropy" (H(q) > threshold) | "adaptive" (cost model, policy_options)
     threshold: float = 0.4       # the adaptive policy's threshold (probability, or nats for entropy)
     max_gamma: int = 8           # longest block an adaptive policy may draft
     temperature: float = 0.0     # 0 = greedy
