@@ -1,7 +1,7 @@
 """Where models run and in what precision: ``device`` and ``dtype`` arguments resolved to torch objects.
 
 ``resolve_device("auto")`` is ``cuda`` when available, else ``cpu``; a CUDA device that is not there is
-refused by name. ``resolve_dtype`` takes a ``torch.dtype`` or one of the names in :data:`DTYPES`.
+refused by name. ``resolve_dtype`` takes one of the names in :data:`DTYPES` or their ``torch.dtype``.
 Everything that places a model (``zoo.pairs.load_pair``, ``runs.runner``, ``runs.cli``, the
 experiments) resolves its arguments here, before any model loads.
 """
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from spade_lib.validate import ArgumentTypeError
+from spade_lib.validate import ArgumentTypeError, check_choice
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -39,12 +39,14 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"float32"``/``"bfloat16"``/``"float16"`` (or fp32/bf16/fp16) → ``torch.dtype``."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"dtype: must be a torch.dtype or one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+    """``"float32"``/``"bfloat16"``/``"float16"`` (or fp32/bf16/fp16, or that ``torch.dtype``) →
+    ``torch.dtype``. Anything else (``"int8"``, ``torch.int8``, ``torch.float64``) is refused here, naming
+    ``dtype``, instead of by transformers naming the model it was loading."""
+    names = list(dict.fromkeys(str(d).removeprefix("torch.") for d in DTYPES.values()))
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    check_choice("dtype", str(dtype).removeprefix("torch.") if isinstance(dtype, torch.dtype) else dtype, names)
+    return dtype  # one of the supported torch.dtypes
 
 
 def synchronize(device: str | torch.device | None) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spade_lib.validate import ArgumentTypeError
 
 _MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
 
@@ -61,18 +62,19 @@ class SamplingConfig:
 
 
 def _check_logits(logits: torch.Tensor) -> None:
+    """Checks of ``validate=True`` (the ``validate=False`` hot path skips them all)."""
     if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be a floating-point tensor, got dtype {logits.dtype}")
+        raise ArgumentTypeError(f"logits: must be a torch.Tensor, got {type(logits).__name__}")
+    if not logits.is_floating_point():  # integer / bool logits: softmax and the warpers would misbehave
+        raise ArgumentTypeError(f"logits: must be a floating-point tensor, got {logits.dtype}")
     if logits.ndim < 1 or logits.shape[-1] < 1:
-        raise ValueError(f"logits must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
+        raise ValueError(f"logits: must have shape [..., V] with V >= 1, got {tuple(logits.shape)}")
     if torch.isnan(logits).any():
-        raise ValueError("logits contain NaN")
+        raise ValueError("logits: contain NaN")
     if torch.isposinf(logits).any():
-        raise ValueError("logits contain +inf")
+        raise ValueError("logits: contain +inf")
     if logits.numel() and torch.isneginf(logits).all(dim=-1).any():
-        raise ValueError("logits have a row that is -inf everywhere (no token left to sample)")
+        raise ValueError("logits: have a row that is -inf everywhere (no token left to sample)")
 
 
 def _one_hot_argmax(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

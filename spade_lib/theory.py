@@ -32,13 +32,23 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from spade_lib.validate import check_float, check_gamma, check_int
+from spade_lib.validate import ArgumentTypeError, check_float, check_gamma, check_int
 
 ArrayLike = float | int | Sequence[float] | np.ndarray
 VerifyCost = float | int | np.ndarray | Callable[[int], float]
 
 
+def _check_numbers(name: str, value: ArrayLike, what: str = "a number or an array of numbers") -> None:
+    """Refuse a str, a bool or a non-numeric array where numbers are expected (``np.asarray`` would
+    silently turn ``'0.8'`` into 0.8 and ``True`` into 1)."""
+    kind = "U" if isinstance(value, (str, bytes)) else np.asarray(value).dtype.kind
+    if kind not in "iuf":
+        raise ArgumentTypeError(f"{name}: must be {what}, got {value!r} "
+                                f"({type(value).__name__})")
+
+
 def _check_alpha(alpha: ArrayLike) -> np.ndarray:
+    _check_numbers("alpha", alpha)
     a = np.asarray(alpha, dtype=np.float64)
     if a.size == 0:
         raise ValueError("alpha must not be empty")
@@ -48,6 +58,7 @@ def _check_alpha(alpha: ArrayLike) -> np.ndarray:
 
 
 def _check_gamma(gamma: ArrayLike) -> np.ndarray:
+    _check_numbers("gamma", gamma, "an integer >= 1 or an array of them")
     g = np.asarray(gamma)
     if g.dtype.kind == "f" and np.all(np.isfinite(g)) and np.all(g == np.round(g)):
         g = g.astype(np.int64)
@@ -57,6 +68,7 @@ def _check_gamma(gamma: ArrayLike) -> np.ndarray:
 
 
 def _check_nonneg(name: str, value: ArrayLike, *, positive: bool = False) -> np.ndarray:
+    _check_numbers(name, value)
     v = np.asarray(value, dtype=np.float64)
     bad = (v <= 0) if positive else (v < 0)
     if not np.all(np.isfinite(v)) or np.any(bad):
@@ -94,6 +106,7 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike | None = None) -> float |
 def verify_cost_at(verify_cost: VerifyCost, gamma: ArrayLike) -> float | np.ndarray:
     """``r(gamma)``: ``verify_cost`` itself when it is a number (or array), else the callable applied
     to every ``gamma`` (element-wise); checked finite and ``> 0``."""
+    _check_numbers("gamma", gamma, "an integer >= 1 or an array of them")
     if callable(verify_cost):
         g = np.asarray(gamma)
         r = np.vectorize(lambda x: float(verify_cost(int(x))), otypes=[np.float64])(g) if g.ndim \
@@ -159,6 +172,7 @@ def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: 
     gammas = np.arange(1, int(max_gamma) + 1)
     if callable(verify_cost):
         verify_cost = verify_cost_at(verify_cost, gammas)
+    _check_numbers("verify_cost", verify_cost)
     r = np.asarray(verify_cost, dtype=np.float64)
     if r.ndim not in (0, 1) or (r.ndim == 1 and r.shape[0] < gammas.size):
         raise ValueError(f"verify_cost must be a number or an array of >= {gammas.size} values, got shape {r.shape}")

@@ -100,6 +100,14 @@ def test_bad_inputs_are_value_errors(models, sequences):
         align.score_sequences(target, draft, [])
     with pytest.raises(ValueError, match="padding_side"):
         align.AlignConfig(padding_side="middle")
+    for bad in (-1, 2.0, True, "0"):  # a padded slot is embedded: a bad id was a bare IndexError
+        with pytest.raises(ValueError, match=r"^pad_id: must be an integer"):
+            align.AlignConfig(pad_id=bad)
+    with pytest.raises(ValueError, match=rf"^pad_id: must be an integer in \[0, {V}\).*got {V}"):
+        align.score_sequences(target, draft, seqs, config=align.AlignConfig(pad_id=V))
+    ragged = align.score_sequences(target, draft, seqs, config=align.AlignConfig(batch_size=4, pad_id=V - 1))
+    np.testing.assert_allclose(ragged["alpha"], align.score_sequences(target, draft, seqs,
+                               config=align.AlignConfig(batch_size=4))["alpha"], atol=1e-6)
     with pytest.raises(ValueError, match="methods"):
         align.predict_tau([np.ones(3)], [2], methods=["magic"])
     with pytest.raises(ValueError, match="outside"):

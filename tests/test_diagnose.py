@@ -165,6 +165,27 @@ def test_inputs_are_checked(trace):
         dg.position_acceptance("/nonexistent/run")
 
 
+def test_nan_probabilities_are_refused_naming_the_column(trace):
+    bad = trace.copy()
+    bad.loc[bad.index[:3], "accept_prob"] = np.nan
+    with pytest.raises(ValueError, match=r"^trace: column 'accept_prob' has 3 NaN row\(s\)"):
+        dg.expected_vs_realised(bad)
+    with pytest.raises(ValueError, match="'accept_prob' has 3 NaN"):
+        dg.calibration_table(bad, score="accept_prob")
+    bad = trace.copy()
+    bad.loc[bad.index[5], "p_x"] = np.nan
+    with pytest.raises(ValueError, match=r"^trace: column 'p_x' has 1 NaN"):
+        dg.acceptance_by_bins(bad, measures=("p_x",))
+    bad = trace.copy()
+    bad.loc[bad.index[:2], "tv"] = np.nan
+    with pytest.raises(ValueError, match="'tv' has 2 NaN"):
+        dg.position_acceptance(bad)
+    ok = trace.copy()
+    ok["uniform"] = np.float32(np.nan)  # NaN by design in deterministic modes
+    dg.expected_vs_realised(ok)
+    dg.position_acceptance(ok)
+
+
 def test_tables_read_a_run_directory(tmp_path):
     small = dg.synthetic_trace(40, 4, ALPHA, n_prompts=2, seed=3)
     for pid, sub in small.groupby("prompt_id"):

@@ -99,6 +99,35 @@ def test_temporaries_and_unreadable_shards_are_redone(pair, tmp_path):
     pd.testing.assert_frame_equal(deterministic(trace.read_trace(d)), deterministic(reference))
 
 
+def test_shard_with_other_columns_than_its_schema_version_is_redone(pair, tmp_path):
+    import pyarrow.parquet as pq
+
+    suite = mini_suite(2)
+    d = runner.run_suite(pair, suite, cfg(), tmp_path / "run", progress=False)
+    reference = trace.read_trace(d)
+    shard = d / "trace" / "1.parquet"
+    table = pq.read_table(shard)  # same run identity and schema version, one column gone
+    pq.write_table(table.drop_columns(["kl"]).replace_schema_metadata(table.schema.metadata), shard)
+    identity = runner.run_identity(pair, suite, cfg())
+    assert not runner._shard_done(shard, identity)
+    assert runner._shard_done(d / "trace" / "0.parquet", identity)
+    written = []
+    runner.run_suite(pair, suite, cfg(), d, progress=False, on_shard=written.append)
+    assert [p.name for p in written] == ["1.parquet"]
+    pd.testing.assert_frame_equal(deterministic(trace.read_trace(d)), deterministic(reference))
+
+
+def test_corrupt_shard_is_named_by_the_readers(pair, tmp_path):
+    d = runner.run_suite(pair, mini_suite(2), cfg(), tmp_path / "run", progress=False)
+    bad = d / "trace" / "1.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match=r"1\.parquet is not a readable Parquet") as e:
+        runner.write_summary(d)
+    assert "magic bytes" in str(e.value.__cause__)
+    with pytest.raises(ValueError, match=r"^run_dir_or_paths: .*1\.parquet is not a readable Parquet"):
+        trace.read_trace(d)
+
+
 def test_same_dir_different_run_is_refused(pair, tmp_path):
     d = runner.run_suite(pair, mini_suite(2), cfg(), tmp_path / "run", progress=False)
     with pytest.raises(ValueError, match="different run.*config"):

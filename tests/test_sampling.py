@@ -130,8 +130,16 @@ def test_logits_validation():
         adjust(torch.tensor([[0.0, math.inf]]), cfg)
     with pytest.raises(ValueError, match="-inf everywhere"):
         adjust(torch.full((2, 3), -math.inf), cfg)
-    with pytest.raises(ValueError, match="floating-point"):
+    with pytest.raises(TypeError, match=r"^logits: must be a floating-point tensor, got torch.int64$"):
         adjust(torch.tensor([[1, 2]]), cfg)
+    for dtype in (torch.int32, torch.bool, torch.uint8):
+        for c in (cfg, SamplingConfig(temperature=0), SamplingConfig(top_k=1, top_p=0.5)):
+            with pytest.raises(ValueError, match=rf"^logits: must be a floating-point tensor, got {dtype}$"):
+                adjust(torch.ones(1, 3, dtype=dtype), c)
+            with pytest.raises(ValueError, match=r"^logits: .*floating-point"):
+                adjust_logits(torch.ones(1, 3, dtype=dtype), c)
+    with pytest.raises(TypeError, match=r"^logits: must be a torch.Tensor"):
+        adjust([[0.0, 1.0]], cfg)
     with pytest.raises(ValueError, match="config"):
         adjust(torch.zeros(1, 2), {"temperature": 1.0})
     with pytest.raises(ValueError, match="NaN"):

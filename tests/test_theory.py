@@ -92,6 +92,34 @@ def test_validation(call, match):
         call()
 
 
+@pytest.mark.parametrize("call,name", [
+    (lambda: expected_tokens("0.8", 4), "alpha"),
+    (lambda: expected_tokens(True, 4), "alpha"),
+    (lambda: expected_tokens(np.array([True, False])), "alpha"),
+    (lambda: expected_tokens(0.8, "4"), "gamma"),
+    (lambda: expected_tokens(0.8, True), "gamma"),
+    (lambda: speedup("0.8", 4, 0.1), "alpha"),
+    (lambda: speedup(0.8, 4, "0.1"), "c"),
+    (lambda: speedup(0.8, 4, 0.1, verify_cost=True), "verify_cost"),
+    (lambda: optimal_gamma(True, 0.1), "alpha"),
+    (lambda: optimal_gamma(0.8, "0.1"), "c"),
+    (lambda: optimal_gamma(0.8, 0.1, verify_cost="1.2"), "verify_cost"),
+    (lambda: ops_overhead(0.8, 4, False), "c_hat"),
+    (lambda: free_draft_limit("0.5"), "alpha"),
+])
+def test_str_and_bool_are_refused_by_name(call, name):
+    with pytest.raises(TypeError, match=rf"^{name}: must be"):
+        call()
+
+
+def test_arrays_of_floats_still_work():
+    np.testing.assert_allclose(expected_tokens(np.array([0.5, 0.8]), 2), 1 + 0.5 + 0.4)
+    np.testing.assert_allclose(expected_tokens([0.5, 0.8], np.float64(2.0)), 1 + 0.5 + 0.4)
+    np.testing.assert_allclose(speedup(np.float32(0.8), np.array([1, 2]), [0.1, 0.1]),
+                               [speedup(0.8, 1, 0.1), speedup(0.8, 2, 0.1)], rtol=1e-6)
+    assert optimal_gamma(np.array([0.9, 0.8, 0.1]), 0.05) == 2
+
+
 def test_cost_model_takes_a_number_or_a_callable():
     from spade_lib.theory import linear_verify_cost, pair_costs, step_cost, verify_cost_at
 

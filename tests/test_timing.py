@@ -62,3 +62,11 @@ def test_resolve_device_and_dtype():
     assert devices.resolve_dtype("bf16") is torch.bfloat16
     with pytest.raises(ValueError, match="dtype"):
         devices.resolve_dtype("float8")
+    assert devices.resolve_dtype(torch.float16) is torch.float16 and devices.resolve_dtype("fp32") is torch.float32
+    want = r"^dtype: must be one of \['float32', 'bfloat16', 'float16'\], got 'int8'$"
+    for bad in ("int8", torch.int8):  # refused here, not by transformers naming the target
+        with pytest.raises(ValueError, match=want):
+            devices.resolve_dtype(bad)
+    for bad in (torch.float64, torch.int64, 8, None):
+        with pytest.raises(ValueError, match=r"^dtype: must be one of"):
+            devices.resolve_dtype(bad)

@@ -106,6 +106,25 @@ def test_bad_records_name_the_column(tmp_path):
         trace.read_trace(tmp_path / "nope")
 
 
+def test_corrupt_shard_is_named(tmp_path):
+    good = trace.write_shard(make_records("a"), tmp_path / "a.parquet", {"pair": "x"})
+    bad = tmp_path / "b.parquet"
+    bad.write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match=r"^run_dir_or_paths: .*b\.parquet is not a readable Parquet") as e:
+        trace.read_trace(tmp_path)
+    assert "magic bytes" in str(e.value.__cause__)
+    with pytest.raises(ValueError, match=r"^path: .*b\.parquet is not a readable Parquet"):
+        trace.read_shard_metadata(bad)
+    with pytest.raises(ValueError, match=r"^path: .*b\.parquet"):
+        trace.schema_version_of(bad)
+    truncated = tmp_path / "c.parquet"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"c\.parquet is not a readable Parquet"):
+        trace.read_trace([good, truncated])
+    with pytest.raises(FileNotFoundError):
+        trace.read_trace([tmp_path / "missing.parquet"])
+
+
 def test_nan_uniform_survives(tmp_path):
     rec = make_records("a")
     for r in rec:

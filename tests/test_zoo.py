@@ -135,6 +135,12 @@ def test_missing_local_path(tmp_path):
         load_pair(target=str(tmp_path / "nope"), draft=str(tmp_path / "nope2"))
 
 
+def test_unsupported_dtype_is_refused_before_loading(tmp_path):
+    for dtype in ("int8", torch.int8):  # by name here, not by transformers naming the target
+        with pytest.raises(ValueError, match=r"^dtype: must be one of \['float32', 'bfloat16', 'float16'\], got 'int8'"):
+            load_pair(target=str(tmp_path / "nope"), draft=str(tmp_path / "nope2"), dtype=dtype)
+
+
 def test_unreachable_hub_id_is_a_clear_error(tiny, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match="draft.*HF_HUB_OFFLINE"):

@@ -17,11 +17,14 @@ import pandas as pd
 
 TraceLike = pd.DataFrame | str | os.PathLike
 By = str | Sequence[str] | None
+# Probability columns a diagnostic may read: a NaN there is a broken trace, not a rejection
+# (``uniform`` is not one of them: it is NaN by design in deterministic modes).
+PROB_COLUMNS = ("p_x", "q_x", "accept_prob", "tv", "p_margin", "q_top_prob", "p_x_raw", "q_x_raw", "tv_raw")
 
 
 def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
     """``trace`` as a DataFrame (reading a run directory or shard with :func:`spade_lib.runs.trace.read_trace`),
-    checked to hold ``columns``."""
+    checked to hold ``columns``, none of which in :data:`PROB_COLUMNS` may hold a NaN."""
     if isinstance(trace, (str, os.PathLike)):
         from spade_lib.runs.trace import read_trace
 
@@ -31,6 +34,12 @@ def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
     missing = [c for c in columns if c not in trace.columns]
     if missing:
         raise ValueError(f"trace is missing column(s) {missing}; see spade_lib.runs.trace.TRACE_SCHEMA")
+    for c in dict.fromkeys(columns):
+        if c in PROB_COLUMNS:
+            bad = int(trace[c].isna().sum())
+            if bad:
+                raise ValueError(f"trace: column {c!r} has {bad} NaN row(s) of {len(trace)}; "
+                                 "a probability must be a number (the trace is broken, not rejected)")
     return trace
 
 

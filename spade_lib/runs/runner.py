@@ -373,13 +373,14 @@ def _identity_diff(found: dict, identity: dict) -> list[str]:
 
 
 def _shard_done(path: Path, identity: dict) -> bool:
-    """Whether ``path`` is a finished shard of *this* run. An unreadable or partial file is redone
+    """Whether ``path`` is a finished shard of *this* run. An unreadable or partial file, or one whose
+    columns are not those of ``trace.TRACE_SCHEMA`` for its (this run's) schema version, is redone
     (False); a readable shard of another run (other config hash, schema version, pair or suite) is
     refused with a ``ValueError`` naming it, so one folder never mixes two configurations."""
     if not path.is_file():
         return False
     try:
-        pq.read_schema(path)
+        schema = pq.read_schema(path)
         meta = trace.read_shard_metadata(path)
     except Exception:  # unreadable: redo it
         return False
@@ -389,7 +390,8 @@ def _shard_done(path: Path, identity: dict) -> bool:
                          f"{meta.get('config_hash')!r} vs {identity['config_hash']!r}, schema_version "
                          f"{meta.get('schema_version')!r} vs {identity['schema_version']!r}); "
                          "choose another run_dir or delete that shard")
-    return True
+    want = trace.schema_for(trace.TOPK_COLUMNS[0] in schema.names)
+    return schema.remove_metadata().equals(want.remove_metadata())  # other columns or types: redo it
 
 
 def _check_existing(run_dir: Path, identity: dict) -> None:

@@ -60,9 +60,10 @@ under the key ``spade`` of each file's key-value metadata, and in ``metadata.jso
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,13 +214,15 @@ def read_trace(run_dir_or_paths: str | os.PathLike | Iterable[str | os.PathLike]
 
     Columns keep their Arrow types mapped to numpy dtypes (int16 stays int16, bool stays bool).
     A run with no shards gives an empty frame with the schema's columns. A shard written under
-    another schema version (or without SPADE's version key) is refused with a ``ValueError`` naming it.
+    another schema version (or without SPADE's version key), or that is not readable Parquet (corrupt,
+    truncated), is refused with a ``ValueError`` naming it.
     """
     paths = shard_paths(run_dir_or_paths)
     tables = []
     for p in paths:
         check_schema_version(p)
-        tables.append(pq.read_table(p))
+        with _readable("run_dir_or_paths", p):
+            tables.append(pq.read_table(p))
     tables = [t.replace_schema_metadata(None) for t in tables]
     if not tables:
         return TRACE_SCHEMA.empty_table().to_pandas()
@@ -232,19 +235,39 @@ def read_trace(run_dir_or_paths: str | os.PathLike | Iterable[str | os.PathLike]
     return df.sort_values(SORT_COLUMNS, kind="stable").reset_index(drop=True)
 
 
-def schema_version_of(path: str | os.PathLike) -> int | None:
-    """The trace schema version stored in a shard's key-value metadata (None if it has none)."""
-    kv = pq.read_schema(path).metadata or {}
-    raw = kv.get(SCHEMA_VERSION_KEY)
+@contextlib.contextmanager
+def _readable(name: str, path: str | os.PathLike) -> Iterator[None]:
+    """Turn pyarrow's error on an unreadable file (which does not name it) into a ``ValueError`` that
+    does, pyarrow's as its cause; a missing file stays a ``FileNotFoundError``."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{name}: {path} is not a readable Parquet trace shard (corrupt or truncated?): {e}") from e
+
+
+def _read_schema(path: str | os.PathLike, name: str = "path") -> pa.Schema:
+    with _readable(name, path):
+        return pq.read_schema(path)
+
+
+def _version(schema: pa.Schema) -> int | None:
+    raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
     try:
         return int(raw) if raw is not None else None
     except ValueError:
         return None
 
 
+def schema_version_of(path: str | os.PathLike) -> int | None:
+    """The trace schema version stored in a shard's key-value metadata (None if it has none)."""
+    return _version(_read_schema(path))
+
+
 def check_schema_version(path: str | os.PathLike) -> None:
-    """Refuse a shard whose schema version is not :data:`SCHEMA_VERSION` (naming the file)."""
-    version = schema_version_of(path)
+    """Refuse a shard whose schema version is not :data:`SCHEMA_VERSION`, or that is unreadable (naming the file)."""
+    version = _version(_read_schema(path, "run_dir_or_paths"))
     if version != SCHEMA_VERSION:
         found = "no SPADE schema version" if version is None else f"trace schema version {version}"
         raise ValueError(f"run_dir_or_paths: {path} has {found}; this SPADE reads version {SCHEMA_VERSION} "
@@ -259,10 +282,13 @@ def _add_null_topk(table: pa.Table) -> pa.Table:
 
 def read_shard_metadata(path: str | os.PathLike) -> dict:
     """The ``spade`` key-value metadata of one shard, as a dict."""
-    kv = pq.read_schema(path).metadata or {}
+    kv = _read_schema(path).metadata or {}
     if METADATA_KEY not in kv:
         raise KeyError(f"{path} has no SPADE metadata (key {METADATA_KEY!r})")
-    return json.loads(kv[METADATA_KEY])
+    try:
+        return json.loads(kv[METADATA_KEY])
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"path: {path} has unreadable SPADE metadata ({e})") from e
 
 
 def read_metadata(run_dir: str | os.PathLike) -> dict:

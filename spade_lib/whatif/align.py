@@ -61,7 +61,7 @@ import torch
 from spade_lib import measures, theory
 from spade_lib.decoding.adapter import context_limit
 from spade_lib.sampling import SamplingConfig, adjust
-from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_token_ids
+from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int, check_token_ids
 
 SCORE_COLUMNS = ("seq", "i", "token", "alpha", "tv", "kl_pq", "kl_qp", "h_p", "h_q", "top1_agree",
                  "p_x", "q_x")
@@ -73,7 +73,7 @@ class AlignConfig:
     batch_size: int = 8            # sequences per forward pass
     padding_side: str = "right"    # "right" or "left"; both give the same scores (position ids follow the mask)
     score_prompt: bool = False     # also score the prompt's own tokens (from its second token on)
-    pad_id: int = 0                # token id used for padding (masked out, never scored)
+    pad_id: int = 0                # token id used for padding (masked out, never scored; in [0, V): it is embedded)
     stats_dtype: str = "float32"   # dtype of the per-position measures ("float64" for exactness checks)
 
     def __post_init__(self) -> None:
@@ -83,6 +83,7 @@ class AlignConfig:
             raise ValueError(f"padding_side must be 'right' or 'left', got {self.padding_side!r}")
         if self.stats_dtype not in ("float32", "float64"):
             raise ValueError(f"stats_dtype must be 'float32' or 'float64', got {self.stats_dtype!r}")
+        check_int("pad_id", self.pad_id, min=0)  # the upper bound, V, is checked against the models
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -151,6 +152,8 @@ def score_sequences(
         and hasattr(draft, "config") else None
     limits = [context_limit(m) for m in (target, draft) if hasattr(m, "config")]
     limit = min((x for x in limits if x is not None), default=None)
+    if vocab is not None and not 0 <= config.pad_id < vocab:  # a padded slot is still embedded
+        raise ValueError(f"pad_id: must be an integer in [0, {vocab}) (the models' vocabulary), got {config.pad_id!r}")
     for k, s in enumerate(seqs):
         if vocab is not None and (min(s) < 0 or max(s) >= vocab):
             raise ValueError(f"sequences[{k}] holds token ids outside [0, {vocab}) (the models' vocabulary)")
