@@ -216,13 +216,3 @@ def test_lean_forward_covers_the_frspec_draft_and_matches_its_hf_forward():
     torch.testing.assert_close(got[torch.isfinite(got)], ref[torch.isfinite(ref)], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(lean.extend(ids[:1], last_only=True), hf.extend(ids[:1], last_only=True),
                                rtol=1e-4, atol=1e-4)
-
-
-def test_lean_forward_records_its_kernels_and_can_force_one():
-    from spade_lib.decoding.lean import LeanForward
-
-    lean = LeanForward(llama(), 64, kernels="mkl")
-    assert set(lean.kernel_names) == {"qkv", "gate_up", "o", "down", "lm_head"}
-    assert all(names == ("mkl", "mkl") for names in lean.kernel_names.values())
-    with pytest.raises(ValueError, match="policy"):
-        LeanForward(llama(), 64, kernels="fastest")

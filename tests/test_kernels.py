@@ -1,13 +1,18 @@
-"""spade_lib.decoding.kernels: every candidate computes x W^T + b; the plan keeps the fastest measured."""
+"""spade_lib.decoding.kernels and the lean forward's use of it: every candidate computes x W^T + b, the
+fastest whole forward is kept per row class and cached per machine, bad policies are refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib import paths
 from spade_lib.decoding import kernels
+from spade_lib.decoding.lean import LeanForward
+
+PACKABLE = kernels.packing_available(torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture()
@@ -17,54 +22,68 @@ def fresh(tmp_path, monkeypatch):
     return tmp_path
 
 
-def weights(n=3, out=48, inp=32, bias=True):
+def llama():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        initializer_range=0.2)).eval()
+
+
+@pytest.mark.parametrize("name", list(kernels.CANDIDATES))
+def test_every_candidate_computes_the_same_product(name):
+    if name != "mkl" and not PACKABLE:
+        pytest.skip("oneDNN packing is not available in this torch build")
     g = torch.Generator().manual_seed(0)
-    ws = [torch.randn(out, inp, generator=g) for _ in range(n)]
-    bs = [torch.randn(out, generator=g) if bias else None for _ in range(n)]
-    return ws, bs
-
-
-@pytest.mark.parametrize("policy", ["auto", *kernels.CANDIDATES])
-def test_every_kernel_computes_the_same_product(fresh, policy):
-    if policy != "mkl" and not kernels.packing_available(torch.device("cpu"), torch.float32):
-        pytest.skip("oneDNN packing is not available in this torch build")
-    ws, bs = weights()
-    one, many = kernels.plan(ws, bs, policy=policy)
-    x1, xk = torch.randn(1, 32), torch.randn(5, 32)
+    w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
+    k = kernels.Kernel(name, kernels.prepare(name, w), b)
+    rows = (1,) if name == "onednn_pad2" else (1, 5)
     with torch.inference_mode():
-        for w, b, k1, kk in zip(ws, bs, one, many):
-            torch.testing.assert_close(k1(x1), F.linear(x1, w, b), rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(kk(xk), F.linear(xk, w, b), rtol=1e-5, atol=1e-5)
-    assert "onednn_pad2" not in {k.name for k in many}  # the padded variant serves one row only
+        for n in rows:
+            x = torch.randn(n, 32, generator=g)
+            torch.testing.assert_close(k(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_auto_keeps_the_fastest_measured_and_caches_it(fresh):
-    if not kernels.packing_available(torch.device("cpu"), torch.float32):
-        pytest.skip("oneDNN packing is not available in this torch build")
-    ws, bs = weights(bias=False)
-    one, many = kernels.plan(ws, bs)
-    chosen = {c["rows"]: c for c in kernels.choices()}
-    assert set(chosen) == {"one", "many"}
-    for rows, ks in (("one", one), ("many", many)):
-        secs = chosen[rows]["seconds"]
-        assert ks[0].name == min(secs, key=secs.get) == chosen[rows]["kernel"]
-        assert chosen[rows]["threads"] == torch.get_num_threads() and chosen[rows]["shape"] == [48, 32]
+def test_choose_keeps_the_fastest_per_row_class_and_caches_it(fresh):
+    fake = {("one", "mkl"): 3.0, ("one", "onednn"): 1.0, ("one", "onednn_pad2"): 2.0,
+            ("many", "mkl"): 1.0, ("many", "onednn"): 5.0}
+    calls = []
+
+    def timer(rows, name):
+        calls.append((rows, name))
+        return fake[(rows, name)]
+
+    hit = kernels.choose({"shapes": [1, 2]}, timer)
+    assert (hit["one"], hit["many"]) == ("onednn", "mkl") and sorted(calls) == sorted(fake)
+    assert hit["threads"] == torch.get_num_threads() and hit["seconds"]["one"]["mkl"] == 3.0
+    assert kernels.choices()[0]["one"] == "onednn"
+    kernels._CHOSEN.clear()  # another process on this machine reads the disk cache instead of timing again
+    assert kernels.choose({"shapes": [1, 2]}, lambda *a: pytest.fail("timed again"))["many"] == "mkl"
     assert (fresh / "kernels" / "choices.json").is_file()
-    # another process on this machine reads the same choice instead of timing again
-    kernels._CHOSEN.clear()
-    forced = {k: dict(v, kernel="mkl") for k, v in kernels._read_disk().items()}
-    from spade_lib.io import write_json
 
-    write_json(kernels._disk_path(), forced)
-    one2, many2 = kernels.plan(ws, bs)
-    assert one2[0].name == many2[0].name == "mkl"
+
+def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh):
+    model = llama()
+    ids = torch.randint(0, 96, (7,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        ref = model(ids[None], use_cache=False).logits[0]
+        for policy in ["auto", "legacy", "mkl"] + (["onednn", "onednn_pad2"] if PACKABLE else []):
+            lean = LeanForward(model, 64, kernels=policy)
+            got = torch.cat([lean.forward(ids[:4]), lean.forward(ids[4:5]), lean.forward(ids[5:])])
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+            names = lean.kernel_names
+            assert set(names) == {"one", "many"}
+            if policy == "legacy":
+                assert names == {"one": "mkl", "many": "onednn" if PACKABLE else "mkl"}
+            if policy == "auto" and PACKABLE:
+                chosen = kernels.choices()[-1]
+                assert names == {r: min(chosen["seconds"][r], key=chosen["seconds"][r].get) for r in ("one", "many")}
+            assert not lean._prepared  # the copies not installed are freed
 
 
 def test_bad_policy_is_refused(fresh):
-    ws, bs = weights()
-    with pytest.raises(ValueError, match="policy: must be 'auto', 'legacy' or one of"):
-        kernels.plan(ws, bs, policy="fast")
-    assert [k.name for k in kernels.plan(ws, bs, policy="legacy")[0]] == ["mkl"] * 3
+    with pytest.raises(ValueError, match="kernels: must be one of"):
+        LeanForward(llama(), 64, kernels="fastest")
     with pytest.raises(ValueError, match="policy: 'onednn' needs oneDNN"):
-        kernels.plan([w.double() for w in ws], None, policy="onednn")
-    assert kernels.plan([], None) == ([], [])
+        kernels.fixed("onednn", packable=False)
+    with pytest.raises(ValueError, match="policy: must be one of"):
+        kernels.fixed("auto", packable=True)

@@ -6,9 +6,11 @@ The cost model (:mod:`spade_lib.theory`) prices one speculative step at ``g c + 
 - ``r(g)`` = t(target, ``g + 1`` tokens) / t(target, 1 token), the verification forward.
 
 Every ratio SPADE reports comes from :func:`time_in_turns`: the forwards being compared are timed
-**in turns** (each round runs every one once, in an order rotated from round to round, each rolled
-back), so load hits numerator and denominator alike, and a ratio is the **median over rounds of the
-per-round ratios**. :func:`measure_costs` does this for decoding adapters (batch size 1: the pairs'
+**in turns** (each round runs every one, in an order rotated from round to round, each rolled back),
+so load hits numerator and denominator alike, and a ratio is the **median over rounds of the
+per-round ratios**. :func:`measure_costs` runs each forward in a burst of three and keeps the later
+calls, as decoding repeats one forward (on a CPU whose last-level cache holds much of a small model,
+a one-token forward right after a forward over *other* weight copies is slower than in the loop). :func:`measure_costs` does this for decoding adapters (batch size 1: the pairs'
 cost tables, ``benchmarks/bench_decode.py``, the zoo's build manifest), and
 :func:`spade_lib.decoding.batch.forward_costs` for ``B`` rows at once (the batch study). Costs taken
 from a run's step timings instead are normalised by the autoregressive run's time per token, which
@@ -29,24 +31,34 @@ from spade_lib.devices import clock as device_clock, synchronize
 __all__ = ["time_in_turns", "measure_costs", "verify_cost_fn"]
 
 
-def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3,
+def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
                   clock: Callable[[], float] | None = None, device=None) -> dict[str, np.ndarray]:
     """Seconds of each callable in ``forwards`` over ``reps`` rounds (after ``warmup`` untimed ones):
-    every round runs each once, in an order rotated by the round. Returns ``{name: times [reps]}``;
-    round ``k`` of every name was timed back to back, so ratios should be taken round by round."""
+    every round runs each in turn, in an order rotated by the round. Returns ``{name: times [reps]}``;
+    round ``k`` of every name was timed close together, so ratios should be taken round by round.
+
+    ``burst > 1`` runs each callable ``burst`` times in a row per round and keeps the median of all
+    but the first call: decoding calls one forward again and again (the autoregressive loop its
+    one-token forward, verification its ``g + 1``-token one), so its weights are as warm as they are
+    there, not as the previous, different forward of the round left the caches."""
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
         raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValueError(f"burst: must be an integer >= 1, got {burst!r}")
     clock = clock or (lambda: device_clock(device))
     names = list(forwards)
     times: dict[str, list[float]] = {n: [] for n in names}
     for k in range(warmup + reps):
         for name in names[k % len(names):] + names[:k % len(names)]:
-            synchronize(device)
-            t0 = clock()
-            forwards[name]()
-            synchronize(device)
+            calls = []
+            for _ in range(burst):
+                synchronize(device)
+                t0 = clock()
+                forwards[name]()
+                synchronize(device)
+                calls.append(clock() - t0)
             if k >= warmup:
-                times[name].append(clock() - t0)
+                times[name].append(float(np.median(calls[1:] if burst > 1 else calls)))
     return {n: np.asarray(v) for n, v in times.items()}
 
 
@@ -84,7 +96,7 @@ def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Call
     forwards = {"t1": lambda: tfwd(1), **{g: (lambda g=g: tfwd(g + 1)) for g in range(1, max_gamma + 1)}}
     if draft is not None:
         forwards["d1"] = dfwd
-    times = time_in_turns(forwards, reps=reps, warmup=3, clock=clock, device=device)
+    times = time_in_turns(forwards, reps=reps, warmup=3, burst=3, clock=clock, device=device)
     t1, d1 = times["t1"], times.get("d1", np.zeros(reps))
     tk = {g: times[g] for g in range(1, max_gamma + 1)}
     t1a = np.maximum(np.asarray(t1), 1e-9)

@@ -1,34 +1,37 @@
-"""The fastest linear kernel for each weight shape, chosen by timing on the machine that runs it.
+"""The fastest linear kernels for a model's decoding forward, chosen by timing it on the machine that runs it.
 
 A decoding forward is a chain of ``y = x W^T + b`` with ``x`` of ``k`` rows: ``k = 1`` for an
 autoregressive step or a draft step, ``k = g + 1`` for verifying ``g`` drafted tokens. On a CPU at
-these sizes each product is bound by streaming ``W`` from memory, so its time should barely depend on
-``k``. Which library routine gets there depends on the CPU: on the 2-core AMD EPYC machines of this
-project MKL's one-row GEMV (``F.linear``) reads SmolLM2's ``49152 x 576`` LM head in 6.5 ms, the
-oneDNN kernel on pre-packed weights (``torch.ops.mkldnn._linear_pointwise``) in 2.0-2.6 ms; on other
-CPUs MKL wins. A baseline that runs its single rows on the slow kernel makes verification look cheaper
-than a decode step (``r(g) < 1``) and every speedup too large.
+these sizes each product is bound by streaming ``W`` from memory (or from a large last-level cache),
+so its time should barely depend on ``k``. Which library routine gets there depends on the CPU: on the
+2-core AMD EPYC machines of this project MKL's one-row GEMV (``F.linear``) reads SmolLM2's
+``49152 x 576`` LM head in 6.5 ms and the oneDNN kernel on pre-packed weights
+(``torch.ops.mkldnn._linear_pointwise``) in 2.0-2.6 ms; on an Intel Xeon with a 260 MiB L3 the
+picture reverses for one row. A baseline that runs its single rows on the slow kernel makes
+verification look cheaper than a decode step (``r(g) < 1``) and every speedup too large.
 
-So nothing is assumed: for each group of weights of one shape (all layers' ``W_qkv``, say) and each
-row count class (``k = 1``; ``k > 1``, timed at :data:`MANY_ROWS` rows), :func:`plan` times every
-candidate of :data:`CANDIDATES` that applies, over the whole group in turn (so the weights stream
-from memory as they do in a forward, not from cache), ``reps`` rounds in rotating order after a
-warm-up, and keeps the one with the smallest median. Candidates:
+So nothing is assumed. :func:`choose` times every candidate of :data:`CANDIDATES` that serves a row
+class (``"one"``: ``k = 1``; ``"many"``: ``k > 1``, timed at :data:`MANY_ROWS` rows) **on the whole
+forward of the model**, back to back as decoding runs it (the autoregressive loop calls the one-row
+forward again and again, speculative verification the ``g + 1``-row one), and keeps the fastest for
+each class. Timing single products in isolation was tried first and misleads: a group of weights
+that fits the cache looks fast alone and is not within a forward that streams all of them.
+Candidates (one kernel for every product of the forward):
 
 - ``"mkl"``: ``F.linear(x, W, b)`` (MKL's GEMV for one row, its SGEMM for more);
 - ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
 - ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept.
 
 ``policy="legacy"`` reproduces SPADE's rule before kernels were timed (MKL for one row, oneDNN for
-more), for before/after comparisons; the environment variable ``SPADE_LINEAR_KERNELS`` sets the policy
-of every lean forward a process builds (default ``"auto"``).
+more), for before/after comparisons; the environment variable ``SPADE_LINEAR_KERNELS`` sets the
+policy of every lean forward a process builds (default ``"auto"``).
 
-All compute the same product; they differ in summation order only (fp32: ~1e-6 relative). The choice
-is cached per process and on disk (``<CACHE_DIR>/kernels/``, keyed by CPU model, torch version,
-thread count, dtype, shape, group size and row class), so every process on one machine uses the same
-kernels and their outputs agree bit for bit; :func:`choices` lists what this process chose (run
-metadata records it). Only fp32 on CPU with oneDNN available is planned; elsewhere (CUDA, bf16) the
-answer is ``"mkl"``, i.e. ``F.linear``, the framework's own dispatch.
+All compute the same product; they differ in summation order only (fp32: ~1e-6 relative). A choice
+is cached per process and on disk (``<CACHE_DIR>/kernels/choices.json``, keyed by CPU model, torch
+version, thread count, dtype and the model's weight shapes), so every process on one machine uses the
+same kernels and their outputs agree bit for bit; :func:`choices` lists what this process chose (the
+run metadata records it). Only fp32 on CPU with oneDNN available is timed; elsewhere (CUDA, bf16)
+every product is ``F.linear``, the framework's own dispatch.
 """
 
 from __future__ import annotations
@@ -36,8 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import platform
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -45,11 +47,12 @@ import torch.nn.functional as F
 from spade_lib import paths
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "MANY_ROWS", "Kernel", "plan", "choices", "cpu_model", "packing_available"]
+__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "cpu_model", "packing_available",
+           "prepare"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
-_REPS, _WARMUP = 9, 2
-_CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"kernel", "shape", "rows", "seconds"}
+ROW_CLASSES = ("one", "many")
+_CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
 
 
 def cpu_model() -> str:
@@ -76,16 +79,17 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, 8)
 
 
-# name -> (prepare the weight once, apply to x [k, in], which row classes it serves)
-CANDIDATES: dict[str, tuple[Callable, Callable, tuple[str, ...]]] = {
-    "mkl": (lambda w: w, F.linear, ("one", "many")),
-    "onednn": (_pack, _lp, ("one", "many")),
-    "onednn_pad2": (_pack, _lp_pad2, ("one",)),
+# name -> (how its weights are prepared: "raw" or "packed", apply to x [k, in], row classes it serves)
+CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
+    "mkl": ("raw", F.linear, ("one", "many")),
+    "onednn": ("packed", _lp, ("one", "many")),
+    "onednn_pad2": ("packed", _lp_pad2, ("one",)),
 }
+POLICIES = ("auto", "legacy", *CANDIDATES)
 
 
 class Kernel:
-    """One planned linear map: ``self(x) = x W^T + b`` on the chosen kernel (``self.name``)."""
+    """One linear map on a chosen kernel: ``self(x) = x W^T + b`` (``self.name`` says which)."""
 
     __slots__ = ("name", "fn", "w", "b")
 
@@ -96,22 +100,32 @@ class Kernel:
         return self.fn(x, self.w, self.b)
 
 
+def prepare(name: str, w: torch.Tensor) -> torch.Tensor:
+    """``w`` as candidate ``name`` reads it (the raw weight, or a oneDNN-packed copy)."""
+    with torch.inference_mode():
+        return _pack(w) if CANDIDATES[name][0] == "packed" else w
+
+
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the oneDNN candidates can run here (CPU, fp32, oneDNN built and working)."""
     if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return False
     try:
-        w = _pack(torch.zeros(8, 8))
-        _lp(torch.zeros(2, 8), w, None)
+        _lp(torch.zeros(2, 8), _pack(torch.zeros(8, 8)), None)
         return True
     except (AttributeError, RuntimeError):
         return False
 
 
-def _key(shape, n: int, rows: str, dtype: torch.dtype) -> tuple[str, dict]:
-    facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "dtype": str(dtype), "shape": list(shape), "group": n, "rows": rows}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16], facts
+def fixed(policy: str, packable: bool) -> dict[str, str]:
+    """The kernels of a non-timed ``policy``: ``{"one": name, "many": name}``."""
+    if policy not in POLICIES or policy == "auto":
+        raise ValueError(f"policy: must be one of {list(POLICIES)}, got {policy!r}")
+    if policy == "legacy":
+        return {"one": "mkl", "many": "onednn" if packable else "mkl"}
+    if policy != "mkl" and not packable:
+        raise ValueError(f"policy: {policy!r} needs oneDNN on a CPU in float32")
+    return {"one": policy, "many": "onednn" if policy == "onednn_pad2" else policy}
 
 
 def _disk_path():
@@ -125,86 +139,30 @@ def _read_disk() -> dict:
         return {}
 
 
-@torch.inference_mode()
-def _time(candidates: dict[str, list[torch.Tensor]], biases: Sequence, rows: int, in_features: int,
-          reps: int) -> dict[str, float]:
-    """Median seconds of one pass over the group per candidate, rounds in rotating order."""
-    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(0))
-    names = list(candidates)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(_WARMUP + reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = CANDIDATES[name][1]
-            t0 = time.perf_counter()
-            for w, b in zip(candidates[name], biases):
-                fn(x, w, b)
-            dt = time.perf_counter() - t0
-            if r >= _WARMUP:
-                times[name].append(dt)
-    return {n: sorted(v)[len(v) // 2] for n, v in times.items()}
+def choose(model_facts: dict, timer: Callable[[str, str], float], *, cache: bool = True) -> dict:
+    """The fastest candidate per row class for one model: ``{"one": name, "many": name, "seconds":
+    {row class: {candidate: median seconds of one forward}}, ...facts}``.
 
-
-def plan(weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None] | None = None, *,
-         policy: str = "auto", cache: bool = True) -> tuple[list[Kernel], list[Kernel]]:
-    """Kernels for a group of equally shaped weights ``[out, in]``: ``(for one row, for k > 1 rows)``,
-    one :class:`Kernel` per weight each. ``policy``: ``"auto"`` (time the candidates, module
-    docstring), or a candidate name to force it (``"mkl"`` everywhere is plain ``F.linear``)."""
-    weights = list(weights)
-    biases = list(biases) if biases is not None else [None] * len(weights)
-    if not weights:
-        return [], []
-    w0 = weights[0]
-    if policy != "auto" and policy not in CANDIDATES and policy != "legacy":
-        raise ValueError(f"policy: must be 'auto', 'legacy' or one of {sorted(CANDIDATES)}, got {policy!r}")
-    packable = packing_available(w0.device, w0.dtype)
-    if policy not in ("auto", "mkl", "legacy") and not packable:
-        raise ValueError(f"policy: {policy!r} needs oneDNN on a CPU in float32 ({w0.device}, {w0.dtype} here)")
-    prepared: dict[str, list[torch.Tensor]] = {}
-
-    def weights_for(name: str) -> list[torch.Tensor]:
-        prep = CANDIDATES[name][0]
-        key = "onednn" if name.startswith("onednn") else name  # the padded variant shares the packing
-        if key not in prepared:
-            with torch.inference_mode():
-                prepared[key] = [prep(w) for w in weights]
-        return prepared[key]
-
-    disk = _read_disk() if cache and policy == "auto" else {}
-    chosen_names = {}
-    for rows in ("one", "many"):
-        if policy == "legacy":
-            chosen_names[rows] = "onednn" if rows == "many" and packable else "mkl"
-            continue
-        if policy != "auto":
-            chosen_names[rows] = "mkl" if (policy == "onednn_pad2" and rows == "many") else policy
-            continue
-        if not packable:
-            chosen_names[rows] = "mkl"
-            continue
-        key, facts = _key(w0.shape, len(weights), rows, w0.dtype)
-        hit = _CHOSEN.get(key) or disk.get(key)
-        if hit is None:
-            names = [n for n, (_, _, classes) in CANDIDATES.items() if rows in classes]
-            secs = _time({n: weights_for(n) for n in names}, biases, 1 if rows == "one" else MANY_ROWS,
-                         int(w0.shape[1]), _REPS)
-            hit = {**facts, "kernel": min(secs, key=secs.get), "seconds": secs}
-            if cache:
-                disk = {**_read_disk(), key: hit}
-                try:
-                    write_json(_disk_path(), disk)
-                except OSError:
-                    pass
-        _CHOSEN[key] = hit
-        chosen_names[rows] = hit["kernel"]
-    out = []
-    for rows in ("one", "many"):
-        name = chosen_names[rows]
-        ws = weights_for(name)
-        out.append([Kernel(name, w, b) for w, b in zip(ws, biases)])
-    return out[0], out[1]
+    ``timer(row_class, candidate)`` returns the median seconds of the model's whole forward with every
+    product of that row class on ``candidate`` (back to back, as decoding runs it). ``model_facts``
+    (weight shapes, dtype, ...) plus the CPU model, torch version and thread count key the cache."""
+    facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(), **model_facts}
+    key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    hit = _CHOSEN.get(key) or (_read_disk().get(key) if cache else None)
+    if hit is None:
+        seconds = {rows: {name: float(timer(rows, name)) for name, (_, _, classes) in CANDIDATES.items()
+                          if rows in classes} for rows in ROW_CLASSES}
+        hit = {**facts, "seconds": seconds, **{rows: min(s, key=s.get) for rows, s in seconds.items()}}
+        if cache:
+            try:
+                write_json(_disk_path(), {**_read_disk(), key: hit})
+            except OSError:
+                pass
+    _CHOSEN[key] = hit
+    return hit
 
 
 def choices() -> list[dict]:
-    """The kernels this process chose: one dict per (shape, group size, row class) with the CPU model,
-    torch version, threads, dtype, the kernel and the median seconds of every candidate."""
+    """The kernels this process chose: one dict per model (its facts, the CPU model, torch version,
+    threads, the kernel per row class and every candidate's median seconds)."""
     return [dict(v) for v in _CHOSEN.values()]

@@ -18,11 +18,11 @@ weights and nothing else:
   cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
   needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``;
 - the final norm and LM head run on the last position only when only it is needed;
-- every projection and the LM head run on the linear kernel that :mod:`spade_lib.decoding.kernels`
-  found fastest on this machine for that weight shape, separately for one new token and for blocks of
-  ``k > 1`` (the verification forward): MKL's GEMV, oneDNN on pre-packed weights, ... — chosen by
-  timing, never assumed (on the project's AMD EPYC machines MKL's one-row GEMV is 2-3x slower than the
-  packed oneDNN kernel; on other CPUs it is the faster one). ``kernels=`` forces one for all;
+- every projection and the LM head run on the linear kernel whose whole forward
+  :mod:`spade_lib.decoding.kernels` timed fastest on this machine, separately for one new token and
+  for blocks of ``k > 1`` (the verification forward): MKL's GEMV, oneDNN on pre-packed weights, ... —
+  chosen by timing, never assumed (on the project's AMD EPYC machines MKL's one-row GEMV is 2-3x slower
+  than the packed oneDNN kernel; on other CPUs it is the faster one). ``kernels=`` forces one;
 - an FR-Spec draft (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`, a head over a subset of the
   vocabulary) computes its ``head_vocab`` logits and scatters them into ``-inf``-filled full-vocabulary
   rows, exactly as its Hugging Face forward does.
@@ -88,9 +88,10 @@ class LeanForward:
     """The decoding forward of a Llama-family ``model`` with its own KV cache (batch size 1).
 
     ``capacity`` is the context limit (positions); the buffers start small and double up to it.
-    ``kernels``: ``"auto"`` (the fastest linear kernel per weight shape, timed here:
-    :mod:`spade_lib.decoding.kernels`), ``"legacy"`` (the rule before timing) or one candidate name for
-    every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS`` (default auto). ``self.kernel_names`` says what each projection got, for one row and for many.
+    ``kernels``: ``"auto"`` (for one row and for many, the candidate whose whole forward is fastest
+    here: :mod:`spade_lib.decoding.kernels`), ``"legacy"`` (the rule before timing) or one candidate
+    for every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS``
+    (default ``"auto"``). ``self.kernel_names`` says what was installed: ``{"one": ..., "many": ...}``.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
@@ -136,23 +137,70 @@ class LeanForward:
         # FR-Spec drafts score a subset of the vocabulary and scatter it into -inf-filled full rows
         self.head_token_ids = getattr(model, "head_token_ids", None)
         self.vocab_size = int(cfg.vocab_size) if self.head_token_ids is not None else int(model.lm_head.weight.shape[0])
-        self.kernel_names: dict[str, tuple[str, str]] = {}
-        if kernels is None:
-            kernels = os.environ.get("SPADE_LINEAR_KERNELS", "auto")
-        for name in raw[0]:
-            one, many = _kernels.plan([r[name][0] for r in raw], [r[name][1] for r in raw], policy=kernels)
-            for layer, k1, kk in zip(self.layers, one, many):
-                layer[name] = (k1, kk)
-            self.kernel_names[name] = (one[0].name, many[0].name)
-        one, many = _kernels.plan([model.lm_head.weight], policy=kernels)
-        self.head = (one[0], many[0])
-        self.kernel_names["lm_head"] = (one[0].name, many[0].name)
+        self._raw = raw + [{"lm_head": (model.lm_head.weight, None)}]  # the head: a last pseudo-layer
         self.scaling = self.head_dim ** -0.5
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self._rotary = inner.rotary_emb
         self._cos = self._sin = None
         self._alloc(min(self.capacity, 256))
         self.length = 0
+        # the linear kernels (spade_lib.decoding.kernels): timed on the whole forward, or as forced
+        policy = kernels if kernels is not None else os.environ.get("SPADE_LINEAR_KERNELS", "auto")
+        if policy not in _kernels.POLICIES:
+            raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
+        packable = _kernels.packing_available(self.device, self.dtype)
+        self._prepared: dict[str, list[dict]] = {}
+        if policy == "auto" and packable:
+            facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse,
+                     "shapes": {n: list(w.shape) for n, (w, _) in {**raw[0], **self._raw[-1]}.items()}}
+            hit = _kernels.choose(facts, self._time_plan)
+            plan = {"one": hit["one"], "many": hit["many"]}
+        else:
+            plan = {"one": "mkl", "many": "mkl"} if policy == "auto" else _kernels.fixed(policy, packable)
+        self._install(plan)
+        self._prepared = {}  # only what the installed kernels reference stays in memory
+
+    def _weights(self, family: str) -> list[dict]:
+        """Every layer's ``{name: (weight as the family reads it, bias)}`` (packed copies made once)."""
+        if family not in self._prepared:
+            cand = "onednn" if family == "packed" else "mkl"
+            self._prepared[family] = [{n: (_kernels.prepare(cand, w), b) for n, (w, b) in layer.items()}
+                                      for layer in self._raw]
+        return self._prepared[family]
+
+    def _install(self, plan: dict[str, str]) -> None:
+        """Build every layer's ``(one-row kernel, many-row kernel)`` per projection, and the head's."""
+        per_class = [self._weights(_kernels.CANDIDATES[plan[rows]][0]) for rows in ("one", "many")]
+        for i, layer in enumerate(self.layers + [None]):
+            for name in self._raw[i]:
+                pair = tuple(_kernels.Kernel(plan[rows], *ws[i][name]) for rows, ws in zip(("one", "many"), per_class))
+                if layer is None:
+                    self.head = pair
+                else:
+                    layer[name] = pair
+        self.kernel_names = {"one": plan["one"], "many": plan["many"]}
+
+    @torch.inference_mode()
+    def _time_plan(self, rows: str, candidate: str, reps: int = 7, warmup: int = 2) -> float:
+        """Median seconds of the whole forward with every ``rows``-class product on ``candidate``, run
+        back to back on a 32-token cache as decoding runs it (1 new token, or MANY_ROWS)."""
+        import time
+
+        self._install({"one": "mkl", "many": "mkl", rows: candidate})
+        k = 1 if rows == "one" else _kernels.MANY_ROWS
+        ctx = min(32, max(1, self.capacity - k))
+        ids = torch.randint(0, int(self.embed.shape[0]), (ctx + k,), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(self.device)
+        self.reset()
+        self.forward(ids[:ctx])
+        times = []
+        for r in range(warmup + reps):
+            t0 = time.perf_counter()
+            self.forward(ids[ctx:], last_only=k == 1)
+            times.append(time.perf_counter() - t0)
+            self.rollback(ctx)
+        self.reset()
+        return sorted(times[warmup:])[reps // 2]
 
     # -- buffers ---------------------------------------------------------------------------
     def _alloc(self, size: int) -> None:
