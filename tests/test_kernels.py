@@ -87,3 +87,13 @@ def test_bad_policy_is_refused(fresh):
         kernels.fixed("onednn", packable=False)
     with pytest.raises(ValueError, match="policy: must be one of"):
         kernels.fixed("auto", packable=True)
+
+
+def test_the_run_environment_records_the_chosen_kernels(fresh):
+    from spade_lib.runs.timing import environment_fingerprint
+
+    LeanForward(llama(), 64, kernels="auto")
+    fp = environment_fingerprint("cpu")
+    if PACKABLE:
+        assert fp["linear_kernels"] and {"one", "many", "shapes", "threads"} <= set(fp["linear_kernels"][-1])
+    assert fp["cpu_model"] == kernels.cpu_model()

@@ -160,8 +160,8 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
         fp["gpu"] = torch.cuda.get_device_name(torch.device(device))
         fp["cuda"] = torch.version.cuda
     fp["cpu_flags"] = _cpu_flags(["avx2", "avx512f", "avx512_bf16", "amx_bf16"])
-    # the linear kernel the lean forward chose for each weight shape and row class (timed here)
-    fp["linear_kernels"] = [{k: c[k] for k in ("shape", "group", "rows", "kernel", "threads")}
+    # the linear kernels the lean forwards of this process chose per row class (timed here, per model)
+    fp["linear_kernels"] = [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many")}
                             for c in kernels.choices()]
     return fp
 
