@@ -19,7 +19,7 @@ and the speedup over the autoregressive baseline of the same interleaved session
 intervals where the table has them; the null-draft control (draft ``"null"``); ``c`` and ``r(g)`` per
 pair and draft from the cost tables under ``runs/costs/<pair>/``; the machine; each notebook's wall
 time (the runbook's ``runbook.json``, else papermill's metadata); and the physical-control warnings of
-:mod:`spade_lib.runs.controls` (computed here, plus any line starting with ``physical control`` in
+:mod:`spade_lib.runs.controls` (computed here, plus any line starting with ``physical control:`` in
 the notebooks' outputs).
 
 ``python -m spade_lib.report readme RUN_DIR`` rewrites the block of ``README.md`` between
@@ -286,8 +286,11 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
             text = _outputs_text(nb)
             referenced.update(dict.fromkeys(_RUN_REF.findall(text)))
             for line in text.splitlines():
-                if line.strip().startswith(controls.PREFIX):
-                    nb_warnings.append(f"{line.strip()} (printed by {name + '/' if name else ''}{path.stem})")
+                # a warning is "physical control: ..." (a notebook may mark it, e.g. "!!! physical control: ...");
+                # a tally such as "physical controls: 0 violation(s)" is not one
+                warning = line.strip().lstrip("!").strip()
+                if warning.startswith(controls.PREFIX + ":"):
+                    nb_warnings.append(f"{warning} (printed by {name + '/' if name else ''}{path.stem})")
             html_name = f"{REPORT_DIR}/{name + '/' if name else ''}{path.stem}.html"
             notebooks.append({"part": name, "name": path.stem, "file": _relative(path, run_dirs[0].resolve()),
                               "seconds": _num(secs), "status": status, "html": html_name})

@@ -101,7 +101,8 @@ def run(tmp_path, monkeypatch):
                                    ("ar", "hf", "spade-ngram", "spade-distilled", "spade-null"))])):
         folder = root / part
         folder.mkdir(parents=True)
-        nbformat.write(notebook(pair, labels, png, "physical control: printed by the notebook itself\n"
+        nbformat.write(notebook(pair, labels, png, "!!! physical control: printed by the notebook itself\n"
+                                "physical controls: 0 violation(s) (a tally, not a warning)\n"
                                 if part == "smollm2" else ""), folder / "03_m2_speedup_runs.ipynb")
         nbformat.write(notebook(pair, [], png), folder / "04_m3_rejection_diagnostics.ipynb")
         write_json(folder / "runbook.json", {
@@ -141,7 +142,8 @@ def test_summary_files(run, capsys):
     assert any("smollm2/spade-ngram-g4-T0" in x and "tau" in x for x in w)
     assert any("smollm2/spade-null-g4-T1" in x and "null-draft control" in x for x in w)
     assert any(x.startswith("physical control: smollm2/distilled: r(g)") for x in w)
-    assert any("printed by the notebook itself (printed by smollm2/03_m2_speedup_runs)" in x for x in w)
+    assert any(x == "physical control: printed by the notebook itself (printed by smollm2/03_m2_speedup_runs)" for x in w)
+    assert not any("a tally" in x for x in w)
     assert not any("tiny/" in x for x in w)
     nbs = {(n["part"], n["name"]): n for n in saved["notebooks"]}
     assert nbs[("smollm2", "03_m2_speedup_runs")]["seconds"] == 154.2
