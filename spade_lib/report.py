@@ -145,10 +145,14 @@ def _outputs_text(nb) -> str:
 
 
 def _relative(path: Path, root: Path = paths.REPO_ROOT) -> str:
+    """``path`` relative to ``root``; a path under another checkout's ``runs/`` (a fresh clone's run read
+    from here) from its ``runs/`` folder on, so no machine's absolute path reaches a summary or README."""
+    p = Path(path).resolve()
     try:
-        return str(Path(path).resolve().relative_to(root))
+        return str(p.relative_to(root))
     except ValueError:
-        return str(Path(path).resolve())
+        parts = p.parts
+        return str(Path(*parts[parts.index("runs"):])) if "runs" in parts else str(p)
 
 
 def _num(x) -> float | None:
