@@ -88,7 +88,7 @@ def _open_run(pair, suite, config: runner.RunConfig, run_dir: Path, device, sess
         sessions = json.loads(meta_path.read_text(encoding="utf-8")).get("sessions", [])
     env = timing.environment_fingerprint(device)
     sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
-                     "protocol_session": session})
+                     "protocol_session": session, "linear_kernels": timing.kernel_plans()})
     write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
                            "sampling": dataclasses.asdict(config.sampling()),
                            "policy": repr(config.make_policy()) if config.method == "spade" else None,
@@ -131,10 +131,10 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
         device = runner._check_pair_placement(pair, c)
     if session[0].threads:
         timing.fix_threads(session[0].threads)
+    generators = {c: runner.make_generator(pair, c) for c in session}  # first: their kernels are then chosen
     identities = {c: _open_run(pair, suite, c, dirs[c], device, sid) for c in todo}
     for c in todo:
         paths.ensure_dir(dirs[c] / "trace")
-    generators = {c: runner.make_generator(pair, c) for c in session}
     first = suite.rows[0]["turns"][0]
     for w in range(protocol.warmup):
         for c in session:

@@ -160,10 +160,14 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
         fp["gpu"] = torch.cuda.get_device_name(torch.device(device))
         fp["cuda"] = torch.version.cuda
     fp["cpu_flags"] = _cpu_flags(["avx2", "avx512f", "avx512_bf16", "amx_bf16"])
-    # the linear kernels the lean forwards of this process chose per row class (timed here, per model)
-    fp["linear_kernels"] = [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many")}
-                            for c in kernels.choices()]
     return fp
+
+
+def kernel_plans() -> list[dict]:
+    """The linear-kernel plans the lean forwards of this process chose (:mod:`spade_lib.decoding.kernels`),
+    one per model: its layer count, weight shapes, dtype, threads and the kernel per row class. It depends
+    on what the process built so far, so sessions record it, not the run's identity."""
+    return [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many")} for c in kernels.choices()]
 
 
 def _cpu_flags(wanted: list[str]) -> list[str]:
