@@ -62,3 +62,15 @@ def test_run_metrics_prices_predictions_with_given_costs():
     assert got["c_trace"] == base["c"] and got["r_trace"] == base["r"]
     assert got["predicted"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, 0.1, verify_cost=1.5))
     assert got["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, 0.1))
+
+
+def test_model_free_drafters_share_one_target_measurement(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
+    calls = []
+    real = costs_mod.measure_costs
+    monkeypatch.setattr(costs_mod, "measure_costs", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    got = pair_costs(pair, ["ngram", "null"], 2, context=16, reps=2)
+    assert len(calls) == 1 and calls[0] is None  # the target timed once for both
+    assert got["ngram"]["r"] == got["null"]["r"] and got["null"]["c"] == 0.0
+    assert got["ngram"]["key"]["draft"] == "ngram" and got["null"]["key"]["draft"] == "null"

@@ -92,6 +92,13 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     sp = table[table.method == "spade"]
     assert (sp["speedup_low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["speedup_high"]).all()
     assert sp["predicted"].notna().all() and sp["r"].gt(0).all()
+    # each row carries its physical controls: what controls.speedup_warnings says of that row alone
+    from spade_lib.runs import controls
+
+    assert table["physical_control"].tolist() == [
+        "; ".join(controls.speedup_warnings(table.loc[[i]])) for i in table.index]
+    forged = table.assign(speedup_low=table["tau"].fillna(1.0) + 1.0)
+    assert all(controls.speedup_warnings(forged.loc[[i]]) for i in forged.index[forged.method == "spade"])
     # greedy SPADE emits the target's greedy tokens: same text as AR (tiny pair, float32)
     tr = trace.read_trace(dirs2[proto.config(g1)])
     assert len(tr) > 0 and tr["t_verify"].gt(0).all()

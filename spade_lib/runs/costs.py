@@ -46,6 +46,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     dtype = str(next(pair.target.parameters()).dtype).replace("torch.", "")
     out = {}
     target = None
+    no_draft = None  # one target-only measurement serves every model-free drafter (c = 0) of this call
     for name in dict.fromkeys(drafts):
         model = (getattr(pair, "drafts", {}) or {}).get(name)
         key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), draft=name, device=str(device), dtype=dtype,
@@ -56,9 +57,14 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
             out[name] = read_costs(path)
             continue
         target = target or CausalLMAdapter(pair.target)
-        got = measure_costs(target, CausalLMAdapter(model) if model is not None else None, int(max_gamma),
-                            context, reps=reps, device=device)
-        got.update(key=key)
+        if model is None and no_draft is not None:
+            got = dict(no_draft)
+        else:
+            got = measure_costs(target, CausalLMAdapter(model) if model is not None else None, int(max_gamma),
+                                context, reps=reps, device=device)
+            if model is None:
+                no_draft = dict(got)
+        got = {**got, "key": key}
         if progress:
             print(f"costs of {pair.name}/{name}: c = {got['c']:.3f}, r(1..{max_gamma}) = "
                   + " ".join(f"{v:.2f}" for v in got["r"].values()))
