@@ -48,7 +48,7 @@ from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.policies import Policy
 from spade_lib.sampling import SamplingConfig, adjust
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NGramDrafter", "NullDrafter", "make_drafter", "register_drafter", "drafter_names",
+__all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NullDrafter", "make_drafter", "register_drafter", "drafter_names",
            "sample_categorical"]
 
 
@@ -66,11 +66,36 @@ class Draft:
         return int(self.tokens.shape[0])
 
 
+@dataclass
+class TargetView:
+    """What the target computed and committed, told to the drafter (:meth:`Drafter.observe`).
+
+    After the prefill and after every verification the target's cache gains the states of some fed
+    tokens: the prompt (all but its last token) at the start, then per step the pending token ``t`` and
+    the accepted draft nodes (the accepted path of a tree). ``tokens [n]`` are those tokens in order, at
+    absolute positions ``start .. start + n - 1``; ``hidden[l] [n, H]`` is the target's hidden state at
+    each of them for every layer ``l`` the drafter named in :attr:`Drafter.hidden_layers` (indexing as
+    Hugging Face's ``output_hidden_states``: 0 the embeddings, ``i`` the output of decoder layer ``i``,
+    the last entry after the final norm); ``next_token`` is the token that follows them (emitted, not yet
+    fed to the target). A drafter that reads features (EAGLE, Medusa) predicts from ``hidden`` at the
+    last committed position and ``next_token``.
+    """
+
+    tokens: torch.Tensor                 # [n] long
+    start: int                           # absolute position of tokens[0]
+    hidden: dict[int, torch.Tensor]      # layer -> [n, H] (empty when the drafter asked for none)
+    next_token: int
+
+
 class Drafter:
     """Interface of a drafter (see the module docstring)."""
 
     deterministic: bool = False  # True: q is one-hot, verify with a deterministic lossless rule
     mode: str | None = None      # the acceptance rule this drafter needs (None: by temperature and q)
+    hidden_layers: tuple[int, ...] = ()  # target layers whose hidden states observe() receives
+
+    def observe(self, view: TargetView) -> None:
+        """Told what the target committed (see :class:`TargetView`); called after ``accept``. Default: ignore."""
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         raise NotImplementedError
