@@ -3,8 +3,9 @@
 One interface (:class:`Drafter`), driven by :class:`spade_lib.decoding.decode.SpeculativeDecoder`:
 
 - ``reset(prompt_ids, vocab_size)`` starts a prompt (``vocab_size`` is the target's ``V``);
-- ``propose(max_gamma, policy, sampling, generator)`` returns a :class:`Draft`: the tokens and the
-  adjusted draft distribution ``q_i`` each was drawn from, ``[gamma, V]``;
+- ``propose(max_gamma, policy, sampling, generator)`` returns a :class:`~spade_lib.decoding.tree.DraftTree`
+  (``Draft`` here): the tokens and the adjusted draft distribution ``q_i`` each was drawn from,
+  ``[gamma, V]``; a chain unless it gives ``parents``;
 - ``accept(n_accepted, next_token)`` tells the drafter what was committed: ``x_0 .. x_{n-1}`` and the
   target's residual/bonus token.
 
@@ -23,7 +24,7 @@ takes a plain target step).
 **Policy and drafter.** The decoder caps each block at ``max_gamma`` (the policy's, the budget's);
 *every* drafter consults the policy after each drafted token with the temperature-1 signals of the
 distribution that token was drawn from (:mod:`spade_lib.decoding.policies`), and stops when it says so
-(``Draft.stop == "policy"``). A deterministic drafter's ``q`` is one-hot: ``q_top_prob = 1``,
+(``DraftTree.stop == "policy"``). A deterministic drafter's ``q`` is one-hot: ``q_top_prob = 1``,
 ``h_q = 0``, computed on the host without a sync. A policy that reads no signals (``FixedGamma``,
 ``needs_signals = False``) is never consulted, so a fixed gamma adds no per-token host sync.
 
@@ -46,24 +47,16 @@ import torch
 
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.policies import Policy
+from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 
 __all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NullDrafter", "make_drafter", "register_drafter", "drafter_names",
            "sample_categorical"]
 
 
-@dataclass
-class Draft:
-    """One proposed block."""
-
-    tokens: torch.Tensor  # [gamma] long: x_0 .. x_{gamma-1}
-    q: torch.Tensor  # [gamma, V] float32: adjusted draft distribution each x_i was drawn from
-    logits: torch.Tensor | None  # [gamma, V] raw draft logits (None for deterministic drafters)
-    stop: str  # why drafting stopped: "max_gamma", "policy" or "no_match"
-
-    @property
-    def gamma(self) -> int:
-        return int(self.tokens.shape[0])
+# The chain draft is a DraftTree with parents=None (spade_lib.decoding.tree: one definition of a proposal); the
+# name Draft stays importable from here, where drafters have always found it (STYLE: module paths are an API).
+Draft = DraftTree
 
 
 @dataclass
@@ -101,7 +94,7 @@ class Drafter:
         raise NotImplementedError
 
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None) -> DraftTree:
         raise NotImplementedError
 
     def accept(self, n_accepted: int, next_token: int) -> None:
@@ -167,7 +160,7 @@ class ModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None) -> DraftTree:
         """Draft up to ``max_gamma`` tokens. Greedy: ``x_i = argmax`` of the logits and the one-hot ``q``
         of all positions built in one call at the end; sampling: ``x_i ~ q_i`` by inverse CDF."""
         if self._unfed is None:
@@ -195,11 +188,11 @@ class ModelDrafter(Drafter):
         if not tokens:
             empty = torch.empty(0, dtype=torch.long, device=self.adapter.device)
             self._tokens = empty
-            return Draft(empty, torch.empty(0, self.vocab_size, device=self.adapter.device), None, stop)
+            return DraftTree(empty, torch.empty(0, self.vocab_size, device=self.adapter.device), None, stop)
         self._tokens = torch.cat(tokens)
         logits = torch.cat(logits_rows)
         q = adjust(logits, sampling, validate=False) if greedy else torch.cat(qs)
-        return Draft(self._tokens, q, logits, stop)
+        return DraftTree(self._tokens, q, logits, stop)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         k = 0 if self._tokens is None else int(self._tokens.shape[0])
@@ -258,7 +251,7 @@ class NGramDrafter(Drafter):
         self._indexed = max(self._indexed, len(ctx) - 1)
 
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None) -> DraftTree:
         ctx, proposal = self._ctx, []
         for n in range(min(self.max_ngram, len(ctx)), self.min_ngram - 1, -1):
             start = self._index[n].get(tuple(ctx[len(ctx) - n:]))
@@ -276,7 +269,7 @@ class NGramDrafter(Drafter):
         q = torch.zeros(len(proposal), self.vocab_size, device=self.device)
         if proposal:
             q.scatter_(1, tokens[:, None], 1.0)
-        return Draft(tokens, q, None, stop)
+        return DraftTree(tokens, q, None, stop)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         self._extend(self._proposed[:n_accepted] + [int(next_token)])
@@ -300,11 +293,11 @@ class NullDrafter(Drafter):
         self.vocab_size = vocab_size
 
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Draft:
+                generator: torch.Generator | None) -> DraftTree:
         tokens = torch.zeros(max_gamma, dtype=torch.long, device=self.device)
         q = torch.zeros(max_gamma, self.vocab_size, device=self.device)
         q[:, 0] = 1.0
-        return Draft(tokens, q, None, "max_gamma")
+        return DraftTree(tokens, q, None, "max_gamma")
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         pass
