@@ -216,3 +216,146 @@ def test_lean_forward_covers_the_frspec_draft_and_matches_its_hf_forward():
     torch.testing.assert_close(got[torch.isfinite(got)], ref[torch.isfinite(ref)], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(lean.extend(ids[:1], last_only=True), hf.extend(ids[:1], last_only=True),
                                rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# trees, keep, hidden states
+
+
+TREE_BACKENDS = ["hf"]
+PARENTS = [-1, 0, 0, 1, -1, 3, 2, 4]  # a forest of fed rows: -1 = child of the last cached token
+
+
+def tree_adapter(model, backend):
+    if backend == "lean" and not type(model).__name__.lower().startswith(tuple(LEAN)):
+        pytest.skip("the lean forward covers Llama-family models only")
+    return CausalLMAdapter(model, backend=backend)
+
+
+def path_of(parents, i):
+    from spade_lib.decoding.tree import path_of
+
+    return path_of(parents, i)
+
+
+def full_forward(model, ids, **kwargs):
+    with torch.no_grad():
+        return model(torch.tensor([ids]), **kwargs)
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+def test_tree_extend_equals_a_causal_forward_of_each_path(model, backend):
+    """Row i of a tree-masked extend has the logits of a cache-free forward of prefix + the path of i."""
+    a = tree_adapter(model, backend)
+    rng = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, V, (5,), generator=rng).tolist()
+    a.extend(torch.tensor(prefix))
+    new = torch.randint(0, V, (len(PARENTS),), generator=rng)
+    logits = a.extend(new, parents=PARENTS)
+    assert logits.shape == (len(PARENTS), V) and a.length == 5 + len(PARENTS)
+    for i in range(len(PARENTS)):
+        path = [int(new[j]) for j in path_of(PARENTS, i)]
+        torch.testing.assert_close(logits[i], full_logits(model, prefix + path)[-1], rtol=1e-4, atol=1e-5)
+    chain = CausalLMAdapter(model, backend=backend)  # a chain given as parents is the causal extend
+    chain.extend(torch.tensor(prefix))
+    torch.testing.assert_close(chain.extend(new, parents=list(range(-1, len(PARENTS) - 1))),
+                               full_logits(model, prefix + new.tolist())[-len(PARENTS):], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+def test_keep_leaves_the_cache_of_a_fresh_prefill(model, backend):
+    """After a tree extend, keeping the rows of one path (any increasing subset of a path's rows) leaves the
+    cache a fresh prefill of the kept tokens would: the next extend's logits say so."""
+    rng = torch.Generator().manual_seed(4)
+    prefix = torch.randint(0, V, (4,), generator=rng).tolist()
+    new = torch.randint(0, V, (len(PARENTS),), generator=rng)
+    for node in (5, 6, 2, 4, 0, -1):
+        a = tree_adapter(model, backend)
+        a.extend(torch.tensor(prefix))
+        a.extend(new, parents=PARENTS)
+        slots = path_of(PARENTS, node)
+        a.keep(slots, start=len(prefix))
+        kept = prefix + [int(new[j]) for j in slots]
+        assert a.length == len(kept)
+        more = torch.randint(0, V, (3,), generator=rng)
+        torch.testing.assert_close(a.extend(more), full_logits(model, kept + more.tolist())[-3:], rtol=1e-4, atol=1e-5)
+        a.rollback(len(kept) - 1)  # and a later rollback / tree extend still works from there
+        torch.testing.assert_close(a.extend(more[:2], parents=[-1, -1]),
+                                   torch.stack([full_logits(model, kept[:-1] + [int(t)])[-1] for t in more[:2]]),
+                                   rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
+def test_hidden_states_equal_hf_output_hidden_states(model, backend):
+    """Hidden states of every fed row, indexed as HF's output_hidden_states (0 embeddings, i layer i, the
+    last after the final norm), causal and tree-masked."""
+    a = tree_adapter(model, backend)
+    n = model.config.get_text_config().num_hidden_layers
+    layers = (0, 1, n, -1)
+    rng = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, V, (9,), generator=rng).tolist()
+    ref = full_forward(model, ids, output_hidden_states=True).hidden_states
+    first = a.extend(torch.tensor(ids[:6]), last_only=True, hidden_layers=layers)
+    rest = a.extend(torch.tensor(ids[6:]), hidden_layers=layers)
+    assert first.logits.shape == (1, V) and rest.logits.shape == (3, V)
+    for i in layers:
+        assert first.hidden[i].shape == (6, a.hidden_size)
+        torch.testing.assert_close(torch.cat([first.hidden[i], rest.hidden[i]]), ref[i][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(rest.logits, full_logits(model, ids)[-3:], rtol=1e-4, atol=1e-5)
+    a.rollback(4)
+    new = torch.randint(0, V, (len(PARENTS),), generator=rng)
+    out = a.extend(new, parents=PARENTS, hidden_layers=(1, -1))
+    for i in range(len(PARENTS)):
+        path = ids[:4] + [int(new[j]) for j in path_of(PARENTS, i)]
+        r = full_forward(model, path, output_hidden_states=True)
+        torch.testing.assert_close(out.logits[i], r.logits[0, -1], rtol=1e-4, atol=1e-5)
+        for layer in (1, -1):
+            torch.testing.assert_close(out.hidden[layer][i], r.hidden_states[layer][0, -1], rtol=1e-4, atol=1e-5)
+
+
+def test_tree_extend_on_the_embedded_pair_target():
+    """The same reference on the embedded tiny pair's target (a trained Llama), through every backend it has."""
+    from spade_lib.zoo.pairs import load_pair
+
+    target = load_pair("tiny").target
+    rng = torch.Generator().manual_seed(6)
+    vocab = target.config.vocab_size
+    prefix = torch.randint(0, vocab, (7,), generator=rng).tolist()
+    new = torch.randint(0, vocab, (len(PARENTS),), generator=rng)
+    for backend in TREE_BACKENDS:
+        a = CausalLMAdapter(target, backend=backend)
+        a.extend(torch.tensor(prefix))
+        out = a.extend(new, parents=PARENTS, hidden_layers=(-1,))
+        for i in range(len(PARENTS)):
+            path = prefix + [int(new[j]) for j in path_of(PARENTS, i)]
+            r = full_forward(target, path, output_hidden_states=True)
+            torch.testing.assert_close(out.logits[i], r.logits[0, -1], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(out.hidden[-1][i], r.hidden_states[-1][0, -1], rtol=1e-4, atol=1e-4)
+        a.keep(path_of(PARENTS, 6), start=len(prefix))
+        kept = prefix + [int(new[j]) for j in path_of(PARENTS, 6)]
+        torch.testing.assert_close(a.extend(new[:2]), full_logits(target, kept + new[:2].tolist())[-2:],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_tree_and_keep_arguments_are_checked(model):
+    a = CausalLMAdapter(model, backend="hf")
+    a.extend(torch.tensor([1, 2, 3]))
+    for bad in ([-1, 1], [0, -1], [-1], [-1, 0.5], "ab"):
+        with pytest.raises(ValueError, match="parents"):
+            a.extend(torch.tensor([4, 5]), parents=bad)
+    n = model.config.get_text_config().num_hidden_layers
+    for bad in ((n + 1,), (-(n + 2),), (True,), 1):
+        with pytest.raises(ValueError, match="hidden_layers"):
+            a.extend(torch.tensor([4]), hidden_layers=bad)
+    assert a.length == 3
+    a.extend(torch.tensor([4, 5, 6]), parents=[-1, -1, 1])
+    for bad in ([1, 0], [0, 3], [-1], [0, 0], [True]):
+        with pytest.raises(ValueError, match="slots"):
+            a.keep(bad, start=3)
+    for bad in (7, -1, 2.0):
+        with pytest.raises(ValueError, match="start"):
+            a.keep([0], start=bad)
+    a.keep(torch.tensor([1, 2]), start=3)
+    assert a.length == 5
+    a.keep([], start=5)
+    assert a.length == 5

@@ -10,7 +10,21 @@ states of the rejected drafts. :class:`CausalLMAdapter` owns one model's KV cach
   ``crop(-(length - n))`` (transformers 5.x: a *negative* argument = number of tokens to remove).
 
 After any sequence of extends and rollbacks the cache holds exactly the states that a fresh prefill of the
-kept tokens would (``tests/test_adapter.py`` compares the logits). Position ids are passed explicitly
+kept tokens would (``tests/test_adapter.py`` compares the logits).
+
+**Trees and hidden states** (:mod:`spade_lib.decoding.tree`). ``extend(ids, parents=...)`` feeds the ``k``
+rows as a forest: row ``i`` attends to the cache and to the rows on its own path (``parents[i]``, an
+earlier row, or ``-1``: a child of the last cached token), at position ``length + depth[i]`` — a 4-D
+additive mask ``[1, 1, k, length + k]`` (0 or the dtype's minimum) and explicit ``position_ids`` for the
+Hugging Face forward, which takes a 4-D mask as given (``transformers.masking_utils``); so row ``i``'s
+logits are those of a causal forward of its path. ``keep(slots, start=L)`` then commits any increasing
+subset of the rows fed from ``L`` (the root and the accepted path), moving their keys/values to the
+contiguous positions ``L, L + 1, ..``: afterwards the cache equals a fresh prefill of the kept tokens.
+``extend(ids, hidden_layers=(l, ..))`` also returns the hidden states of every fed row at those layers,
+indexed as Hugging Face's ``output_hidden_states`` (0: the embeddings, ``i``: the output of decoder layer
+``i``, ``n_layers``: after the final norm; negative indices count from the end), in an
+:class:`ExtendOutput`. Without ``parents`` and ``hidden_layers`` an extend runs exactly the plain causal
+path. Position ids are passed explicitly
 (``arange(length, length + k)``), so models with absolute (GPT-2) and rotary (Llama, Qwen2) positions
 behave the same. A model whose cache cannot be cropped (recurrent / linear-attention states, a sliding
 window already overrun) is refused with a ``ValueError``. The adapter is device- and dtype-agnostic: it
@@ -28,14 +42,17 @@ after changing a model's weights, dtype or device.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
 
 from spade_lib.validate import check_token_ids
 from spade_lib.decoding.lean import lean_forward
+from spade_lib.decoding.tree import ancestor_mask
 
-__all__ = ["CausalLMAdapter", "as_token_tensor", "context_limit", "BACKENDS"]
+__all__ = ["CausalLMAdapter", "ExtendOutput", "as_token_tensor", "context_limit", "BACKENDS"]
 
 BACKENDS = ("auto", "hf", "lean")
 
@@ -65,6 +82,33 @@ def as_token_tensor(ids, device: torch.device | str, *, name: str = "prompt_ids"
         return t.to(device=device, dtype=torch.long)
     values = check_token_ids(name, ids)  # refuses a str (text, not ids), floats, bools, negatives
     return torch.tensor(values, dtype=torch.long, device=device)
+
+
+@dataclass
+class ExtendOutput:
+    """What :meth:`CausalLMAdapter.extend` returns when hidden states were asked for."""
+
+    logits: torch.Tensor               # [k, V] ([1, V] with last_only)
+    hidden: dict[int, torch.Tensor]    # layer (as asked) -> [k, H]: every fed row, whatever last_only
+
+
+def _check_parents(parents, k: int) -> list[int]:
+    """``parents`` (ints or a 1-D integer tensor) of ``k`` fed rows as a host list; ``-1 <= parents[i] < i``."""
+    if isinstance(parents, torch.Tensor):
+        if parents.dim() != 1 or parents.dtype.is_floating_point or parents.dtype == torch.bool:
+            raise ValueError(f"parents: expected a 1-D integer tensor, got shape {tuple(parents.shape)}, "
+                             f"dtype {parents.dtype}")
+        parents = parents.tolist()
+    elif isinstance(parents, (str, bytes)) or not isinstance(parents, Sequence):
+        raise ValueError(f"parents: expected a list of ints or a 1-D tensor, got {type(parents).__name__}")
+    ps = list(parents)
+    if len(ps) != k:
+        raise ValueError(f"parents: {len(ps)} entries for {k} fed tokens")
+    for i, p in enumerate(ps):
+        if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < i:
+            raise ValueError(f"parents: row {i} has parent {p!r}; need an int with -1 <= parents[i] < i "
+                             "(an earlier row, or -1: a child of the last cached token)")
+    return ps
 
 
 class CausalLMAdapter:
@@ -100,6 +144,10 @@ class CausalLMAdapter:
         self.max_length: int | None = limit
         self.vocab_size: int = int(model.get_output_embeddings().weight.shape[0]) \
             if model.get_output_embeddings() is not None else int(model.config.get_text_config().vocab_size)
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.hidden_size: int | None = getattr(text, "hidden_size", None)
+        self.n_layers: int | None = getattr(text, "num_hidden_layers", None)
+        self._has_attention_mask = "attention_mask" in params
         self.cache = self._new_cache()
         if not self.cache.is_croppable:
             raise ValueError(
@@ -139,13 +187,20 @@ class CausalLMAdapter:
             )
 
     @torch.inference_mode()
-    def extend(self, ids: torch.Tensor, *, last_only: bool = False) -> torch.Tensor:
+    def extend(self, ids: torch.Tensor, *, last_only: bool = False, parents: Sequence[int] | torch.Tensor | None = None,
+               hidden_layers: Sequence[int] = ()) -> torch.Tensor | ExtendOutput:
         """Feed ``ids`` (1-D long tensor on ``self.device``); return their logits ``[k, V]``
-        (``[1, V]`` for the last position only when ``last_only``)."""
+        (``[1, V]`` for the last position only when ``last_only``).
+
+        ``parents``: feed the rows as a tree (module docstring; ``-1 <= parents[i] < i``, read on the host).
+        ``hidden_layers``: also return every fed row's hidden state at these layers, as an
+        :class:`ExtendOutput`. With neither, this is the plain causal extend."""
         k = int(ids.shape[-1])
         if k == 0:
             raise ValueError("ids: nothing to feed (0 tokens)")
         self.check_fits(k)
+        if parents is not None or hidden_layers:
+            return self._extend_tree(ids.view(k), last_only, parents, hidden_layers)
         if self.lean is not None:
             logits = self.lean.forward(ids.view(k), last_only=last_only)
             self.length += k
@@ -159,6 +214,81 @@ class CausalLMAdapter:
         self.length += k
         logits = out.logits[0]
         return logits[-1:] if last_only else logits
+
+    def _check_layers(self, hidden_layers) -> tuple[int, ...]:
+        if isinstance(hidden_layers, (str, bytes)) or not isinstance(hidden_layers, Sequence):
+            raise ValueError(f"hidden_layers: expected a sequence of ints, got {type(hidden_layers).__name__}")
+        n = self.n_layers
+        for i in hidden_layers:
+            if isinstance(i, bool) or not isinstance(i, int) or (n is not None and not -(n + 1) <= i <= n):
+                raise ValueError(f"hidden_layers: {i!r} is not a hidden-state index of a {n}-layer model "
+                                 f"(0: embeddings .. {n}: after the final norm)")
+        return tuple(hidden_layers)
+
+    def _extend_tree(self, ids: torch.Tensor, last_only: bool, parents, hidden_layers) -> torch.Tensor | ExtendOutput:
+        """The extend with a tree mask and/or hidden states (see :meth:`extend`)."""
+        k = int(ids.shape[0])
+        layers = self._check_layers(hidden_layers)
+        anc = depth = None
+        if parents is not None:
+            ps = _check_parents(parents, k)
+            anc = ancestor_mask(torch.tensor(ps, dtype=torch.long, device=self.device))  # [k, k]
+            depth = anc.sum(dim=-1) - 1
+        if self.lean is not None:
+            raise ValueError("backend: trees and hidden states need backend='hf' for now")
+        kwargs = {self._cache_kw: self.cache, "use_cache": True}
+        if anc is not None:
+            if not (self._has_position_ids and self._has_attention_mask):
+                raise ValueError(f"parents: {type(self.model).__name__}.forward must take position_ids and "
+                                 "attention_mask to score a tree")
+            if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+                raise ValueError("parents: a sliding-window cache counts slots, not positions; trees are not supported")
+            L = self.length
+            mask = torch.zeros(1, 1, k, L + k, device=self.device, dtype=self.dtype)
+            mask[0, 0, :, L:] = torch.where(anc, 0.0, torch.finfo(self.dtype).min)
+            kwargs["attention_mask"] = mask
+            kwargs["position_ids"] = (L + depth)[None]
+        elif self._has_position_ids:
+            kwargs["position_ids"] = torch.arange(self.length, self.length + k, device=self.device)[None]
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1 if last_only else 0
+        if layers:
+            kwargs["output_hidden_states"] = True
+        out = self.model(ids.view(1, k), **kwargs)
+        self.length += k
+        logits = out.logits[0]
+        logits = logits[-1:] if last_only else logits
+        if not layers:
+            return logits
+        return ExtendOutput(logits, {i: out.hidden_states[i][0] for i in layers})
+
+    @torch.inference_mode()
+    def keep(self, slots: Sequence[int] | torch.Tensor, *, start: int) -> None:
+        """Keep the first ``start`` cached tokens and the rows ``start + slots`` (``slots`` increasing, each
+        below ``length - start``), moved to the positions ``start, start + 1, ..``; the rest is dropped.
+        After a tree extend from ``start`` keep the root and the accepted path (``[0, 1 + i, ..]``): the
+        cache then equals a fresh prefill of the kept tokens. A prefix ``0 .. m-1`` is a rollback."""
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= self.length:
+            raise ValueError(f"start: must be an int in [0, {self.length}], got {start!r}")
+        s = slots.tolist() if isinstance(slots, torch.Tensor) else list(slots)
+        k = self.length - start
+        if any(isinstance(j, bool) or not isinstance(j, int) for j in s) or any(
+                not 0 <= j < k for j in s) or any(a >= b for a, b in zip(s, s[1:])):
+            raise ValueError(f"slots: must be increasing ints in [0, {k}) (rows fed after start={start}), got {s}")
+        m = len(s)
+        if s == list(range(m)):
+            self.rollback(start + m)
+            return
+        if self.lean is not None:
+            raise ValueError("backend: keeping non-contiguous rows needs backend='hf' for now")
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            raise ValueError("slots: a sliding-window cache can only be rolled back (keep a prefix)")
+        idx = torch.tensor(s, dtype=torch.long, device=self.device) + start
+        for layer in self.cache.layers:  # DynamicLayer: keys, values [1, kv_heads, length, head_dim]
+            layer.keys[:, :, start:start + m] = layer.keys.index_select(2, idx)
+            layer.values[:, :, start:start + m] = layer.values.index_select(2, idx)
+        self.cache.crop(start + m - self.length)
+        self.length = start + m
 
     def prefill(self, ids: torch.Tensor) -> torch.Tensor:
         """Reset, then feed ``ids``; return the logits at the last position ``[V]``."""
