@@ -16,9 +16,10 @@ from spade_lib.runs import trace
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.common import seed_streams
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.drafters import ModelDrafter, NGramDrafter
+from spade_lib.decoding.drafters import Drafter, ModelDrafter, NGramDrafter
 from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold
 from spade_lib.decoding.records import RECORD_COLUMNS
+from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
@@ -468,3 +469,185 @@ def test_autoregressive_baseline_matches_hf_greedy_and_replays(tiny):
     assert out.n_steps == len(out.tokens) and out.accept_lengths == [1] * len(out.tokens)
     s = AutoregressiveDecoder(tiny.target, sampling=SamplingConfig(0.9, top_p=0.9))
     assert s.generate(ids, 20, seed=4).tokens == s.generate(ids, 20, seed=4).tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# drafters that read the target's hidden states, and draft trees
+
+
+TREE_TARGET_BACKENDS = ["hf"]
+
+
+class FeatureDrafter(Drafter):
+    """A toy feature-reading drafter (the shape of EAGLE / Medusa): it reads the target's last hidden
+    state (after the final norm) at the newest committed position, maps it linearly and scores it with
+    the target's own LM head; it proposes that argmax ``gamma`` times (a chain). Every view is kept."""
+
+    hidden_layers = (-1,)
+
+    def __init__(self, target, gamma=2, noise=0.3):
+        self.head = target.lm_head.weight.detach()
+        h = self.head.shape[1]
+        g = torch.Generator().manual_seed(0)
+        self.map = torch.eye(h) + noise * torch.randn(h, h, generator=g) / h ** 0.5
+        self.gamma, self.views, self.last = gamma, [], None
+
+    def reset(self, prompt_ids, vocab_size):
+        self.views, self.last = [], None
+
+    def observe(self, view):
+        self.views.append(view)
+        if view.tokens.numel():
+            self.last = view.hidden[-1][-1]
+
+    def propose(self, max_gamma, policy, sampling, generator):
+        if self.last is None:
+            return DraftTree(torch.zeros(0, dtype=torch.long), torch.zeros(0, self.head.shape[0]))
+        logits = (self.head @ (self.map @ self.last))[None].expand(min(self.gamma, max_gamma), -1)
+        return DraftTree(logits.argmax(dim=-1), adjust(logits, sampling), logits, "max_gamma")
+
+    def accept(self, n_accepted, next_token):
+        pass
+
+
+class TwoBranchDrafter(Drafter):
+    """A toy tree drafter: the draft model's top-2 tokens as the root's children, then a greedy chain of
+    the draft below each (depth up to ``max_gamma``); deterministic, verified greedily."""
+
+    deterministic = True
+
+    def __init__(self, draft_model):
+        self.adapter = CausalLMAdapter(draft_model, backend="hf")
+        self.paths = []
+
+    def reset(self, prompt_ids, vocab_size):
+        prompt = torch.as_tensor(prompt_ids)
+        self.adapter.reset()
+        if prompt.numel() > 1:
+            self.adapter.extend(prompt[:-1])
+        self.unfed, self.paths = prompt[-1:].tolist(), []
+
+    def propose(self, max_gamma, policy, sampling, generator):
+        a = self.adapter
+        root = a.extend(torch.tensor(self.unfed), last_only=True)[0]
+        self.base = a.length
+        tokens, parents = [], []
+        for child in root.topk(2).indices.tolist():
+            a.rollback(self.base)
+            tokens.append(child)
+            parents.append(-1)
+            for _ in range(max_gamma - 1):
+                nxt = int(a.extend(torch.tensor([tokens[-1]]), last_only=True)[0].argmax())
+                parents.append(len(tokens) - 1)
+                tokens.append(nxt)
+        self.tokens = tokens
+        return DraftTree(torch.tensor(tokens), None, None, "max_gamma", torch.tensor(parents), "deterministic")
+
+    def accept(self, n_accepted, next_token):  # a step without a draft (the budget's last token)
+        assert n_accepted == 0
+        self.unfed.append(next_token)
+
+    def accept_path(self, path, next_token):
+        self.paths.append(path)
+        self.adapter.rollback(self.base)
+        self.unfed = [self.tokens[i] for i in path] + [next_token]
+
+
+@pytest.mark.parametrize("backend", TREE_TARGET_BACKENDS)
+def test_a_drafter_reading_target_hidden_states_decodes_exactly(tiny, backend):
+    """Greedy output equals HF generate token for token, and every view the drafter was told is the
+    committed text in order with the target's own hidden states there (HF output_hidden_states)."""
+    target = CausalLMAdapter(tiny.target, backend=backend)
+    drafter = FeatureDrafter(tiny.target)
+    dec = SpeculativeDecoder(target, drafter, gamma=2, sampling=GREEDY, eos_token_id=[])
+    accepted = 0
+    for text in SMOKE_PROMPTS[:3]:
+        ids = tiny.tokenizer(text)["input_ids"]
+        out = dec.generate(ids, 30)
+        assert out.tokens == hf_greedy(tiny.target, ids, 30)
+        accepted += sum(s.n_accepted for s in out.steps)
+        text_ids = ids + out.tokens
+        views = drafter.views
+        assert len(views) == 1 + out.n_steps  # the prefill, then every step
+        assert torch.cat([v.tokens for v in views]).tolist() == text_ids[:-1]
+        assert [v.start for v in views] == np.cumsum([0] + [v.tokens.numel() for v in views[:-1]]).tolist()
+        assert [v.next_token for v in views] == [text_ids[v.start + v.tokens.numel()] for v in views]
+        with torch.no_grad():
+            ref = tiny.target(torch.tensor([text_ids[:-1]]), output_hidden_states=True).hidden_states[-1][0]
+        torch.testing.assert_close(torch.cat([v.hidden[-1] for v in views]), ref, rtol=1e-4, atol=1e-4)
+    assert accepted > 0  # some drafts were accepted (the tiny target repeats itself)
+
+
+@pytest.mark.parametrize("backend", TREE_TARGET_BACKENDS)
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_a_two_branch_tree_drafter_decodes_exactly(tiny, backend, gamma):
+    """Greedy tree decoding equals HF generate and the autoregressive decoder token for token; the second
+    branch is accepted sometimes (a non-contiguous keep of the target's cache)."""
+    target = CausalLMAdapter(tiny.target, backend=backend)
+    drafter = TwoBranchDrafter(perturbed(tiny.target, 0.7))  # errs often enough for its second branch to win
+    dec = SpeculativeDecoder(target, drafter, gamma=gamma, sampling=GREEDY, eos_token_id=[])
+    ar = AutoregressiveDecoder(tiny.target, sampling=GREEDY, eos_token_id=[])
+    second_branch = long = 0
+    for text in SMOKE_PROMPTS:
+        ids = tiny.tokenizer(text)["input_ids"]
+        out = dec.generate(ids, 30)
+        assert out.tokens == hf_greedy(tiny.target, ids, 30) == ar.generate(ids, 30).tokens
+        drafted = [s for s in out.steps if s.gamma > 0]
+        assert [len(p) for p in drafter.paths] == [s.n_accepted for s in drafted]
+        assert all(s.gamma % 2 == 0 and s.gamma <= 2 * gamma for s in drafted)  # two branches of gamma (or the budget)
+        second_branch += sum(bool(p) and p[0] == s.gamma // 2 for p, s in zip(drafter.paths, drafted))
+        long += sum(len(p) > 1 and p[0] == s.gamma // 2 for p, s in zip(drafter.paths, drafted))
+    assert second_branch > 0 and (gamma == 1 or long > 0)
+
+
+def test_tree_steps_record_each_node_and_its_place(tiny, monkeypatch):
+    """A tree step's records are its nodes: node, parent, depth, sibling rank (kept when the trace schema
+    lists them), reached = its parent was accepted, accepted = on the path; p at the parent's row."""
+    from spade_lib.decoding import common
+    from spade_lib.decoding.records import TREE_COLUMNS
+
+    gamma = 3
+    drafter = TwoBranchDrafter(perturbed(tiny.target, 0.7))
+    dec = SpeculativeDecoder(CausalLMAdapter(tiny.target, backend="hf"), drafter, gamma=gamma, sampling=GREEDY,
+                             record_topk=2)
+    ids = tiny.tokenizer(SMOKE_PROMPTS[1])["input_ids"]
+    out = dec.generate(ids, 24)
+    plain = out.records()
+    assert list(plain[0]) == list(RECORD_COLUMNS) + ["p_topk_ids", "p_topk_probs", "q_topk_ids", "q_topk_probs"]
+    trace.records_to_table([{**r, "prompt_id": "p0", "category": "code", "sample": 0} for r in plain])
+    monkeypatch.setattr(common, "RECORD_COLUMNS", RECORD_COLUMNS + TREE_COLUMNS)  # trace schema v2's columns
+    rows = out.records()
+    for s, path in zip([s for s in out.steps if s.gamma > 0], drafter.paths):
+        block = [r for r in rows if r["step"] == out.steps.index(s)]
+        d = s.gamma // 2  # two branches of depth d: [-1, 0, .., d-2, -1, d, .., 2d-2]
+        parents = [-1] + list(range(d - 1)) + [-1] + list(range(d, 2 * d - 1))
+        assert [r["node"] for r in block] == list(range(2 * d)) and [r["parent"] for r in block] == parents
+        assert [r["depth"] for r in block] == list(range(d)) * 2
+        assert [r["sibling_rank"] for r in block] == [int(i == d) for i in range(2 * d)]
+        assert [r["accepted"] for r in block] == [i in path for i in range(2 * d)]
+        assert [r["reached"] for r in block] == [p == -1 or p in path for p in parents]
+        for r in block:
+            assert r["abs_pos"] == s.abs_pos + r["depth"] and r["q_x"] == 1.0
+            assert r["accepted"] == (r["reached"] and r["draft_token"] == r["p_top1"])
+            assert r["accept_prob"] == float(r["draft_token"] == r["p_top1"])
+    dec_chain = SpeculativeDecoder(tiny.target, tiny.draft, gamma=gamma, sampling=GREEDY)
+    chain_rows = dec_chain.generate(ids, 12).records()
+    assert all((r["node"], r["parent"], r["depth"], r["sibling_rank"]) == (r["pos"], r["pos"] - 1, r["pos"], 0)
+               for r in chain_rows)
+
+
+def test_a_drafter_that_reads_nothing_costs_nothing(tiny, monkeypatch):
+    """Without hidden_layers and without an observe override, the target is never asked for hidden states
+    and observe is never called."""
+    calls = []
+    original = CausalLMAdapter.extend
+
+    def spy(self, ids, **kwargs):
+        calls.append(kwargs)
+        return original(self, ids, **kwargs)
+
+    monkeypatch.setattr(CausalLMAdapter, "extend", spy)
+    monkeypatch.setattr(Drafter, "observe", lambda self, view: pytest.fail("observe called"))
+    dec = SpeculativeDecoder(tiny.target, tiny.draft, gamma=3, sampling=GREEDY)
+    dec.generate(tiny.tokenizer(SMOKE_PROMPTS[0])["input_ids"], 12)
+    assert calls and all(set(kw) <= {"last_only"} for kw in calls)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spade_lib.decoding.records import BOOL_STATS, INT_STATS, POSITION_STATS, RECORD_COLUMNS
+from spade_lib.decoding.records import BOOL_STATS, INT_STATS, POSITION_STATS, RECORD_COLUMNS, TREE_COLUMNS
 
 __all__ = ["GenerationResult", "StepInfo", "STREAMS", "seed_streams"]
 
@@ -54,6 +54,7 @@ class StepInfo:
     t_overhead: float = float("nan")
     stats: dict[str, list] | None = None  # per-position statistics by column name, each [gamma] (record=True only)
     topk: list[Any] | None = None     # record_topk > 0: [p_ids, p_probs, q_ids, q_probs], each [gamma][k]
+    tree: dict[str, list[int]] | None = None  # a tree step: records.TREE_COLUMNS per node, each [gamma] (None: a chain)
 
 
 @dataclass
@@ -93,7 +94,9 @@ class GenerationResult:
 
     def records(self) -> list[dict[str, Any]]:
         """One dict per drafted token with exactly the trace columns (minus prompt_id/category/sample);
-        plus ``p_topk_ids``, ``p_topk_probs``, ``q_topk_ids``, ``q_topk_probs`` when recorded."""
+        plus ``p_topk_ids``, ``p_topk_probs``, ``q_topk_ids``, ``q_topk_probs`` when recorded. A tree
+        step's rows are its nodes in index order (``pos`` = node), each with its place in the tree
+        (``records.TREE_COLUMNS``, kept where the trace schema has them)."""
         rows: list[dict[str, Any]] = []
         for step, s in enumerate(self.steps):
             if s.gamma == 0:
@@ -103,8 +106,16 @@ class GenerationResult:
             g = s.gamma
             cols = s.stats
             for pos in range(g):
-                row: dict[str, Any] = {"step": step, "pos": pos, "abs_pos": s.abs_pos + pos, "gamma": g}
+                if s.tree is None:  # a chain: node pos, parent pos - 1, depth pos
+                    place = {"node": pos, "parent": pos - 1, "depth": pos, "sibling_rank": 0}
+                else:
+                    place = {name: s.tree[name][pos] for name in TREE_COLUMNS}
+                # abs_pos: where x would sit in the continuation, tokens emitted before the step + its depth
+                row: dict[str, Any] = {"step": step, "pos": pos, "abs_pos": s.abs_pos + place["depth"], "gamma": g,
+                                       **place}
                 for name in POSITION_STATS:
+                    if name in place:
+                        continue
                     v = cols[name][pos]
                     row[name] = int(v) if name in INT_STATS else bool(v) if name in BOOL_STATS else v
                 row["n_accepted"] = s.n_accepted

@@ -11,6 +11,20 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
    ``norm(max(0, p_n - q_n))`` at the first rejection, bonus ``~ p_gamma`` after ``gamma`` accepts);
 4. the target cache is cropped to the committed text (``x_n ..`` removed), the drafter is told ``n``.
 
+**Trees** (:mod:`spade_lib.decoding.tree`). A drafter may return a :class:`~spade_lib.decoding.tree.DraftTree`
+with ``parents``: step 2 is then one target forward on ``[t, x_0 .. x_{N-1}]`` with the tree mask (row
+``i + 1`` sees the cache, ``t`` and the path of node ``i``; :meth:`CausalLMAdapter.extend` with ``parents``),
+step 3 is :func:`spade_lib.verify.verify_tree` (which accepts a path of nodes), and step 4 keeps ``t`` and the
+accepted path in the target's cache (:meth:`CausalLMAdapter.keep`) and tells the drafter the path
+(``accept_path``). A chain (``parents=None``) takes the path above, unchanged: no mask, no extra sync. A
+tree with more nodes than the context has room for is cut to its first nodes (a tree again).
+
+**What the drafter sees of the target.** A drafter naming ``hidden_layers`` gets, after the prefill and
+after every step, ``observe(TargetView(...))`` with the target's hidden states at the rows it committed
+(the prompt but its last token; then ``t`` and the accepted drafts), computed in the same forwards. A
+drafter that names none and does not override ``observe`` costs nothing: no hidden states are asked
+for and ``observe`` is not called.
+
 The step emits ``n + 1`` tokens, each distributed exactly as the target's adjusted ``p`` (lossless
 modes; greedy when ``temperature == 0``). A step with ``gamma = 0`` (no proposal, or one token left) is
 a plain target step. An EOS inside the emitted block ends generation there; ``max_new_tokens`` is exact
@@ -31,24 +45,66 @@ computed vectorised over the ``gamma`` positions as named tensors (one per colum
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+import spade_lib.verify as verification
 from spade_lib import rules
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_generate_batch
 from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
                                        seed_streams)
-from spade_lib.decoding.drafters import Draft, Drafter, ModelDrafter
+from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
 from spade_lib.measures import entropy, kl, tv
 from spade_lib.decoding.policies import Policy, as_policy, step_cap
-from spade_lib.decoding.records import POSITION_STATS
+from spade_lib.decoding.records import POSITION_STATS, TREE_COLUMNS
+from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
 from spade_lib.verify import sample_inverse_cdf, verify
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
+
+# the statistics computed on the device per drafted token (a token's place in its tree comes from the host)
+_DEVICE_STATS = tuple(name for name in POSITION_STATS if name not in TREE_COLUMNS)
+
+
+def _tree_columns(parents: list[int]) -> dict[str, list[int]]:
+    """``records.TREE_COLUMNS`` of every node of a tree with ``parents`` (topological order), on the host."""
+    depth, rank, seen = [], [], {}
+    for i, p in enumerate(parents):
+        depth.append(0 if p < 0 else depth[p] + 1)
+        rank.append(seen.get(p, 0))
+        seen[p] = rank[-1] + 1
+    return {"node": list(range(len(parents))), "parent": list(parents), "depth": depth, "sibling_rank": rank}
+
+
+@dataclass
+class _TreeWalk:  # TEMPORARY, with _greedy_tree_walk (the merge of spade_lib.verify.verify_tree deletes both)
+    path: torch.Tensor        # [1, N] long: accepted nodes root-down, -1 padded
+    n_accepted: torch.Tensor  # [1] long
+    next_token: torch.Tensor  # [1] long
+
+
+def _greedy_tree_walk(p: torch.Tensor, draft: DraftTree) -> _TreeWalk:
+    """TEMPORARY stand-in for ``spade_lib.verify.verify_tree(mode="greedy")`` until it is merged (the merge
+    deletes this): from the root, follow the child whose token is ``argmax p`` at the current node
+    (``p [N + 1, V]``, row ``i + 1`` after node ``i``); the next token is ``argmax p`` where no child matches."""
+    top = p.argmax(dim=-1).tolist()
+    tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+    path, node = [], -1
+    while True:
+        child = next((i for i, (t, q) in enumerate(zip(tokens, parents)) if q == node and t == top[node + 1]), None)
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    n = len(tokens)
+    padded = torch.full((1, n), -1, dtype=torch.long, device=p.device)
+    padded[0, :len(path)] = torch.tensor(path, dtype=torch.long, device=p.device)
+    return _TreeWalk(padded, torch.tensor([len(path)], device=p.device), torch.tensor([top[node + 1]], device=p.device))
 
 
 def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
@@ -139,19 +195,57 @@ class SpeculativeDecoder(_Base):
         self.record_topk = record_topk
 
     # -- per-step statistics ------------------------------------------------------------------
-    def _stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: Draft, res) -> dict[str, torch.Tensor]:
-        """The per-position statistics of one step: ``{column: tensor [gamma]}`` for every column of
-        ``records.POSITION_STATS`` (stacked in this order for the host)."""
+    def _stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res) -> dict[str, torch.Tensor]:
+        """The per-position statistics of one chain step: ``{column: tensor [gamma]}`` for every column of
+        ``records.POSITION_STATS`` but the tree columns (stacked in this order for the host)."""
         g = draft.gamma
         x = draft.tokens
         p_g, q = p[:g], draft.q
         p_raw = logits_p[:g].float().softmax(dim=-1)
         q_raw = draft.q if draft.logits is None else draft.logits.float().softmax(dim=-1)
+        return self._columns(x, p_g, q, p_raw, q_raw, res.p_x[0], res.q_x[0], res.accept_prob[0], res.uniforms[0],
+                             res.reached[0], res.accepted[0])
+
+    def _tree_stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res, rows: torch.Tensor
+                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """The per-node statistics of one tree step, each node judged against ``p`` at its parent
+        (``rows = parents + 1``); with ``p`` at those rows and the nodes' ``q`` (one-hot where
+        ``q`` is None), each ``[N, V]``. ``accept_prob`` and ``uniform`` are
+        the verifier's where it returns them per node, else the rule's ``a(x)`` and NaN."""
+        x, n = draft.tokens, draft.gamma
+        p_g = p.index_select(0, rows)
+        q = draft.q if draft.q is not None else torch.zeros_like(p_g).scatter_(1, x[:, None], 1.0)
+        p_raw = logits_p.index_select(0, rows).float().softmax(dim=-1)
+        q_raw = q if draft.logits is None else draft.logits.float().softmax(dim=-1)
+        xi = x[:, None]
+        p_x, q_x = p_g.gather(1, xi)[:, 0], q.gather(1, xi)[:, 0]
+        path = res.path[0]
+        on_path = torch.zeros(n + 1, dtype=torch.bool, device=x.device)  # index 0: the root
+        on_path[0] = True
+        on_path[path[path >= 0] + 1] = True
+        accepted, reached = on_path[1:], on_path.index_select(0, rows)
+
+        def per_node(name):
+            v = getattr(res, name, None)
+            return v[0] if isinstance(v, torch.Tensor) and tuple(v.shape) == (1, n) else None
+
+        accept_prob = per_node("accept_prob")
+        if accept_prob is None:
+            rule = rules.get_rule(self.mode)
+            inputs = {"p_x": p_x, "q_x": q_x, "h_p": entropy(p_g), "draft_token": x, "p_top1": p_g.argmax(dim=-1)}
+            accept_prob = rule.accept(inputs, **self.mode_options).to(p.dtype)
+        uniforms = per_node("uniforms")
+        if uniforms is None:
+            uniforms = torch.full((n,), float("nan"), dtype=p.dtype, device=x.device)
+        return self._columns(x, p_g, q, p_raw, q_raw, p_x, q_x, accept_prob, uniforms, reached, accepted), p_g, q
+
+    @staticmethod
+    def _columns(x, p_g, q, p_raw, q_raw, p_x, q_x, accept_prob, uniforms, reached, accepted) -> dict[str, torch.Tensor]:
         xi = x[:, None]
         top2 = torch.topk(p_raw, 2, dim=-1)
         return {
-            "draft_token": x, "p_x": res.p_x[0], "q_x": res.q_x[0], "accept_prob": res.accept_prob[0],
-            "uniform": res.uniforms[0], "reached": res.reached[0], "accepted": res.accepted[0],
+            "draft_token": x, "p_x": p_x, "q_x": q_x, "accept_prob": accept_prob,
+            "uniform": uniforms, "reached": reached, "accepted": accepted,
             "h_p": entropy(p_g), "h_q": entropy(q), "tv": tv(p_g, q), "kl": kl(p_g, q),
             "p_top1": top2.indices[:, 0], "p_margin": top2.values[:, 0] - top2.values[:, 1],
             "q_top_prob": q_raw.amax(dim=-1), "p_x_raw": p_raw.gather(1, xi)[:, 0],
@@ -176,12 +270,21 @@ class SpeculativeDecoder(_Base):
         full, timed = self.record is True, self.record is not False
         L = int(prompt.numel())
         limit = self.max_length if self.max_length is not None else L + max_new_tokens
+        # what the drafter reads of the target (TargetView): nothing, unless it names layers or overrides observe
+        layers = tuple(drafter.hidden_layers)
+        observes = bool(layers) or type(drafter).observe is not Drafter.observe
+        hid = {"hidden_layers": layers} if layers else {}  # the target's extends are the plain ones without
 
         t_start = _clock(dev)
         target.reset()
+        hidden: dict[int, torch.Tensor] = {i: torch.empty(0, target.hidden_size or 0, device=dev) for i in layers}
         if L > 1:
-            target.extend(prompt[:-1], last_only=True)
+            out = target.extend(prompt[:-1], last_only=True, **hid)
+            if layers:
+                hidden = out.hidden
         drafter.reset(prompt, target.vocab_size)
+        if observes:
+            drafter.observe(TargetView(prompt[:-1], 0, hidden, int(prompt[-1])))
         pending = prompt[-1:]
         t_prefill = _clock(dev)
 
@@ -205,19 +308,26 @@ class SpeculativeDecoder(_Base):
                 draft = drafter.propose(max_gamma, policy, sampling, gens["draft"])
                 if draft.stop == "max_gamma" and max_gamma < cap:
                     draft.stop = "budget"
+                if draft.parents is not None and target.max_length is not None \
+                        and cur + 1 + draft.gamma > target.max_length:
+                    draft = draft.prefix(target.max_length - cur - 1)  # the nodes that fit the context
+                    draft.stop = "budget"
             else:
                 draft = None
             g = 0 if draft is None else draft.gamma
+            tree = None  # a tree step: its TREE_COLUMNS per node
             tb = _clock(dev) if timed else 0.0
 
             if g == 0:  # plain target step
-                logits_p = target.extend(pending, last_only=True)
+                out = target.extend(pending, last_only=True, **hid)
+                logits_p = out.logits if layers else out
                 p = adjust(logits_p, sampling, validate=False)
                 nxt = self._sample(p, gens["residual"])
                 n_acc, next_token, drafted = 0, int(nxt.item()), []
                 stats = topk = None
-            else:
-                logits_p = target.extend(torch.cat([pending, draft.tokens]))  # [g + 1, V]
+            elif draft.parents is None:  # a chain
+                out = target.extend(torch.cat([pending, draft.tokens]), **hid)
+                logits_p = out.logits if layers else out  # [g + 1, V]
                 p = adjust(logits_p, sampling, validate=False)
                 res = verify(p[None], draft.q[None], draft.tokens[None], mode=self.mode,
                              generator=gens["accept"], residual_generator=gens["residual"], validate=False,
@@ -226,25 +336,56 @@ class SpeculativeDecoder(_Base):
                 head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
                 if full:
                     named = self._stats(logits_p, p, draft, res)
-                    flat = torch.stack([named[name].to(torch.float64) for name in POSITION_STATS]).flatten()
+                    flat = torch.stack([named[name].to(torch.float64) for name in _DEVICE_STATS]).flatten()
                     host = torch.cat([head, flat]).tolist()
-                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(POSITION_STATS)}
+                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(_DEVICE_STATS)}
                     topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
                 else:
                     host, stats, topk = head.tolist(), None, None
                 n_acc, next_token = int(host[0]), int(host[1])
                 drafted = [int(t) for t in host[2:2 + n_acc]]
+            else:  # a tree: one forward over [t, x_0 .. x_{N-1}], row i + 1 masked to the path of node i
+                parents = draft.check()
+                out = target.extend(torch.cat([pending, draft.tokens]), parents=[-1] + [j + 1 for j in parents], **hid)
+                logits_p = out.logits if layers else out  # [N + 1, V]: row 0 after t, row i + 1 after node i
+                p = adjust(logits_p, sampling, validate=False)
+                res = self._verify_tree(p, draft, gens["accept"])
+                head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
+                if full:
+                    rows = torch.tensor(parents, dtype=torch.long, device=dev) + 1
+                    named, p_g, q_g = self._tree_stats(logits_p, p, draft, res, rows)
+                    flat = torch.stack([named[name].to(torch.float64) for name in _DEVICE_STATS]).flatten()
+                    host = torch.cat([head, flat]).tolist()
+                    o = 2 + 2 * g
+                    stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(_DEVICE_STATS)}
+                    topk = [t.tolist() for t in self._topk(p_g, q_g)] if self.record_topk else None
+                    tree = _tree_columns(parents)
+                else:
+                    host, stats, topk = head.tolist(), None, None
+                n_acc, next_token = int(host[0]), int(host[1])
+                path = [int(i) for i in host[2:2 + n_acc]]
+                drafted = [int(host[2 + g + i]) for i in path]
             tc = _clock(dev) if timed else 0.0
 
             block = drafted + [next_token]
             emitted, hit_eos = _truncate(block, budget, self.eos)
-            target.rollback(cur + 1 + n_acc)
-            drafter.accept(n_acc, next_token)
+            if draft is None or draft.parents is None:
+                target.rollback(cur + 1 + n_acc)
+                drafter.accept(n_acc, next_token)
+                kept = slice(0, n_acc + 1)
+            else:
+                target.keep([0] + [i + 1 for i in path], start=cur)
+                drafter.accept_path(path, next_token)
+                kept = torch.tensor([0] + [i + 1 for i in path], dtype=torch.long, device=dev)
+            if observes:  # the committed rows: t and the accepted drafts, at positions cur ..
+                fed = pending if draft is None else torch.cat([pending, draft.tokens])
+                drafter.observe(TargetView(fed[kept], cur, {i: h[kept] for i, h in out.hidden.items()} if layers
+                                           else {}, next_token))
             if state is not None:
                 state.observe(g, n_acc)
             pending = torch.tensor([next_token], dtype=torch.long, device=dev)
             steps.append(StepInfo(g, n_acc, next_token, len(emitted), len(tokens),
-                                  "budget" if draft is None else draft.stop, stats=stats, topk=topk))
+                                  "budget" if draft is None else draft.stop, stats=stats, topk=topk, tree=tree))
             tokens.extend(emitted)
             if timed:
                 td = _clock(dev)
@@ -261,6 +402,18 @@ class SpeculativeDecoder(_Base):
         if not timed:
             timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
+
+    def _verify_tree(self, p: torch.Tensor, draft: DraftTree, generator: torch.Generator):
+        """:func:`spade_lib.verify.verify_tree` on one tree (``p [N + 1, V]``); its ``path [1, N]``,
+        ``n_accepted [1]`` and ``next_token [1]`` are read."""
+        verify_tree = getattr(verification, "verify_tree", None)
+        if verify_tree is None:  # TEMPORARY until spade_lib.verify.verify_tree is merged (the merge deletes this)
+            if self.mode != "greedy":
+                raise ValueError(f"mode: a tree draft needs spade_lib.verify.verify_tree for mode {self.mode!r} "
+                                 "(only 'greedy' has a stand-in)")
+            return _greedy_tree_walk(p, draft)
+        return verify_tree(p[None], None if draft.q is None else draft.q[None], draft.tokens[None],
+                           draft.parents[None], mode=self.mode, draws=draft.draws, generator=generator)
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
         """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or

@@ -7,7 +7,10 @@ One interface (:class:`Drafter`), driven by :class:`spade_lib.decoding.decode.Sp
   (``Draft`` here): the tokens and the adjusted draft distribution ``q_i`` each was drawn from,
   ``[gamma, V]``; a chain unless it gives ``parents``;
 - ``accept(n_accepted, next_token)`` tells the drafter what was committed: ``x_0 .. x_{n-1}`` and the
-  target's residual/bonus token.
+  target's residual/bonus token; after a tree, ``accept_path(path, next_token)`` (the accepted nodes);
+- ``observe(view)`` (optional) is told the target's hidden states at the committed positions, for the
+  layers the drafter names in ``hidden_layers`` (:class:`TargetView`); the target computes them only
+  for a drafter that names some, and ``observe`` is called only when a drafter overrides it.
 
 :class:`ModelDrafter` runs a small causal LM with its own KV cache (:class:`~spade_lib.decoding.adapter.CausalLMAdapter`):
 ``q_i = adjust(draft logits, sampling)`` — warped exactly like the target — and ``x_i ~ q_i`` from the
@@ -99,6 +102,15 @@ class Drafter:
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         raise NotImplementedError
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
+        """Told what was committed after a tree draft (``propose`` gave ``parents``): the accepted nodes
+        root-down (:mod:`spade_lib.decoding.tree`), then the target's token. Default: a path ``0 .. n-1``
+        is ``accept(n, next_token)``; a drafter that proposes other trees overrides this."""
+        if path != list(range(len(path))):
+            raise NotImplementedError(f"{type(self).__name__}: proposed a tree, so it must implement accept_path "
+                                      f"(accepted path {path})")
+        self.accept(len(path), next_token)
 
 
 def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

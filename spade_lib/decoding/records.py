@@ -17,6 +17,11 @@ STEP_KEYS: list[str] = ["prompt_id", "sample", "step"]
 STEP_COLUMNS: tuple[str, ...] = ("step", "gamma", "n_accepted", "next_token", "t_draft", "t_verify", "t_overhead")
 # a drafted token's place in its block / the text
 BLOCK_COLUMNS: tuple[str, ...] = ("pos", "abs_pos")
+# a drafted token's place in its draft tree (spade_lib.decoding.tree; trace schema v2): its node index, its parent
+# node (-1: the root), depth (0: a child of the root) and rank among its siblings; a chain's node i has
+# node = i, parent = i - 1, depth = i, sibling_rank = 0. GenerationResult.records() fills them for every row and
+# keeps those RECORD_COLUMNS lists.
+TREE_COLUMNS: tuple[str, ...] = ("node", "parent", "depth", "sibling_rank")
 # one record per drafted token, as the decoder writes it (the trace's columns minus ROW_KEYS, in order)
 RECORD_COLUMNS: tuple[str, ...] = (
     "step", "pos", "abs_pos", "gamma", "draft_token", "p_x", "q_x", "accept_prob", "uniform", "reached",

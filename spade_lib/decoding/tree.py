@@ -164,16 +164,18 @@ class DraftTree:
             return list(range(node + 1))
         return path_of(self.parents.tolist(), node)
 
-    def check(self) -> None:
-        """Refuse ``parents`` that are not a tree in topological order (``-1 <= parents[i] < i``); reads them."""
+    def check(self) -> list[int]:
+        """Refuse ``parents`` that are not a tree in topological order (``-1 <= parents[i] < i``); reads them
+        and returns them as a host list (a chain's ``-1, 0, .., N-2``)."""
         if self.parents is None:
-            return
+            return list(range(-1, self.gamma - 1))
         if self.parents.dtype.is_floating_point or self.parents.dtype == torch.bool:
             raise ValueError(f"parents: must be integers, got dtype {self.parents.dtype}")
         ps = self.parents.tolist()
         for i, p in enumerate(ps):
             if not -1 <= p < i:
                 raise ValueError(f"parents: node {i} has parent {p}; need -1 <= parents[i] < i (topological order)")
+        return ps
 
     def prefix(self, m: int) -> DraftTree:
         """The tree of the first ``m`` nodes (a tree again: nodes are in topological order)."""
