@@ -169,12 +169,13 @@ def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     block = torch.searchsorted(c.contiguous(), target.contiguous(), right=True)
     block = block.clamp_(max=c.shape[-1] - 1)                    # [..., 1]
     rest = target - (c.gather(-1, block) - block_mass.gather(-1, block))
-    idx = block * _BLOCK + torch.arange(_BLOCK, device=weights.device)
+    width = min(_BLOCK, V)  # a vocabulary smaller than a block is one block of width V
+    idx = block * _BLOCK + torch.arange(width, device=weights.device)
     inside = idx < V
     w = weights.gather(-1, idx.clamp(max=V - 1)).to(torch.float64) * inside
     cw = w.cumsum(dim=-1)
     rest = torch.minimum(rest.clamp(min=0.0), torch.nextafter(cw[..., -1:], torch.zeros_like(rest)))
-    j = torch.searchsorted(cw.contiguous(), rest.contiguous(), right=True).clamp_(max=_BLOCK - 1)
+    j = torch.searchsorted(cw.contiguous(), rest.contiguous(), right=True).clamp_(max=width - 1)
     return (block * _BLOCK + j).squeeze(-1)
 
 
