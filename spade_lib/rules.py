@@ -52,7 +52,7 @@ from typing import Callable, Mapping
 import torch
 
 __all__ = ["Option", "Rule", "register_rule", "unregister_rule", "get_rule", "rule_names", "lossless_map", "INPUTS",
-           "DRAWS", "TreeRule", "register_tree_rule", "get_tree_rule", "tree_rule_names"]
+           "DRAWS", "TreeRule", "register_tree_rule", "unregister_tree_rule", "get_tree_rule", "tree_rule_names"]
 
 # named inputs an accept probability may read: also trace columns (spade_lib.runs.trace.TRACE_SCHEMA)
 INPUTS: tuple[str, ...] = ("p_x", "q_x", "h_p", "draft_token", "p_top1")
@@ -334,6 +334,11 @@ def register_tree_rule(rule: TreeRule, *, replace: bool = False) -> TreeRule:
         raise ValueError(f"rule: tree rule {rule.name!r} is already registered (pass replace=True)")
     _TREE_REGISTRY[rule.name] = rule
     return rule
+
+
+def unregister_tree_rule(name: str) -> None:
+    """Remove a tree rule (tests that register toy rules clean up with this)."""
+    _TREE_REGISTRY.pop(name, None)
 
 
 def get_tree_rule(name: str) -> TreeRule:

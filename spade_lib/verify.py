@@ -319,7 +319,7 @@ class TreeVerifyResult:
     n_accepted: torch.Tensor     # [B] long: accepted nodes (the path's length)
     next_token: torch.Tensor     # [B] long: sampled (or argmax) from next_dist at the path's end
     next_dist: torch.Tensor      # [B, V]: the residual at the path's end (the target there if no child was rejected)
-    reached: torch.Tensor        # [B, N] bool: judged (the parent is on the path and every earlier sibling was rejected)
+    reached: torch.Tensor        # [B, N] bool: judged (parent on the path, every earlier sibling rejected)
     accepted: torch.Tensor       # [B, N] bool: on the path
     accept_prob: torch.Tensor    # [B, N]: the accept probability when judged (NaN where not reached)
     uniforms: torch.Tensor       # [B, N]: acceptance draws, one per node (NaN for deterministic modes)
@@ -401,7 +401,7 @@ def verify_tree(
     sum_tol: float = 1e-4,
     **mode_options: float,
 ) -> TreeVerifyResult:
-    """Verify ``B`` draft trees of ``N`` nodes at once under the tree rule ``mode`` (:func:`spade_lib.rules.get_tree_rule`).
+    """Verify ``B`` draft trees of ``N`` nodes at once under the tree rule ``mode`` (:mod:`spade_lib.rules`).
 
     Shapes: ``tokens [B, N]`` and ``parents [B, N]`` long (``parents[b, i]`` is ``-1`` or a node
     ``< i``), ``p [B, N+1, V]`` (``p[:, 0]`` the target at the root, ``p[:, i+1]`` after node ``i``),
