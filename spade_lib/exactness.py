@@ -11,18 +11,32 @@ hot-path module :mod:`spade_lib.verify`. Notation (Leviathan et al. 2023): ``p``
 - :data:`MC_CONFIGS` / :func:`warped_pair`: the Monte-Carlo configurations (sampling warpers,
   vocabulary, gamma, seed) the tests and the notebook both check;
 - :func:`verify_reference`: Leviathan Alg. 1 as written, row by row (``"exact"`` only).
+
+Draft trees (:func:`spade_lib.verify.verify_tree`, tests in ``tests/test_verify_tree.py``):
+
+- :func:`tree_case` + :func:`tree_law_error`: every assignment of sibling tokens of a small tree with
+  its probability under ``draws`` (iid, without replacement, deterministic top-k), every
+  accept/reject pattern, the exact law of each emitted token level against ``p`` (fp64);
+- :func:`tree_monte_carlo_check`: trees drawn by :func:`sample_tree`, verified by the real vectorised
+  ``verify_tree``, first and second emitted tokens chi-square-tested against ``p``;
+- :func:`verify_tree_reference`: the walk written from the definitions, row by row, node by node
+  (with ``"eagle"`` ported from EAGLE's ``evaluate_posterior``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from spade_lib.rules import get_rule
+from spade_lib.rules import DRAWS, get_rule, get_tree_rule
 from spade_lib.sampling import SamplingConfig, adjust
-from spade_lib.verify import VerifyResult, sample_inverse_cdf, verify
+from spade_lib.validate import check_choice
+from spade_lib.verify import VerifyResult, sample_inverse_cdf, verify, verify_tree
 
 __all__ = ["verify_reference", "draft_tree", "block_law_error", "chi_square_pvalue", "monte_carlo_check",
-           "MC_CONFIGS", "warped_pair"]
+           "MC_CONFIGS", "warped_pair", "TREE_KINDS", "tree_tables", "prefix_ids", "TreeCase", "tree_case",
+           "tree_law_error", "sample_tree", "tree_monte_carlo_check", "verify_tree_reference"]
 
 MC_CONFIGS: list[tuple[float, int, float, int, int, int]] = [  # (temperature, top_k, top_p, vocab, gamma, seed)
     (1.0, 0, 1.0, 12, 3, 0),
@@ -292,3 +306,377 @@ def monte_carlo_check(
     p_second = chi_square_pvalue(second, p[1]) if second.numel() else float("nan")
     return {"p_first": chi_square_pvalue(first, p[0]), "p_second": p_second,
             "n_second": int(second.numel()), "alpha_hat": float(res.accepted[:, 0].double().mean())}
+
+
+# ----------------------------------------------------------------------------------------------
+# draft trees: enumeration of every sibling assignment, Monte-Carlo through the real verify_tree
+
+TREE_KINDS: tuple[str, ...] = ("random", "identical", "q_zeros", "greedy_target")
+
+
+def _depths(parents: list[int]) -> list[int]:
+    depth = []
+    for i, a in enumerate(parents):
+        if not -1 <= a < i:
+            raise ValueError(f"parents: parents[{i}] must be -1 or an earlier node in [0, {i}), got {a}")
+        depth.append(1 if a < 0 else depth[a] + 1)
+    return depth
+
+
+def tree_tables(parents: list[int], vocab: int, kind: str = "random", *, seed: int = 0,
+                dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p_table, q_table)``, each ``[n_prefixes, V]``: the target and the draft after every prefix
+    of length ``0 .. D`` (``D`` the tree's depth), as an autoregressive pair's would be.
+
+    Prefix ids: the prefix ``(y_0 .. y_{k-1})`` has id ``sum_{i<k} V^i + (y_0 .. y_{k-1} in base V)``
+    (:func:`prefix_ids`). ``kind``: ``"random"`` (peaky random ``p``, ``q = norm(p * noise)``),
+    ``"identical"`` (``p = q``), ``"q_zeros"`` (``q(0) = 0 < p(0)``), ``"greedy_target"`` (``p``
+    one-hot, ``q`` half ``p``, half random).
+    """
+    if kind not in TREE_KINDS:
+        raise ValueError(f"kind: must be one of {list(TREE_KINDS)}, got {kind!r}")
+    if vocab < 2:
+        raise ValueError(f"vocab: must be >= 2, got {vocab}")
+    D = max(_depths(parents), default=0)
+    n = sum(vocab ** k for k in range(D + 1))
+    gen = torch.Generator().manual_seed(seed)
+
+    def rows() -> torch.Tensor:
+        w = (-torch.log(torch.rand(n, vocab, generator=gen, dtype=torch.float64))) ** 2
+        return w / w.sum(-1, keepdim=True)
+
+    p_rows = rows()
+    q_rows = p_rows * rows()  # correlated with p (so that paths are accepted), any ratio q/p
+    q_rows = q_rows / q_rows.sum(-1, keepdim=True)
+    if kind == "identical":
+        q_rows = p_rows.clone()
+    elif kind == "q_zeros":
+        q_rows[:, 0] = 0.0
+        q_rows = q_rows / q_rows.sum(-1, keepdim=True)
+    elif kind == "greedy_target":  # q leans towards p's token, so that paths are accepted
+        p_rows = torch.nn.functional.one_hot(torch.randint(vocab, (n,), generator=gen), vocab).double()
+        q_rows = 0.5 * p_rows + 0.5 * q_rows
+    return p_rows.to(dtype), q_rows.to(dtype)
+
+
+def prefix_ids(tokens: torch.Tensor, parents: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[M, N]``: the prefix id (see :func:`tree_tables`) of the path root -> node ``i`` (inclusive)."""
+    M, N = tokens.shape
+    ids = torch.zeros(M, N, dtype=torch.long)
+    number = torch.zeros(M, N, dtype=torch.long)
+    offset = torch.zeros(M, N, dtype=torch.long)   # sum_{i<k} V^i for the node's prefix length k
+    for i in range(N):
+        a = parents[:, i]
+        up = a.clamp(min=0)
+        root = a < 0
+        base_num = torch.where(root, 0, number.gather(1, up[:, None]).squeeze(1))
+        base_off = torch.where(root, 0, offset.gather(1, up[:, None]).squeeze(1))
+        depth_pow = torch.where(root, 1, (base_off * (vocab - 1) + 1))  # V^k from offset (V^k - 1)/(V - 1)
+        number[:, i] = base_num * vocab + tokens[:, i]
+        offset[:, i] = base_off + depth_pow
+        ids[:, i] = offset[:, i] + number[:, i]
+    return ids
+
+
+@dataclass
+class TreeCase:
+    """Every sibling assignment of one tree shape, with its probability under ``draws``."""
+
+    p: torch.Tensor          # [M, N+1, V]: target at the root and after each node
+    q: torch.Tensor          # [M, N, V]: the parent's draft distribution (before any removal)
+    tokens: torch.Tensor     # [M, N] long
+    parents: torch.Tensor    # [M, N] long (the same shape in every row)
+    weight: torch.Tensor     # [M] float64: P(assignment) under draws (sums to 1)
+    p_table: torch.Tensor    # [n_prefixes, V]: the target after each prefix
+    draws: str
+
+
+def _draw_prob(q_rows: torch.Tensor, x: torch.Tensor, removed: torch.Tensor | None) -> torch.Tensor:
+    if removed is None:
+        return q_rows.gather(-1, x[:, None]).squeeze(-1)
+    kept = q_rows.masked_fill(removed, 0.0)
+    mass = kept.sum(-1)
+    px = kept.gather(-1, x[:, None]).squeeze(-1)
+    return torch.where(mass > 0, px / mass.clamp(min=1e-300), torch.zeros_like(px))
+
+
+def tree_case(parents: list[int], vocab: int, draws: str, kind: str = "random", *, seed: int = 0,
+              tokens: list[int] | None = None) -> TreeCase:
+    """Enumerate every assignment of tokens to the nodes of the tree ``parents`` (a list, ``-1`` for a
+    child of the root) with its probability: the children of a node with prefix ``s`` are drawn from
+    ``q(. | s)`` -- ``"iid"``: independently (``V^N`` assignments); ``"without_replacement"``: in
+    order, each from ``q`` without the earlier siblings' tokens, renormalised; ``"deterministic"``:
+    one assignment, the ``tokens`` given, else each node's token is the ``(sibling rank)``-th most
+    likely token of ``q(. | s)`` (top-k children; ties to the lower index). Zero-probability
+    assignments are dropped."""
+    draws = check_choice("draws", draws, DRAWS)
+    p_table, q_table = tree_tables(parents, vocab, kind, seed=seed)
+    N = len(parents)
+    par1 = torch.tensor(parents, dtype=torch.long)
+    rank = [sum(parents[j] == parents[i] for j in range(i)) for i in range(N)]
+    if draws == "deterministic":
+        if tokens is None:
+            tok = torch.zeros(1, N, dtype=torch.long)
+            for i in range(N):
+                pid_par = 0 if parents[i] < 0 else int(prefix_ids(tok, par1[None], vocab)[0, parents[i]])
+                order = torch.sort(q_table[pid_par], descending=True, stable=True).indices
+                tok[0, i] = order[rank[i]]
+        else:
+            if len(tokens) != N:
+                raise ValueError(f"tokens: must have one token per node ({N}), got {len(tokens)}")
+            tok = torch.tensor([tokens], dtype=torch.long)
+    else:
+        if tokens is not None:
+            raise ValueError("tokens: only for draws='deterministic' (sampled draws are enumerated)")
+        tok = torch.cartesian_prod(*[torch.arange(vocab)] * N).reshape(-1, N) if N else torch.zeros(1, 0).long()
+    M = tok.shape[0]
+    par = par1.expand(M, N)
+    pid = prefix_ids(tok, par, vocab)
+    pid_parent = torch.where(par >= 0, pid.gather(1, par.clamp(min=0)), 0)
+    p = torch.cat([p_table[torch.zeros(M, 1, dtype=torch.long)], p_table[pid]], dim=1)
+    q = q_table[pid_parent]
+    weight = torch.ones(M, dtype=torch.float64)
+    if draws != "deterministic":
+        for i in range(N):
+            removed = None
+            if draws == "without_replacement":
+                removed = torch.zeros(M, vocab, dtype=torch.bool)
+                for j in range(i):
+                    if parents[j] == parents[i]:
+                        removed[torch.arange(M), tok[:, j]] = True
+            weight = weight * _draw_prob(q[:, i].double(), tok[:, i], removed)
+    keep = weight > 0
+    return TreeCase(p[keep], q[keep], tok[keep], par[keep], weight[keep], p_table, draws)
+
+
+def tree_law_error(case: TreeCase, mode: str = "exact", *, draws: str | None = None,
+                   **mode_options: float) -> dict[str, float]:
+    """Exact law of the tokens one :func:`verify_tree` step emits, versus the target's (no sampling).
+
+    Every assignment of ``case`` is verified under every accept/reject pattern: node ``i``'s uniform
+    is ``0`` (accept iff ``a > 0``) or just below 1 (reject iff ``a < 1``). A pattern counts only if
+    every node the walk did not reach has uniform 0 (so each walk is counted once), with weight
+    ``P(assignment) * prod_{reached} (a if accepted else 1 - a)`` from the verifier's own
+    ``accept_prob``; the emitted next token follows the verifier's own ``next_dist``. ``draws``
+    (default ``case.draws``) is what the verifier is *told*: a value other than the one the case was
+    drawn with models a caller's mistake. The emitted tokens ``Y_0, Y_1, ...`` must satisfy, for every
+    level ``j`` and prefix ``y_<j``: ``P(Y_<j = y_<j, n >= j, Y_j = y) = P(Y_<j = y_<j, n >= j) p(y | y_<j)``.
+
+    Returns ``{"max_abs_error", "tv_first", "tv_max", "total_mass_error", "mean_accepted",
+    "reach_deepest"}`` (the last: ``P(n >= D)``, that the deepest level was reached at all):
+    ``tv_first = TV(law of Y_0, p(. | root))``; ``tv_max`` the largest over levels ``j`` of
+    ``1/2 sum_{y_<j, y} |P(Y_<j = y_<j, n >= j, Y_j = y) - P(Y_<j = y_<j, n >= j) p(y | y_<j)|``.
+    """
+    rule = get_tree_rule(mode).chain_rule
+    draws = case.draws if draws is None else draws
+    M, N = case.tokens.shape
+    V = case.p.shape[-1]
+    if rule.deterministic or N == 0:
+        bits = torch.zeros(1, N, dtype=torch.bool)
+    else:
+        bits = torch.cartesian_prod(*[torch.tensor([False, True])] * N).reshape(-1, N)
+    P = bits.shape[0]
+    rep = torch.arange(M).repeat_interleave(P)
+    b = bits.repeat(M, 1)
+    below_one = torch.nextafter(torch.ones((), dtype=case.p.dtype), torch.zeros((), dtype=case.p.dtype))
+    u = None if rule.deterministic else torch.where(b, below_one, torch.zeros((), dtype=case.p.dtype))
+    res = verify_tree(case.p[rep], case.q[rep], case.tokens[rep], case.parents[rep], mode=mode, draws=draws,
+                      uniforms=u, next_uniforms=torch.zeros(M * P, dtype=case.p.dtype), validate=False,
+                      **mode_options)
+    a = res.accept_prob.double()
+    if rule.deterministic:
+        factor = torch.ones(M * P, dtype=torch.float64)
+        canonical = torch.ones(M * P, dtype=torch.bool)
+    else:
+        factor = torch.where(res.reached, torch.where(b, 1 - a, a), torch.ones_like(a)).prod(-1)
+        canonical = ~(b & ~res.reached).any(-1)
+    weight = case.weight[rep] * factor * canonical
+    live = weight > 0
+    if not rule.deterministic and bool((res.accepted != (res.reached & ~b))[live].any()):
+        raise AssertionError("forced uniforms did not produce the pattern's decisions")
+
+    pid = prefix_ids(case.tokens[rep], case.parents[rep], V)
+    D = int(res.depth.max()) if N else 0
+    n = res.n_accepted
+    law = [torch.zeros(case.p_table.shape[0], V, dtype=torch.float64) for _ in range(D + 1)]
+    rows = torch.arange(M * P)
+    for j in range(D + 1):
+        if j == 0:
+            prefix = torch.zeros(M * P, dtype=torch.long)
+        else:
+            prefix = pid[rows, res.path[:, j - 1].clamp(min=0)]
+        if j < N:  # accepted nodes at level j are emitted as they are
+            acc = live & (n > j)
+            node = res.path[acc, j]
+            law[j].index_put_((prefix[acc], case.tokens[rep][acc, node]), weight[acc], accumulate=True)
+        here = live & (n == j)
+        law[j].index_add_(0, prefix[here], weight[here, None] * res.next_dist[here].double())
+    errors, tvs = [], []
+    for j in range(D + 1):
+        reach = law[j].sum(-1, keepdim=True)
+        diff = law[j] - reach * case.p_table.double()
+        errors.append(float(diff.abs().max()))
+        tvs.append(0.5 * float(diff.abs().sum()))
+    return {"max_abs_error": max(errors), "tv_first": tvs[0], "tv_max": max(tvs),
+            "total_mass_error": abs(float(law[0].sum()) - 1.0),
+            "mean_accepted": float((weight * n.double()).sum()),
+            "reach_deepest": float(law[D].sum()) if D else 1.0}
+
+
+def sample_tree(parents: list[int], q_table: torch.Tensor, draws: str, n: int,
+                generator: torch.Generator) -> torch.Tensor:
+    """``tokens [n, N]``: ``n`` draft trees of shape ``parents`` drawn from ``q_table`` (prefix ids as
+    :func:`tree_tables`) under ``draws`` -- the children of a node one at a time, in index order."""
+    N, V = len(parents), q_table.shape[-1]
+    par = torch.tensor(parents, dtype=torch.long).expand(n, N)
+    tok = torch.zeros(n, N, dtype=torch.long)
+    rows = torch.arange(n)
+    for i in range(N):
+        pid_par = torch.zeros(n, dtype=torch.long) if parents[i] < 0 else prefix_ids(tok, par, V)[:, parents[i]]
+        w = q_table[pid_par].double()
+        earlier = [j for j in range(i) if parents[j] == parents[i]]
+        if draws == "deterministic":
+            tok[:, i] = torch.sort(w, descending=True, stable=True).indices[:, len(earlier)]
+            continue
+        if draws == "without_replacement":
+            for j in earlier:
+                w[rows, tok[:, j]] = 0.0
+        tok[:, i] = torch.multinomial(w, 1, generator=generator).squeeze(-1)
+    return tok
+
+
+def _grouped_chi_square_pvalue(groups: torch.Tensor, tokens: torch.Tensor, probs: torch.Tensor,
+                               min_expected: float = 5.0) -> float:
+    """Pearson chi-square p-value that, within each group ``g``, ``tokens`` follow ``probs[g]``
+    (statistics and degrees of freedom summed over groups; bins with expected count below
+    ``min_expected`` pooled per group; a token outside its group's support gives ``0.0``)."""
+    from scipy.stats import chi2
+
+    stat, dof = 0.0, 0
+    for g in groups.unique().tolist():
+        t = tokens[groups == g]
+        pr = probs[g].double()
+        counts = torch.bincount(t, minlength=pr.numel()).double()
+        if counts[pr <= 0].sum() > 0:
+            return 0.0
+        expected = pr * t.numel()
+        big = expected >= min_expected
+        obs, exp = counts[big].tolist(), expected[big].tolist()
+        small = ~big & (pr > 0)
+        if float(expected[small].sum()) > 0:
+            obs.append(float(counts[small].sum()))
+            exp.append(float(expected[small].sum()))
+        if len(obs) < 2:
+            continue
+        stat += sum((o - e) ** 2 / e for o, e in zip(obs, exp))
+        dof += len(obs) - 1
+    return 1.0 if dof == 0 else float(chi2.sf(stat, dof))
+
+
+def tree_monte_carlo_check(parents: list[int], vocab: int, draws: str, kind: str = "random", *,
+                           mode: str = "exact", verify_draws: str | None = None, n: int = 20_000,
+                           seed: int = 0, **mode_options: float) -> dict[str, float]:
+    """Draw ``n`` trees under ``draws`` (:func:`sample_tree`), verify them with the real, vectorised
+    :func:`verify_tree` (told ``verify_draws``, default ``draws``), chi-square-test the emitted tokens.
+
+    Returns ``{"p_first", "p_second", "n_second", "mean_accepted"}``: the p-value of the first
+    emitted token against ``p(. | root)``, and of the second (over the steps that accepted a node)
+    against ``p(. | y_0)`` within each first token ``y_0`` (:func:`_grouped_chi_square_pvalue`).
+    """
+    p_table, q_table = tree_tables(parents, vocab, kind, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    tok = sample_tree(parents, q_table, draws, n, gen)
+    N = len(parents)
+    par = torch.tensor(parents, dtype=torch.long).expand(n, N)
+    pid = prefix_ids(tok, par, vocab)
+    pid_parent = torch.where(par >= 0, pid.gather(1, par.clamp(min=0)), 0)
+    p = torch.cat([p_table[torch.zeros(n, 1, dtype=torch.long)], p_table[pid]], dim=1)
+    res = verify_tree(p, q_table[pid_parent], tok, par, mode=mode, draws=verify_draws or draws, generator=gen,
+                      validate=False, **mode_options)
+    rows = torch.arange(n)
+    first_node = res.path[:, 0].clamp(min=0)
+    went_on = res.n_accepted > 0
+    first = torch.where(went_on, tok[rows, first_node], res.next_token)
+    second_node = res.path[:, 1].clamp(min=0) if N > 1 else first_node
+    second = torch.where(res.n_accepted > 1, tok[rows, second_node], res.next_token)[went_on]
+    y0_prefix = pid[rows, first_node][went_on]
+    p_second = _grouped_chi_square_pvalue(y0_prefix, second, p_table) if second.numel() else float("nan")
+    return {"p_first": chi_square_pvalue(first, p_table[0]), "p_second": p_second,
+            "n_second": int(second.numel()), "mean_accepted": float(res.n_accepted.double().mean())}
+
+
+def verify_tree_reference(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    uniforms: torch.Tensor,
+    next_uniforms: torch.Tensor,
+    *,
+    mode: str = "exact",
+    draws: str = "iid",
+    eps: float = 0.09,
+    delta: float = 0.3,
+) -> tuple[list[list[int]], list[int]]:
+    """Plain per-row, per-node tree verification, written from the definitions (Python floats).
+
+    The reference :func:`verify_tree` is tested against: ``"exact"`` (recursive rejection sampling with
+    the draw distribution of each sibling), ``"greedy"``, ``"typical"``, and ``"eagle"`` ported from
+    EAGLE's ``evaluate_posterior`` (sampling branch: a repeated sibling token is skipped, ``qx = 1``,
+    a rejected token's ``p`` is set to 0 and renormalised). Returns ``(paths, next_tokens)``.
+    """
+    import math
+
+    B, N = tokens.shape
+    V = p.shape[-1]
+    paths, next_tokens = [], []
+    for b in range(B):
+        r = [float(v) for v in p[b, 0]]
+        cur, path, tried = -1, [], []  # tried: tokens of the current node's children judged so far
+        for i in range(N):
+            if int(parents[b, i]) != cur:
+                continue
+            x = int(tokens[b, i])
+            q_c = None
+            if mode == "eagle":
+                if x in tried:  # EAGLE: `if xi in candidates_set: continue`
+                    continue
+                ok = float(uniforms[b, i]) < r[x]
+            elif mode == "exact":
+                if draws == "deterministic":
+                    q_c = [float(v == x) for v in range(V)]
+                else:
+                    q_c = [float(w) for w in q[b, i]]
+                    if draws == "without_replacement":
+                        q_c = [0.0 if v in tried else w for v, w in enumerate(q_c)]
+                        total = sum(q_c)
+                        q_c = [w / total for w in q_c]
+                a = min(1.0, r[x] / q_c[x]) if q_c[x] > 0 else float(r[x] > 0)
+                ok = float(uniforms[b, i]) < a
+            elif mode == "greedy":
+                ok = x == r.index(max(r))
+            elif mode == "typical":
+                h = -sum(v * math.log(v) for v in r if v > 0)
+                ok = r[x] > min(eps, delta * math.exp(-h))
+            else:
+                raise ValueError(f"mode: the reference knows exact, eagle, greedy, typical; got {mode!r}")
+            tried.append(x)
+            if ok:
+                path.append(i)
+                cur, tried = i, []
+                r = [float(v) for v in p[b, i + 1]]
+                continue
+            if mode == "eagle":
+                r[x] = 0.0
+                total = sum(r)
+                r = [v / total for v in r] if total > 0 else r
+            elif mode == "exact":
+                w = [max(0.0, rv - qv) for rv, qv in zip(r, q_c)]
+                total = sum(w)
+                r = [v / total for v in w] if total > 0 else r
+        paths.append(path)
+        if mode == "greedy":
+            next_tokens.append(r.index(max(r)))
+        else:
+            next_tokens.append(int(sample_inverse_cdf(torch.tensor(r, dtype=torch.float64), next_uniforms[b])))
+    return paths, next_tokens

@@ -36,6 +36,11 @@ function of named inputs, non-decreasing in ``p_x`` so that top-k replay can bou
 a residual. Every layer then accepts its name: ``verify(mode=name, **options)``,
 ``SpeculativeDecoder(mode=name)``, ``RunConfig(mode=name, mode_options={...})``, and the replay
 functions of :mod:`spade_lib.whatif.replay` (which read :func:`rule_names` and :func:`get_rule`).
+
+Tree rules (:class:`TreeRule`, a second registry read by :func:`spade_lib.verify.verify_tree`) reuse a
+chain rule at every sibling: ``exact`` (recursive rejection sampling, from ``exact``), ``eagle``
+(EAGLE's one-hot-q scheme, from ``one_hot_q``), ``greedy`` and ``typical``. Each states the ``draws``
+(how siblings were drawn) under which it is lossless, a claim the tests measure by enumeration.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from typing import Callable, Mapping
 
 import torch
 
-__all__ = ["Option", "Rule", "register_rule", "unregister_rule", "get_rule", "rule_names", "lossless_map", "INPUTS"]
+__all__ = ["Option", "Rule", "register_rule", "unregister_rule", "get_rule", "rule_names", "lossless_map", "INPUTS",
+           "DRAWS", "TreeRule", "register_tree_rule", "unregister_tree_rule", "get_tree_rule", "tree_rule_names"]
 
 # named inputs an accept probability may read: also trace columns (spade_lib.runs.trace.TRACE_SCHEMA)
 INPUTS: tuple[str, ...] = ("p_x", "q_x", "h_p", "draft_token", "p_top1")
@@ -258,3 +264,105 @@ def lossless_map() -> dict[str, bool]:
 
 def deterministic_names() -> frozenset[str]:
     return frozenset(name for name, rule in _REGISTRY.items() if rule.deterministic)
+
+
+# ------------------------------------------------------------------------------------------------
+# tree rules: a chain rule applied to the siblings of a draft tree in turn
+
+
+DRAWS: tuple[str, ...] = ("iid", "without_replacement", "deterministic")
+"""How the siblings of a draft tree were drawn (see :func:`spade_lib.verify.verify_tree`)."""
+
+PROPOSALS: tuple[str, ...] = ("drawn", "one_hot", "ignored")
+
+
+@dataclass(frozen=True)
+class TreeRule:
+    """One rule of :func:`spade_lib.verify.verify_tree`: the chain rule ``chain`` applied to siblings in turn.
+
+    At a reached node with residual ``r`` (the target ``p`` at the node before any child is judged),
+    child ``c`` (token ``x``) is judged with the chain rule's accept probability, read at ``p_x = r(x)``,
+    ``q_x = q_c(x)``, ``h_p = H(r)``, ``p_top1 = argmax r``, ``draft_token = x``; on a rejection the
+    next sibling sees ``r <- norm(residual(r, q_c, x))`` (the chain rule's residual). ``proposal``
+    says what ``q_c`` is:
+
+    - ``"drawn"``: the distribution ``x`` was actually drawn from, given ``draws`` (the SpecInfer /
+      recursive rejection sampling rule);
+    - ``"one_hot"``: one-hot at ``x`` whatever ``draws`` (EAGLE's ``qx = 1.0``);
+    - ``"ignored"``: ``q`` is not read and ``r`` stays the target at the node (deterministic rules).
+
+    ``lossless`` is the set of ``draws`` under which the emitted tokens follow ``p`` exactly for every
+    ``p`` and ``q`` (``target="greedy"``: for every one-hot ``p``, i.e. greedy decoding). It is a
+    claim, and ``tests/test_verify_tree.py`` measures it: an exact enumeration for every registered
+    rule and every ``draws`` must find the emitted law equal to ``p`` (to 1e-9) exactly when ``draws``
+    is in ``lossless``, and far from it otherwise.
+    """
+
+    name: str
+    chain: str                   # the chain rule (this module's registry) whose accept, options, flags it uses
+    proposal: str                # "drawn" | "one_hot" | "ignored"
+    lossless: frozenset[str]     # the draws under which it is lossless (measured by the tests)
+    target: str = "any"          # "greedy": lossless only claimed for one-hot p
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError(f"name: must be a non-empty string, got {self.name!r}")
+        if self.proposal not in PROPOSALS:
+            raise ValueError(f"proposal: must be one of {list(PROPOSALS)}, got {self.proposal!r}")
+        unknown = sorted(set(self.lossless) - set(DRAWS))
+        if unknown:
+            raise ValueError(f"lossless: {unknown} are not draws {list(DRAWS)}")
+        if self.target not in ("any", "greedy"):
+            raise ValueError(f"target: must be 'any' or 'greedy', got {self.target!r}")
+        if self.chain_rule.samples_target:
+            raise ValueError(f"chain: {self.chain!r} samples the target itself; a tree cannot reuse its sample")
+
+    @property
+    def chain_rule(self) -> Rule:
+        return get_rule(self.chain)
+
+
+_TREE_REGISTRY: dict[str, TreeRule] = {}
+
+
+def register_tree_rule(rule: TreeRule, *, replace: bool = False) -> TreeRule:
+    """Add ``rule`` to the tree registry (``verify_tree(mode=rule.name)`` then runs it); returns it."""
+    if not isinstance(rule, TreeRule):
+        raise TypeError(f"rule: expected a spade_lib.rules.TreeRule, got {type(rule).__name__}")
+    if rule.name in _TREE_REGISTRY and not replace:
+        raise ValueError(f"rule: tree rule {rule.name!r} is already registered (pass replace=True)")
+    _TREE_REGISTRY[rule.name] = rule
+    return rule
+
+
+def unregister_tree_rule(name: str) -> None:
+    """Remove a tree rule (tests that register toy rules clean up with this)."""
+    _TREE_REGISTRY.pop(name, None)
+
+
+def get_tree_rule(name: str) -> TreeRule:
+    if not isinstance(name, str) or name not in _TREE_REGISTRY:
+        raise ValueError(f"mode: must be one of the tree rules {tree_rule_names()}, got {name!r}")
+    return _TREE_REGISTRY[name]
+
+
+def tree_rule_names() -> tuple[str, ...]:
+    return tuple(_TREE_REGISTRY)
+
+
+register_tree_rule(TreeRule(
+    "exact", "exact", "drawn", lossless=frozenset(DRAWS),
+    doc="recursive rejection sampling (SpecInfer, Miao et al. 2024; without replacement: Jeon et al. 2024): "
+        "u < min(1, r(x)/q_c(x)); on rejection r <- norm(max(0, r - q_c)); emit from r"))
+register_tree_rule(TreeRule(
+    "eagle", "one_hot_q", "one_hot", lossless=frozenset(DRAWS),
+    doc="EAGLE's sampling-mode evaluate_posterior (Li et al. 2024): u < r(x) (q treated as one-hot); "
+        "on rejection r <- norm(r without x); emit from r"))
+register_tree_rule(TreeRule(
+    "greedy", "greedy", "ignored", lossless=frozenset(DRAWS), target="greedy",
+    doc="follow the first child equal to argmax p at each node; emit argmax p at the path's end"))
+register_tree_rule(TreeRule(
+    "typical", "typical", "ignored", lossless=frozenset(),
+    doc="Medusa's typical acceptance (Cai et al. 2024), sibling-order walk: follow the first child with "
+        "p(x) > min(eps, delta exp(-H(p))); emit from p at the path's end"))

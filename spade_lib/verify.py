@@ -29,6 +29,11 @@ next-token draw (one uniform per row, inverse-CDF sampling by :func:`sample_inve
 ``uniforms=`` / ``next_uniforms=`` reproduces the decision bit for bit. Deterministic modes record
 NaN uniforms.
 
+Draft trees: :func:`verify_tree` verifies ``N`` drafted nodes with parents (siblings tried in index
+order) under the tree rules of :mod:`spade_lib.rules` (``exact``: recursive rejection sampling with
+each sibling's draw distribution under ``draws`` = iid / without replacement / deterministic;
+``eagle``; ``greedy``; ``typical``); a chain tree reproduces :func:`verify` bit for bit.
+
 Everything is vectorised over ``B`` and ``gamma``; only the ``gamma`` drafted probabilities and one
 ``V``-row per batch row (the rejection or bonus position) are read, so with ``validate=False`` the
 cost is ``O(B * (gamma + V))`` (``sample_match`` samples the target at every position: ``O(B * gamma * V)``).
@@ -43,7 +48,7 @@ import torch
 
 from . import rules
 from spade_lib.measures import entropy
-from spade_lib.validate import check_float
+from spade_lib.validate import check_choice, check_float
 
 
 @dataclass
@@ -169,12 +174,13 @@ def sample_inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     block = torch.searchsorted(c.contiguous(), target.contiguous(), right=True)
     block = block.clamp_(max=c.shape[-1] - 1)                    # [..., 1]
     rest = target - (c.gather(-1, block) - block_mass.gather(-1, block))
-    idx = block * _BLOCK + torch.arange(_BLOCK, device=weights.device)
+    width = min(_BLOCK, V)  # a vocabulary smaller than a block is one block of width V
+    idx = block * _BLOCK + torch.arange(width, device=weights.device)
     inside = idx < V
     w = weights.gather(-1, idx.clamp(max=V - 1)).to(torch.float64) * inside
     cw = w.cumsum(dim=-1)
     rest = torch.minimum(rest.clamp(min=0.0), torch.nextafter(cw[..., -1:], torch.zeros_like(rest)))
-    j = torch.searchsorted(cw.contiguous(), rest.contiguous(), right=True).clamp_(max=_BLOCK - 1)
+    j = torch.searchsorted(cw.contiguous(), rest.contiguous(), right=True).clamp_(max=width - 1)
     return (block * _BLOCK + j).squeeze(-1)
 
 
@@ -293,3 +299,284 @@ def verify(
         next_token = torch.where(bonus, next_token, sampled[rows, at])
     return VerifyResult(n_accepted, next_token, accept_prob, u, accepted, reached, p_x, q_x,
                         u_next, next_dist, mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# tree verification
+#
+# Terms (used in every name below): a draft tree has N *nodes*; node i carries the drafted token
+# x_i = tokens[b, i] and has a *parent* (parents[b, i]: -1 for a child of the *root*, the position
+# right after the last emitted token, else an earlier node). A node's *depth* is 1 for a child of the
+# root; its *sibling rank* is how many earlier nodes share its parent. Siblings are judged in index
+# order. The *path* is the chain of accepted nodes from the root down; its end emits the next token.
+
+
+@dataclass
+class TreeVerifyResult:
+    """Outcome of verifying ``B`` draft trees of ``N`` nodes at once (see :func:`verify_tree`)."""
+
+    path: torch.Tensor           # [B, N] long: accepted node indices from the root down, -1 padded
+    n_accepted: torch.Tensor     # [B] long: accepted nodes (the path's length)
+    next_token: torch.Tensor     # [B] long: sampled (or argmax) from next_dist at the path's end
+    next_dist: torch.Tensor      # [B, V]: the residual at the path's end (the target there if no child was rejected)
+    reached: torch.Tensor        # [B, N] bool: judged (parent on the path, every earlier sibling rejected)
+    accepted: torch.Tensor       # [B, N] bool: on the path
+    accept_prob: torch.Tensor    # [B, N]: the accept probability when judged (NaN where not reached)
+    uniforms: torch.Tensor       # [B, N]: acceptance draws, one per node (NaN for deterministic modes)
+    next_uniforms: torch.Tensor  # [B]: the next-token draw (NaN for greedy)
+    p_x: torch.Tensor            # [B, N]: p(x_i) at the parent, before any sibling's rejection
+    r_x: torch.Tensor            # [B, N]: r(x_i), the residual when judged (NaN where not reached)
+    q_x: torch.Tensor            # [B, N]: q_c(x_i), the proposal probability the rule used (NaN where not reached)
+    depth: torch.Tensor          # [B, N] long: 1 for a child of the root
+    sibling_rank: torch.Tensor   # [B, N] long: 0 for the first child of its parent
+    mode: str
+    draws: str
+
+    def emitted(self, tokens: torch.Tensor) -> list[list[int]]:
+        """Per row, the tokens this step appends: the path's tokens, then ``next_token``."""
+        out = []
+        for b, (n, nxt) in enumerate(zip(self.n_accepted.tolist(), self.next_token.tolist())):
+            nodes = self.path[b, :n].tolist()
+            out.append([int(tokens[b, i]) for i in nodes] + [nxt])
+        return out
+
+
+def _check_tree(p, q, tokens, parents, needs_q: bool) -> tuple[int, int, int]:
+    if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+        raise ValueError("p: must be a floating-point torch.Tensor")
+    for name, t in (("tokens", tokens), ("parents", parents)):
+        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise ValueError(f"{name}: must be an integer torch.Tensor")
+        if t.ndim != 2:
+            raise ValueError(f"{name}: must have shape [B, N], got {tuple(t.shape)}")
+    B, N = tokens.shape
+    if tuple(parents.shape) != (B, N):
+        raise ValueError(f"parents: must have the shape of tokens [B, N] = [{B}, {N}], got {tuple(parents.shape)}")
+    if p.ndim != 3 or tuple(p.shape[:2]) != (B, N + 1):
+        raise ValueError(f"p: must have shape [B, N+1, V] = [{B}, {N + 1}, V], got {tuple(p.shape)}")
+    V = p.shape[-1]
+    if V < 1:
+        raise ValueError("p: vocabulary size V must be >= 1")
+    if q is None:
+        if needs_q:
+            raise ValueError("q: required (the draw distributions of the nodes) for this mode and draws")
+    else:
+        if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+            raise ValueError("q: must be a floating-point torch.Tensor or None")
+        if tuple(q.shape) != (B, N, V):
+            raise ValueError(f"q: must have shape [B, N, V] = [{B}, {N}, {V}], got {tuple(q.shape)}")
+        if q.dtype != p.dtype:
+            raise ValueError(f"q: must have the dtype of p ({p.dtype}), got {q.dtype}")
+    if N:
+        if tokens.min() < 0 or tokens.max() >= V:
+            raise ValueError(f"tokens: must lie in [0, V={V}), got range [{int(tokens.min())}, {int(tokens.max())}]")
+        bad = (parents < -1) | (parents >= torch.arange(N, device=parents.device))
+        if bad.any():
+            b, i = (int(k) for k in bad.nonzero()[0])
+            raise ValueError(f"parents: parents[b, i] must be -1 (a child of the root) or an earlier node in "
+                             f"[0, i); got parents[{b}, {i}] = {int(parents[b, i])}")
+    return B, N, V
+
+
+def _earlier_siblings(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N, N] bool: ``[b, i, j]`` is true iff node ``j < i`` has the parent of node ``i``."""
+    N = parents.shape[1]
+    earlier = torch.ones(N, N, dtype=torch.bool, device=parents.device).tril(-1)
+    return (parents[:, :, None] == parents[:, None, :]) & earlier
+
+
+def verify_tree(
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    mode: str = "exact",
+    draws: str = "iid",
+    generator: torch.Generator | None = None,
+    residual_generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+    next_uniforms: torch.Tensor | None = None,
+    validate: bool = True,
+    sum_tol: float = 1e-4,
+    **mode_options: float,
+) -> TreeVerifyResult:
+    """Verify ``B`` draft trees of ``N`` nodes at once under the tree rule ``mode`` (:mod:`spade_lib.rules`).
+
+    Shapes: ``tokens [B, N]`` and ``parents [B, N]`` long (``parents[b, i]`` is ``-1`` or a node
+    ``< i``), ``p [B, N+1, V]`` (``p[:, 0]`` the target at the root, ``p[:, i+1]`` after node ``i``),
+    ``q [B, N, V]`` the distribution node ``i``'s token was drawn from given its parent, *before* any
+    removal of earlier siblings (``None`` allowed where the rule does not read it).
+
+    **The walk.** Start at the root with residual ``r = p[:, 0]``. Judge the children of the current
+    node in index order: child ``c`` (token ``x``) is accepted with probability ``a_c`` (``u_c < a_c``,
+    ``u_c ~ U[0, 1)``; deterministic rules: ``a_c`` in {0, 1}); on acceptance descend to ``c`` with
+    ``r = p[:, c+1]``; on rejection update ``r`` and judge the next sibling; when every child is
+    rejected (or the node is a leaf) emit the next token from ``r``.
+
+    **mode="exact"** (recursive rejection sampling, SpecInfer; Jeon et al. 2024 without replacement):
+    ``a_c = min(1, r(x) / q_c(x))`` and on rejection ``r <- norm(max(0, r - q_c))``, where ``q_c`` is
+    the distribution ``x`` was drawn from *given everything judged before it*:
+
+    - ``draws="iid"``: ``q_c = q[:, c]`` (siblings drawn independently from the parent's ``q``);
+    - ``draws="without_replacement"``: ``q_c = norm(q[:, c]`` with the earlier siblings' tokens set to
+      0). Using ``q`` itself here is biased (measured in the tests): the proof below needs ``x ~ q_c``
+      given the history, and the earlier siblings' tokens cannot recur. A rejected ``x`` has
+      ``r(x) < q_c(x)``, so the new residual is 0 at every rejected token, consistent with ``q_c``;
+    - ``draws="deterministic"`` (e.g. top-k children; ``q`` ignored): ``q_c`` = one-hot at ``x``, so
+      ``a_c = r(x)`` and a rejection sets ``r(x) = 0`` and renormalises.
+
+    Proof (one node): given the history, ``x ~ q_c``, so ``P(emit y here) = min(r, q_c)(y) +
+    (1 - sum min(r, q_c)) norm(max(0, r - q_c))(y) = r(y)`` when the next sibling's outcome law is the
+    new residual; the last sibling's rejection emits from its residual; by induction over siblings
+    and depth every emitted token follows ``p``. Duplicated sibling tokens need nothing special
+    (``draws="iid"`` draws them; a deterministic duplicate has ``r(x) = 0`` and is rejected); ``q(x) = 0
+    < p(x)`` is covered by the residual.
+
+    **mode="eagle"** (EAGLE's ``evaluate_posterior``, sampling branch): ``q_c`` = one-hot at ``x``
+    whatever ``draws`` (so ``"exact"`` with ``draws="deterministic"``). For *any* fixed ``x``,
+    ``r(x) 1[y = x] + (1 - r(x)) r(y) 1[y != x] / (1 - r(x)) = r(y)``, so it is lossless for every
+    ``draws``; it only accepts less often than ``"exact"`` when ``q_c(x) < 1``.
+
+    **mode="greedy"**: follow the first child whose token is ``argmax p`` at each node; emit ``argmax p``.
+    **mode="typical"** (Medusa, lossy): follow the first child with ``p(x) > min(eps, delta exp(-H(p)))``
+    (options ``eps``, ``delta``); emit ``~ p`` at the path's end. Medusa itself picks the *longest*
+    typical path (ties: highest likelihood); this walk picks, at each node, the first typical child.
+
+    **Degenerate residuals.** A rejection whose new residual has no mass (needs ``r <= q_c``
+    everywhere, i.e. ``r = q_c``, when ``x`` is accepted with probability 1: only round-off reaches it)
+    keeps ``r``. With ``validate=True`` a node whose token cannot have been drawn (``q_c(x) = 0`` under
+    ``draws="iid"`` / ``"without_replacement"``, e.g. a repeated sibling without replacement) is an
+    error for rules with ``proposal="drawn"``; with ``validate=False`` it is accepted iff ``r(x) > 0``.
+
+    **Randomness.** ``generator`` gives the acceptance uniforms ``u [B, N]`` (``torch.rand((B, N))``,
+    one per node in index order, drawn whether or not the node is reached, none for deterministic
+    rules); then ``residual_generator`` (default ``generator``) gives the next-token uniform ``[B]``
+    (inverse CDF, :func:`sample_inverse_cdf`; none for greedy). A chain tree (``parents = i - 1``)
+    therefore uses the stream exactly as :func:`verify` does. ``uniforms`` / ``next_uniforms`` replay
+    recorded draws.
+
+    Python loops over the ``N`` nodes; each step is vectorised over ``B`` (``O(B V)``).
+    """
+    tree_rule = rules.get_tree_rule(mode)
+    rule = tree_rule.chain_rule
+    opts = rule.check_options(mode_options)
+    draws = check_choice("draws", draws, rules.DRAWS)
+    drawn = tree_rule.proposal == "drawn" and draws != "deterministic"  # q_c is read from q
+    B, N, V = _check_tree(p, q, tokens, parents, needs_q=drawn)
+    x_all = tokens.to(device=p.device, dtype=torch.long)
+    par = parents.to(device=p.device, dtype=torch.long)
+    siblings = _earlier_siblings(par)                                     # [B, N, N]
+    duplicate = (siblings & (x_all[:, :, None] == x_all[:, None, :])).any(-1)  # [B, N]
+    if validate:
+        sum_tol = check_float("sum_tol", sum_tol, min=0.0)
+        _check_distribution("p", p, sum_tol)
+        if drawn:
+            _check_distribution("q", q, sum_tol)
+        if uniforms is not None:
+            _check_uniforms("uniforms", uniforms, (B, N), allow_nan=rule.deterministic)
+        if next_uniforms is not None:
+            _check_uniforms("next_uniforms", next_uniforms, (B,), allow_nan=rule.argmax_next)
+        if drawn and N:
+            q_tok = q.gather(-1, x_all.unsqueeze(-1)).squeeze(-1)
+            cannot = q_tok <= 0
+            if draws == "without_replacement":
+                cannot = cannot | duplicate
+            if cannot.any():
+                b, i = (int(k) for k in cannot.nonzero()[0])
+                why = "repeats an earlier sibling's token" if duplicate[b, i] and q_tok[b, i] > 0 else "has q(x) = 0"
+                raise ValueError(f"tokens: node {i} of row {b} {why}, so it cannot have been drawn with "
+                                 f"draws={draws!r}")
+    if residual_generator is None:
+        residual_generator = generator
+
+    nan = float("nan")
+    if rule.deterministic:
+        u = torch.full((B, N), nan, dtype=p.dtype, device=p.device)
+    elif uniforms is not None:
+        u = uniforms.to(device=p.device, dtype=p.dtype)
+    else:
+        u = _draw((B, N), generator, p)
+
+    # tree facts: depth, sibling rank, p(x) at the parent
+    sibling_rank = siblings.sum(-1)
+    depth = torch.ones(B, N, dtype=torch.long, device=p.device)
+    for i in range(N):
+        up = par[:, i].clamp(min=0)
+        depth[:, i] = torch.where(par[:, i] >= 0, depth.gather(1, up[:, None]).squeeze(1) + 1, 1)
+    p_x = p.reshape(B, -1).gather(1, (par + 1) * V + x_all)
+
+    r = p[:, 0].clone()                                     # [B, V] residual at the current node
+    cur = torch.full((B,), -1, dtype=torch.long, device=p.device)
+    removed = torch.zeros(B, V, dtype=torch.bool, device=p.device) if draws == "without_replacement" else None
+    n_accepted = torch.zeros(B, dtype=torch.long, device=p.device)
+    path = torch.full((B, N), -1, dtype=torch.long, device=p.device)
+    reached = torch.zeros(B, N, dtype=torch.bool, device=p.device)
+    accepted = torch.zeros_like(reached)
+    accept_prob = torch.full((B, N), nan, dtype=p.dtype, device=p.device)
+    r_x = torch.full_like(accept_prob, nan)
+    q_x = torch.full_like(accept_prob, nan)
+
+    for i in range(N):
+        judged = par[:, i] == cur
+        if not bool(judged.any()):
+            continue
+        x = x_all[:, i]
+        rx = r.gather(-1, x[:, None]).squeeze(-1)
+        q_c = None
+        if drawn:
+            q_c = q[:, i] if removed is None else q[:, i].masked_fill(removed, 0.0)
+            mass = q_c.sum(-1, keepdim=True)
+            q_c = torch.where(mass > 0, q_c / mass.clamp(min=torch.finfo(p.dtype).tiny), q_c)
+            qx = q_c.gather(-1, x[:, None]).squeeze(-1)
+        else:  # one-hot q_c: q_c(x) = 1 ("ignored" rules do not read it: recorded as NaN)
+            qx = torch.full_like(rx, nan if tree_rule.proposal == "ignored" else 1.0)
+        inputs = {"p_x": rx, "q_x": qx, "draft_token": x}
+        if "h_p" in rule.inputs_needed:
+            inputs["h_p"] = entropy(r)
+        if "p_top1" in rule.inputs_needed:
+            inputs["p_top1"] = r.argmax(dim=-1)
+        a = rule.accept(inputs, **opts).to(p.dtype)
+        ok = (a > 0.5) if rule.deterministic else (u[:, i] < a)
+        ok = ok & judged
+        reject = judged & ~ok
+        reached[:, i] = judged
+        accepted[:, i] = ok
+        accept_prob[:, i] = torch.where(judged, a, accept_prob[:, i])
+        r_x[:, i] = torch.where(judged, rx, r_x[:, i])
+        q_x[:, i] = torch.where(judged, qx, q_x[:, i])
+        if bool(ok.any()):
+            at = ok.nonzero().squeeze(-1)
+            path[at, n_accepted[at]] = i
+            n_accepted[at] += 1
+            cur[at] = i
+            r[at] = p[at, i + 1]
+            if removed is not None:
+                removed[at] = False
+        if tree_rule.proposal != "ignored" and bool(reject.any()):
+            at = reject.nonzero().squeeze(-1)
+            if q_c is None:  # one-hot at x
+                q_at = torch.zeros(at.numel(), V, dtype=p.dtype, device=p.device)
+                q_at.scatter_(-1, x[at, None], 1.0)
+            else:
+                q_at = q_c[at].clone()
+            r_at = r[at]
+            w = rule.residual(r_at, q_at, x[at].clone(), **opts)
+            w_mass = w.sum(-1, keepdim=True)
+            r[at] = torch.where(w_mass > 0, w / w_mass.clamp(min=torch.finfo(p.dtype).tiny), r_at)
+            if removed is not None:
+                removed[at, x[at]] = True
+
+    if rule.argmax_next:
+        next_token = r.argmax(dim=-1)
+        next_dist = torch.zeros_like(r).scatter_(-1, next_token[:, None], 1.0)
+        u_next = torch.full((B,), nan, dtype=p.dtype, device=p.device)
+    else:
+        if next_uniforms is not None:
+            u_next = next_uniforms.to(device=p.device, dtype=p.dtype)
+        else:
+            u_next = _draw((B,), residual_generator, p)
+        next_token = sample_inverse_cdf(r, u_next)
+        next_dist = r / r.sum(-1, keepdim=True)
+    return TreeVerifyResult(path, n_accepted, next_token, next_dist, reached, accepted, accept_prob, u, u_next,
+                            p_x, r_x, q_x, depth, sibling_rank, mode, draws)

@@ -99,6 +99,12 @@ class Kernel:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.fn(x, self.w, self.b)
 
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``residual + x W^T + b``; one BLAS call (``addmm``, beta = 1) on the MKL kernel."""
+        if self.name == "mkl" and self.b is None:
+            return torch.addmm(residual, x, self.w.t())
+        return residual + self.fn(x, self.w, self.b)
+
 
 def prepare(name: str, w: torch.Tensor) -> torch.Tensor:
     """``w`` as candidate ``name`` reads it (the raw weight, or a oneDNN-packed copy)."""

@@ -14,6 +14,9 @@ weights and nothing else:
 - the KV cache is one preallocated buffer per layer, ``[2, kv_heads, capacity, head_dim]``; extending
   writes in place, and rolling back to ``n`` tokens is setting an integer (nothing is copied or freed).
   The capacity doubles when needed, up to the context limit;
+- one new token (the AR step, every draft step) takes a path of as few kernel calls as the math allows:
+  the norms' gains and the attention scale folded into the fused weights, the query/key rotation one
+  product with the position's rotation matrix, the residual adds fused into their projections (``addmm``);
 - attention is ``softmax(q K^T / sqrt(d) + mask) V`` in two batched matmuls over the first ``length + k``
   cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
   needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``;
@@ -133,12 +136,29 @@ class LeanForward:
                     "ln2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
                 })
         self.fused = fuse
+        # fused weights are copies, so fold into them what would be a per-call multiply: the RMSNorm gains
+        # (W diag(g) x = W (g * x)) and the attention scale 1/sqrt(d) (into the query rows). Same function,
+        # one rounding apart; the norms then run without a weight.
+        self.folded = fuse
+        if fuse:
+            with torch.inference_mode():
+                for proj, norms in zip(raw, self.layers):
+                    (wq, bq), (wg, _) = proj["qkv"], proj["gate_up"]
+                    wq = wq * norms["ln1"][0][None, :]
+                    wq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
+                    if bq is not None:
+                        bq = bq.clone()
+                        bq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
+                    proj["qkv"] = (wq, bq)
+                    proj["gate_up"] = (wg * norms["ln2"][0][None, :], None)
+                    norms["ln1"] = (None, norms["ln1"][1])
+                    norms["ln2"] = (None, norms["ln2"][1])
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         # FR-Spec drafts score a subset of the vocabulary and scatter it into -inf-filled full rows
         self.head_token_ids = getattr(model, "head_token_ids", None)
         self.vocab_size = int(cfg.vocab_size) if self.head_token_ids is not None else int(model.lm_head.weight.shape[0])
         self._raw = raw + [{"lm_head": (model.lm_head.weight, None)}]  # the head: a last pseudo-layer
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = 1.0 if self.folded else self.head_dim ** -0.5
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self._rotary = inner.rotary_emb
         self._cos = self._sin = None
@@ -229,8 +249,8 @@ class LeanForward:
         if x.dtype == torch.float32:
             return F.rms_norm(x, (x.shape[-1],), w[0], w[1])
         h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + w[1])
-        return w[0] * h.to(x.dtype)
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + w[1])).to(x.dtype)
+        return h if w[0] is None else w[0] * h
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x cos + rotate_half(x) sin`` with ``rotate_half(x) = [-x_2, x_1]`` (halves of the head dim)."""
@@ -247,7 +267,9 @@ class LeanForward:
         k = q.shape[1]
         if self.gqa:
             q = q.reshape(KV, (H // KV) * k, self.head_dim)
-        scores = torch.matmul(q, keys.transpose(-1, -2)) * self.scaling
+        scores = torch.matmul(q, keys.transpose(-1, -2))
+        if self.scaling != 1.0:
+            scores = scores * self.scaling
         if mask is not None:
             scores = scores + mask
         out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype), values)
@@ -263,6 +285,8 @@ class LeanForward:
             raise ValueError(f"context limit: {start} cached + {k} new tokens exceed {self.capacity} positions")
         if end > self._size:
             self._alloc(max(2 * self._size, end))
+        if k == 1 and self.folded and self.dtype == torch.float32:
+            return self._forward_one(ids, start)
         cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
         mask = None
         if k > 1:  # additive causal mask: query i (position start + i) sees keys j <= start + i
@@ -301,6 +325,41 @@ class LeanForward:
         logits = self.head[1 if x.shape[0] > 1 else 0](self._rms(x, self.norm))
         if self.head_token_ids is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            logits = full.index_copy_(-1, self.head_token_ids, logits)
+        return logits
+
+    def _forward_one(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """:meth:`forward` of one token on folded weights, in as few kernel calls as the math allows (the
+        AR step and every draft step: here the per-call cost of the small operations between the
+        matmuls is what is left beside streaming the weights). Per layer: the rotation of the ``H + KV``
+        query and key heads is one product with the position's rotation matrix ``R`` (``x R = x cos +
+        rotate_half(x) sin``, built once per call), attention is two batched products over the cache,
+        and each residual add is fused into its projection (``x + a W^T`` in one call where the kernel
+        allows it)."""
+        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
+        half, end = hd // 2, start + 1
+        cos, sin = self._cos[start], self._sin[start]
+        rot = torch.diag(cos)
+        rot[half:, :half] -= torch.diag(sin[:half])   # (x R)_i gets -x_{i+half} sin_i for i < half
+        rot[:half, half:] += torch.diag(sin[half:])   # and +x_{i-half} sin_i for i >= half
+        x = F.embedding(ids, self.embed)  # [1, d]
+        d = x.shape[-1]
+        g = H // KV
+        for layer, kv in zip(self.layers, self._kv):
+            qkv = layer["qkv"][0](F.rms_norm(x, (d,), None, layer["ln1"][1])).view(H + 2 * KV, hd)
+            qk = torch.mm(qkv[:H + KV], rot)
+            kv[0, :, start] = qk[H:]
+            kv[1, :, start] = qkv[H + KV:]
+            scores = torch.bmm(qk[:H].view(KV, g, hd), kv[0, :, :end].transpose(1, 2))
+            att = torch.bmm(torch.softmax(scores, dim=-1), kv[1, :, :end]).view(1, H * hd)
+            x = layer["o"][0].add_to(x, att)
+            gu = layer["gate_up"][0](F.rms_norm(x, (d,), None, layer["ln2"][1]))
+            inter = gu.shape[-1] // 2
+            x = layer["down"][0].add_to(x, F.silu(gu[:, :inter]) * gu[:, inter:])
+        self.length = end
+        logits = self.head[0](self._rms(x, self.norm))
+        if self.head_token_ids is not None:
+            full = logits.new_full((1, self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_token_ids, logits)
         return logits
 
