@@ -602,7 +602,7 @@ def test_a_two_branch_tree_drafter_decodes_exactly(tiny, backend, gamma):
 
 def test_tree_steps_record_each_node_and_its_place(tiny, monkeypatch):
     """A tree step's records are its nodes: node, parent, depth, sibling rank (kept when the trace schema
-    lists them), reached = its parent was accepted, accepted = on the path; p at the parent's row."""
+    lists them), reached = judged by the walk, accepted = on the path; p at the parent's row."""
     from spade_lib.decoding import common
     from spade_lib.decoding.records import TREE_COLUMNS
 
@@ -625,11 +625,17 @@ def test_tree_steps_record_each_node_and_its_place(tiny, monkeypatch):
         assert [r["depth"] for r in block] == list(range(d)) * 2
         assert [r["sibling_rank"] for r in block] == [int(i == d) for i in range(2 * d)]
         assert [r["accepted"] for r in block] == [i in path for i in range(2 * d)]
-        assert [r["reached"] for r in block] == [p == -1 or p in path for p in parents]
+        # judged: the parent is on the path (or the root) and every earlier sibling was rejected
+        judged = [(p == -1 or p in path) and not any(parents[j] == p and j in path for j in range(i))
+                  for i, p in enumerate(parents)]
+        assert [r["reached"] for r in block] == judged
         for r in block:
             assert r["abs_pos"] == s.abs_pos + r["depth"] and r["q_x"] == 1.0
             assert r["accepted"] == (r["reached"] and r["draft_token"] == r["p_top1"])
-            assert r["accept_prob"] == float(r["draft_token"] == r["p_top1"])
+            if r["reached"]:
+                assert r["accept_prob"] == float(r["draft_token"] == r["p_top1"])
+            else:
+                assert math.isnan(r["accept_prob"])
     dec_chain = SpeculativeDecoder(tiny.target, tiny.draft, gamma=gamma, sampling=GREEDY)
     chain_rows = dec_chain.generate(ids, 12).records()
     assert all((r["node"], r["parent"], r["depth"], r["sibling_rank"]) == (r["pos"], r["pos"] - 1, r["pos"], 0)

@@ -14,7 +14,8 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
 **Trees** (:mod:`spade_lib.decoding.tree`). A drafter may return a :class:`~spade_lib.decoding.tree.DraftTree`
 with ``parents``: step 2 is then one target forward on ``[t, x_0 .. x_{N-1}]`` with the tree mask (row
 ``i + 1`` sees the cache, ``t`` and the path of node ``i``; :meth:`CausalLMAdapter.extend` with ``parents``),
-step 3 is :func:`spade_lib.verify.verify_tree` (which accepts a path of nodes), and step 4 keeps ``t`` and the
+step 3 is :func:`spade_lib.verify.verify_tree` (which accepts a path of nodes) under the tree rule
+that applies ``mode`` to siblings (``exact``; ``eagle`` for ``one_hot_q``; ``greedy``), and step 4 keeps ``t`` and the
 accepted path in the target's cache (:meth:`CausalLMAdapter.keep`) and tells the drafter the path
 (``accept_path``). A chain (``parents=None``) takes the path above, unchanged: no mask, no extra sync. A
 tree with more nodes than the context has room for is cut to its first nodes (a tree again).
@@ -45,12 +46,10 @@ computed vectorised over the ``gamma`` positions as named tensors (one per colum
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-import spade_lib.verify as verification
 from spade_lib import rules
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_generate_batch
@@ -63,7 +62,7 @@ from spade_lib.decoding.records import POSITION_STATS, TREE_COLUMNS
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
-from spade_lib.verify import sample_inverse_cdf, verify
+from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
 
@@ -79,32 +78,6 @@ def _tree_columns(parents: list[int]) -> dict[str, list[int]]:
         rank.append(seen.get(p, 0))
         seen[p] = rank[-1] + 1
     return {"node": list(range(len(parents))), "parent": list(parents), "depth": depth, "sibling_rank": rank}
-
-
-@dataclass
-class _TreeWalk:  # TEMPORARY, with _greedy_tree_walk (the merge of spade_lib.verify.verify_tree deletes both)
-    path: torch.Tensor        # [1, N] long: accepted nodes root-down, -1 padded
-    n_accepted: torch.Tensor  # [1] long
-    next_token: torch.Tensor  # [1] long
-
-
-def _greedy_tree_walk(p: torch.Tensor, draft: DraftTree) -> _TreeWalk:
-    """TEMPORARY stand-in for ``spade_lib.verify.verify_tree(mode="greedy")`` until it is merged (the merge
-    deletes this): from the root, follow the child whose token is ``argmax p`` at the current node
-    (``p [N + 1, V]``, row ``i + 1`` after node ``i``); the next token is ``argmax p`` where no child matches."""
-    top = p.argmax(dim=-1).tolist()
-    tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-    path, node = [], -1
-    while True:
-        child = next((i for i, (t, q) in enumerate(zip(tokens, parents)) if q == node and t == top[node + 1]), None)
-        if child is None:
-            break
-        path.append(child)
-        node = child
-    n = len(tokens)
-    padded = torch.full((1, n), -1, dtype=torch.long, device=p.device)
-    padded[0, :len(path)] = torch.tensor(path, dtype=torch.long, device=p.device)
-    return _TreeWalk(padded, torch.tensor([len(path)], device=p.device), torch.tensor([top[node + 1]], device=p.device))
 
 
 def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
@@ -187,6 +160,8 @@ class SpeculativeDecoder(_Base):
             raise ValueError(f"mode: must be one of {rules.rule_names()}, got {mode!r}")
         self.mode = mode
         self.mode_options = rules.get_rule(mode).check_options(mode_options)
+        # tree steps: the tree rule that applies this chain rule to siblings (exact, eagle <- one_hot_q, greedy, ...)
+        self.tree_mode = next((name for name in rules.tree_rule_names() if rules.get_tree_rule(name).chain == mode), None)
         if record not in (True, False, "light"):
             raise ValueError(f"record: must be True, 'light' or False, got {record!r}")
         self.record = record
@@ -208,36 +183,20 @@ class SpeculativeDecoder(_Base):
 
     def _tree_stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res, rows: torch.Tensor
                     ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """The per-node statistics of one tree step, each node judged against ``p`` at its parent
-        (``rows = parents + 1``); with ``p`` at those rows and the nodes' ``q`` (one-hot where
-        ``q`` is None), each ``[N, V]``. ``accept_prob`` and ``uniform`` are
-        the verifier's where it returns them per node, else the rule's ``a(x)`` and NaN."""
-        x, n = draft.tokens, draft.gamma
+        """The per-node statistics of one tree step, each node against ``p`` at its parent (``rows =
+        parents + 1``); with ``p`` at those rows and the nodes' ``q`` (one-hot where ``q`` is None), each
+        ``[N, V]``. ``p_x``, ``q_x`` and the distances are the node's own ``p`` and ``q``; ``accept_prob``,
+        ``uniform``, ``reached`` and ``accepted`` are the verifier's (``accept_prob`` is read at the residual
+        when the node was judged, NaN where it was not reached)."""
+        x = draft.tokens
         p_g = p.index_select(0, rows)
         q = draft.q if draft.q is not None else torch.zeros_like(p_g).scatter_(1, x[:, None], 1.0)
         p_raw = logits_p.index_select(0, rows).float().softmax(dim=-1)
         q_raw = q if draft.logits is None else draft.logits.float().softmax(dim=-1)
         xi = x[:, None]
-        p_x, q_x = p_g.gather(1, xi)[:, 0], q.gather(1, xi)[:, 0]
-        path = res.path[0]
-        on_path = torch.zeros(n + 1, dtype=torch.bool, device=x.device)  # index 0: the root
-        on_path[0] = True
-        on_path[path[path >= 0] + 1] = True
-        accepted, reached = on_path[1:], on_path.index_select(0, rows)
-
-        def per_node(name):
-            v = getattr(res, name, None)
-            return v[0] if isinstance(v, torch.Tensor) and tuple(v.shape) == (1, n) else None
-
-        accept_prob = per_node("accept_prob")
-        if accept_prob is None:
-            rule = rules.get_rule(self.mode)
-            inputs = {"p_x": p_x, "q_x": q_x, "h_p": entropy(p_g), "draft_token": x, "p_top1": p_g.argmax(dim=-1)}
-            accept_prob = rule.accept(inputs, **self.mode_options).to(p.dtype)
-        uniforms = per_node("uniforms")
-        if uniforms is None:
-            uniforms = torch.full((n,), float("nan"), dtype=p.dtype, device=x.device)
-        return self._columns(x, p_g, q, p_raw, q_raw, p_x, q_x, accept_prob, uniforms, reached, accepted), p_g, q
+        named = self._columns(x, p_g, q, p_raw, q_raw, p_g.gather(1, xi)[:, 0], q.gather(1, xi)[:, 0],
+                              res.accept_prob[0], res.uniforms[0], res.reached[0], res.accepted[0])
+        return named, p_g, q
 
     @staticmethod
     def _columns(x, p_g, q, p_raw, q_raw, p_x, q_x, accept_prob, uniforms, reached, accepted) -> dict[str, torch.Tensor]:
@@ -349,7 +308,7 @@ class SpeculativeDecoder(_Base):
                 out = target.extend(torch.cat([pending, draft.tokens]), parents=[-1] + [j + 1 for j in parents], **hid)
                 logits_p = out.logits if layers else out  # [N + 1, V]: row 0 after t, row i + 1 after node i
                 p = adjust(logits_p, sampling, validate=False)
-                res = self._verify_tree(p, draft, gens["accept"])
+                res = self._verify_tree(p, draft, gens)
                 head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
                 if full:
                     rows = torch.tensor(parents, dtype=torch.long, device=dev) + 1
@@ -403,17 +362,14 @@ class SpeculativeDecoder(_Base):
             timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
 
-    def _verify_tree(self, p: torch.Tensor, draft: DraftTree, generator: torch.Generator):
-        """:func:`spade_lib.verify.verify_tree` on one tree (``p [N + 1, V]``); its ``path [1, N]``,
-        ``n_accepted [1]`` and ``next_token [1]`` are read."""
-        verify_tree = getattr(verification, "verify_tree", None)
-        if verify_tree is None:  # TEMPORARY until spade_lib.verify.verify_tree is merged (the merge deletes this)
-            if self.mode != "greedy":
-                raise ValueError(f"mode: a tree draft needs spade_lib.verify.verify_tree for mode {self.mode!r} "
-                                 "(only 'greedy' has a stand-in)")
-            return _greedy_tree_walk(p, draft)
+    def _verify_tree(self, p: torch.Tensor, draft: DraftTree, gens: dict[str, torch.Generator]):
+        """:func:`spade_lib.verify.verify_tree` on one tree (``p [N + 1, V]``) under :attr:`tree_mode`."""
+        if self.tree_mode is None:
+            raise ValueError(f"mode: {self.mode!r} has no tree rule (spade_lib.rules.tree_rule_names(): "
+                             f"{rules.tree_rule_names()}); a tree draft cannot be verified with it")
         return verify_tree(p[None], None if draft.q is None else draft.q[None], draft.tokens[None],
-                           draft.parents[None], mode=self.mode, draws=draft.draws, generator=generator)
+                           draft.parents[None], mode=self.tree_mode, draws=draft.draws, generator=gens["accept"],
+                           residual_generator=gens["residual"], validate=False, **self.mode_options)
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
         """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or

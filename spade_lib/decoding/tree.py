@@ -11,8 +11,9 @@ nodes with the same parent (the order siblings were drawn in). The *path* of nod
 ancestors and itself, root-down; verification accepts one path (possibly empty) and then draws the
 next token from the target at its end.
 
-``q[i]`` is the (adjusted) draft distribution ``x_i`` was drawn from, ``[N, V]``; ``draws`` says how
-siblings were drawn from their parent's ``q``: ``"iid"`` (independently, the chain case and
+``q[i]`` is the (adjusted) draft distribution ``x_i`` was drawn from, ``[N, V]``; ``draws`` (one of
+:data:`spade_lib.rules.DRAWS`, which :func:`spade_lib.verify.verify_tree` reads) says how siblings were
+drawn from their parent's ``q``: ``"iid"`` (independently, the chain case and
 SpecInfer's multi-step sampling), ``"without_replacement"`` (distinct siblings, each from ``q`` with
 the earlier ones removed and renormalised) or ``"deterministic"`` (e.g. top-``k`` children; ``q`` may be
 ``None``, verification then treats each ``q[i]`` as ``one_hot(x_i)``).
@@ -35,10 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DraftTree", "DRAWS", "STOPS", "ancestor_mask", "depths", "sibling_ranks", "path_of"]
+from spade_lib.rules import DRAWS
 
-DRAWS = ("iid", "without_replacement", "deterministic")
-STOPS = ("max_gamma", "policy", "no_match", "budget")
+__all__ = ["DraftTree", "ancestor_mask", "depths", "sibling_ranks", "path_of"]
 
 
 def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
