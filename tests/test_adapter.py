@@ -222,7 +222,7 @@ def test_lean_forward_covers_the_frspec_draft_and_matches_its_hf_forward():
 # trees, keep, hidden states
 
 
-TREE_BACKENDS = ["hf"]
+TREE_BACKENDS = ["hf", "lean"]
 PARENTS = [-1, 0, 0, 1, -1, 3, 2, 4]  # a forest of fed rows: -1 = child of the last cached token
 
 

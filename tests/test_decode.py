@@ -475,7 +475,7 @@ def test_autoregressive_baseline_matches_hf_greedy_and_replays(tiny):
 # drafters that read the target's hidden states, and draft trees
 
 
-TREE_TARGET_BACKENDS = ["hf"]
+TREE_TARGET_BACKENDS = ["hf", "lean"]
 
 
 class FeatureDrafter(Drafter):

@@ -235,7 +235,9 @@ class CausalLMAdapter:
             anc = ancestor_mask(torch.tensor(ps, dtype=torch.long, device=self.device))  # [k, k]
             depth = anc.sum(dim=-1) - 1
         if self.lean is not None:
-            raise ValueError("backend: trees and hidden states need backend='hf' for now")
+            out = self.lean.forward(ids, last_only=last_only, ancestors=anc, hidden_layers=layers)
+            self.length += k
+            return ExtendOutput(*out) if layers else out
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
         if anc is not None:
             if not (self._has_position_ids and self._has_attention_mask):
@@ -279,11 +281,13 @@ class CausalLMAdapter:
         if s == list(range(m)):
             self.rollback(start + m)
             return
+        idx = torch.tensor(s, dtype=torch.long, device=self.device) + start
         if self.lean is not None:
-            raise ValueError("backend: keeping non-contiguous rows needs backend='hf' for now")
+            self.lean.keep(start, idx)
+            self.length = start + m
+            return
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
             raise ValueError("slots: a sliding-window cache can only be rolled back (keep a prefix)")
-        idx = torch.tensor(s, dtype=torch.long, device=self.device) + start
         for layer in self.cache.layers:  # DynamicLayer: keys, values [1, kv_heads, length, head_dim]
             layer.keys[:, :, start:start + m] = layer.keys.index_select(2, idx)
             layer.values[:, :, start:start + m] = layer.values.index_select(2, idx)

@@ -19,7 +19,9 @@ weights and nothing else:
   product with the position's rotation matrix, the residual adds fused into their projections (``addmm``);
 - attention is ``softmax(q K^T / sqrt(d) + mask) V`` in two batched matmuls over the first ``length + k``
   cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
-  needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``;
+  needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``, or a draft tree's (row ``i``
+  sees the cache and its own path, at position ``length + depth[i]``; :mod:`spade_lib.decoding.tree`),
+  and committing a tree's accepted path copies its rows' keys/values down (``keep``);
 - the final norm and LM head run on the last position only when only it is needed;
 - every projection and the LM head run on the linear kernel whose whole forward
   :mod:`spade_lib.decoding.kernels` timed fastest on this machine, separately for one new token and
@@ -275,9 +277,14 @@ class LeanForward:
         out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype), values)
         return out.reshape(H, k, self.head_dim) if self.gqa else out
 
-    def forward(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, last_only: bool = False, *, ancestors: torch.Tensor | None = None,
+                hidden_layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``).
 
+        ``ancestors [k, k]`` bool feeds the rows as a tree (:mod:`spade_lib.decoding.tree`): row ``i``
+        sees the cache and the rows ``j`` with ``ancestors[i, j]``, at position ``length + depth[i]``.
+        ``hidden_layers`` also returns ``{layer: [k, d]}``, indexed as Hugging Face's
+        ``output_hidden_states`` (0: embeddings, ``i``: after layer ``i``, the last after the final norm).
         Call it under ``torch.inference_mode()`` (the adapter does): it writes the KV buffers in place."""
         k = int(ids.shape[0])
         start, end = self.length, self.length + k
@@ -285,17 +292,25 @@ class LeanForward:
             raise ValueError(f"context limit: {start} cached + {k} new tokens exceed {self.capacity} positions")
         if end > self._size:
             self._alloc(max(2 * self._size, end))
-        if k == 1 and self.folded and self.dtype == torch.float32:
+        if k == 1 and self.folded and self.dtype == torch.float32 and not hidden_layers:
             return self._forward_one(ids, start)
-        cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
+        if ancestors is None:
+            cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
+        else:  # a tree: row i at position start + depth[i]
+            pos = start - 1 + ancestors.sum(dim=-1)
+            cos, sin = self._cos[pos][None], self._sin[pos][None]
         mask = None
         if k > 1:  # additive causal mask: query i (position start + i) sees keys j <= start + i
             mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
-            mask.masked_fill_(torch.arange(end, device=self.device)[None, :]
-                              > torch.arange(start, end, device=self.device)[:, None], float("-inf"))
+            if ancestors is None:
+                mask.masked_fill_(torch.arange(end, device=self.device)[None, :]
+                                  > torch.arange(start, end, device=self.device)[:, None], float("-inf"))
+            else:  # a tree's: query i sees the cache and the rows of its own path
+                mask[:, start:].masked_fill_(~ancestors, float("-inf"))
             if self.gqa:
                 mask = mask.repeat(self.n_heads // self.n_kv, 1)
         x = F.embedding(ids, self.embed)  # [k, d]
+        states = [x] if hidden_layers else None  # the hidden states: embeddings, then each layer's output
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         sel = 1 if k > 1 else 0  # which planned kernel: one row, or many
         for layer, kv in zip(self.layers, self._kv):
@@ -319,14 +334,29 @@ class LeanForward:
             else:
                 gate, up = layer["gate"][sel](m), layer["up"][sel](m)
             x = x + layer["down"][sel](F.silu(gate) * up)
-        if last_only:
+            if states is not None:
+                states.append(x)
+        if states is not None:  # the last hidden state is after the final norm, as in Hugging Face's output
+            states[-1] = self._rms(x, self.norm)
+            x = states[-1][-1:] if last_only else states[-1]
+        elif last_only:
             x = x[-1:]
         self.length = end
-        logits = self.head[1 if x.shape[0] > 1 else 0](self._rms(x, self.norm))
+        logits = self.head[1 if x.shape[0] > 1 else 0](x if states is not None else self._rms(x, self.norm))
         if self.head_token_ids is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_token_ids, logits)
+        if states is not None:
+            return logits, {i: states[i] for i in hidden_layers}
         return logits
+
+    def keep(self, start: int, rows: torch.Tensor) -> None:
+        """Keep the first ``start`` cached positions and the cached ``rows [m]`` (absolute, increasing,
+        ``>= start``), moved to ``start .. start + m - 1``: each layer's keys/values rows are copied."""
+        m = int(rows.shape[0])
+        for kv in self._kv:
+            kv[:, :, start:start + m] = kv[:, :, rows]
+        self.length = start + m
 
     def _forward_one(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """:meth:`forward` of one token on folded weights, in as few kernel calls as the math allows (the
