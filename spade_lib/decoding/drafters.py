@@ -106,7 +106,8 @@ class Drafter:
     def accept_path(self, path: list[int], next_token: int) -> None:
         """Told what was committed after a tree draft (``propose`` gave ``parents``): the accepted nodes
         root-down (:mod:`spade_lib.decoding.tree`), then the target's token. Default: a path ``0 .. n-1``
-        is ``accept(n, next_token)``; a drafter that proposes other trees overrides this."""
+        is ``accept(n, next_token)``; a drafter that proposes other trees overrides this. (A step
+        without a draft, the budget's last token, is ``accept(0, next_token)`` for every drafter.)"""
         if path != list(range(len(path))):
             raise NotImplementedError(f"{type(self).__name__}: proposed a tree, so it must implement accept_path "
                                       f"(accepted path {path})")
