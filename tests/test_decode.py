@@ -720,3 +720,31 @@ def test_sampled_tree_decoding_follows_the_target_distribution(record_property):
           f"{np.bincount(first_lengths).tolist()}")
     assert set(first_lengths) == {1, 2, 3}  # rejections, one and two accepted nodes
     assert p_tree > 1e-3
+
+
+@pytest.mark.parametrize("backend", TREE_TARGET_BACKENDS)
+def test_trees_are_cut_to_the_context_and_empty_trees_are_plain_steps(tiny, backend):
+    """Near the context limit a tree keeps the first nodes that fit (a tree again); an empty tree is a
+    plain target step. Output still equals HF greedy, up to the context limit."""
+    ids = tiny.tokenizer(SMOKE_PROMPTS[2])["input_ids"]
+    limit = len(ids) + 10
+    dec = SpeculativeDecoder(CausalLMAdapter(tiny.target, backend=backend, max_length=limit),
+                             TwoBranchDrafter(perturbed(tiny.target, 0.7)), gamma=4, sampling=GREEDY, eos_token_id=[])
+    out = dec.generate(ids, 30)
+    assert out.tokens == hf_greedy(tiny.target, ids, 10) and out.stop_reason == "context_limit"
+    assert any(s.gamma % 2 == 1 and s.draft_stop == "budget" for s in out.steps)  # a cut tree
+
+    class EmptyTrees(TwoBranchDrafter):
+        def propose(self, *args):
+            super().propose(*args)
+            self.adapter.rollback(self.base)
+            return DraftTree(torch.zeros(0, dtype=torch.long), None, None, "no_match", torch.zeros(0, dtype=torch.long),
+                             "deterministic")
+
+        def accept(self, n_accepted, next_token):
+            assert n_accepted == 0
+            self.unfed = [next_token]
+
+    empty = SpeculativeDecoder(tiny.target, EmptyTrees(tiny.draft), gamma=3, sampling=GREEDY, eos_token_id=[])
+    got = empty.generate(ids, 10)
+    assert got.tokens == hf_greedy(tiny.target, ids, 10) and got.gammas == [0] * 10

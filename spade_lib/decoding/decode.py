@@ -70,16 +70,6 @@ __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
 _DEVICE_STATS = tuple(name for name in POSITION_STATS if name not in TREE_COLUMNS)
 
 
-def _tree_columns(parents: list[int]) -> dict[str, list[int]]:
-    """``records.TREE_COLUMNS`` of every node of a tree with ``parents`` (topological order), on the host."""
-    depth, rank, seen = [], [], {}
-    for i, p in enumerate(parents):
-        depth.append(0 if p < 0 else depth[p] + 1)
-        rank.append(seen.get(p, 0))
-        seen[p] = rank[-1] + 1
-    return {"node": list(range(len(parents))), "parent": list(parents), "depth": depth, "sibling_rank": rank}
-
-
 def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
     if eos_token_id is None:
         gen = getattr(model, "generation_config", None)
@@ -236,7 +226,7 @@ class SpeculativeDecoder(_Base):
 
         t_start = _clock(dev)
         target.reset()
-        hidden: dict[int, torch.Tensor] = {i: torch.empty(0, target.hidden_size or 0, device=dev) for i in layers}
+        hidden = {i: torch.empty(0, target.hidden_size or 0, device=dev, dtype=target.dtype) for i in layers}
         if L > 1:
             out = target.extend(prompt[:-1], last_only=True, **hid)
             if layers:
@@ -310,15 +300,18 @@ class SpeculativeDecoder(_Base):
                 p = adjust(logits_p, sampling, validate=False)
                 res = self._verify_tree(p, draft, gens)
                 head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
-                if full:
+                if full:  # the same one transfer, with the statistics and each node's depth and sibling rank
                     rows = torch.tensor(parents, dtype=torch.long, device=dev) + 1
                     named, p_g, q_g = self._tree_stats(logits_p, p, draft, res, rows)
-                    flat = torch.stack([named[name].to(torch.float64) for name in _DEVICE_STATS]).flatten()
+                    named.update(depth=draft.depth, sibling_rank=draft.sibling_rank)
+                    cols = _DEVICE_STATS + ("depth", "sibling_rank")
+                    flat = torch.stack([named[name].to(torch.float64) for name in cols]).flatten()
                     host = torch.cat([head, flat]).tolist()
                     o = 2 + 2 * g
-                    stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(_DEVICE_STATS)}
+                    stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
+                    tree = {"node": list(range(g)), "parent": parents, "depth": [int(d) for d in stats.pop("depth")],
+                            "sibling_rank": [int(r) for r in stats.pop("sibling_rank")]}
                     topk = [t.tolist() for t in self._topk(p_g, q_g)] if self.record_topk else None
-                    tree = _tree_columns(parents)
                 else:
                     host, stats, topk = head.tolist(), None, None
                 n_acc, next_token = int(host[0]), int(host[1])
@@ -328,7 +321,7 @@ class SpeculativeDecoder(_Base):
 
             block = drafted + [next_token]
             emitted, hit_eos = _truncate(block, budget, self.eos)
-            if draft is None or draft.parents is None:
+            if g == 0 or draft.parents is None:  # a chain, or no draft
                 target.rollback(cur + 1 + n_acc)
                 drafter.accept(n_acc, next_token)
                 kept = slice(0, n_acc + 1)
