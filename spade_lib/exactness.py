@@ -496,7 +496,7 @@ def tree_law_error(case: TreeCase, mode: str = "exact", *, draws: str | None = N
         raise AssertionError("forced uniforms did not produce the pattern's decisions")
 
     pid = prefix_ids(case.tokens[rep], case.parents[rep], V)
-    D = int(res.depth.max()) if N else 0
+    D = int(res.depth.max()) + 1 if N else 0  # levels of the tree (depth is 0 at the root's children)
     n = res.n_accepted
     law = [torch.zeros(case.p_table.shape[0], V, dtype=torch.float64) for _ in range(D + 1)]
     rows = torch.arange(M * P)

@@ -306,8 +306,8 @@ def verify(
 #
 # Terms (used in every name below): a draft tree has N *nodes*; node i carries the drafted token
 # x_i = tokens[b, i] and has a *parent* (parents[b, i]: -1 for a child of the *root*, the position
-# right after the last emitted token, else an earlier node). A node's *depth* is 1 for a child of the
-# root; its *sibling rank* is how many earlier nodes share its parent. Siblings are judged in index
+# right after the last emitted token, else an earlier node). A node's *depth* is 0 for a child of the
+# root (as in DraftTree and a chain's ``pos``); its *sibling rank* is how many earlier nodes share its parent. Siblings are judged in index
 # order. The *path* is the chain of accepted nodes from the root down; its end emits the next token.
 
 
@@ -327,7 +327,7 @@ class TreeVerifyResult:
     p_x: torch.Tensor            # [B, N]: p(x_i) at the parent, before any sibling's rejection
     r_x: torch.Tensor            # [B, N]: r(x_i), the residual when judged (NaN where not reached)
     q_x: torch.Tensor            # [B, N]: q_c(x_i), the proposal probability the rule used (NaN where not reached)
-    depth: torch.Tensor          # [B, N] long: 1 for a child of the root
+    depth: torch.Tensor          # [B, N] long: 0 for a child of the root
     sibling_rank: torch.Tensor   # [B, N] long: 0 for the first child of its parent
     mode: str
     draws: str
@@ -500,10 +500,10 @@ def verify_tree(
 
     # tree facts: depth, sibling rank, p(x) at the parent
     sibling_rank = siblings.sum(-1)
-    depth = torch.ones(B, N, dtype=torch.long, device=p.device)
+    depth = torch.zeros(B, N, dtype=torch.long, device=p.device)
     for i in range(N):
         up = par[:, i].clamp(min=0)
-        depth[:, i] = torch.where(par[:, i] >= 0, depth.gather(1, up[:, None]).squeeze(1) + 1, 1)
+        depth[:, i] = torch.where(par[:, i] >= 0, depth.gather(1, up[:, None]).squeeze(1) + 1, 0)
     p_x = p.reshape(B, -1).gather(1, (par + 1) * V + x_all)
 
     r = p[:, 0].clone()                                     # [B, V] residual at the current node

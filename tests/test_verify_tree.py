@@ -284,7 +284,7 @@ def test_result_fields_are_consistent():
         depth, rank = [], []
         for i in range(7):
             a = int(parents[b, i])
-            depth.append(1 if a < 0 else depth[a] + 1)
+            depth.append(0 if a < 0 else depth[a] + 1)
             rank.append(sum(int(parents[b, j]) == a for j in range(i)))
         assert res.depth[b].tolist() == depth and res.sibling_rank[b].tolist() == rank
         nodes = res.path[b, : int(res.n_accepted[b])].tolist()
