@@ -4,5 +4,6 @@ classification.
 
 Modules: ``adapter``, ``lean``, ``drafters``, ``policies``, ``adaptive``, ``records`` (the trace's column
 names), ``common`` (results and helpers the decoders share), ``batch``, ``decode``, ``batch_study``,
-``baselines``, ``divergence``; import each as ``spade_lib.decoding.<module>``.
+``baselines``, ``divergence``, ``tree_shapes`` (the shapes of draft trees: static, EAGLE-2, sampled,
+prompt lookup, suffix index; their acceptance statistics); import each as ``spade_lib.decoding.<module>``.
 """
