@@ -36,9 +36,15 @@ distribution that token was drawn from (:mod:`spade_lib.decoding.policies`), and
 target forward for one token drawn from ``p``. Its speedup over autoregressive decoding is
 ``1 / r(gamma) <= 1``; a measured value above 1 is a defect of the baseline, not a result.
 
+**Feature heads.** :class:`~spade_lib.decoding.eagle.EagleDrafter` and
+:class:`~spade_lib.decoding.medusa.MedusaDrafter` (modules ``eagle`` and ``medusa``) draft from the
+target's hidden states (``hidden_layers``, :meth:`Drafter.observe`) with a head of the pair
+(``pair.heads[name]``).
+
 **By name.** :func:`make_drafter(name, pair, **options) <make_drafter>` builds a drafter for the runner:
-a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``) or a draft model of the pair
-(``pair.drafts[name]``). :func:`register_drafter` adds a name.
+a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``; ``"eagle"`` / ``"medusa"``: the
+pair's one head of that kind, or option ``head``), a draft model of the pair (``pair.drafts[name]``) or a
+head of the pair by its name (``pair.heads[name]``). :func:`register_drafter` adds a name.
 """
 
 from __future__ import annotations
@@ -332,8 +338,10 @@ def register_drafter(name: str, factory: Callable[..., Drafter], *, replace: boo
 
 
 def drafter_names(pair=None) -> tuple[str, ...]:
-    """Registered drafter names, plus the pair's draft models when ``pair`` is given."""
-    return tuple(_REGISTRY) + (tuple(sorted(pair.drafts)) if pair is not None else ())
+    """Registered drafter names, plus the pair's draft models and heads when ``pair`` is given."""
+    if pair is None:
+        return tuple(_REGISTRY)
+    return tuple(_REGISTRY) + tuple(sorted(pair.drafts)) + tuple(sorted(getattr(pair, "heads", {}) or {}))
 
 
 def drafter_options(name: str) -> tuple[str, ...]:
@@ -348,20 +356,43 @@ def drafter_options(name: str) -> tuple[str, ...]:
 
 def make_drafter(name: str, pair, **options) -> Drafter:
     """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
-    pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``)."""
+    pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``), else
+    the pair's head ``pair.heads[name]`` (its ``drafter(**options)``)."""
     if name in _REGISTRY:
         device = next(pair.target.parameters()).device
         return _REGISTRY[name](pair, device=device, **options)
     drafts = getattr(pair, "drafts", {}) or {}
-    if name not in drafts:
-        raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has drafts {sorted(drafts)} "
-                         f"(or {sorted(_REGISTRY)}), not {name!r}")
-    return ModelDrafter(drafts[name], **options)
+    heads = getattr(pair, "heads", {}) or {}
+    if name in drafts:
+        return ModelDrafter(drafts[name], **options)
+    if name in heads:
+        return heads[name].drafter(**options)
+    raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has drafts {sorted(drafts)}, heads "
+                     f"{sorted(heads)} (or {sorted(_REGISTRY)}), not {name!r}")
 
 
 def _ngram(pair, *, device, max_ngram: int = 3, min_ngram: int = 1) -> NGramDrafter:
     return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram, device=device)
 
 
+def _head_drafter(kind: str) -> Callable[..., Drafter]:
+    """The factory of ``"eagle"`` / ``"medusa"``: the pair's one head of ``kind`` (or the one named ``head``)."""
+
+    def factory(pair, *, device, head: str | None = None) -> Drafter:
+        heads = {n: h for n, h in (getattr(pair, "heads", {}) or {}).items() if getattr(h, "kind", None) == kind}
+        if head is None:
+            if len(heads) != 1:
+                raise ValueError(f"head: pair {getattr(pair, 'name', '?')!r} has {kind} heads {sorted(heads)}; "
+                                 f"name one with head=")
+            head = next(iter(heads))
+        if head not in heads:
+            raise ValueError(f"head: pair {getattr(pair, 'name', '?')!r} has {kind} heads {sorted(heads)}, not {head!r}")
+        return heads[head].drafter()
+
+    return factory
+
+
 register_drafter("ngram", _ngram)
 register_drafter("null", lambda pair, *, device: NullDrafter(device=device))
+register_drafter("eagle", _head_drafter("eagle"))
+register_drafter("medusa", _head_drafter("medusa"))

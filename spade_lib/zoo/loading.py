@@ -10,7 +10,7 @@ vocabulary differs from the target's is refused), placed whole on a device or th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,8 @@ import torch
 
 @dataclass
 class Pair:
-    """A target model, named drafts (all in eval mode) and the tokenizer they share."""
+    """A target model, named drafts (all in eval mode), the tokenizer they share, and draft heads
+    (``heads``: EAGLE / Medusa heads that draft from the target's hidden states, by name)."""
 
     name: str
     target: Any
@@ -28,18 +29,21 @@ class Pair:
     tokenizer: Any
     manifest: dict
     path: Path | None = None
+    heads: dict[str, Any] = field(default_factory=dict)
 
     @property
     def draft(self):
-        """The default draft."""
-        return self.drafts[self.default_draft]
+        """The default draft (a draft model, or a head when the default names one)."""
+        return self.drafts[self.default_draft] if self.default_draft in self.drafts else self.heads[self.default_draft]
 
     def __repr__(self) -> str:
         def size(m) -> str:
             return f"{type(m).__name__}({sum(p.numel() for p in m.parameters()) / 1e6:.2f} M params)"
 
         drafts = ", ".join(f"{n!r}: {size(m)}" for n, m in self.drafts.items())
-        return (f"Pair(name={self.name!r}, target={size(self.target)}, drafts={{{drafts}}}, "
+        heads = ", ".join(f"{n!r}: {size(m)}" for n, m in self.heads.items())
+        heads = f", heads={{{heads}}}" if self.heads else ""
+        return (f"Pair(name={self.name!r}, target={size(self.target)}, drafts={{{drafts}}}{heads}, "
                 f"default_draft={self.default_draft!r}, vocab={len(self.tokenizer)}, path={self.path})")
 
 

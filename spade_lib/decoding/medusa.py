@@ -1,0 +1,203 @@
+"""Medusa-1 draft heads (Cai et al. 2024): ``k`` small heads on the target's last hidden state.
+
+Notation as in :mod:`spade_lib.decoding.eagle`: ``h_t = h^L_t`` is the target's last hidden state at
+position ``t`` (after its final norm: what its own LM head reads, so ``p(x_{t+1}) = softmax(W h_t)``).
+Head ``i = 0 .. k-1`` predicts the token ``i + 2`` places ahead, skipping the one the target itself
+predicts::
+
+    r_i = h_t + SiLU(W^res_i h_t + b_i)                 one ResBlock (``num_layers`` of them in turn)
+    q_i(x_{t+2+i}) = softmax(lm_head_i(r_i))            over Vd; draft row j is target token j + d2t[j]
+
+Medusa-1 trains the heads on a frozen target, loss ``sum_i 0.8^i CE_i`` (Cai et al.'s ``lambda_i``);
+each ResBlock's linear starts at zero and each ``lm_head_i`` from the target's head rows, so at
+initialisation every head predicts what the target predicts for the *next* token. The heads share
+the draft vocabulary (``d2t``, as the EAGLE heads do: ``Vd`` rows instead of ``V`` per head).
+
+The heads see only ``h_t``, not the drafted tokens before theirs, so ``q_i`` is a distribution over
+``x_{t+2+i}`` alone; a chain ``x_0 .. x_{gamma-1}`` with ``x_i ~ q_i`` and verification against ``q_i``
+is still lossless (any ``q`` is), only less often accepted than a head that conditions on its prefix.
+:class:`MedusaDrafter` drafts at most ``k`` tokens per step, one per head, from one forward of the heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _signals, sample_categorical
+from spade_lib.decoding.policies import Policy
+from spade_lib.sampling import SamplingConfig, adjust
+
+__all__ = ["MedusaConfig", "MedusaHead", "MedusaDrafter"]
+
+
+@dataclass
+class MedusaConfig:
+    """What a Medusa head set is."""
+
+    hidden_size: int                 # H of the target
+    vocab_size: int                  # V of the target
+    feature_layer: int               # target hidden_states index read: L (after the final norm)
+    num_heads: int = 4               # k: tokens drafted per step at most
+    num_layers: int = 1              # ResBlocks per head
+    draft_vocab_size: int | None = None  # Vd rows per head (None: the whole vocabulary)
+    meta: dict = field(default_factory=dict)  # free-form facts saved with the heads
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.feature_layer < 0:
+            raise ValueError(f"feature_layer: must be >= 0, got {self.feature_layer}")
+        if self.draft_vocab_size is None:
+            self.draft_vocab_size = self.vocab_size
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size: must lie in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
+
+    @classmethod
+    def for_target(cls, target_config, **options) -> "MedusaConfig":
+        tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        return cls(hidden_size=int(tc.hidden_size), vocab_size=int(tc.vocab_size),
+                   feature_layer=int(tc.num_hidden_layers), **options)
+
+    def to_dict(self) -> dict:
+        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "feature_layer": self.feature_layer,
+                "num_heads": self.num_heads, "num_layers": self.num_layers,
+                "draft_vocab_size": self.draft_vocab_size, "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MedusaConfig":
+        return cls(**d)
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(W x + b)``, ``W`` initialised to zero (an identity at the start)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))
+
+
+class MedusaHead(nn.Module):
+    """``k`` heads, each ``num_layers`` ResBlocks and a linear over the draft vocabulary (module docstring).
+
+    ``heads.{i}.{0..n-1}.linear`` are the ResBlocks and ``heads.{i}.{n}`` the head's ``lm_head`` (Medusa's
+    own ``medusa_head.{i}`` layout); ``d2t`` maps draft rows to target ids as in :class:`~spade_lib.decoding.eagle.EagleHead`."""
+
+    kind = "medusa"
+
+    def __init__(self, config: MedusaConfig):
+        super().__init__()
+        self.config = config
+        h, vd = config.hidden_size, config.draft_vocab_size
+        self.heads = nn.ModuleList([
+            nn.Sequential(*[ResBlock(h) for _ in range(config.num_layers)], nn.Linear(h, vd, bias=False))
+            for _ in range(config.num_heads)])
+        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        self.register_buffer("draft_ids", torch.arange(vd), persistent=False)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self.draft_ids.copy_(torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t)
+
+    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
+        """The shared draft vocabulary: ``draft_vocab_size`` distinct target ids (sorted here)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+        vd, v = self.config.draft_vocab_size, self.config.vocab_size
+        if ids.numel() != vd or ids.unique().numel() != vd or ids.min() < 0 or ids.max() >= v:
+            raise ValueError(f"token_ids: need {vd} distinct ids in [0, {v}), got {ids.numel()}")
+        self.d2t.copy_((ids - torch.arange(vd)).to(self.d2t.device))
+        self.draft_ids.copy_(ids.to(self.draft_ids.device))
+
+    @classmethod
+    def from_target(cls, target, config: MedusaConfig | None = None, *, draft_token_ids=None,
+                    init_from_target: bool = True, **config_options) -> "MedusaHead":
+        """Heads for ``target``; ``init_from_target``: every ``lm_head_i`` from the target's output rows."""
+        config = config or MedusaConfig.for_target(
+            target.config, draft_vocab_size=None if draft_token_ids is None else len(draft_token_ids), **config_options)
+        head = cls(config)
+        if draft_token_ids is not None:
+            head.set_draft_vocab(draft_token_ids)
+        if init_from_target:
+            rows = target.get_output_embeddings().weight[head.draft_ids.cpu()]
+            with torch.no_grad():
+                for h in head.heads:
+                    h[-1].weight.copy_(rows)
+        return head.to(next(target.parameters()).device).eval()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``h [..., H]`` -> draft-vocabulary logits of every head ``[..., k, Vd]``."""
+        return torch.stack([h(hidden) for h in self.heads], dim=-2)
+
+    def target_logits(self, draft_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+        """``[..., Vd]`` -> ``[..., V]`` with ``-inf`` off the draft vocabulary (cut/padded to ``vocab_size``)."""
+        v = self.config.vocab_size if vocab_size is None else int(vocab_size)
+        width = max(v, self.config.vocab_size)
+        full = draft_logits.new_full((*draft_logits.shape[:-1], width), float("-inf"))
+        full.index_copy_(-1, self.draft_ids, draft_logits)
+        return full[..., :v]
+
+    def drafter(self, **options) -> "MedusaDrafter":
+        return MedusaDrafter(self, **options)
+
+
+class MedusaDrafter(Drafter):
+    """One token per head from the target's last hidden state at the newest committed position."""
+
+    deterministic = False
+
+    def __init__(self, head: MedusaHead):
+        if not isinstance(head, MedusaHead):
+            raise ValueError(f"head: expected a MedusaHead, got {type(head).__name__}")
+        self.head = head.eval()
+        self.hidden_layers = (int(head.config.feature_layer),)
+        self.device = next(head.parameters()).device
+        self.vocab_size = head.config.vocab_size
+        self._h: torch.Tensor | None = None
+
+    def reset(self, prompt_ids, vocab_size: int) -> None:
+        if len(prompt_ids) == 0 if not isinstance(prompt_ids, torch.Tensor) else prompt_ids.numel() == 0:
+            raise ValueError("prompt_ids: empty prompt")
+        self.vocab_size = int(vocab_size)
+        self._h = None
+
+    def observe(self, view: TargetView) -> None:
+        """Keep ``h^L`` at the newest committed position (the one whose target prediction is ``next_token``)."""
+        if view.tokens.numel() == 0:
+            return
+        layer = self.hidden_layers[0]
+        if layer not in view.hidden:
+            raise ValueError(f"view: hidden lacks the target layer {layer} the Medusa heads read")
+        self._h = view.hidden[layer][-1].to(self.device)
+
+    @torch.inference_mode()
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
+        """``x_i ~ q_i`` from head ``i``, ``i < min(max_gamma, k)`` (stop ``"heads"`` when ``k`` is the cap)."""
+        g = min(int(max_gamma), self.head.config.num_heads)
+        if self._h is None or g < 1:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            return Draft(empty, torch.empty(0, self.vocab_size, device=self.device), None,
+                         "no_match" if self._h is None else "max_gamma")
+        self._h, h = None, self._h  # a fresh state comes with the next observe
+        logits = self.head.target_logits(self.head(h)[:g], self.vocab_size)  # [g, V]
+        q = adjust(logits, sampling, validate=False)
+        x = logits.argmax(dim=-1) if sampling.greedy else sample_categorical(q, generator)
+        stop = "max_gamma" if g == max_gamma else "heads"
+        if policy.needs_signals:
+            for i in range(g - 1):
+                if not policy.keep_drafting(*_signals(logits[i])):
+                    g, stop = i + 1, "policy"
+                    break
+        return Draft(x[:g], q[:g], logits[:g], stop)
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        pass

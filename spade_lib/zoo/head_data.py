@@ -1,0 +1,217 @@
+"""Teacher data of the draft heads: token sequences, then the target's features and soft labels on them.
+
+A head learns to predict what the *target* will say from the target's own hidden states, so the
+data are (1) the target's own greedy answers to prompts cut from the embedded corpus's training split
+(the distilled draft's prompts, :func:`spade_lib.zoo.distill.teacher_prompts`: complete-this-function
+and explain-this-paragraph, in the target's chat template when it has one) — text distributed like
+what the head will draft — and (2) windows of the training split's source files, cheap to label
+(one teacher-forced forward labels every position). Never the held-out files the benchmark suites
+are cut from: a head trained on a suite's own prompts would be measured on its training data.
+
+:class:`HeadData` is what training reads, from one teacher-forced forward per batch of sequences with
+``output_hidden_states``: per sequence ``s`` of ``n`` tokens, the features ``h^l_t`` of the layers the
+head reads (concatenated, ``[n, sum of widths]``, stored in ``feature_dtype``) and the soft labels
+``p_t`` (the target's top-``k`` logits at every position, predicting ``s_{t+1}``, and the log of its
+normaliser ``log sum_v exp z_t(v)``, so ``p_t(v) = exp(z_t(v) - lse_t)`` exactly on the top ``k``;
+``p_{n-1}``, the prediction after the last token, is a label too). Sequences are cached (``heads.data_entry``); features
+are recomputed per build (hundreds of MB for a real target), which takes seconds to a few minutes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+
+@dataclass(frozen=True)
+class HeadDataConfig:
+    n_prompts: int = 48            # corpus prompts the target answers (greedy): its own text
+    code_fraction: float = 0.75    # share of complete-this-function prompts (the rest: explain a paragraph)
+    max_prompt_tokens: int = 160   # prompts longer than this (after the chat template) are skipped
+    gen_tokens: int = 96           # new tokens per answer
+    gen_batch: int = 16            # prompts per batched generate call (left padding)
+    n_windows: int = 96            # teacher-forced windows of training-split source code
+    window: int = 256              # tokens per window
+    heldout_every: int = 8         # every this-many-th sequence is held out for evaluation
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_prompts", "n_windows"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("max_prompt_tokens", "gen_tokens", "gen_batch", "window", "heldout_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.heldout_every < 2:
+            raise ValueError(f"heldout_every: must be >= 2 (one sequence in heldout_every is held out), "
+                             f"got {self.heldout_every}")
+
+
+@dataclass
+class Sequences:
+    """Token sequences; ``starts[i]`` is where the target's own tokens begin in ``seqs[i]`` (0 for a window)."""
+
+    seqs: list[torch.Tensor]
+    starts: list[int]
+    kinds: list[str]  # "generation" or "window"
+
+    def n_tokens(self) -> int:
+        return sum(int(s.numel()) for s in self.seqs)
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """Flat tensors for safetensors: ``tokens``, ``lengths``, ``starts``, ``is_generation``."""
+        return {"tokens": torch.cat(self.seqs) if self.seqs else torch.empty(0, dtype=torch.long),
+                "lengths": torch.tensor([s.numel() for s in self.seqs], dtype=torch.long),
+                "starts": torch.tensor(self.starts, dtype=torch.long),
+                "is_generation": torch.tensor([k == "generation" for k in self.kinds], dtype=torch.bool)}
+
+    @classmethod
+    def from_tensors(cls, t: dict[str, torch.Tensor]) -> "Sequences":
+        seqs = list(torch.split(t["tokens"], t["lengths"].tolist())) if t["lengths"].numel() else []
+        kinds = ["generation" if g else "window" for g in t["is_generation"].tolist()]
+        return cls([s.clone() for s in seqs], t["starts"].tolist(), kinds)
+
+
+def _encode_prompt(tokenizer, text: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@torch.no_grad()
+def generations(target, prompt_ids: list[list[int]], cfg: HeadDataConfig, *, pad_id: int, eos_ids=(),
+                desc: str = "head data: generations") -> Sequences:
+    """The target's greedy answers (``cfg.gen_tokens`` new tokens, cut after an eos) to ``prompt_ids``,
+    in batches with left padding; each sequence is ``prompt + answer``."""
+    out = Sequences([], [], [])
+    dev = next(target.parameters()).device
+    batches = [prompt_ids[i: i + cfg.gen_batch] for i in range(0, len(prompt_ids), cfg.gen_batch)]
+    for batch in tqdm(batches, desc=desc, file=sys.stderr, leave=False):
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=dev)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
+        gen = target.generate(ids, attention_mask=mask, max_new_tokens=cfg.gen_tokens, do_sample=False,
+                              pad_token_id=pad_id, temperature=None, top_k=None, top_p=None)
+        for r, p in enumerate(batch):
+            new = gen[r, width:].tolist()
+            for j, t in enumerate(new):
+                if t in eos_ids:
+                    new = new[: j + 1]
+                    break
+            if len(new) >= 2:
+                out.seqs.append(torch.tensor(p + new, dtype=torch.long))
+                out.starts.append(len(p))
+                out.kinds.append("generation")
+    return out
+
+
+def windows(tokenizer, documents: list[str], cfg: HeadDataConfig) -> Sequences:
+    """``cfg.n_windows`` windows of ``cfg.window`` tokens at seeded offsets, one per document in a seeded order."""
+    out = Sequences([], [], [])
+    if cfg.n_windows == 0:
+        return out
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    for i in torch.randperm(len(documents), generator=g).tolist():
+        ids = tokenizer(documents[i], add_special_tokens=False, verbose=False)["input_ids"]
+        if len(ids) <= cfg.window:
+            continue
+        start = int(torch.randint(0, len(ids) - cfg.window, (1,), generator=g))
+        out.seqs.append(torch.tensor(ids[start: start + cfg.window], dtype=torch.long))
+        out.starts.append(0)
+        out.kinds.append("window")
+        if len(out.seqs) == cfg.n_windows:
+            break
+    return out
+
+
+def corpus_texts(cfg: HeadDataConfig) -> tuple[list[str], list[str]]:
+    """(prompts, documents) from the embedded corpus's training split (module docstring)."""
+    from spade_lib.zoo.build import cached_corpus
+    from spade_lib.zoo.corpus import CorpusConfig
+    from spade_lib.zoo.distill import teacher_prompts
+
+    prompts = teacher_prompts(cfg.n_prompts, cfg.code_fraction, cfg.seed) if cfg.n_prompts else []
+    documents = [d.text for d in cached_corpus(CorpusConfig()).train if d.kind == "code"]
+    return prompts, documents
+
+
+def teacher_sequences(target, tokenizer, cfg: HeadDataConfig, *, prompts: list[str] | None = None,
+                      documents: list[str] | None = None) -> tuple[Sequences, dict]:
+    """Generations then windows (``prompts`` / ``documents`` default to the corpus's, :func:`corpus_texts`);
+    returns the sequences and facts for the manifest."""
+    t0 = time.perf_counter()
+    if prompts is None or documents is None:
+        default_prompts, default_documents = corpus_texts(cfg)
+        prompts = default_prompts if prompts is None else prompts
+        documents = default_documents if documents is None else documents
+    encoded = [_encode_prompt(tokenizer, p) for p in prompts[: cfg.n_prompts]]
+    kept = [e for e in encoded if 0 < len(e) <= cfg.max_prompt_tokens]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos = getattr(target.generation_config, "eos_token_id", None)
+    eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    eos |= {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gens = generations(target, kept, cfg, pad_id=int(pad if pad is not None else 0), eos_ids=eos)
+    t_gen = time.perf_counter() - t0
+    wins = windows(tokenizer, list(documents), cfg)
+    seqs = Sequences(gens.seqs + wins.seqs, gens.starts + wins.starts, gens.kinds + wins.kinds)
+    facts = {"prompts": len(encoded), "prompts_kept": len(kept), "generations": len(gens.seqs),
+             "generated_tokens": sum(int(s.numel()) - st for s, st in zip(gens.seqs, gens.starts)),
+             "windows": len(wins.seqs), "tokens": seqs.n_tokens(),
+             "seconds": {"generations": t_gen, "total": time.perf_counter() - t0}}
+    return seqs, facts
+
+
+@dataclass
+class HeadData:
+    """Features and soft labels of a set of sequences (module docstring)."""
+
+    seqs: list[torch.Tensor]        # [n] long
+    starts: list[int]
+    feats: list[torch.Tensor]       # [n, F] in feature_dtype: the concatenated target states
+    topv: list[torch.Tensor]        # [n, k] float16: the target's top-k logits at each position ...
+    topi: list[torch.Tensor]        # [n, k] int32: ... and their token ids (predicting s_{t+1})
+    lse: list[torch.Tensor]         # [n] float32: log of the softmax normaliser over all V logits
+
+    def n_tokens(self) -> int:
+        return sum(int(s.numel()) for s in self.seqs)
+
+    def subset(self, ids: list[int]) -> "HeadData":
+        return HeadData(*([getattr(self, f)[i] for i in ids]
+                          for f in ("seqs", "starts", "feats", "topv", "topi", "lse")))
+
+
+@torch.no_grad()
+def extract(target, seqs: Sequences, layers: tuple[int, ...], *, top_k: int = 32, batch: int = 8,
+            feature_dtype: torch.dtype = torch.bfloat16, desc: str = "head data: features") -> HeadData:
+    """One teacher-forced forward per batch (right padding: causal, so padding never reaches a real
+    position) with ``output_hidden_states``: the states of ``layers`` and the top-``k`` logits."""
+    dev = next(target.parameters()).device
+    data = HeadData([], [], [], [], [], [])
+    order = sorted(range(len(seqs.seqs)), key=lambda i: -int(seqs.seqs[i].numel()))  # similar lengths together
+    out: dict[int, tuple] = {}
+    for b in tqdm(range(0, len(order), batch), desc=desc, file=sys.stderr, leave=False):
+        chunk = order[b: b + batch]
+        width = max(int(seqs.seqs[i].numel()) for i in chunk)
+        ids = torch.stack([F.pad(seqs.seqs[i], (0, width - int(seqs.seqs[i].numel()))) for i in chunk]).to(dev)
+        res = target(input_ids=ids, output_hidden_states=True, use_cache=False)
+        feats = torch.cat([res.hidden_states[layer] for layer in layers], dim=-1)
+        logits = res.logits.float()
+        topv, topi = logits.topk(top_k, dim=-1)
+        lse = logits.logsumexp(dim=-1)
+        for r, i in enumerate(chunk):
+            n = int(seqs.seqs[i].numel())
+            out[i] = (feats[r, :n].to("cpu", feature_dtype), topv[r, :n].to("cpu", torch.float16),
+                      topi[r, :n].to("cpu", torch.int32), lse[r, :n].to("cpu"))
+    for i in range(len(seqs.seqs)):
+        data.seqs.append(seqs.seqs[i])
+        data.starts.append(seqs.starts[i])
+        for field, value in zip(("feats", "topv", "topi", "lse"), out[i]):
+            getattr(data, field).append(value)
+    return data

@@ -1,0 +1,412 @@
+"""EAGLE and Medusa heads for a target, built offline and cached like the other drafts.
+
+A build (:func:`build_head`) runs, for one :class:`HeadConfig`:
+
+1. the teacher sequences (``head_data.py``: the target's greedy answers to training-split corpus
+   prompts, plus training-split code windows), cached in their own entry (:func:`data_entry`) because
+   generating is the slow part and every head of a target shares them;
+2. the target's features and soft labels on them (teacher-forced, ``output_hidden_states``);
+3. the draft vocabulary: the ``draft_vocab_size`` most frequent tokens of the training sequences plus
+   the special tokens (FR-Spec; speculators' ``build_vocab_mappings_from_distribution`` ranks the
+   same way), as ``d2t`` / ``t2d``;
+4. the head initialised from the target (``EagleHead.from_target`` / ``MedusaHead.from_target``) and
+   trained (``head_train.py``: EAGLE's training-time test, ``0.8^i``-weighted steps; Medusa-1's heads),
+   under the wall-clock guard ``budget_s`` (the whole build, data and evaluation included);
+5. held-out figures per depth (teacher-forced ``top1`` and ``alpha_lb``), the cost ratio ``c`` of one
+   drafted token against one target step (:func:`head_costs`), and the manifest.
+
+Entries (``cache.get_or_build``: lock, temporary folder, sha256 of every file, atomic rename)::
+
+    <name>-headdata-<key>/sequences.safetensors   token sequences (+ manifest: counts, seconds)
+    <name>-<kind>-<key>/head/                      an eagle3 head as a speculators folder (vLLM loads it),
+                                                   eagle1 / medusa heads as SPADE folders (save_head)
+
+keyed by the target entry, the recipe (``HeadConfig``, thread count excluded) and the corpus sha256;
+everything is seeded, so the same recipe and thread count give the same bytes unless the budget
+guard trips (the manifest then says ``budget_hit``).
+
+Recipes: :data:`PROFILES` ``"make"`` (sized for ``make run``: <= 8 minutes per head on two cores for
+SmolLM2-135M) and ``"long"`` (opt-in: 10x the data, 40x the steps, a 6-hour guard); :func:`head_config`
+picks one by kind. The sizing, from timings of SmolLM2 on this project's 2-core machine with *one*
+niced thread beside other work (2026-12-01; two idle threads are ~1.5-1.8x faster): teacher-forced
+features 250-380 tok/s; one EAGLE-3 step (4 x 255 positions, 3 unrolled steps, Vd = 8192) 2.3 s; one
+Medusa step (1024 positions, 4 heads) 2.0 s. So ``make``'s ~34 k tokens take ~1.5 min of features,
+160 EAGLE steps ~4-6 min, 240 Medusa steps of 512 rows ~2.5-4 min; the data entry (48 greedy answers of
+96 tokens, batched) is built once for all heads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from spade_lib.decoding.eagle import EagleConfig, EagleHead
+from spade_lib.decoding.medusa import MedusaConfig, MedusaHead
+from spade_lib.io import write_json
+from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
+from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract, teacher_sequences
+from spade_lib.zoo.head_train import HeadTrainConfig, evaluate, train_eagle, train_medusa
+
+__all__ = ["KINDS", "HeadConfig", "PROFILES", "head_config", "build_head", "data_entry", "head_entry",
+           "save_head", "load_head", "head_costs", "draft_vocabulary"]
+
+KINDS = ("eagle3", "eagle1", "medusa")
+HEADS_FORMAT_VERSION = 1  # bump when the build changes in a way HeadConfig does not capture
+SPADE_HEAD = "spade_head"  # config.json key of a SPADE-format head folder
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    kind: str = "eagle3"                       # "eagle3", "eagle1" (EAGLE-1 variant) or "medusa"
+    draft_vocab_size: int = 8192               # Vd: frequency-ranked draft vocabulary (capped at V)
+    feature_layers: tuple[int, ...] | None = None  # None: speculators' [2, L//2, L-3] (eagle1: (L,))
+    medusa_heads: int = 4                      # Medusa: k heads (tokens drafted per step at most)
+    medusa_layers: int = 1                     # Medusa: ResBlocks per head
+    data: HeadDataConfig = field(default_factory=HeadDataConfig)
+    train: HeadTrainConfig = field(default_factory=HeadTrainConfig)
+    top_k: int = 32                            # soft labels kept per position
+    feature_dtype: str = "bfloat16"            # storage of the features in memory while training
+    eval_depth: int = 4                        # held-out figures for depths 0 .. eval_depth-1
+    budget_s: float = 480.0                    # wall-clock guard of the whole head build (data entry excluded)
+    threads: int | None = 2                    # torch threads while building (not in the cache key)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind: must be one of {KINDS}, got {self.kind!r}")
+        if self.draft_vocab_size < 1 or self.top_k < 1 or self.eval_depth < 1:
+            raise ValueError("draft_vocab_size, top_k, eval_depth: must be >= 1")
+        if self.feature_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"feature_dtype: must be float32, bfloat16 or float16, got {self.feature_dtype!r}")
+        if not self.budget_s > 0:
+            raise ValueError(f"budget_s: must be > 0, got {self.budget_s!r}")
+
+    def recipe(self) -> dict:
+        from spade_lib.zoo.build import _jsonable
+
+        return _jsonable({k: v for k, v in dataclasses.asdict(self).items() if k != "threads"})
+
+
+_MAKE_DATA = HeadDataConfig(n_prompts=48, gen_tokens=96, n_windows=96, window=256)
+_LONG_DATA = HeadDataConfig(n_prompts=512, gen_tokens=192, gen_batch=32, n_windows=1024, window=512)
+PROFILES: dict[str, dict[str, HeadConfig]] = {
+    "make": {
+        "eagle3": HeadConfig("eagle3", data=_MAKE_DATA,
+                             train=HeadTrainConfig(steps=160, batch_size=4, seq_len=256, ttt_steps=3, lr=1e-3)),
+        "eagle1": HeadConfig("eagle1", data=_MAKE_DATA,
+                             train=HeadTrainConfig(steps=160, batch_size=4, seq_len=256, ttt_steps=3, lr=1e-3,
+                                                   ce_weight=0.1, feature_weight=1.0)),
+        "medusa": HeadConfig("medusa", data=_MAKE_DATA, train=HeadTrainConfig(steps=240, rows=512, lr=1e-3)),
+    },
+    "long": {
+        "eagle3": HeadConfig("eagle3", data=_LONG_DATA, budget_s=6 * 3600.0,
+                             train=HeadTrainConfig(steps=6000, batch_size=8, seq_len=512, ttt_steps=5, lr=5e-4)),
+        "eagle1": HeadConfig("eagle1", data=_LONG_DATA, budget_s=6 * 3600.0,
+                             train=HeadTrainConfig(steps=6000, batch_size=8, seq_len=512, ttt_steps=5, lr=5e-4,
+                                                   ce_weight=0.1, feature_weight=1.0)),
+        "medusa": HeadConfig("medusa", data=_LONG_DATA, budget_s=6 * 3600.0,
+                             train=HeadTrainConfig(steps=6000, rows=4096, lr=5e-4)),
+    },
+}
+
+
+def head_config(kind: str = "eagle3", profile: str = "make", **changes) -> HeadConfig:
+    """The ``profile`` recipe of ``kind`` (``PROFILES``), with dataclass ``changes`` applied."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile: must be one of {sorted(PROFILES)}, got {profile!r}")
+    if kind not in PROFILES[profile]:
+        raise ValueError(f"kind: must be one of {sorted(PROFILES[profile])}, got {kind!r}")
+    return dataclasses.replace(PROFILES[profile][kind], **changes)
+
+
+# ------------------------------------------------------------------------------------------------ storage
+
+def save_head(head, folder, *, verifier_name_or_path: str | None = None) -> Path:
+    """An eagle3 head as a speculators folder; an eagle1 / Medusa head as ``config.json`` (``spade_head``:
+    its kind, ``config``: its dataclass) + ``model.safetensors`` (without the tied embedding)."""
+    from safetensors.torch import save_file
+
+    from spade_lib.zoo.speculators_format import save_speculators
+
+    if isinstance(head, EagleHead) and head.config.variant == "eagle3":
+        return save_speculators(head, folder, verifier_name_or_path=verifier_name_or_path)
+    if not isinstance(head, (EagleHead, MedusaHead)):
+        raise ValueError(f"head: expected an EagleHead or a MedusaHead, got {type(head).__name__}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
+    write_json(folder / "config.json", {SPADE_HEAD: head.kind, "format": HEADS_FORMAT_VERSION,
+                                        "config": head.config.to_dict(), "verifier": verifier_name_or_path})
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def load_head(folder, target):
+    """A head saved by :func:`save_head` (or any speculators EAGLE-3 folder) for ``target``, in eval mode."""
+    from safetensors.torch import load_file
+
+    from spade_lib.zoo.speculators_format import is_speculators_folder, load_speculators
+
+    folder = Path(folder)
+    if is_speculators_folder(folder):
+        return load_speculators(folder, target=target)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    kind = config.get(SPADE_HEAD)
+    if kind not in ("eagle", "medusa"):
+        raise ValueError(f"folder: {folder} is neither a speculators folder nor a SPADE head ({SPADE_HEAD!r} key)")
+    head = (EagleHead(EagleConfig.from_dict(config["config"])) if kind == "eagle"
+            else MedusaHead(MedusaConfig.from_dict(config["config"])))
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "embed_tokens.weight"]:
+        raise ValueError(f"folder: {folder} does not fit a {kind} head: missing {missing}, unexpected {unexpected}")
+    p = next(target.parameters())
+    head = head.to(device=p.device, dtype=p.dtype)
+    if isinstance(head, EagleHead):
+        head.tie_embeddings(target.get_input_embeddings())
+    return head.eval()
+
+
+# ------------------------------------------------------------------------------------------------ building
+
+def draft_vocabulary(seqs: list[torch.Tensor], vocab_size: int, size: int, special: list[int]) -> torch.Tensor:
+    """The ``size`` most frequent ids of ``seqs`` (ties by id), always with ``special``; sorted."""
+    from spade_lib.zoo.distill import frequent_tokens
+
+    counts = torch.zeros(vocab_size)
+    for s in seqs:
+        counts += torch.bincount(s, minlength=vocab_size)[:vocab_size].float()
+    return frequent_tokens(counts, min(size, vocab_size), [i for i in special if 0 <= i < vocab_size])
+
+
+def _new_head(target, cfg: HeadConfig, vocab: torch.Tensor):
+    vd = int(vocab.numel())
+    v = int(target.config.vocab_size)
+    ids = vocab if vd < v else None
+    if cfg.kind == "medusa":
+        return MedusaHead.from_target(target, draft_token_ids=ids, num_heads=cfg.medusa_heads,
+                                      num_layers=cfg.medusa_layers)
+    return EagleHead.from_target(target, draft_token_ids=ids, variant=cfg.kind, feature_layers=cfg.feature_layers)
+
+
+def _feature_layers(head) -> tuple[int, ...]:
+    return tuple(head.config.feature_layers) if isinstance(head, EagleHead) else (int(head.config.feature_layer),)
+
+
+class _HeadCostAdapter:
+    """What :func:`spade_lib.decoding.costs.measure_costs` times as the draft: one drafted token of the head
+    (EAGLE: one chain step on its cache after a ``context``-position prefill of random features; Medusa: one
+    head on a state)."""
+
+    def __init__(self, head):
+        self.head, self.max_length = head, None
+        self.device = next(head.parameters()).device
+        self.vocab_size = head.config.vocab_size
+        self._cache, self._o, self.length = None, None, 0
+
+    def prefill(self, ids):
+        from transformers import DynamicCache
+
+        from spade_lib.decoding.eagle import _causal_mask
+
+        n = int(ids.numel())
+        if isinstance(self.head, EagleHead):
+            g = self.head.fuse(torch.randn(1, n, self.head.fc.in_features, device=self.device))
+            self._cache = DynamicCache()
+            o = self.head.layer(g, ids[None], torch.arange(1, n + 1, device=self.device)[None],
+                                _causal_mask(n, 0, g.dtype, self.device), self._cache)
+            self._o = o[:, -1:]
+        else:
+            self._o = torch.randn(self.head.config.hidden_size, device=self.device)
+        self.length = n
+
+    def extend(self, ids, last_only=True):
+        if isinstance(self.head, EagleHead):
+            o = self.head.layer(self.head.feedback(self._o), ids[None, :1],
+                                torch.tensor([[self.length + 1]], device=self.device), cache=self._cache)
+            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)
+        else:
+            logits = self.head.target_logits(self.head.heads[0](self._o)[None], self.vocab_size)
+        self.length += 1
+        return logits
+
+    def rollback(self, length):
+        if self._cache is not None and self.length > length:
+            self._cache.crop(-(self.length - length))
+        self.length = length
+
+
+@torch.inference_mode()
+def head_costs(target, head, *, gamma: int = 4, context: int = 64, reps: int = 10) -> dict:
+    """``c`` of one drafted token of ``head`` against one target step, and ``r(gamma)``
+    (:func:`spade_lib.decoding.costs.measure_costs`: forwards timed in turns, medians of ratios)."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.costs import measure_costs
+
+    m = measure_costs(CausalLMAdapter(target), _HeadCostAdapter(head), gamma, context, reps=reps)
+    return {"c": m["c"], "verify_cost_ratio": m["r"][gamma], "gamma": gamma, "context": m["context"],
+            "target_step_s": m["t_target"], "head_step_s": m["t_draft"], "reps": reps}
+
+
+def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, sequences: Sequences | None = None,
+               verifier_name_or_path: str | None = None, data_facts: dict | None = None,
+               cost_reps: int = 10) -> tuple[object, dict]:
+    """Build one head for ``target`` (module docstring, steps 2-5; ``sequences`` default to fresh
+    :func:`~spade_lib.zoo.head_data.teacher_sequences`); saves it under ``out/head`` when ``out`` is given.
+    Returns ``(head, manifest facts)``."""
+    from spade_lib.zoo.build import _environment
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    deadline = t0 + cfg.budget_s
+    torch.manual_seed(cfg.train.seed)
+    if sequences is None:
+        sequences, data_facts = teacher_sequences(target, tokenizer, cfg.data)
+    n = len(sequences.seqs)
+    held = [i for i in range(n) if i % cfg.data.heldout_every == 0]
+    train = [i for i in range(n) if i % cfg.data.heldout_every]
+    if not train or not held:
+        raise ValueError(f"sequences: {n} sequences leave no training or no held-out ones "
+                         f"(heldout_every={cfg.data.heldout_every})")
+    special = sorted({i for i in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                  getattr(tokenizer, "unk_token_id", None)) if i is not None})
+    vocab = draft_vocabulary([sequences.seqs[i] for i in train], int(target.config.vocab_size),
+                             cfg.draft_vocab_size, special)
+    head = _new_head(target, cfg, vocab)
+    t = time.perf_counter()
+    data = extract(target, sequences, _feature_layers(head), top_k=cfg.top_k,
+                   feature_dtype=getattr(torch, cfg.feature_dtype))
+    t_features = time.perf_counter() - t
+    depth = min(cfg.eval_depth, head.config.num_heads) if isinstance(head, MedusaHead) else cfg.eval_depth
+    at_init = evaluate(head, data, held, depth)
+    trainer = train_medusa if isinstance(head, MedusaHead) else train_eagle
+    curve, train_facts = trainer(head, data, train, cfg.train, deadline=deadline)
+    t = time.perf_counter()
+    heldout = evaluate(head, data, held, depth)
+    costs = head_costs(target, head, reps=cost_reps)
+    t_eval = time.perf_counter() - t
+    if out is not None:
+        save_head(head, Path(out) / "head", verifier_name_or_path=verifier_name_or_path)
+    facts = {
+        "kind": cfg.kind, "head_class": type(head).__name__, "head_config": head.config.to_dict(),
+        "n_trainable": sum(p.numel() for n_, p in head.named_parameters() if not n_.startswith("embed_tokens")),
+        "feature_layers": list(_feature_layers(head)), "draft_vocab_size": int(vocab.numel()),
+        "draft_vocab_token_mass": _mass(sequences, train, vocab, int(target.config.vocab_size)),
+        "data": {**(data_facts or {}), "sequences": n, "train_sequences": len(train), "heldout_sequences": len(held),
+                 "feature_tokens": data.n_tokens()},
+        "heldout": heldout, "heldout_at_init": at_init,
+        "heldout_note": "teacher-forced per depth: top1 = alpha(T=0); alpha_lb <= alpha(T=1) (the target's mass "
+                        "outside its top-k not counted); 'generated': labels of the target's own answers",
+        "train_curve": curve, **train_facts, "budget_s": cfg.budget_s,
+        "costs": costs, "environment": _environment(),
+        "seconds": {"features": t_features, "eval": t_eval, "total": time.perf_counter() - t0,
+                    "cpu_total": time.process_time() - cpu0},
+    }
+    return head, facts
+
+
+def _mass(sequences: Sequences, ids: list[int], vocab: torch.Tensor, v: int) -> float:
+    counts = torch.zeros(v)
+    for i in ids:
+        counts += torch.bincount(sequences.seqs[i], minlength=v)[:v].float()
+    return float(counts[vocab].sum() / counts.sum().clamp(min=1))
+
+
+def _with_threads(threads: int | None, fn):
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def _load_target(target_dir: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from spade_lib.zoo import frspec  # noqa: F401  (registers the FR-Spec class, should a target be one)
+
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, use_safetensors=True)
+    return model.eval(), tokenizer
+
+
+def _corpus_sha() -> str:
+    from spade_lib.zoo.build import cached_corpus
+    from spade_lib.zoo.corpus import CorpusConfig
+
+    return cached_corpus(CorpusConfig()).sha256
+
+
+def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False, prompts=None, documents=None) -> Path:
+    """The cache folder of the teacher sequences of the target saved at ``target_dir`` (an HF folder; ``name``
+    names the entries), built if needed; ``prompts`` / ``documents`` replace the corpus's (hashed)."""
+    from spade_lib.zoo.build import _environment, zoo_dir
+
+    target_dir = Path(target_dir)
+    texts = {k: cache_key({"texts": list(v)}) for k, v in (("prompts", prompts), ("documents", documents))
+             if v is not None}
+    recipe = {"format": HEADS_FORMAT_VERSION, "kind": "head-data", "target": _target_identity(target_dir),
+              "data": cfg.recipe()["data"], "texts": texts,
+              "corpus_sha256": _corpus_sha() if len(texts) < 2 else None}
+    entry = zoo_dir() / f"{name}-headdata-{cache_key(recipe)}"
+
+    def build(tmp: Path) -> dict:
+        from safetensors.torch import save_file
+
+        def body():
+            target, tokenizer = _load_target(target_dir)
+            seqs, facts = teacher_sequences(target, tokenizer, cfg.data, prompts=prompts, documents=documents)
+            save_file(seqs.to_tensors(), str(tmp / "sequences.safetensors"))
+            return {"kind": "head-data", "name": name, "recipe": recipe, **facts,
+                    "environment": _environment(), "threads": torch.get_num_threads()}
+
+        return _with_threads(cfg.threads, body)
+
+    return get_or_build(entry, build, rebuild=rebuild)
+
+
+def _target_identity(target_dir: Path) -> dict:
+    """What identifies a saved target in a key: its cache entry's manifest build id when it lives in one,
+    else the sha256 of its weights."""
+    from spade_lib.zoo.cache import MANIFEST, sha256_file
+
+    for parent in (target_dir, target_dir.parent):
+        if (parent / MANIFEST).is_file():
+            m = read_manifest(parent)
+            return {"entry": parent.name, "build_id": m.get("build_id"), "sub": str(target_dir.relative_to(parent))}
+    return {"weights_sha256": sorted(sha256_file(p) for p in target_dir.glob("*.safetensors"))}
+
+
+def head_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False, prompts=None,
+               documents=None) -> Path:
+    """The cache folder ``<name>-<kind>-<key>`` of a head for the target saved at ``target_dir``, built if
+    needed (its data entry first); the head is at ``<entry>/head`` (:func:`load_head`)."""
+    from safetensors.torch import load_file
+
+    from spade_lib.zoo.build import zoo_dir
+
+    target_dir = Path(target_dir)
+    data = data_entry(target_dir, name, cfg, prompts=prompts, documents=documents)
+    recipe = {"format": HEADS_FORMAT_VERSION, "kind": cfg.kind, "data_entry": data.name,
+              "data_build_id": read_manifest(data).get("build_id"), "head": cfg.recipe()}
+    entry = zoo_dir() / f"{name}-{cfg.kind}-{cache_key(recipe)}"
+
+    def build(tmp: Path) -> dict:
+        def body():
+            target, tokenizer = _load_target(target_dir)
+            seqs = Sequences.from_tensors(load_file(str(data / "sequences.safetensors")))
+            facts_data = {k: v for k, v in read_manifest(data).items() if k not in ("files", "recipe", "environment")}
+            _, facts = build_head(target, tokenizer, cfg, tmp, sequences=seqs, data_facts=facts_data,
+                                  verifier_name_or_path=str(target_dir))
+            return {**facts, "kind": f"head-{cfg.kind}", "head_kind": cfg.kind, "name": name, "recipe": recipe,
+                    "threads": torch.get_num_threads(),
+                    "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared"}
+
+        return _with_threads(cfg.threads, body)
+
+    return get_or_build(entry, build, rebuild=rebuild)

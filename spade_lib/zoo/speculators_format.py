@@ -1,0 +1,215 @@
+"""vLLM's speculators format for EAGLE-3 heads, both ways: a SPADE :class:`~spade_lib.decoding.eagle.EagleHead`
+saved as a folder that ``speculators`` (0.9.0) and vLLM load, and any EAGLE-3 folder loaded into one.
+
+A speculators EAGLE-3 folder (``Eagle3DraftModel.save_pretrained``, checked against the package) holds:
+
+- ``config.json``: ``speculators_model_type: "eagle3"``, ``architectures: ["Eagle3DraftModel"]``,
+  ``speculators_version``, ``draft_vocab_size`` (``Vd``), ``eagle_aux_hidden_state_layer_ids`` (target
+  layers ``l``: vLLM captures ``hidden_states + residual`` *entering* decoder layer ``l``, which is
+  Hugging Face's ``hidden_states[l]``, the output of layer ``l``; speculators' default is
+  ``[2, L // 2, L - 3]``), ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``,
+  ``embed_requires_grad``, ``target_hidden_size``, ``transformer_layer_config`` (the decoder layer's
+  config, a Llama config with ``num_hidden_layers: 1``; ``vocab_size`` is the target's ``V``) and
+  ``speculators_config`` (``algorithm: "eagle3"``, ``proposal_methods: [{proposal_type: "greedy",
+  speculative_tokens: k, ...}]``, ``default_proposal_method: "greedy"``, ``verifier: {name_or_path,
+  architectures}``). vLLM's reader defaults ``norm_before_residual`` to *True* when the key is
+  missing, so it is always written.
+- ``model.safetensors``: ``fc.weight [H, 3H]``; ``layers.0.self_attn.{q,k,v}_proj.weight [.., 2H]``,
+  ``layers.0.self_attn.o_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
+  ``layers.0.{input_layernorm,post_attention_layernorm,hidden_norm}.weight``; ``norm.weight``;
+  ``lm_head.weight [Vd, H]``; ``d2t [Vd]`` int64 (target id of draft row ``j`` is ``j + d2t[j]``) and
+  ``t2d [V]`` bool (present only when ``Vd < V``); ``embed_tokens.weight [V, H]`` optional (speculators
+  saves it; loaders fill it from the verifier when absent; vLLM then shares the target's).
+
+SPADE's parameter names are these names, so saving is ``state_dict`` minus the tied embedding (kept with
+``include_embeddings=True``); loading refuses what SPADE's head does not implement (a layer config that
+is not Llama, e.g. speculators' Qwen3 default with q/k norms; more than one decoder layer;
+``norm_before_fc`` / ``fc_norm``) with the key that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from spade_lib.decoding.eagle import LAYER_KEYS, EagleConfig, EagleHead, default_feature_layers
+from spade_lib.io import write_json
+
+__all__ = ["SPECULATORS_VERSION", "is_speculators_folder", "save_speculators", "load_speculators"]
+
+SPECULATORS_VERSION = "0.9.0"  # the version whose format this module writes (and its tests load)
+WEIGHTS = "model.safetensors"
+_IGNORED = ("verifier_lm_head.weight", "verifier_norm.weight")  # training-only tensors speculators never saves
+
+
+def _read_config(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise OSError(f"folder: cannot read {folder / 'config.json'}: {e}") from e
+
+
+def is_speculators_folder(path) -> bool:
+    """Whether ``path`` is a local folder whose ``config.json`` names a ``speculators_model_type``."""
+    try:
+        folder = Path(path).expanduser()
+        return folder.is_dir() and "speculators_model_type" in _read_config(folder)
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _layer_config(head: EagleHead) -> dict:
+    from transformers import LlamaConfig
+
+    d = LlamaConfig(**{**head.config.layer, "num_hidden_layers": 1, "tie_word_embeddings": False}).to_dict()
+    for key in ("architectures", "_name_or_path", "dtype", "torch_dtype", "output_attentions",
+                "output_hidden_states", "return_dict", "chunk_size_feed_forward", "id2label", "label2id",
+                "problem_type", "is_encoder_decoder", "tokenizer_class", "_attn_implementation_autoset"):
+        d.pop(key, None)
+    return d
+
+
+def save_speculators(head: EagleHead, folder, *, verifier_name_or_path: str | None = None,
+                     verifier_architectures: tuple[str, ...] = ("LlamaForCausalLM",), speculative_tokens: int = 3,
+                     include_embeddings: bool = False) -> Path:
+    """Write ``head`` (an ``eagle3`` :class:`EagleHead`) as a speculators EAGLE-3 folder; returns it.
+
+    ``verifier_name_or_path``: the target's hub id or folder (vLLM and speculators load the verifier's
+    embedding and norms from it; ``None`` leaves it unset); ``speculative_tokens``: the proposal length
+    written to ``speculators_config``; ``include_embeddings``: also write ``embed_tokens.weight``."""
+    from safetensors.torch import save_file
+
+    if not isinstance(head, EagleHead):
+        raise ValueError(f"head: expected an EagleHead, got {type(head).__name__}")
+    c = head.config
+    if c.variant != "eagle3":
+        raise ValueError(f"head: only eagle3 heads have a speculators format, got variant {c.variant!r} "
+                         "(it feeds its output back through fc)")
+    if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 1:
+        raise ValueError(f"speculative_tokens: must be an integer >= 1, got {speculative_tokens!r}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = head.fc.weight.dtype
+    import transformers
+
+    config = {
+        "architectures": ["Eagle3DraftModel"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": SPECULATORS_VERSION,
+        "draft_vocab_size": int(c.draft_vocab_size),
+        "eagle_aux_hidden_state_layer_ids": list(c.feature_layers),
+        "norm_before_residual": bool(c.norm_before_residual),
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": bool(c.norm_output),
+        "embed_requires_grad": False,
+        "target_hidden_size": c.target_hidden_size,
+        "tie_word_embeddings": False,
+        "dtype": str(dtype).replace("torch.", ""),
+        "transformer_layer_config": _layer_config(head),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                  "accept_tolerance": 0.0, "verifier_accept_k": 1}],
+            "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
+        },
+        "transformers_version": transformers.__version__,
+    }
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
+    if not include_embeddings:
+        state.pop("embed_tokens.weight")
+    if c.draft_vocab_size == c.vocab_size:  # speculators keeps no maps for the whole vocabulary
+        if not torch.equal(state["d2t"], torch.zeros_like(state["d2t"])):
+            raise ValueError("head: a whole-vocabulary head must map draft row j to target id j (d2t = 0)")
+        state.pop("d2t")
+        state.pop("t2d")
+    write_json(folder / "config.json", config)
+    save_file(state, str(folder / WEIGHTS), metadata={"format": "pt"})
+    return folder
+
+
+def _refuse(config: dict, folder: Path) -> None:
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        raise ValueError(f"folder: {folder} holds a speculators {kind!r} model; SPADE loads 'eagle3' ones")
+    for key in ("norm_before_fc", "fc_norm"):
+        if config.get(key):
+            raise NotImplementedError(f"{key}: {folder} sets {key}=true, which SPADE's EagleHead does not implement")
+    tl = config.get("transformer_layer_config") or {}
+    if tl.get("model_type") != "llama":
+        raise NotImplementedError(f"transformer_layer_config.model_type: {folder} has {tl.get('model_type')!r} "
+                                  "(speculators' default is qwen3); SPADE's EagleHead implements 'llama' layers")
+    if int(tl.get("num_hidden_layers", 1)) != 1:
+        raise NotImplementedError(f"transformer_layer_config.num_hidden_layers: {folder} has "
+                                  f"{tl['num_hidden_layers']} draft layers; SPADE's EagleHead has one")
+
+
+def load_speculators(folder, *, target=None, dtype: torch.dtype | None = None, device=None) -> EagleHead:
+    """An :class:`EagleHead` from a speculators EAGLE-3 folder (module docstring), in eval mode.
+
+    ``target`` (the verifier, optional): its embedding is tied to the head unless the folder carries a
+    trained one (``embed_requires_grad``), its layer count checks (and, when the folder names none,
+    resolves) ``eagle_aux_hidden_state_layer_ids``, and the head goes to its device and dtype.
+    Without a target the folder must carry ``embed_tokens.weight``."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    folder = Path(os.fspath(folder)).expanduser()
+    config = _read_config(folder)
+    _refuse(config, folder)
+    tl = LlamaConfig(**{k: v for k, v in config["transformer_layer_config"].items() if k != "model_type"}).to_dict()
+    layer = {k: tl[k] for k in LAYER_KEYS if k in tl and tl[k] is not None}
+    n_target = None if target is None else int(target.config.get_text_config().num_hidden_layers)
+    layers = config.get("eagle_aux_hidden_state_layer_ids")
+    if not layers:
+        if n_target is None:
+            raise ValueError(f"target: {folder} names no eagle_aux_hidden_state_layer_ids; give the target to "
+                             "resolve speculators' default [2, L // 2, L - 3]")
+        layers = default_feature_layers(n_target)
+    verifier = (config.get("speculators_config") or {}).get("verifier") or {}
+    head_config = EagleConfig(
+        layer=layer, feature_layers=tuple(layers), draft_vocab_size=int(config["draft_vocab_size"]),
+        variant="eagle3", target_hidden_size=config.get("target_hidden_size"),
+        norm_before_residual=bool(config.get("norm_before_residual", False)),
+        norm_output=bool(config.get("norm_output", False)), target_layers=n_target,
+        meta={"source": "speculators", "folder": str(folder), "speculators_version": config.get("speculators_version"),
+              "verifier": verifier.get("name_or_path")})
+    if target is not None:
+        tv = int(target.get_input_embeddings().weight.shape[0])
+        if tv != head_config.vocab_size:
+            raise ValueError(f"target: vocabulary {tv} differs from the head's transformer_layer_config.vocab_size "
+                             f"{head_config.vocab_size} ({folder})")
+    state = load_file(str(folder / WEIGHTS))
+    for key in _IGNORED:
+        state.pop(key, None)
+    head = EagleHead(head_config)
+    expected = set(head.state_dict())
+    unexpected = sorted(set(state) - expected)
+    if unexpected:
+        raise ValueError(f"folder: {folder / WEIGHTS} has tensors an EAGLE-3 head does not: {unexpected[:8]}")
+    optional = {"embed_tokens.weight"} | ({"d2t", "t2d"} if head_config.draft_vocab_size == head_config.vocab_size
+                                          else set())
+    missing = sorted(expected - set(state) - optional)
+    if missing:
+        raise ValueError(f"folder: {folder / WEIGHTS} lacks {missing[:8]}")
+    use_own = "embed_tokens.weight" in state and (target is None or config.get("embed_requires_grad"))
+    if target is None and "embed_tokens.weight" not in state:
+        raise ValueError(f"target: {folder} carries no embed_tokens.weight; give the target whose embedding it uses")
+    if not use_own:
+        state.pop("embed_tokens.weight", None)
+    d2t, t2d = state.pop("d2t", None), state.pop("t2d", None)
+    missing, _ = head.load_state_dict(state, strict=False)
+    if d2t is not None:
+        head.set_vocab_maps(d2t, t2d)
+    if target is not None:
+        p = next(target.parameters())
+        head = head.to(device=p.device if device is None else device, dtype=p.dtype if dtype is None else dtype)
+        if not use_own:
+            head.tie_embeddings(target.get_input_embeddings())
+    elif device is not None or dtype is not None:
+        head = head.to(device=device, dtype=dtype)
+    return head.eval()

@@ -1,0 +1,170 @@
+"""vLLM's speculators format both ways, against the ``speculators`` package itself.
+
+(a) a head saved by SPADE loads back identical (no package needed); (b) a folder written by
+``Eagle3DraftModel.save_pretrained`` loads into SPADE's head with the same training-time-test logits;
+(c) a folder written by SPADE loads into ``Eagle3DraftModel.from_pretrained`` with the same logits.
+(b) and (c) run speculators in a child process (tests/speculators_pkg.py obtains the package outside
+the venv) and skip, with the reason, when it cannot be had.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spade_lib.decoding.eagle import EagleHead
+from spade_lib.zoo.speculators_format import is_speculators_folder, load_speculators, save_speculators
+
+from speculators_pkg import REPO, run_with_speculators, speculators_dir
+
+V, VD, H = 96, 40, 32
+REF = REPO / "tests" / "speculators_ref.py"
+
+
+def tiny_target(layers=8, seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      initializer_range=0.3, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def random_head(target, vocab=VD, seed=1):
+    torch.manual_seed(seed)
+    head = EagleHead.from_target(target, draft_token_ids=torch.randperm(V)[:vocab] if vocab < V else None)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if not name.startswith("embed_tokens"):
+                p.add_(0.1 * torch.randn_like(p))
+    return head
+
+
+@pytest.fixture(scope="module")
+def speculators():
+    folder, reason = speculators_dir()
+    if folder is None:
+        pytest.skip(reason)
+    return folder
+
+
+def test_spade_head_round_trips_identical(tmp_path):
+    target = tiny_target()
+    for vocab in (VD, V):  # a pruned vocabulary (d2t, t2d saved) and the whole one (no maps)
+        head = random_head(target, vocab)
+        folder = save_speculators(head, tmp_path / f"h{vocab}", verifier_name_or_path="org/target")
+        assert is_speculators_folder(folder)
+        back = load_speculators(folder, target=target)
+        assert back.embed_tokens.weight is target.get_input_embeddings().weight
+        sd, sd_back = head.state_dict(), back.state_dict()
+        assert sd.keys() == sd_back.keys()
+        assert all(torch.equal(sd[k], sd_back[k]) for k in sd)
+        assert torch.equal(head.draft_ids, back.draft_ids)
+        assert back.config.feature_layers == head.config.feature_layers and back.config.layer == head.config.layer
+        feats, toks = torch.randn(1, 7, 3 * H), torch.randint(0, V, (1, 9))
+        with torch.no_grad():
+            for a, b in zip(head.unrolled(feats, toks, 3)[0], back.unrolled(feats, toks, 3)[0]):
+                assert torch.equal(a, b)
+
+
+def test_written_folder_has_the_speculators_names(tmp_path):
+    head = random_head(tiny_target())
+    folder = save_speculators(head, tmp_path / "h", include_embeddings=True, speculative_tokens=4)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["architectures"] == ["Eagle3DraftModel"]
+    assert config["draft_vocab_size"] == VD and config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    assert config["norm_before_residual"] is False  # vLLM reads a missing key as True
+    tl = config["transformer_layer_config"]
+    assert tl["model_type"] == "llama" and tl["num_hidden_layers"] == 1 and tl["vocab_size"] == V
+    proposal = config["speculators_config"]["proposal_methods"][0]
+    assert proposal["proposal_type"] == "greedy" and proposal["speculative_tokens"] == 4
+    shapes = {k: tuple(v.shape) for k, v in load_file(str(folder / "model.safetensors")).items()}
+    assert shapes == {
+        "embed_tokens.weight": (V, H), "fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (VD, H),
+        "d2t": (VD,), "t2d": (V,),
+        "layers.0.self_attn.q_proj.weight": (H, 2 * H), "layers.0.self_attn.k_proj.weight": (16, 2 * H),
+        "layers.0.self_attn.v_proj.weight": (16, 2 * H), "layers.0.self_attn.o_proj.weight": (H, H),
+        "layers.0.mlp.gate_proj.weight": (64, H), "layers.0.mlp.up_proj.weight": (64, H),
+        "layers.0.mlp.down_proj.weight": (H, 64), "layers.0.input_layernorm.weight": (H,),
+        "layers.0.post_attention_layernorm.weight": (H,), "layers.0.hidden_norm.weight": (H,)}
+
+
+def test_unsupported_folders_and_heads_are_refused(tmp_path):
+    target = tiny_target()
+    folder = save_speculators(random_head(target), tmp_path / "h")
+    config = json.loads((folder / "config.json").read_text())
+    for key, value, match in (("norm_before_fc", True, "norm_before_fc"), ("speculators_model_type", "mtp", "folder"),
+                              ("transformer_layer_config", {**config["transformer_layer_config"], "model_type": "qwen3"},
+                               "model_type")):
+        (folder / "config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises((ValueError, NotImplementedError), match=match):
+            load_speculators(folder, target=target)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="target"):
+        load_speculators(folder)  # no embedding saved and no target to take it from
+    with pytest.raises(ValueError, match="target"):
+        load_speculators(folder, target=_with_vocab(V + 4))  # another vocabulary
+    eagle1 = EagleHead.from_target(target, variant="eagle1")
+    with pytest.raises(ValueError, match="eagle3"):
+        save_speculators(eagle1, tmp_path / "e1")
+
+
+def _with_vocab(v):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=v, hidden_size=H, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,
+                      num_key_value_heads=2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_a_folder_written_by_speculators_loads_with_the_same_logits(speculators, tmp_path):
+    out = run_with_speculators(speculators, REF, "write", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref = load_file(str(tmp_path / "reference.safetensors"))
+    head = load_speculators(tmp_path / "model")  # the folder carries its embedding
+    assert head.config.feature_layers == (1, 3, 5) and head.config.draft_vocab_size == VD
+    toks = torch.cat([ref["input_ids"], torch.zeros(1, 2, dtype=torch.long)], dim=1)  # speculators pads with 0
+    with torch.no_grad():
+        logits, _ = head.unrolled(ref["hidden_states"], toks, steps=3)
+    for i in range(3):
+        torch.testing.assert_close(logits[i], ref[f"logits_{i}"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_folder_written_by_spade_loads_in_speculators_with_the_same_logits(speculators, tmp_path):
+    target = tiny_target()
+    target.save_pretrained(tmp_path / "verifier")  # speculators loads the verifier's config and weights
+    head = random_head(target)
+    folder = save_speculators(head, tmp_path / "head", include_embeddings=True,
+                              verifier_name_or_path=str(tmp_path / "verifier"))
+    hidden_states, input_ids = torch.randn(1, 10, 3 * H), torch.randint(0, V, (1, 10))
+    save_file({"hidden_states": hidden_states, "input_ids": input_ids}, str(tmp_path / "io.safetensors"))
+    out = run_with_speculators(speculators, REF, "forward", str(folder), str(tmp_path / "io.safetensors"),
+                               str(tmp_path / "out.safetensors"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref = load_file(str(tmp_path / "out.safetensors"))
+    with torch.no_grad():
+        logits, _ = head.unrolled(hidden_states, torch.cat([input_ids, torch.zeros(1, 2, dtype=torch.long)], 1), 3)
+    for i in range(3):
+        torch.testing.assert_close(logits[i], ref[f"logits_{i}"], rtol=1e-5, atol=1e-5)
+
+
+def test_load_pair_takes_a_speculators_folder_as_a_head(tmp_path):
+    from spade_lib.decoding.drafters import make_drafter
+    from spade_lib.decoding.eagle import EagleDrafter
+    from spade_lib.zoo.configs import TokenizerConfig
+    from spade_lib.zoo.pairs import load_pair
+    from spade_lib.zoo.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 20], TokenizerConfig(vocab_size=300, min_frequency=1))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=H, intermediate_size=64, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    target = LlamaForCausalLM(cfg).eval()
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    save_speculators(EagleHead.from_target(target), tmp_path / "eagle3", verifier_name_or_path=str(tmp_path / "target"))
+    pair = load_pair(target=str(tmp_path / "target"), draft=str(tmp_path / "eagle3"))
+    assert pair.drafts == {} and set(pair.heads) == {"draft"} and pair.draft is pair.heads["draft"]
+    assert pair.heads["draft"].embed_tokens.weight is pair.target.get_input_embeddings().weight
+    assert pair.manifest["heads"] == {"draft": str(tmp_path / "eagle3")}
+    assert isinstance(make_drafter("draft", pair), EagleDrafter) and isinstance(make_drafter("eagle", pair), EagleDrafter)
