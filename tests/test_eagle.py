@@ -283,3 +283,23 @@ def test_make_drafter_finds_the_pairs_eagle_head(target):
     pair.heads = {}
     with pytest.raises(ValueError, match="head"):
         make_drafter("eagle", pair)
+
+
+@pytest.mark.parametrize("backend", ["hf", "lean"])
+def test_speculative_decoder_with_the_head_equals_autoregressive(target, head, backend):
+    """Through the real decoder (observe after the prefill and every step, hidden states from the
+    backend's tree-free extend): greedy output equals AR decoding token for token, and drafts do get
+    accepted (the head was initialised from the target, so agreement is far from 0)."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.sampling import SamplingConfig
+
+    prompt = [5, 9, 33, 2, 17]
+    greedy = SamplingConfig(temperature=0.0)
+    ar = AutoregressiveDecoder(CausalLMAdapter(target, backend=backend), sampling=greedy,
+                               eos_token_id=[]).generate(prompt, 24)
+    dec = SpeculativeDecoder(CausalLMAdapter(target, backend=backend), EagleDrafter(head), gamma=4,
+                             sampling=greedy, eos_token_id=[], record=True)
+    res = dec.generate(prompt, 24)
+    assert res.tokens == ar.tokens
+    assert sum(res.accept_lengths) > 0

@@ -125,3 +125,17 @@ def test_make_drafter_finds_the_pairs_medusa_head(target):
     pair.target, pair.heads = target, {"m": make_head(target)}
     assert isinstance(make_drafter("medusa", pair), MedusaDrafter)
     assert isinstance(make_drafter("m", pair), MedusaDrafter)
+
+
+def test_speculative_decoder_with_the_heads_equals_autoregressive(target):
+    """Through the real decoder: greedy output with Medusa heads equals AR decoding token for token."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.sampling import SamplingConfig
+
+    prompt = [5, 9, 33, 2, 17]
+    greedy = SamplingConfig(temperature=0.0)
+    ar = AutoregressiveDecoder(CausalLMAdapter(target), sampling=greedy, eos_token_id=[]).generate(prompt, 24)
+    res = SpeculativeDecoder(CausalLMAdapter(target), MedusaDrafter(make_head(target)), gamma=3,
+                             sampling=greedy, eos_token_id=[]).generate(prompt, 24)
+    assert res.tokens == ar.tokens
