@@ -263,6 +263,33 @@ def test_tree_extend_equals_a_causal_forward_of_each_path(model, backend):
 
 
 @pytest.mark.parametrize("backend", TREE_BACKENDS)
+def test_a_tree_fed_level_by_level_equals_a_causal_forward_of_each_path(model, backend):
+    """``tree_from``: the tree's rows fed in three extends (its levels; one a single row), each row seeing
+    the cache before the tree and only its own ancestors after it; then keep commits a path as usual."""
+    a = tree_adapter(model, backend)
+    rng = torch.Generator().manual_seed(7)
+    prefix = torch.randint(0, V, (5,), generator=rng).tolist()
+    a.extend(torch.tensor(prefix))
+    start = a.length
+    new = torch.randint(0, V, (len(PARENTS),), generator=rng)
+    levels = [(0, 3), (3, 4), (4, len(PARENTS))]  # rows 0-2, then row 3, then rows 4-7 (PARENTS is topological)
+    logits = torch.cat([a.extend(new[i:j], parents=PARENTS[:j], tree_from=start) for i, j in levels])
+    assert a.length == start + len(PARENTS)
+    for i in range(len(PARENTS)):
+        path = [int(new[j]) for j in path_of(PARENTS, i)]
+        torch.testing.assert_close(logits[i], full_logits(model, prefix + path)[-1], rtol=1e-4, atol=1e-5)
+    slots = path_of(PARENTS, 6)
+    a.keep(slots, start=start)
+    kept = prefix + [int(new[j]) for j in slots]
+    more = torch.randint(0, V, (2,), generator=rng)
+    torch.testing.assert_close(a.extend(more), full_logits(model, kept + more.tolist())[-2:], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="parents"):  # the cached tree rows' parents must be given too
+        a.extend(new[:2], parents=[-1, 0], tree_from=start)
+    with pytest.raises(ValueError, match="tree_from"):
+        a.extend(new[:1], tree_from=start)
+
+
+@pytest.mark.parametrize("backend", TREE_BACKENDS)
 def test_keep_leaves_the_cache_of_a_fresh_prefill(model, backend):
     """After a tree extend, keeping the rows of one path (any increasing subset of a path's rows) leaves the
     cache a fresh prefill of the kept tokens would: the next extend's logits say so."""

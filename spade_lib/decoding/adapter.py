@@ -17,7 +17,11 @@ rows as a forest: row ``i`` attends to the cache and to the rows on its own path
 earlier row, or ``-1``: a child of the last cached token), at position ``length + depth[i]`` — a 4-D
 additive mask ``[1, 1, k, length + k]`` (0 or the dtype's minimum) and explicit ``position_ids`` for the
 Hugging Face forward, which takes a 4-D mask as given (``transformers.masking_utils``); so row ``i``'s
-logits are those of a causal forward of its path. ``keep(slots, start=L)`` then commits any increasing
+logits are those of a causal forward of its path. A tree can also be fed level by level: with
+``tree_from=S`` the rows cached from ``S`` on are earlier nodes of the same tree, ``parents`` lists the
+parents of all of them and then of the fed rows (indices into that list; ``-1``: a child of the token at
+``S - 1``), and a fed row sees the cache before ``S`` and only its own ancestors after it -- so a draft
+model evaluates one level of its tree per forward, over that level's nodes only. ``keep(slots, start=L)`` then commits any increasing
 subset of the rows fed from ``L`` (the root and the accepted path), moving their keys/values to the
 contiguous positions ``L, L + 1, ..``: afterwards the cache equals a fresh prefill of the kept tokens.
 ``extend(ids, hidden_layers=(l, ..))`` also returns the hidden states of every fed row at those layers,
@@ -93,7 +97,7 @@ class ExtendOutput:
 
 
 def _check_parents(parents, k: int) -> list[int]:
-    """``parents`` (ints or a 1-D integer tensor) of ``k`` fed rows as a host list; ``-1 <= parents[i] < i``."""
+    """``parents`` (ints or a 1-D integer tensor) of ``k`` tree rows as a host list; ``-1 <= parents[i] < i``."""
     if isinstance(parents, torch.Tensor):
         if parents.dim() != 1 or parents.dtype.is_floating_point or parents.dtype == torch.bool:
             raise ValueError(f"parents: expected a 1-D integer tensor, got shape {tuple(parents.shape)}, "
@@ -103,7 +107,8 @@ def _check_parents(parents, k: int) -> list[int]:
         raise ValueError(f"parents: expected a list of ints or a 1-D tensor, got {type(parents).__name__}")
     ps = list(parents)
     if len(ps) != k:
-        raise ValueError(f"parents: {len(ps)} entries for {k} fed tokens")
+        raise ValueError(f"parents: {len(ps)} entries for {k} tree rows (the cached ones since tree_from, then "
+                         "the fed ones)")
     for i, p in enumerate(ps):
         if isinstance(p, bool) or not isinstance(p, int) or not -1 <= p < i:
             raise ValueError(f"parents: row {i} has parent {p!r}; need an int with -1 <= parents[i] < i "
@@ -188,19 +193,23 @@ class CausalLMAdapter:
 
     @torch.inference_mode()
     def extend(self, ids: torch.Tensor, *, last_only: bool = False, parents: Sequence[int] | torch.Tensor | None = None,
-               hidden_layers: Sequence[int] = ()) -> torch.Tensor | ExtendOutput:
+               tree_from: int | None = None, hidden_layers: Sequence[int] = ()) -> torch.Tensor | ExtendOutput:
         """Feed ``ids`` (1-D long tensor on ``self.device``); return their logits ``[k, V]``
         (``[1, V]`` for the last position only when ``last_only``).
 
         ``parents``: feed the rows as a tree (module docstring; ``-1 <= parents[i] < i``, read on the host).
+        ``tree_from``: the cache position where that tree's rows began (default: ``length``, a new tree);
+        ``parents`` then has ``length - tree_from + k`` entries, the cached tree rows' and the fed rows'.
         ``hidden_layers``: also return every fed row's hidden state at these layers, as an
         :class:`ExtendOutput`. With neither, this is the plain causal extend."""
         k = int(ids.shape[-1])
         if k == 0:
             raise ValueError("ids: nothing to feed (0 tokens)")
         self.check_fits(k)
+        if tree_from is not None and parents is None:
+            raise ValueError("tree_from: only with parents (it says where the tree's rows began)")
         if parents is not None or hidden_layers:
-            return self._extend_tree(ids.view(k), last_only, parents, hidden_layers)
+            return self._extend_tree(ids.view(k), last_only, parents, hidden_layers, tree_from)
         if self.lean is not None:
             logits = self.lean.forward(ids.view(k), last_only=last_only)
             self.length += k
@@ -225,17 +234,22 @@ class CausalLMAdapter:
                                  f"(0: embeddings .. {n}: after the final norm)")
         return tuple(hidden_layers)
 
-    def _extend_tree(self, ids: torch.Tensor, last_only: bool, parents, hidden_layers) -> torch.Tensor | ExtendOutput:
+    def _extend_tree(self, ids: torch.Tensor, last_only: bool, parents, hidden_layers,
+                     tree_from: int | None = None) -> torch.Tensor | ExtendOutput:
         """The extend with a tree mask and/or hidden states (see :meth:`extend`)."""
         k = int(ids.shape[0])
         layers = self._check_layers(hidden_layers)
         anc = depth = None
+        S = self.length if tree_from is None else tree_from
         if parents is not None:
-            ps = _check_parents(parents, k)
-            anc = ancestor_mask(torch.tensor(ps, dtype=torch.long, device=self.device))  # [k, k]
+            if isinstance(S, bool) or not isinstance(S, int) or not 0 <= S <= self.length:
+                raise ValueError(f"tree_from: must be an int in [0, {self.length}] (a cached position), got {tree_from!r}")
+            ps = _check_parents(parents, self.length - S + k)
+            # [k, M]: the fed rows' ancestors among the M tree rows (cached since S, then fed)
+            anc = ancestor_mask(torch.tensor(ps, dtype=torch.long, device=self.device))[-k:]
             depth = anc.sum(dim=-1) - 1
         if self.lean is not None:
-            out = self.lean.forward(ids, last_only=last_only, ancestors=anc, hidden_layers=layers)
+            out = self.lean.forward(ids, last_only=last_only, ancestors=anc, tree_from=S, hidden_layers=layers)
             self.length += k
             return ExtendOutput(*out) if layers else out
         kwargs = {self._cache_kw: self.cache, "use_cache": True}
@@ -247,9 +261,9 @@ class CausalLMAdapter:
                 raise ValueError("parents: a sliding-window cache counts slots, not positions; trees are not supported")
             L = self.length
             mask = torch.zeros(1, 1, k, L + k, device=self.device, dtype=self.dtype)
-            mask[0, 0, :, L:] = torch.where(anc, 0.0, torch.finfo(self.dtype).min)
+            mask[0, 0, :, S:] = torch.where(anc, 0.0, torch.finfo(self.dtype).min)
             kwargs["attention_mask"] = mask
-            kwargs["position_ids"] = (L + depth)[None]
+            kwargs["position_ids"] = (S + depth)[None]
         elif self._has_position_ids:
             kwargs["position_ids"] = torch.arange(self.length, self.length + k, device=self.device)[None]
         if self._has_logits_to_keep:

@@ -278,11 +278,13 @@ class LeanForward:
         return out.reshape(H, k, self.head_dim) if self.gqa else out
 
     def forward(self, ids: torch.Tensor, last_only: bool = False, *, ancestors: torch.Tensor | None = None,
-                hidden_layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
+                tree_from: int | None = None, hidden_layers: tuple[int, ...] = ()
+                ) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``).
 
-        ``ancestors [k, k]`` bool feeds the rows as a tree (:mod:`spade_lib.decoding.tree`): row ``i``
-        sees the cache and the rows ``j`` with ``ancestors[i, j]``, at position ``length + depth[i]``.
+        ``ancestors [k, M]`` bool feeds the rows as a tree (:mod:`spade_lib.decoding.tree`) whose ``M``
+        rows start at cache position ``S = tree_from`` (default ``length``, ``M = k``): row ``i`` sees the
+        cache before ``S`` and the tree rows ``j`` with ``ancestors[i, j]``, at position ``S + depth[i]``.
         ``hidden_layers`` also returns ``{layer: [k, d]}``, indexed as Hugging Face's
         ``output_hidden_states`` (0: embeddings, ``i``: after layer ``i``, the last after the final norm).
         Call it under ``torch.inference_mode()`` (the adapter does): it writes the KV buffers in place."""
@@ -292,21 +294,22 @@ class LeanForward:
             raise ValueError(f"context limit: {start} cached + {k} new tokens exceed {self.capacity} positions")
         if end > self._size:
             self._alloc(max(2 * self._size, end))
-        if k == 1 and self.folded and self.dtype == torch.float32 and not hidden_layers:
+        tree_from = start if tree_from is None or ancestors is None else tree_from
+        if k == 1 and tree_from == start and self.folded and self.dtype == torch.float32 and not hidden_layers:
             return self._forward_one(ids, start)
         if ancestors is None:
             cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
-        else:  # a tree: row i at position start + depth[i]
-            pos = start - 1 + ancestors.sum(dim=-1)
+        else:  # a tree: row i at position tree_from + depth[i]
+            pos = tree_from - 1 + ancestors.sum(dim=-1)
             cos, sin = self._cos[pos][None], self._sin[pos][None]
         mask = None
-        if k > 1:  # additive causal mask: query i (position start + i) sees keys j <= start + i
+        if k > 1 or tree_from < start:  # additive mask: causal (query i sees keys j <= start + i), or a tree's
             mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
             if ancestors is None:
                 mask.masked_fill_(torch.arange(end, device=self.device)[None, :]
                                   > torch.arange(start, end, device=self.device)[:, None], float("-inf"))
-            else:  # a tree's: query i sees the cache and the rows of its own path
-                mask[:, start:].masked_fill_(~ancestors, float("-inf"))
+            else:  # a tree's: query i sees the cache before the tree and the rows of its own path
+                mask[:, tree_from:].masked_fill_(~ancestors, float("-inf"))
             if self.gqa:
                 mask = mask.repeat(self.n_heads // self.n_kv, 1)
         x = F.embedding(ids, self.embed)  # [k, d]
