@@ -36,15 +36,29 @@ distribution that token was drawn from (:mod:`spade_lib.decoding.policies`), and
 target forward for one token drawn from ``p``. Its speedup over autoregressive decoding is
 ``1 / r(gamma) <= 1``; a measured value above 1 is a defect of the baseline, not a result.
 
+**Trees.** A drafter may propose a :class:`~spade_lib.decoding.tree.DraftTree` with ``parents``, told the
+accepted path by ``accept_path``. Every drafter with a model takes ``tree=`` a
+:class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or its spec string; default the chain): EAGLE-2
+dynamic, static choice lists or sampled i.i.d. / without-replacement trees, grown one level per draft
+forward (:mod:`spade_lib.decoding.tree_drafting`). :class:`ModelDrafter` feeds each level as one
+tree-masked extend on its own cache (``extend(ids, parents=..., tree_from=...)``) and afterwards keeps
+the accepted path's rows (``keep``), so its cache is again the committed text. The model-free tree
+drafters are :class:`NGramTreeDrafter` (``"ngram_tree"``: every prompt-lookup match, merged into a trie)
+and :class:`SuffixDrafter` (``"suffix"``: SuffixDecoding over the prompt and earlier outputs). A tree's
+size is its config's; the decoder's ``max_gamma`` caps its depth, and the policy's per-token signals are
+not consulted inside a tree.
+
 **Feature heads.** :class:`~spade_lib.decoding.eagle.EagleDrafter` and
 :class:`~spade_lib.decoding.medusa.MedusaDrafter` (modules ``eagle`` and ``medusa``) draft from the
 target's hidden states (``hidden_layers``, :meth:`Drafter.observe`) with a head of the pair
 (``pair.heads[name]``).
 
-**By name.** :func:`make_drafter(name, pair, **options) <make_drafter>` builds a drafter for the runner:
-a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``; ``"eagle"`` / ``"medusa"``: the
-pair's one head of that kind, or option ``head``), a draft model of the pair (``pair.drafts[name]``) or a
-head of the pair by its name (``pair.heads[name]``). :func:`register_drafter` adds a name.
+**By name.** :func:`make_drafter(name, pair, tree=None, **options) <make_drafter>` builds a drafter for
+the runner: a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``; ``"ngram_tree"``, the
+same and ``tree``; ``"suffix"``: ``tree``, ``max_depth``, ``max_spec_factor``, ``min_token_prob``;
+``"eagle"`` / ``"medusa"``: the pair's one head of that kind, or option ``head``), a draft model of the
+pair (``pair.drafts[name]``) or a head of the pair by its name (``pair.heads[name]``); ``tree`` names the
+tree of any of them that drafts one. :func:`register_drafter` adds a name.
 """
 
 from __future__ import annotations
@@ -57,10 +71,12 @@ import torch
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree
+from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TreeConfig, committed_rows, grow_tree
+from spade_lib.decoding.tree_shapes import SuffixIndex, TreeShape, ngram_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
-__all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NullDrafter", "make_drafter", "register_drafter", "drafter_names",
-           "sample_categorical"]
+__all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NGramTreeDrafter", "SuffixDrafter",
+           "NullDrafter", "make_drafter", "register_drafter", "drafter_names", "sample_categorical"]
 
 
 # The chain draft is a DraftTree with parents=None (spade_lib.decoding.tree: one definition of a proposal); the
@@ -155,16 +171,25 @@ class ModelDrafter(Drafter):
 
     The cache holds every committed token except the last few ``_unfed`` ones (the newest committed
     token, and ``x_{gamma-1}`` after a fully accepted block), which the next ``propose`` feeds first.
+
+    ``tree`` (a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` or its spec; default the chain):
+    propose that tree instead, each level one tree-masked extend from the root's row on (``tree_from``);
+    ``accept_path`` then keeps the accepted path's fed rows and leaves the rest of the path unfed.
     """
 
     deterministic = False
 
-    def __init__(self, model: torch.nn.Module | CausalLMAdapter, *, max_length: int | None = None):
+    def __init__(self, model: torch.nn.Module | CausalLMAdapter, *, max_length: int | None = None,
+                 tree: TreeConfig | str | None = None):
         self.adapter = model if isinstance(model, CausalLMAdapter) else CausalLMAdapter(model, max_length=max_length)
         self.vocab_size = self.adapter.vocab_size
+        self.tree = _model_tree(tree)
         self._unfed: torch.Tensor | None = None
         self._tokens: torch.Tensor | None = None
         self._length_before = 0
+        self._rows: dict | None = None  # a proposed tree: path tokens -> fed row (after _base)
+        self._tree_tokens: list[int] = []
+        self._base = 0
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         prompt = as_token_tensor(prompt_ids, self.adapter.device)
@@ -176,14 +201,18 @@ class ModelDrafter(Drafter):
             self.adapter.extend(prompt[:-1], last_only=True)
         self._unfed = prompt[-1:]
         self._tokens = None
+        self._rows = None
 
     @torch.inference_mode()
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> DraftTree:
         """Draft up to ``max_gamma`` tokens. Greedy: ``x_i = argmax`` of the logits and the one-hot ``q``
-        of all positions built in one call at the end; sampling: ``x_i ~ q_i`` by inverse CDF."""
+        of all positions built in one call at the end; sampling: ``x_i ~ q_i`` by inverse CDF. With a
+        tree: the tree, at most ``max_gamma`` deep."""
         if self._unfed is None:
             raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
+        if not self.tree.is_chain:
+            return self._propose_tree(max_gamma, sampling, generator)
         self._length_before = self.adapter.length
         self._n_unfed = int(self._unfed.shape[0])
         feed = self._unfed
@@ -213,7 +242,36 @@ class ModelDrafter(Drafter):
         q = adjust(logits, sampling, validate=False) if greedy else torch.cat(qs)
         return DraftTree(self._tokens, q, logits, stop)
 
+    def _propose_tree(self, max_gamma: int, sampling: SamplingConfig, generator: torch.Generator | None) -> DraftTree:
+        """The root's logits from the unfed tokens (a causal extend), then :func:`grow_tree`: each level
+        one extend of its new rows with the parents of every tree row so far, from ``_base`` on."""
+        a = self.adapter
+        root = _match_vocab(a.extend(self._unfed, last_only=True), self.vocab_size)[0]
+        base = self._base = a.length
+
+        def feed(tokens: list[int], parents: list[int], depths: list[int]) -> torch.Tensor:
+            ids = torch.tensor(tokens, dtype=torch.long, device=a.device)
+            return _match_vocab(a.extend(ids, parents=parents, tree_from=base), self.vocab_size)
+
+        room = None if a.max_length is None else a.max_length - base
+        tree, self._rows = grow_tree(self.tree, root, feed, sampling, generator, max_depth=max_gamma, room=room)
+        self._tree_tokens = tree.tokens.tolist()
+        return tree
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
+        """After a tree: keep the fed rows of the accepted path (its longest fed prefix) after the root's
+        row, drop every other tree row; the rest of the path and ``next_token`` are fed next time."""
+        if self._rows is None:
+            return super().accept_path(path, next_token)
+        tokens = [self._tree_tokens[i] for i in path]
+        kept = committed_rows(self._rows, tokens)
+        self.adapter.keep(kept, start=self._base)
+        self._unfed = torch.tensor(tokens[len(kept):] + [int(next_token)], dtype=torch.long, device=self.adapter.device)
+        self._rows = None
+
     def accept(self, n_accepted: int, next_token: int) -> None:
+        if self._rows is not None:  # a tree was proposed (the decoder says accept(0, t) after an empty one)
+            return self.accept_path(list(range(n_accepted)), next_token)
         k = 0 if self._tokens is None else int(self._tokens.shape[0])
         nxt = torch.tensor([next_token], dtype=torch.long, device=self.adapter.device)
         if k == 0:  # nothing drafted, nothing fed
@@ -295,6 +353,119 @@ class NGramDrafter(Drafter):
         self._proposed = []
 
 
+def _trie_tree(config: TreeConfig | str | None) -> TreeConfig:
+    tree = TreeConfig(shape="trie", total_nodes=16, depth=8) if config is None else TreeConfig.parse(config)
+    if tree.shape != "trie":
+        raise ValueError(f"tree: a model-free tree drafter grows a 'trie' (total_nodes, depth), not {tree.shape!r}")
+    return tree
+
+
+def _trie_draft(shape: TreeShape, depth: int, device: torch.device) -> DraftTree:
+    """A trie (level order) cut to ``depth`` levels -- a prefix of its nodes -- as a deterministic DraftTree."""
+    n = int((shape.depths() <= depth).sum())
+    return DraftTree(shape.tokens[:n].to(device), None, None, "max_gamma" if n else "no_match",
+                     shape.parents[:n].to(device), "deterministic")
+
+
+class NGramTreeDrafter(Drafter):
+    """Prompt lookup as a tree (:func:`~spade_lib.decoding.tree_shapes.ngram_tree`): for the longest
+    trailing n-gram (``max_ngram`` down to ``min_ngram``) that occurred earlier, *every* occurrence
+    proposes what followed it, merged into a trie of at most ``tree.total_nodes`` nodes and ``tree.depth``
+    levels (default ``TreeConfig("trie", total_nodes=16, depth=8)``). Deterministic nodes, ``q = None``."""
+
+    deterministic = True
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, *, tree: TreeConfig | str | None = None,
+                 device: torch.device | str = "cpu"):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"min_ngram/max_ngram: need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.tree = _trie_tree(tree)
+        self.device = torch.device(device)
+        self._ctx: list[int] = []
+        self._proposed: list[int] = []
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if isinstance(prompt_ids, torch.Tensor):
+            self.device = prompt_ids.device
+        self._ctx = as_token_tensor(prompt_ids, "cpu").tolist()
+        if not self._ctx:
+            raise ValueError("prompt_ids: empty prompt")
+        self._proposed = []
+
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> DraftTree:
+        depth = self.tree.levels(max_gamma)
+        shape = ngram_tree(self._ctx, self.max_ngram, self.min_ngram, max_nodes=self.tree.total_nodes, depth=depth)
+        tree = _trie_draft(shape, depth, self.device)
+        self._proposed = tree.tokens.tolist()
+        return tree
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
+        self._ctx.extend([self._proposed[i] for i in path] + [int(next_token)])
+        self._proposed = []
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        self.accept_path(list(range(n_accepted)), next_token)
+
+
+class SuffixDrafter(Drafter):
+    """SuffixDecoding (Oliaro et al. 2024) with :class:`~spade_lib.decoding.tree_shapes.SuffixIndex`: two
+    indexes, the prompt's (new at every ``reset``) and the outputs' (kept across prompts: every earlier
+    output, and this one as its tokens are committed), as SuffixDecoding keeps a per-request and a global
+    tree. Each proposes its candidate trie for the committed text (``speculate``: ``max_nodes =
+    tree.total_nodes``, ``max_spec_factor``, ``min_token_prob``), cut to ``tree.depth`` levels; the one with
+    the larger summed score (its expected accepted length under the empirical continuation
+    probabilities) is proposed, the prompt's on a tie. Deterministic nodes, ``q = None``."""
+
+    deterministic = True
+
+    def __init__(self, *, tree: TreeConfig | str | None = None, max_depth: int = 24, max_spec_factor: float = 1.0,
+                 min_token_prob: float = 0.1, device: torch.device | str = "cpu"):
+        self.tree = _trie_tree(tree)
+        self.max_depth, self.max_spec_factor, self.min_token_prob = max_depth, max_spec_factor, min_token_prob
+        self.outputs = SuffixIndex(max_depth)  # every output so far, one sequence per request
+        self.prompt_index = SuffixIndex(max_depth)
+        self.device = torch.device(device)
+        self._request = -1
+        self._ctx: list[int] = []
+        self._proposed: list[int] = []
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if isinstance(prompt_ids, torch.Tensor):
+            self.device = prompt_ids.device
+        self._ctx = as_token_tensor(prompt_ids, "cpu").tolist()
+        if not self._ctx:
+            raise ValueError("prompt_ids: empty prompt")
+        self._request += 1
+        self.prompt_index = SuffixIndex(self.max_depth)
+        self.prompt_index.extend(0, self._ctx)
+        self._proposed = []
+
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> DraftTree:
+        depth = self.tree.levels(max_gamma)
+        best, best_score = None, -1.0
+        for index in (self.prompt_index, self.outputs):
+            shape = index.speculate(self._ctx, max_nodes=self.tree.total_nodes, max_spec_factor=self.max_spec_factor,
+                                    min_token_prob=self.min_token_prob)
+            tree = _trie_draft(shape, depth, self.device)
+            score = float(shape.score[:tree.gamma].sum()) if tree.gamma else 0.0
+            if score > best_score:
+                best, best_score = tree, score
+        self._proposed = best.tokens.tolist()
+        return best
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
+        new = [self._proposed[i] for i in path] + [int(next_token)]
+        self._ctx.extend(new)
+        self.outputs.extend(self._request, new)
+        self._proposed = []
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        self.accept_path(list(range(n_accepted)), next_token)
+
+
 class NullDrafter(Drafter):
     """The null-draft control: ``max_gamma`` copies of token 0, verified by the ``reject`` rule (module
     docstring). Output is distributed exactly as ``p`` (greedy: identical to autoregressive decoding)."""
@@ -354,11 +525,20 @@ def drafter_options(name: str) -> tuple[str, ...]:
     return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "device")
 
 
-def make_drafter(name: str, pair, **options) -> Drafter:
+def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **options) -> Drafter:
     """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
     pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``), else
-    the pair's head ``pair.heads[name]`` (its ``drafter(**options)``)."""
+    the pair's head ``pair.heads[name]`` (its ``drafter(**options)``). ``tree``: the
+    :class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or spec string) of a drafter that drafts trees;
+    a drafter of chains only refuses any but the chain."""
+    tree = None if tree is None else TreeConfig.parse(tree)
+    if tree is not None:
+        options["tree"] = tree
     if name in _REGISTRY:
+        if tree is not None and "tree" not in drafter_options(name):
+            if not tree.is_chain:
+                raise ValueError(f"tree: drafter {name!r} drafts chains only, not a {tree.shape!r} tree")
+            del options["tree"]
         device = next(pair.target.parameters()).device
         return _REGISTRY[name](pair, device=device, **options)
     drafts = getattr(pair, "drafts", {}) or {}
@@ -371,14 +551,34 @@ def make_drafter(name: str, pair, **options) -> Drafter:
                      f"{sorted(heads)} (or {sorted(_REGISTRY)}), not {name!r}")
 
 
+def _model_tree(tree: TreeConfig | str | None) -> TreeConfig:
+    """``tree`` for a drafter with a model: the chain or one of the model shapes."""
+    tree = TreeConfig.parse(tree)
+    if not tree.is_chain and tree.shape not in MODEL_SHAPES:
+        raise ValueError(f"tree: a drafter with a model grows {('chain',) + MODEL_SHAPES}, not {tree.shape!r} "
+                         "(the 'trie' is the model-free drafters' 'ngram_tree' / 'suffix')")
+    return tree
+
+
 def _ngram(pair, *, device, max_ngram: int = 3, min_ngram: int = 1) -> NGramDrafter:
     return NGramDrafter(max_ngram=max_ngram, min_ngram=min_ngram, device=device)
+
+
+def _ngram_tree(pair, *, device, max_ngram: int = 3, min_ngram: int = 1,
+                tree: TreeConfig | str | None = None) -> NGramTreeDrafter:
+    return NGramTreeDrafter(max_ngram, min_ngram, tree=tree, device=device)
+
+
+def _suffix(pair, *, device, tree: TreeConfig | str | None = None, max_depth: int = 24, max_spec_factor: float = 1.0,
+            min_token_prob: float = 0.1) -> SuffixDrafter:
+    return SuffixDrafter(tree=tree, max_depth=max_depth, max_spec_factor=max_spec_factor,
+                         min_token_prob=min_token_prob, device=device)
 
 
 def _head_drafter(kind: str) -> Callable[..., Drafter]:
     """The factory of ``"eagle"`` / ``"medusa"``: the pair's one head of ``kind`` (or the one named ``head``)."""
 
-    def factory(pair, *, device, head: str | None = None) -> Drafter:
+    def factory(pair, *, device, head: str | None = None, tree: TreeConfig | str | None = None) -> Drafter:
         heads = {n: h for n, h in (getattr(pair, "heads", {}) or {}).items() if getattr(h, "kind", None) == kind}
         if head is None:
             if len(heads) != 1:
@@ -387,12 +587,14 @@ def _head_drafter(kind: str) -> Callable[..., Drafter]:
             head = next(iter(heads))
         if head not in heads:
             raise ValueError(f"head: pair {getattr(pair, 'name', '?')!r} has {kind} heads {sorted(heads)}, not {head!r}")
-        return heads[head].drafter()
+        return heads[head].drafter(tree=tree)
 
     return factory
 
 
 register_drafter("ngram", _ngram)
+register_drafter("ngram_tree", _ngram_tree)
+register_drafter("suffix", _suffix)
 register_drafter("null", lambda pair, *, device: NullDrafter(device=device))
 register_drafter("eagle", _head_drafter("eagle"))
 register_drafter("medusa", _head_drafter("medusa"))

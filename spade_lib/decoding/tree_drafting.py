@@ -1,0 +1,260 @@
+"""Tree drafting: how a drafter with a model grows its draft tree, named once by a :class:`TreeConfig`.
+
+A run names the tree in one place -- ``make_drafter(name, pair, tree=TreeConfig(...))``, or the spec string
+``TreeConfig.parse("eagle2:nodes=16,depth=4,topk=4")`` -- and every drafter that drafts from a model (a draft
+model, :class:`~spade_lib.decoding.drafters.ModelDrafter`; EAGLE and Medusa heads) grows it the same way,
+:func:`grow_tree`, with the builders of :mod:`spade_lib.decoding.tree_shapes`. Terms are those of
+:mod:`spade_lib.decoding.tree` (node, parent, depth, sibling rank, path; the root is the pending token).
+
+**Shapes** (``TreeConfig.shape``; the fields each one reads in brackets):
+
+- ``"chain"``: no tree, the drafter's chain ``x_0 .. x_{gamma-1}`` (the default, unchanged);
+- ``"eagle2"`` [``total_nodes``, ``depth``, ``top_k``]: EAGLE-2's dynamic tree (Li et al. 2024,
+  :func:`~spade_lib.decoding.tree_shapes.eagle2_tree`): per level expand the ``top_k`` nodes of highest
+  cumulative draft probability into their ``top_k`` most likely children, then rerank all candidates to
+  ``total_nodes``; ``draws="deterministic"``;
+- ``"static"`` [``choices``, ``depth``]: a Medusa-style choice list (paths of top-k ranks;
+  :data:`SMALL_TREE`, 16 nodes of depth 4, or ``"medusa63"``, Medusa's ``mc_sim_7b_63``), filled with the
+  rank-th most likely token at each parent (:func:`~spade_lib.decoding.tree_shapes.fill_static`);
+  ``draws="deterministic"``;
+- ``"sampled"`` [``widths`` or ``top_k`` and ``depth``, ``draws``]: SpecInfer's tree (Miao et al. 2024):
+  ``widths[d]`` children per node at depth ``d``, drawn from ``q = adjust(draft logits, sampling)`` at the
+  parent, i.i.d. (``draws="iid"``) or without replacement (Jeon et al. 2024); without ``widths``,
+  ``(top_k, 1, .., 1)`` of length ``depth``: ``top_k`` sampled chains;
+- ``"trie"`` [``total_nodes``, ``depth``]: the model-free drafters' own shape (``"ngram_tree"``,
+  ``"suffix"`` in :mod:`spade_lib.decoding.drafters`): a trie of the continuations seen in the text.
+
+**Which ``q``.** Verification of a drawn tree is exact only with the ``q`` its tokens were really drawn
+from, so a sampled tree carries ``q = adjust(logits, sampling)`` at each node's parent (before the removal
+of earlier siblings, which :func:`spade_lib.verify.verify_tree` re-derives). The deterministic shapes rank
+by the draft's temperature-1 softmax of its raw logits (as EAGLE does, whatever the sampling temperature:
+at temperature 0 the adjusted ``q`` is one-hot and would rank nothing) and carry ``q = None``: the tree
+rule then treats each node as drawn from ``one_hot(x_i)``, lossless at every temperature.
+
+**One forward per level.** :func:`grow_tree` asks the drafter's ``feed(tokens, parents, depths)`` for the
+raw logits after the nodes it expands, a whole level at once: the new rows' tokens, the parents of *every*
+row fed so far in this tree then the new ones (indices into that list, ``-1``: the root), and the new
+rows' depths (0: a child of the root). A draft model feeds them with one tree-masked extend on its own
+cache (``CausalLMAdapter.extend(ids, parents=..., tree_from=...)``), an EAGLE head with one pass of its
+layer under the same mask, Medusa's heads read their depth's head. A path asked for twice (i.i.d.
+siblings that drew the same token) is fed once. Rows fed: at most ``top_k (depth - 1)`` (eagle2), the
+nodes with children (static), the nodes above the last level (sampled); :meth:`TreeConfig.levels` cuts the
+depth so that they fit a cache's room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spade_lib.decoding.tree import DraftTree
+from spade_lib.decoding.tree_shapes import MEDUSA_63, eagle2_tree, fill_static, sampled_tree, static_tree
+from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.validate import check_choice, check_int
+
+__all__ = ["TreeConfig", "TREE_SHAPES", "MODEL_SHAPES", "SMALL_TREE", "STATIC_CHOICES", "grow_tree", "committed_rows",
+           "empty_tree", "Feed"]
+
+TREE_SHAPES = ("chain", "eagle2", "static", "sampled", "trie")
+MODEL_SHAPES = ("eagle2", "static", "sampled")  # the shapes grow_tree builds from a model's logits
+
+# A small static tree, 16 nodes of depth 4 (4 + 6 + 4 + 2 per level), skewed to the top rank as Medusa's are.
+SMALL_TREE: list[list[int]] = [
+    [0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0],
+    [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1],
+]
+STATIC_CHOICES: dict[str, list[list[int]]] = {"small": SMALL_TREE, "medusa63": MEDUSA_63}
+
+# feed(tokens [n], parents of all rows so far then the n new ones, depths [n]) -> raw logits [n, V]
+Feed = Callable[[list[int], list[int], list[int]], torch.Tensor]
+
+_SPEC_KEYS = {"nodes": "total_nodes", "depth": "depth", "topk": "top_k", "widths": "widths", "draws": "draws",
+              "choices": "choices"}
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """The draft tree a run asks for (module docstring: which fields each shape reads)."""
+
+    shape: str = "chain"       # "chain" | "eagle2" | "static" | "sampled" | "trie"
+    total_nodes: int = 16      # node budget N (eagle2's rerank; the trie drafters' cap)
+    depth: int = 4             # levels below the root, the longest path (static: a cap on its choices)
+    top_k: int = 4             # eagle2: children per expanded node = nodes expanded per level; sampled: default width
+    widths: tuple[int, ...] = ()  # sampled: children per node at each level (() = (top_k, 1, .., 1) of length depth)
+    draws: str = "iid"         # sampled: "iid" | "without_replacement"
+    choices: str | tuple[tuple[int, ...], ...] = "small"  # static: "small" | "medusa63" | a choice list
+
+    def __post_init__(self) -> None:
+        check_choice("shape", self.shape, TREE_SHAPES)
+        check_int("total_nodes", self.total_nodes, min=1)
+        check_int("depth", self.depth, min=1)
+        check_int("top_k", self.top_k, min=1)
+        widths = tuple(check_int(f"widths[{d}]", w, min=1) for d, w in enumerate(self.widths))
+        object.__setattr__(self, "widths", widths)
+        check_choice("draws", self.draws, ("iid", "without_replacement"))
+        if isinstance(self.choices, str):
+            check_choice("choices", self.choices, tuple(STATIC_CHOICES))
+        else:
+            choices = tuple(tuple(c) for c in self.choices)
+            static_tree(choices)  # refuses a list that is not a tree
+            object.__setattr__(self, "choices", choices)
+
+    @property
+    def is_chain(self) -> bool:
+        return self.shape == "chain"
+
+    def choice_list(self, depth: int | None = None) -> list[list[int]]:
+        """The static tree's choices, those of at most ``depth`` ranks (a tree again: prefixes are shorter)."""
+        choices = STATIC_CHOICES[self.choices] if isinstance(self.choices, str) else self.choices
+        return [list(c) for c in choices if depth is None or len(c) <= depth]
+
+    def level_widths(self) -> tuple[int, ...]:
+        """The sampled tree's children per node at each level."""
+        return self.widths or (self.top_k,) + (1,) * (self.depth - 1)
+
+    @property
+    def max_depth(self) -> int:
+        """The longest path this shape can draft (the decoder's gamma for it)."""
+        if self.shape == "static":
+            return max(len(c) for c in self.choice_list(self.depth))
+        if self.shape == "sampled":
+            return len(self.level_widths())
+        return self.depth
+
+    def rows_fed(self, depth: int) -> int:
+        """At most how many nodes a draft evaluates (feeds) to grow this tree ``depth`` levels deep."""
+        if self.shape == "eagle2":
+            return self.top_k * (depth - 1)
+        if self.shape == "static":
+            return sum(len(c) < depth for c in self.choice_list(depth))
+        if self.shape == "sampled":
+            n, rows = 1, 0
+            for w in self.level_widths()[:depth - 1]:
+                n *= w
+                rows += n
+            return rows
+        return 0
+
+    def levels(self, max_depth: int, room: int | None = None) -> int:
+        """The depth to grow: ``max_depth`` (the decoder's cap) at most, cut until the rows fed fit ``room``."""
+        depth = max(1, min(self.max_depth, int(max_depth)))
+        while room is not None and depth > 1 and self.rows_fed(depth) > room:
+            depth -= 1
+        return depth
+
+    # -- spec strings ------------------------------------------------------------------------------------
+    @classmethod
+    def parse(cls, spec: str | TreeConfig | None) -> TreeConfig:
+        """``"shape[:key=value,...]"`` with keys ``nodes``, ``depth``, ``topk``, ``widths`` (``4-1-1``),
+        ``draws`` and ``choices`` (a name): e.g. ``"eagle2:nodes=16,depth=4,topk=4"``,
+        ``"sampled:widths=2-2-1,draws=without_replacement"``, ``"static:choices=medusa63"``. ``None`` or
+        ``""``: the chain. A :class:`TreeConfig` is returned as it is."""
+        if isinstance(spec, TreeConfig):
+            return spec
+        if spec is None or spec == "":
+            return cls()
+        if not isinstance(spec, str):
+            raise ValueError(f"tree: expected a spec string or a TreeConfig, got {type(spec).__name__}")
+        shape, _, rest = spec.strip().partition(":")
+        fields: dict = {}
+        for item in filter(None, (x.strip() for x in rest.split(","))):
+            key, eq, value = item.partition("=")
+            if not eq or key.strip() not in _SPEC_KEYS:
+                raise ValueError(f"tree: {item!r} in {spec!r} is not key=value with a key of {sorted(_SPEC_KEYS)}")
+            name, value = _SPEC_KEYS[key.strip()], value.strip()
+            try:
+                if name == "widths":
+                    fields[name] = tuple(int(w) for w in value.split("-"))
+                elif name in ("draws", "choices"):
+                    fields[name] = value
+                else:
+                    fields[name] = int(value)
+            except ValueError:
+                raise ValueError(f"tree: {key.strip()}={value!r} in {spec!r} is not a number") from None
+        return cls(shape=shape.strip(), **fields)
+
+    def spec(self) -> str:
+        """The spec string :meth:`parse` reads back (only the fields the shape reads)."""
+        if self.shape == "chain":
+            return "chain"
+        if self.shape == "static" and not isinstance(self.choices, str):
+            raise ValueError("spec: a static tree with an explicit choice list has no spec string (name one of "
+                             f"{sorted(STATIC_CHOICES)})")
+        keys = {"eagle2": ("nodes", "depth", "topk"), "static": ("choices", "depth"), "trie": ("nodes", "depth"),
+                "sampled": ("widths", "draws")}[self.shape]
+        values = {"nodes": self.total_nodes, "depth": self.depth, "topk": self.top_k, "draws": self.draws,
+                  "widths": "-".join(map(str, self.level_widths())), "choices": self.choices}
+        return f"{self.shape}:" + ",".join(f"{k}={values[k]}" for k in keys)
+
+
+def _softmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float().softmax(dim=-1)
+
+
+def grow_tree(config: TreeConfig, root_logits: torch.Tensor, feed: Feed, sampling: SamplingConfig,
+              generator: torch.Generator | None, *, max_depth: int, room: int | None = None
+              ) -> tuple[DraftTree, dict[tuple[int, ...], int]]:
+    """Grow ``config``'s tree (a model shape) from the draft's raw logits at the root, ``root_logits [V]``
+    (cut or padded to the target's vocabulary), asking ``feed`` for each level (module docstring).
+
+    ``max_depth``: the decoder's cap on the path length; ``room``: how many rows the draft's cache can
+    still take (``None``: no limit). Returns the :class:`DraftTree` (its ``logits [N, V]``: the raw draft
+    logits at each node's parent; ``q``: see the module docstring; ``stop="budget"`` when ``room`` cut
+    the depth) and the row each fed path was given (``path tokens -> row``, rows numbered in feed order),
+    which the drafter needs to commit the accepted path."""
+    if config.shape not in MODEL_SHAPES:
+        raise ValueError(f"tree: shape {config.shape!r} is not grown from a model's logits (one of {MODEL_SHAPES})")
+    depth = config.levels(max_depth, room)
+    cut = depth < config.levels(max_depth)
+    logits_of: dict[tuple[int, ...], torch.Tensor] = {(): root_logits}
+    rows: dict[tuple[int, ...], int] = {}
+    parents: list[int] = []
+
+    def raw(paths: list[list[int]]) -> torch.Tensor:
+        new = list(dict.fromkeys(p for p in map(tuple, paths) if p not in logits_of))
+        if new:
+            par = [rows[p[:-1]] if len(p) > 1 else -1 for p in new]
+            out = feed([p[-1] for p in new], parents + par, [len(p) - 1 for p in new])
+            for j, p in enumerate(new):
+                rows[p] = len(parents) + j
+                logits_of[p] = out[j]
+            parents.extend(par)
+        return torch.stack([logits_of[tuple(p)] for p in paths])
+
+    if config.shape == "eagle2":
+        shape = eagle2_tree(lambda ps: _softmax(raw(ps)), total_nodes=config.total_nodes, depth=depth,
+                            top_k=config.top_k)
+    elif config.shape == "static":
+        shape = fill_static(config.choice_list(depth), lambda ps: _softmax(raw(ps)))
+    else:
+        gen = generator if generator is not None else torch.default_generator
+        shape = sampled_tree(lambda ps: adjust(raw(ps), sampling, validate=False), config.level_widths()[:depth],
+                             generator=gen, draws=config.draws)
+    dev, v = root_logits.device, int(root_logits.shape[-1])
+    n = shape.n_nodes
+    logits = torch.stack([logits_of[tuple(p[:-1])] for p in shape.paths()]) if n else root_logits.new_empty(0, v)
+    q = None
+    if shape.draws != "deterministic":
+        q = shape.q.to(dev) if n else torch.zeros(0, v, device=dev)
+    tree = DraftTree(shape.tokens.to(dev), q, logits, "budget" if cut else "max_gamma", shape.parents.to(dev),
+                     shape.draws)
+    return tree, rows
+
+
+def empty_tree(device, stop: str) -> DraftTree:
+    """A tree of no nodes (the decoder then takes a plain target step)."""
+    none = torch.empty(0, dtype=torch.long, device=device)
+    return DraftTree(none, None, None, stop, none, "deterministic")
+
+
+def committed_rows(rows: dict[tuple[int, ...], int], tokens: Sequence[int]) -> list[int]:
+    """The fed rows of the accepted path ``tokens`` (root-down): those of its longest fed prefix, increasing."""
+    out = []
+    for j in range(1, len(tokens) + 1):
+        row = rows.get(tuple(tokens[:j]))
+        if row is None:
+            break
+        out.append(row)
+    return out
