@@ -277,7 +277,7 @@ def test_make_drafter_finds_the_pairs_eagle_head(target):
     pair.target = target
     pair.heads = {"e3": make_head(target)}
     assert "eagle" in drafter_names() and "e3" in drafter_names(pair)
-    assert drafter_options("eagle") == ("head",)
+    assert drafter_options("eagle") == ("head", "tree")
     assert isinstance(make_drafter("eagle", pair), EagleDrafter)
     assert isinstance(make_drafter("e3", pair), EagleDrafter)
     pair.heads = {}

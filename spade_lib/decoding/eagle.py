@@ -42,12 +42,16 @@ positions, fed into the head's cache at the next ``propose``, where they count a
 a chain with ``q_i = adjust(logits, sampling)`` (``-inf`` off the draft vocabulary, so ``q = 0`` there:
 still lossless), consults the policy like :class:`~spade_lib.decoding.drafters.ModelDrafter`, and on
 ``accept`` crops its cache back to the committed positions (the drafted positions are recomputed from
-the target's features, as EAGLE does). :meth:`EagleDrafter.propose_tree` drafts top-``k`` children per
-depth as plain tensors (tokens, parents, q).
+the target's features, as EAGLE does). With ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig`
+(EAGLE-2's dynamic tree, a static one, sampled trees) it proposes that tree instead, each level one pass of
+the layer over the level's nodes under the tree mask (a node sees the committed positions and its own
+ancestors), its ``g`` the feedback of its parent's output; :meth:`EagleDrafter.propose_tree` is the full
+top-``k`` tree of a given depth as plain tensors (tokens, parents, depth, q).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -55,8 +59,10 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _signals, sample_categorical
+from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
 from spade_lib.decoding.policies import Policy
+from spade_lib.decoding.tree import DraftTree, ancestor_mask
+from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
 __all__ = ["EagleConfig", "EagleHead", "EagleDrafter", "default_feature_layers", "step_weights", "VARIANTS"]
@@ -373,13 +379,15 @@ class EagleHead(nn.Module):
 
 
 class EagleDrafter(Drafter):
-    """Drafts a chain with an :class:`EagleHead` from the target's hidden states (module docstring)."""
+    """Drafts a chain (or the tree ``tree`` names) with an :class:`EagleHead` from the target's hidden
+    states (module docstring)."""
 
     deterministic = False
 
-    def __init__(self, head: EagleHead):
+    def __init__(self, head: EagleHead, tree: TreeConfig | str | None = None):
         if not isinstance(head, EagleHead):
             raise ValueError(f"head: expected an EagleHead, got {type(head).__name__}")
+        self.tree = _model_tree(tree)
         self.head = head.eval()
         self.hidden_layers = tuple(head.config.feature_layers)
         self.device = next(head.parameters()).device
@@ -436,7 +444,10 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Draft:
-        """Draft up to ``max_gamma`` tokens autoregressively over the head's own features."""
+        """Draft up to ``max_gamma`` tokens autoregressively over the head's own features (with a tree:
+        the tree, at most ``max_gamma`` deep)."""
+        if not self.tree.is_chain:
+            return self._grow(self.tree, max_gamma, sampling, generator)
         o = self._feed_pending()
         if o is None or max_gamma < 1:
             self._tokens = torch.empty(0, dtype=torch.long, device=self.device)
@@ -465,50 +476,53 @@ class EagleDrafter(Drafter):
         q = adjust(logits, sampling, validate=False) if sampling.greedy else torch.cat(qs)
         return Draft(self._tokens, q, logits, stop)
 
+    def _grow(self, tree: TreeConfig, max_depth: int, sampling: SamplingConfig,
+              generator: torch.Generator | None) -> DraftTree:
+        """:func:`grow_tree` on the head: the root is the output at the last committed position; a level's
+        nodes are one :meth:`EagleHead.layer` pass, node ``i`` fed ``(feedback(o at its parent), x_i)`` at
+        position ``committed + 1 + depth[i]`` and seeing the committed positions and its ancestors."""
+        o = self._feed_pending()
+        if o is None:
+            return empty_tree(self.device, "no_match")
+        base, v = self._committed, self.vocab_size
+        outs: list[torch.Tensor] = []  # o [1, 1, H] of each fed tree row
+
+        def feed(tokens: list[int], parents: list[int], depths: list[int]) -> torch.Tensor:
+            n, m = len(tokens), len(parents)
+            g = self.head.feedback(torch.cat([o if p < 0 else outs[p] for p in parents[-n:]], dim=1))
+            anc = ancestor_mask(torch.tensor(parents, dtype=torch.long, device=self.device))[-n:]  # [n, m]
+            mask = torch.zeros(1, 1, n, base + m, dtype=g.dtype, device=self.device)
+            mask[0, 0, :, base:] = torch.where(anc, 0.0, float("-inf"))
+            pos = torch.tensor([[base + 1 + d for d in depths]], device=self.device)
+            toks = torch.tensor([tokens], dtype=torch.long, device=self.device)
+            out = self.head.layer(g, toks, pos, attention_mask=mask, cache=self._cache)  # [1, n, H]
+            outs.extend(out[:, j:j + 1] for j in range(n))
+            return self.head.target_logits(self.head.draft_logits(out)[0], v)
+
+        root = self.head.target_logits(self.head.draft_logits(o)[0, -1], v)
+        self._tokens = torch.empty(0, dtype=torch.long, device=self.device)
+        return grow_tree(tree, root, feed, sampling, generator, max_depth=max_depth)[0]
+
     @torch.inference_mode()
     def propose_tree(self, depth: int, top_k: int, sampling: SamplingConfig) -> dict[str, torch.Tensor]:
         """A draft tree as plain tensors: every node of depth ``d < depth`` gets the ``top_k`` most likely
-        tokens of its ``q`` as children (``top_k ** depth`` leaves at most; keep ``top_k`` small).
+        tokens of its ``q`` as children (``top_k ** depth`` leaves at most; keep ``top_k`` small): the
+        static tree of every rank path, grown one level per pass (:meth:`_grow`).
 
         Returns ``tokens [N]``, ``parents [N]`` (index of the parent node, ``-1`` for the root's children;
         parents come before children), ``depth [N]`` (0 for the root's children) and ``q [N, V]``, the
-        adjusted distribution each node was drafted from (the same for siblings). Nodes are expanded
-        breadth first, each path on the head's cache (cropped back after each node's subtree)."""
+        adjusted distribution each node was drafted from (the same for siblings)."""
         if depth < 1 or top_k < 1:
             raise ValueError(f"depth/top_k: must be >= 1, got {depth}, {top_k}")
-        o = self._feed_pending()
-        v = self.vocab_size
-        if o is None:
-            empty = torch.empty(0, dtype=torch.long, device=self.device)
-            return {"tokens": empty, "parents": empty, "depth": empty, "q": torch.empty(0, v, device=self.device)}
-        tokens, parents, depths, qs = [], [], [], []
-        frontier = [(-1, o, [])]  # (node index, output at the node, tokens on the path from the root)
-        for d in range(depth):
-            nxt = []
-            for node, out, path in frontier:
-                logits = self.head.target_logits(self.head.draft_logits(out)[0], v)[0]
-                q = adjust(logits, sampling, validate=False)
-                k = min(top_k, int((logits > float("-inf")).sum()))
-                children = torch.topk(logits, k).indices
-                for x in children.tolist():
-                    tokens.append(x)
-                    parents.append(node)
-                    depths.append(d)
-                    qs.append(q)
-                    if d + 1 < depth:
-                        nxt.append((len(tokens) - 1, None, path + [x]))
-            # expand the next level: replay each path on the cache, then crop back
-            for j, (node, _, path) in enumerate(nxt):
-                out = o
-                for i, x in enumerate(path):
-                    out = self._step(out, torch.tensor(x, device=self.device), self._committed + 1 + i)
-                self._cache.crop(-len(path))
-                nxt[j] = (node, out, path)
-            frontier = nxt
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
-        self._tokens = torch.empty(0, dtype=torch.long, device=self.device)
-        return {"tokens": as_long(tokens), "parents": as_long(parents), "depth": as_long(depths),
-                "q": torch.stack(qs)}
+        choices = [c for d in range(1, depth + 1) for c in itertools.product(range(top_k), repeat=d)]
+        tree = self._grow(TreeConfig(shape="static", choices=choices, depth=depth), depth, sampling, None)
+        q = adjust(tree.logits, sampling, validate=False) if tree.gamma else torch.empty(0, self.vocab_size,
+                                                                                        device=self.device)
+        return {"tokens": tree.tokens, "parents": tree.parents, "depth": tree.depth, "q": q}
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
+        """After a tree: drop every drafted position (the committed ones come back through ``observe``)."""
+        self.accept(len(path), next_token)
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Drop the drafted positions from the cache (the committed ones come back through ``observe``)."""

@@ -16,7 +16,11 @@ the draft vocabulary (``d2t``, as the EAGLE heads do: ``Vd`` rows instead of ``V
 The heads see only ``h_t``, not the drafted tokens before theirs, so ``q_i`` is a distribution over
 ``x_{t+2+i}`` alone; a chain ``x_0 .. x_{gamma-1}`` with ``x_i ~ q_i`` and verification against ``q_i``
 is still lossless (any ``q`` is), only less often accepted than a head that conditions on its prefix.
-:class:`MedusaDrafter` drafts at most ``k`` tokens per step, one per head, from one forward of the heads.
+:class:`MedusaDrafter` drafts at most ``k`` tokens per step, one per head, from one forward of the heads;
+with ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` it proposes that tree over the
+heads' distributions instead -- Medusa's own is ``TreeConfig(shape="static")`` over the per-head top-k
+(``choices="medusa63"``, Medusa's ``mc_sim_7b_63``): a node at depth ``d`` draws from head ``d`` whatever
+its path, so every level costs nothing beyond the one forward of the heads.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _signals, sample_categorical
+from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
 from spade_lib.decoding.policies import Policy
+from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
 __all__ = ["MedusaConfig", "MedusaHead", "MedusaDrafter"]
@@ -150,13 +155,15 @@ class MedusaHead(nn.Module):
 
 
 class MedusaDrafter(Drafter):
-    """One token per head from the target's last hidden state at the newest committed position."""
+    """One token per head from the target's last hidden state at the newest committed position (or the
+    tree ``tree`` names over the heads' distributions)."""
 
     deterministic = False
 
-    def __init__(self, head: MedusaHead):
+    def __init__(self, head: MedusaHead, tree: TreeConfig | str | None = None):
         if not isinstance(head, MedusaHead):
             raise ValueError(f"head: expected a MedusaHead, got {type(head).__name__}")
+        self.tree = _model_tree(tree)
         self.head = head.eval()
         self.hidden_layers = (int(head.config.feature_layer),)
         self.device = next(head.parameters()).device
@@ -183,6 +190,8 @@ class MedusaDrafter(Drafter):
                 generator: torch.Generator | None) -> Draft:
         """``x_i ~ q_i`` from head ``i``, ``i < min(max_gamma, k)`` (stop ``"heads"`` when ``k`` is the cap)."""
         g = min(int(max_gamma), self.head.config.num_heads)
+        if not self.tree.is_chain:
+            return self._propose_tree(g, sampling, generator)
         if self._h is None or g < 1:
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             return Draft(empty, torch.empty(0, self.vocab_size, device=self.device), None,
@@ -199,5 +208,19 @@ class MedusaDrafter(Drafter):
                     break
         return Draft(x[:g], q[:g], logits[:g], stop)
 
+    def _propose_tree(self, max_depth: int, sampling: SamplingConfig, generator: torch.Generator | None):
+        """:func:`grow_tree` over the heads: the logits after a node at depth ``d`` (0: a child of the root)
+        are head ``d + 1``'s, read from the one forward of the heads."""
+        if self._h is None or max_depth < 1:
+            return empty_tree(self.device, "no_match" if self._h is None else "max_gamma")
+        self._h, h = None, self._h
+        logits = self.head.target_logits(self.head(h), self.vocab_size)  # [k, V]: head i at depth i
+        tree, _ = grow_tree(self.tree, logits[0], lambda tokens, parents, depths: logits[[d + 1 for d in depths]],
+                            sampling, generator, max_depth=max_depth)
+        return tree
+
     def accept(self, n_accepted: int, next_token: int) -> None:
+        pass
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
         pass
