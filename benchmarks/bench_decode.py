@@ -13,6 +13,14 @@ gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
 (``num_assistant_tokens_schedule="heuristic"`` from ``gamma``) and ``hf_confidence`` (HF's defaults:
 20 tokens, ``assistant_confidence_threshold=0.4``).
 
+With ``--tree SPEC`` (a :class:`spade_lib.decoding.tree_drafting.TreeConfig` spec of a model shape, e.g.
+``eagle2:nodes=16,depth=4,topk=4``, ``static:choices=medusa63``, ``sampled:widths=4-1-1-1``) it also runs
+``spade_tree``: the same draft model proposing that tree (gamma: the tree's depth), verified in one
+tree-masked target forward per step. It prints the tree's ``tau`` (tokens per step), its node count per
+drafted step, ``r(N)`` (the target's ``N + 1``-row forward with the tree mask over its 1-token forward,
+measured like ``r(g)``, :func:`spade_lib.decoding.costs.measure_tree_cost`, on the largest tree drafted)
+and its speedup over AR and over the chain, paired per round like every other ratio.
+
 **Robust timing on a shared machine.** Every (prompt, repeat) is a *round* that runs all methods
 back to back, in an order rotated from round to round. A speedup is the **median over rounds of the
 paired ratio** of per-token times (``t / new_tokens``) measured in the same round, so a burst of load
@@ -48,7 +56,7 @@ thread count (what the notebooks use) unless ``--threads`` says otherwise.
 
 Usage: ``python benchmarks/bench_decode.py [--pair default] [--temperature 0] [--gamma 4]
 [--n-per-category 2] [--max-new-tokens 128] [--repeats 3] [--threads 0] [--compare] [--backend auto]
-[--profile]``.
+[--profile] [--tree SPEC]``.
 """
 
 from __future__ import annotations
@@ -73,11 +81,12 @@ import torch  # noqa: E402
 from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib import devices  # noqa: E402
 from spade_lib.runs import metrics, runner, timing  # noqa: E402
-from spade_lib.decoding.costs import measure_costs  # noqa: E402
+from spade_lib.decoding.costs import measure_costs, measure_tree_cost  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
 from spade_lib.decoding.drafters import ModelDrafter, NullDrafter  # noqa: E402
+from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TreeConfig  # noqa: E402
 from spade_lib.runs import controls  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
 from spade_lib.theory import expected_tokens, speedup as theory_speedup  # noqa: E402
@@ -112,7 +121,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--context", type=int, default=128, help="KV-cache tokens in the cost micro-benchmarks")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true", help="also cProfile SPADE's decode loop")
+    ap.add_argument("--tree", default="", metavar="SPEC",
+                    help="also time the draft's tree against its chain (method spade_tree), e.g. "
+                         "eagle2:nodes=16,depth=4,topk=4 (spade_lib.decoding.tree_drafting.TreeConfig.parse)")
     args = ap.parse_args(argv)
+    try:
+        args.tree = TreeConfig.parse(args.tree) if args.tree else None
+    except ValueError as e:
+        ap.error(f"--tree: {e}")
+    if args.tree is not None and args.tree.shape not in MODEL_SHAPES:
+        ap.error(f"--tree: the draft model grows one of {MODEL_SHAPES}, not {args.tree.shape!r}")
     if args.threads < 0:
         ap.error("--threads must be >= 0 (0: the machine's default)")
     for name in ("n_per_category", "max_new_tokens", "gamma", "repeats", "max_gamma", "context"):
@@ -187,10 +205,11 @@ def hf_assisted_variant(target, assistant, ids, n, sampling, seed, *, num_tokens
     return out[0, prompt.shape[1]:].tolist()
 
 
-def spade_method(pair, draft_name: str, args, sampling: SamplingConfig, policy_kw: dict):
-    """SPADE with its own adapters (``--backend``), step-level records only; fn(ids, n, seed)."""
+def spade_method(pair, draft_name: str, args, sampling: SamplingConfig, policy_kw: dict, tree=None):
+    """SPADE with its own adapters (``--backend``), step-level records only; fn(ids, n, seed). ``tree``:
+    the draft proposes that :class:`TreeConfig` instead of a chain."""
     dec = SpeculativeDecoder(CausalLMAdapter(pair.target, backend=args.backend),
-                             ModelDrafter(CausalLMAdapter(pair.drafts[draft_name], backend=args.backend)),
+                             ModelDrafter(CausalLMAdapter(pair.drafts[draft_name], backend=args.backend), tree=tree),
                              sampling=sampling, record="light", **policy_kw)
     return lambda ids, n, seed: (lambda o: (o.tokens, o.accept_lengths, o.gammas))(dec.generate(ids, n, seed=seed))
 
@@ -230,6 +249,9 @@ def build_methods(pair, draft_name: str, args, sampling: SamplingConfig, costs: 
                                                                    assistant=draft_model, gamma=args.gamma,
                                                                    seed=seed).tokens, None, None),
     }
+    if args.tree is not None:
+        methods["spade_tree"] = spade_method(pair, draft_name, args, sampling, {"gamma": args.tree.max_depth},
+                                             tree=args.tree)
     if args.compare:
         for g in sorted({int(x) for x in args.gammas.split(",") if x.strip()} - {args.gamma}):
             methods[f"spade_g{g}"] = spade({"gamma": g})
@@ -407,6 +429,10 @@ def main(argv=None) -> None:
     print(f"Thm 3.8 prediction {predicted:.3f} (r=1); r-aware E/(gamma c + r) {predicted_r:.3f}; "
           f"measured {sp['spade']:.3f}; with the measured tau instead of alpha: {tau / (g * c + r):.3f}")
 
+    problems_tree = []
+    if args.tree is not None:
+        problems_tree = report_tree(args, df, first, per, sp, tgt_ad, dr_ad, prompts, sampling, clock, device, pair.name)
+
     if args.compare:
         fixed = {m: v for m, v in sp.items() if m == "spade" or m.startswith("spade_g")}
         best = max(fixed, key=fixed.get)
@@ -446,7 +472,7 @@ def main(argv=None) -> None:
 
     # physical controls: r(g) >= 1, speedups <= tau, the null draft <= 1 (beyond the noise of the run)
     r_min = min(v for g, v in costs["r"].items() if g <= 8)
-    problems = controls.cost_warnings({draft_name: costs}, pair=pair.name)
+    problems = controls.cost_warnings({draft_name: costs}, pair=pair.name) + problems_tree
     if sp["spade"] > tau * 1.05:
         problems.append(f"physical control: {pair.name} SPADE gamma {g} speedup {sp['spade']:.3f} > tau {tau:.3f}: "
                         "a step costs at least one target forward, so this is a defect of the baseline")
@@ -463,6 +489,36 @@ def main(argv=None) -> None:
           f"tau={tau:.3f} r_min={r_min:.3f} null_vs_ar={sp['null']:.3f}")
     if problems:
         sys.exit(2)
+
+
+def report_tree(args, df, first, per, sp, tgt_ad, dr_ad, prompts, sampling, clock, device, pair_name) -> list[str]:
+    """The ``--tree`` figures: tau, nodes per drafted step, r(N) of the largest tree drafted (one recorded,
+    untimed pass on the first prompt gives its parents), the speedup over AR and over the chain (paired per
+    round, with the IQR); returns the physical-control violations (a speedup above tau)."""
+    rows = df[(df["method"] == "spade_tree") & df["round"].isin(first["round"])]
+    tau = float(np.mean(np.concatenate([np.asarray(a) for a in rows["accept_lengths"]])))
+    nodes = np.concatenate([np.asarray(g, dtype=float) for g in rows["gammas"]])
+    nodes = nodes[nodes > 0]
+    rec = SpeculativeDecoder(tgt_ad, ModelDrafter(dr_ad, tree=args.tree), gamma=args.tree.max_depth,
+                             sampling=sampling, record=True)
+    steps = [s for s in rec.generate(prompts[0][1], args.max_new_tokens, seed=0).steps if s.tree is not None]
+    if not steps:
+        print(f"\ntree {args.tree.spec()}: no tree was drafted on the first prompt; r(N) not measured")
+        return []
+    parents = max(steps, key=lambda s: s.gamma).tree["parent"]
+    cost = measure_tree_cost(tgt_ad, parents, args.context, clock, device=device)
+    n = cost["n_nodes"]
+    vs_ar = per["ar"] / per["spade_tree"]
+    vs_chain = per["spade"] / per["spade_tree"]
+    q_ar, q_chain = np.percentile(vs_ar, [25, 75]), np.percentile(vs_chain, [25, 75])
+    print(f"\ntree {args.tree.spec()} (gamma {args.tree.max_depth}): tau={tau:.3f} nodes={float(nodes.mean()):.1f} "
+          f"per drafted step (max {n}) r({n})={cost['r']:.3f} (tree mask, {n + 1} rows over 1); speedup vs ar {sp['spade_tree']:.3f} [{q_ar[0]:.3f}, {q_ar[1]:.3f}], "
+          f"vs the chain (gamma {args.gamma}) {float(np.median(vs_chain)):.3f} [{q_chain[0]:.3f}, {q_chain[1]:.3f}]; "
+          f"tau / r({n}) = {tau / cost['r']:.3f} (the speedup with a free draft)")
+    if sp["spade_tree"] > tau * 1.05:
+        return [f"physical control: {pair_name} SPADE tree {args.tree.spec()} speedup {sp['spade_tree']:.3f} > "
+                f"tau {tau:.3f}: a step costs at least one target forward, so this is a defect of the baseline"]
+    return []
 
 
 def profile_spade(fn, prompts, args) -> None:

@@ -10,7 +10,7 @@ from spade_lib import paths
 from spade_lib.runs import metrics
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.runs import costs as costs_mod
-from spade_lib.decoding.costs import measure_costs, verify_cost_fn
+from spade_lib.decoding.costs import measure_costs, measure_tree_cost, verify_cost_fn
 from spade_lib.runs.costs import pair_costs
 from tests.test_decode import llama
 from tests.test_metrics import summary, trace_from_blocks
@@ -27,6 +27,17 @@ def test_measure_costs_tables():
         measure_costs(t, d, 0)
     with pytest.raises(ValueError, match="reps"):
         measure_costs(t, d, 2, reps=0)
+
+
+def test_measure_tree_cost_times_the_tree_masked_verification_forward():
+    t = CausalLMAdapter(llama(layers=2))
+    got = measure_tree_cost(t, [-1, 0, 0, -1, 3], context=16, reps=3)
+    assert got["n_nodes"] == 5 and got["r"] > 0 and got["t_verify"] > 0 and got["context"] == 16
+    for bad in ([], [0], [-1, 1]):
+        with pytest.raises(ValueError, match="parents"):
+            measure_tree_cost(t, bad, context=16, reps=2)
+    with pytest.raises(ValueError, match="reps"):
+        measure_tree_cost(t, [-1], reps=0)
 
 
 def test_verify_cost_fn_edges():

@@ -3,7 +3,9 @@
 The cost model (:mod:`spade_lib.theory`) prices one speculative step at ``g c + r(g)`` target forwards:
 
 - ``c``    = t(draft, 1 token) / t(target, 1 token), each with a ``context``-token KV cache;
-- ``r(g)`` = t(target, ``g + 1`` tokens) / t(target, 1 token), the verification forward.
+- ``r(g)`` = t(target, ``g + 1`` tokens) / t(target, 1 token), the verification forward;
+- for a draft tree of ``N`` nodes, ``r(N)`` = t(target, the ``N + 1`` rows ``[t, x_0 .. x_{N-1}]`` under
+  the tree mask) / t(target, 1 token) (:func:`measure_tree_cost`): the decoder's tree verification forward.
 
 Every ratio SPADE reports comes from :func:`time_in_turns`: the forwards being compared are timed
 **in turns** (each round runs every one, in an order rotated from round to round, each rolled back),
@@ -28,7 +30,7 @@ import torch
 
 from spade_lib.devices import clock as device_clock, synchronize
 
-__all__ = ["time_in_turns", "measure_costs", "verify_cost_fn"]
+__all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "verify_cost_fn"]
 
 
 def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
@@ -104,6 +106,41 @@ def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Call
     c = float(np.median(np.asarray(d1) / t1a))
     return {"c": c, "r": r, "t_target": float(np.median(t1)), "t_draft": float(np.median(d1)),
             "t_verify": {g: float(np.median(v)) for g, v in tk.items()}, "context": ctx_len, "reps": reps}
+
+
+@torch.inference_mode()
+def measure_tree_cost(target, parents, context: int = 128, clock: Callable[[], float] | None = None,
+                      reps: int = 30, device=None) -> dict:
+    """``r(N)`` of one draft tree (``parents [N]``, ``-1``: a child of the root) on a decoding adapter: the
+    decoder's verification forward -- ``[t, x_0 .. x_{N-1}]``, row ``i + 1`` masked to the path of node ``i``
+    -- over a one-token forward, each with a ``context``-token KV cache, timed in turns with bursts of three
+    as :func:`measure_costs` times ``r(g)``. Returns ``{"r", "n_nodes", "t_target", "t_verify", "context",
+    "reps"}`` (seconds, medians; ``r`` the median of per-round ratios)."""
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
+    ps = [int(p) for p in parents]
+    n = len(ps)
+    if n < 1 or any(not -1 <= p < i for i, p in enumerate(ps)):
+        raise ValueError(f"parents: a tree of at least one node in topological order, got {ps}")
+    limit = min(x for x in [target.max_length, context + n + 2] if x is not None)
+    ctx_len = max(1, limit - n - 2)
+    ids = torch.randint(0, target.vocab_size, (ctx_len + n + 1,), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(target.device)
+    target.prefill(ids[:ctx_len])
+    rows = [-1] + [p + 1 for p in ps]
+
+    def one():
+        target.extend(ids[ctx_len:ctx_len + 1], last_only=True).argmax(-1)
+        target.rollback(ctx_len)
+
+    def tree():
+        target.extend(ids[ctx_len:], parents=rows).argmax(-1)
+        target.rollback(ctx_len)
+
+    times = time_in_turns({"t1": one, "tree": tree}, reps=reps, warmup=3, burst=3, clock=clock, device=device)
+    t1 = np.maximum(times["t1"], 1e-9)
+    return {"r": float(np.median(times["tree"] / t1)), "n_nodes": n, "t_target": float(np.median(times["t1"])),
+            "t_verify": float(np.median(times["tree"])), "context": ctx_len, "reps": reps}
 
 
 def verify_cost_fn(costs: dict) -> Callable[[int], float]:
