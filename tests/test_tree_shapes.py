@@ -543,3 +543,17 @@ def test_expected_accepted_matches_verify_tree_iid():
     seen = a >= 0
     assert torch.allclose(a[seen], lo[seen], atol=1e-12, rtol=0)
     _check_against_closed_form(shape, res, torch.where(seen, a, torch.nan))
+
+
+def test_ranked_is_a_stable_descending_sort_without_sorting_everything():
+    """The top-k the builders rank children by equals the first k of a stable sort of all V, ties included."""
+    from spade_lib.decoding.tree_shapes import _ranked
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        dist = torch.randint(0, 4, (30,), generator=g).double()  # many ties, zeros too
+        dist /= dist.sum()
+        full = torch.sort(dist, descending=True, stable=True).indices
+        for k in (1, 3, 7, 30, 40):
+            assert _ranked(dist, k).tolist() == full[:k].tolist()
+    assert _ranked(torch.ones(3) / 3, 0).tolist() == []

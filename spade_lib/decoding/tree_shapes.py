@@ -99,9 +99,16 @@ def _evaluate(dist_fn: DistFn, paths: list[list[int]], vocab: int | None) -> tor
     return check_prob_tensor("dist_fn(paths)", out)
 
 
-def _ranked(dist: torch.Tensor) -> torch.Tensor:
-    """``[V]`` token ids from most to least likely (ties: the lower id first)."""
-    return torch.sort(dist, descending=True, stable=True).indices
+def _ranked(dist: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` most likely token ids of ``dist [V]``, most likely first (ties: the lower id first): the
+    first ``k`` of a stable descending sort of all ``V``, without sorting all ``V`` (the candidates are
+    the tokens at least as likely as the ``k``-th, ties included, in id order; only they are sorted)."""
+    k = min(int(k), dist.numel())
+    if k <= 0:
+        return dist.new_empty(0, dtype=torch.long)
+    kth = torch.topk(dist, k).values[-1]
+    cand = torch.nonzero(dist >= kth).flatten()  # increasing ids
+    return cand[torch.sort(dist[cand], descending=True, stable=True).indices[:k]]
 
 
 def _assemble(parent: list[int], token: list[int], key: list, keep: Sequence[int], draws: str,
@@ -208,7 +215,7 @@ def fill_static(choices: Sequence[Sequence[int]], dist_fn: DistFn) -> TreeShape:
         dists = _evaluate(dist_fn, [path[n] for n in expand], vocab)
         vocab = dists.shape[1]
         for n, dist in zip(expand, dists.double()):
-            order = _ranked(dist)
+            order = _ranked(dist, max(rank[c] for c in children[n]) + 1)
             for c in children[n]:
                 if rank[c] >= vocab:
                     raise ValueError(f"choices: rank {rank[c]} of {list(st.choices[c])} needs V > {rank[c]}, got V={vocab}")
@@ -263,7 +270,7 @@ def eagle2_tree(dist_fn: DistFn, *, total_nodes: int = 59, depth: int = 6, top_k
     path: dict[int, list[int]] = {-1: []}
 
     def add_children(node: int, dist: torch.Tensor, k: int) -> list[int]:
-        order = _ranked(dist)[:k].tolist()
+        order = _ranked(dist, k).tolist()
         base = logc[node] if node >= 0 else 0.0
         ids = []
         for r, t in enumerate(order):
