@@ -45,7 +45,9 @@ def toys():
 
     yield rule, Digits
     rules.unregister_rule("toy_scaled")
-    policies.unregister_policy("toy_power")
+    policies.unregister_policy("toy_digits")
+    # the teardown removes exactly what the fixture registered: nothing leaks into later tests
+    assert "toy_scaled" not in rules.rule_names() and "toy_digits" not in policies.policy_names()
 
 
 def test_toy_rule_in_verify(toys):
