@@ -15,7 +15,7 @@ defined here only: a name ending in ``.jsonl`` is a path (relative paths are rel
 01 wrote it; otherwise the name of an M1 source (``spade_lib.bench.named_source``: ``"embedded"``,
 ``"humaneval"`` once registered, ...) built in memory with the pair's tokenizer.
 
-``device="auto"`` is resolved here (and again by :class:`spade_lib.runs.runner.RunConfig`), so two
+``device="auto"`` is resolved here (and again by :class:`spade_lib.runs.config.RunConfig`), so two
 notebooks that ask for ``"auto"`` and ``"cpu"`` on a CPU machine hash to the same runs.
 """
 
@@ -57,12 +57,12 @@ class Experiment:
 
     def describe(self) -> str:
         fp = self.fingerprint
-        from spade_lib.runs import runner
+        from spade_lib.runs.store import suite_key
 
         return (f"pair {self.pair.name!r}: drafts {sorted(self.pair.drafts)} on {self.device} ({self.dtype}), "
                 f"{self.threads} threads\n"
                 f"suite {self.suite.name!r}: {len(self.suite)} prompts in {len(self.categories)} categories "
-                f"(sha256 {self.suite.sha256[:12]}, run key {runner.suite_key(self.suite)})\n"
+                f"(sha256 {self.suite.sha256[:12]}, run key {suite_key(self.suite)})\n"
                 f"machine: {fp.get('cpu_model')} ({fp.get('cpu_count')} CPUs), gpu: {fp.get('gpu')}, "
                 f"torch {fp.get('torch')}, transformers {fp.get('transformers')}, "
                 f"git {str(fp.get('git_commit'))[:10]}")

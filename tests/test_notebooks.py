@@ -109,3 +109,24 @@ def test_figure_names_are_unique_across_notebooks():
         for name in re.findall(r"save_figure\(fig, (?:E\.figure_name\()?\"([a-z0-9_]+)\"", code):
             assert name not in names, f"figure {name} is written by {names.get(name)} and {path.stem}"
             names[name] = path.stem
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_imports_resolve(path):
+    """Every ``import`` / ``from ... import`` of a code cell names a module and names that exist (a moved
+    module or function breaks here, not only when nbval executes the notebook)."""
+    import ast
+    import importlib
+    import importlib.util
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    importlib.import_module(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
+                        f"{path.stem}: from {node.module} import {alias.name}"

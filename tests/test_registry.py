@@ -75,7 +75,8 @@ def test_toy_policy_by_name(toys):
 
 def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
     from spade_lib.bench import default_suite
-    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.config import RunConfig
+    from spade_lib.runs.runner import run_suite
     from spade_lib.runs.trace import read_trace
     from spade_lib.zoo.pairs import load_pair
 
