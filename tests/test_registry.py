@@ -90,7 +90,7 @@ def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
     with pytest.raises(ValueError, match="scale"):
         RunConfig(mode="toy_scaled", mode_options={"scale": 2.0})
     tr = read_trace(run_suite(pair, suite, config, tmp_path / "run", progress=False))
-    assert list(tr.columns)[:len(trace.TRACE_SCHEMA.names)] == trace.TRACE_SCHEMA.names
+    assert list(tr.columns)[:len(trace.trace_columns())] == trace.trace_columns()
     assert tr["gamma"].max() <= 4 and len(tr) > 0
 
     # the rule: replaying it on its own trace reproduces every decision

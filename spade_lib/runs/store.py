@@ -117,7 +117,7 @@ def _identity_diff(found: dict, identity: dict) -> list[str]:
 
 def shard_done(path: Path, identity: dict) -> bool:
     """Whether ``path`` is a finished shard of *this* run. An unreadable or partial file, or one whose
-    columns are not those of ``trace.TRACE_SCHEMA`` for its (this run's) schema version, is redone
+    columns are not those of ``trace.schema_for`` for its (this run's) schema version, is redone
     (False); a readable shard of another run (other config hash, schema version, pair or suite) is
     refused with a ``ValueError`` naming it, so one folder never mixes two configurations."""
     if not path.is_file():
