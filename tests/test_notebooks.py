@@ -84,8 +84,8 @@ MODEL_BACKED = ["03_m2_speedup_runs", "04_m3_rejection_diagnostics", "05_whatif_
 
 @pytest.mark.parametrize("stem", MODEL_BACKED)
 def test_model_backed_notebooks_take_a_pair_and_share_the_setup(stem):
-    """Each declares the pair parameters (so papermill lists them) and gets pair and suite from
-    spade_lib.experiment, never from pasted suite-resolution code."""
+    """Each declares the pair parameters (so papermill lists them) and gets pair, suite and its runs'
+    shared fields from spade_lib.experiment, never from pasted code."""
     from spade_lib.experiment import PAIR_PARAMETERS
 
     path = NOTEBOOKS_DIR / f"{stem}.ipynb"
@@ -97,6 +97,8 @@ def test_model_backed_notebooks_take_a_pair_and_share_the_setup(stem):
     assert "experiment.from_params(P)" in code
     for pasted in ("load_suite(", "default_suite(", "load_pair(", "DATA_DIR"):
         assert pasted not in code, f"{stem} resolves its own pair or suite ({pasted})"
+    # the run parameters every run shares come from the experiment, not a pasted dict
+    assert "E.run_config(" in code and "common = dict(" not in code and "RunConfig(" not in code, stem
     saved = re.findall(r"save_figure\(fig, ([^)]*\))", code)
     assert saved and all(s.startswith("E.figure_name(") for s in saved), saved
 
