@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
-from spade_lib.runs import runner, timing  # noqa: E402
+from spade_lib.runs import timing  # noqa: E402
+from spade_lib.runs.config import RunConfig, prompt_ids  # noqa: E402
 from spade_lib.whatif import align  # noqa: E402
 from spade_lib.bench import default_suite  # noqa: E402
 from spade_lib.decoding.decode import SpeculativeDecoder  # noqa: E402
@@ -67,8 +68,8 @@ def main(argv=None) -> None:
     pair = load_pair(args.pair, device=device)
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))
-    config = runner.RunConfig(max_new_tokens=args.max_new_tokens)
-    prompts = [runner.prompt_ids(pair.tokenizer, r["turns"][0], config) for r in suite.rows[:args.prompts]]
+    config = RunConfig(max_new_tokens=args.max_new_tokens)
+    prompts = [prompt_ids(pair.tokenizer, r["turns"][0], config) for r in suite.rows[:args.prompts]]
     limit = getattr(pair.target.config, "max_position_embeddings", None)
     if limit:
         prompts = [ids[-max(1, limit - args.max_new_tokens):] for ids in prompts]

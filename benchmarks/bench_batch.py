@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pandas as pd  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
-from spade_lib.runs import runner, timing  # noqa: E402
+from spade_lib.runs import timing  # noqa: E402
+from spade_lib.runs.config import RunConfig, prompt_ids  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,8 +61,8 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     pair = load_pair(args.pair, device=device)
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
-    cfg = runner.RunConfig(max_new_tokens=args.max_new_tokens)
-    prompts = [runner.prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows]
+    cfg = RunConfig(max_new_tokens=args.max_new_tokens)
+    prompts = [prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows]
     print(f"pair={pair.name} draft={args.draft} prompts={len(prompts)} (lengths {min(map(len, prompts))}-"
           f"{max(map(len, prompts))}) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
           f"T={args.temperature:g} batch_sizes={list(sizes)} repeats={args.repeats} threads={threads} "

@@ -80,7 +80,8 @@ import torch  # noqa: E402
 
 from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib import devices  # noqa: E402
-from spade_lib.runs import metrics, runner, timing  # noqa: E402
+from spade_lib.runs import metrics, timing  # noqa: E402
+from spade_lib.runs.config import RunConfig, generation_seed, prompt_ids  # noqa: E402
 from spade_lib.decoding.costs import measure_costs, measure_tree_cost  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
@@ -315,9 +316,9 @@ def main(argv=None) -> None:
         suite = humaneval_suite(n_per_category=args.n_per_category, seed=args.seed)
     else:
         suite = load_suite(suite_name).filter(n_per_category=args.n_per_category)
-    cfg = runner.RunConfig(method="ar", temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                           seed=args.seed, device=str(device))
-    prompts = [(r, runner.prompt_ids(pair.tokenizer, r["turns"][0], cfg)) for r in suite.rows]
+    cfg = RunConfig(method="ar", temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                    seed=args.seed, device=str(device))
+    prompts = [(r, prompt_ids(pair.tokenizer, r["turns"][0], cfg)) for r in suite.rows]
     print(f"pair={pair.name} draft={draft_name} suite={suite.name} ({len(prompts)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
           f"T={args.temperature:g} repeats={args.repeats} threads={threads} clock={clock_kind} device={device} "
@@ -354,7 +355,7 @@ def main(argv=None) -> None:
     rnd = 0
     t_bench = time.perf_counter()
     for i, (row, ids) in enumerate(prompts):
-        seed = runner.generation_seed(args.seed, row["question_id"], 0)
+        seed = generation_seed(args.seed, row["question_id"], 0)
         for rep in range(args.repeats):
             k = rnd % len(names)
             for m in names[k:] + names[:k]:  # rotate so no method always runs first
@@ -412,7 +413,7 @@ def main(argv=None) -> None:
     rec = SpeculativeDecoder(tgt_ad, ModelDrafter(dr_ad), gamma=args.gamma, sampling=sampling, record=True)
     records = []
     for i, (row, ids) in enumerate(prompts):
-        seed = runner.generation_seed(args.seed, row["question_id"], 0)
+        seed = generation_seed(args.seed, row["question_id"], 0)
         records += [{"prompt_id": str(i), "sample": 0, **r} for r in rec.generate(ids, args.max_new_tokens,
                                                                                seed=seed).records()]
     tr = pd.DataFrame(records)

@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spade_lib import experiment, paths  # noqa: E402
-from spade_lib.runs import protocol, runner  # noqa: E402
+from spade_lib.runs import protocol  # noqa: E402
+from spade_lib.runs.config import RunConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,10 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     proto = protocol.Protocol(warmup=args.warmup, repeats=args.repeats)
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, device=str(E.device),
                   threads=E.threads)
-    ar = runner.RunConfig(method="ar", **common)
+    ar = RunConfig(method="ar", **common)
     draft = "distilled" if "distilled" in E.pair.drafts else next(iter(E.pair.drafts))
-    configs = [runner.RunConfig(method="spade", draft=draft, gamma=g, **common) for g in args.gammas]
-    configs.append(runner.RunConfig(method="spade", draft="ngram", gamma=max(args.gammas), **common))
+    configs = [RunConfig(method="spade", draft=draft, gamma=g, **common) for g in args.gammas]
+    configs.append(RunConfig(method="spade", draft="ngram", gamma=max(args.gammas), **common))
     tables = []
     for attempt in (1, 2):
         with tempfile.TemporaryDirectory(prefix=f"spade-protocol-{attempt}-") as tmp:

@@ -26,7 +26,8 @@ import pandas as pd
 import yaml
 
 from spade_lib import paths
-from spade_lib.runs import runner, trace
+from spade_lib.runs import trace
+from spade_lib.runs.store import read_summary
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -52,8 +53,8 @@ def same_run(a: Path, b: Path) -> None:
     pd.testing.assert_frame_equal(trace.read_trace(a).drop(columns=trace.TIMING_COLUMNS),
                                   trace.read_trace(b).drop(columns=trace.TIMING_COLUMNS))
     timed = ["wall_time", "wall_times"]
-    pd.testing.assert_frame_equal(runner.read_summary(a).drop(columns=timed),
-                                  runner.read_summary(b).drop(columns=timed))
+    pd.testing.assert_frame_equal(read_summary(a).drop(columns=timed),
+                                  read_summary(b).drop(columns=timed))
 
 
 def main() -> None:
@@ -77,7 +78,7 @@ def main() -> None:
                 print(f"round {r}: {procs} process(es): {times[procs][-1][0]:.1f} s wall "
                       f"({times[procs][-1][1]:.1f} s after imports)", flush=True)
             same_run(Path(tmp) / f"run{r}-1p", Path(tmp) / f"run{r}-{args.procs}p")
-        n = len(runner.read_summary(Path(tmp) / "run0-1p"))
+        n = len(read_summary(Path(tmp) / "run0-1p"))
     one, many = (statistics.median(t[0] for t in times[p]) for p in (1, args.procs))
     one_in, many_in = (statistics.median(t[1] for t in times[p]) for p in (1, args.procs))
     print(f"\n{n} generations of {args.config} (n_per_category={args.n_per_category}); {os.cpu_count()} CPUs")

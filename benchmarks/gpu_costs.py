@@ -179,7 +179,7 @@ def forward_times(model, *, device, context: int, max_k: int, reps: int, backend
 
 def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]:
     """Greedy SPADE vs AR on the embedded pair: equality and speedup (wall clock, synchronised)."""
-    from spade_lib.runs import runner
+    from spade_lib.runs.config import RunConfig, prompt_ids
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig
@@ -190,8 +190,8 @@ def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]
     spade = SpeculativeDecoder(pair.target, pair.draft, gamma=4, sampling=greedy, record="light")
     ar = AutoregressiveDecoder(pair.target, sampling=greedy)
     suite = default_suite(tokenizer=name, n_per_category=max(1, n_prompts // 4 + 1), seed=0)
-    cfg = runner.RunConfig(method="ar", device=str(device))
-    prompts = [runner.prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows][:n_prompts]
+    cfg = RunConfig(method="ar", device=str(device))
+    prompts = [prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows][:n_prompts]
     same, t_sp, t_ar, n_sp, n_ar = 0, [], [], 0, 0
     spade.generate(prompts[0], 8), ar.generate(prompts[0], 8)  # warm-up
     for ids in prompts:

@@ -2,7 +2,7 @@
 
 ``resolve_device("auto")`` is ``cuda`` when available, else ``cpu``; a CUDA device that is not there is
 refused by name. ``resolve_dtype`` takes one of the names in :data:`DTYPES` or their ``torch.dtype``.
-Everything that places a model (``zoo.pairs.load_pair``, ``runs.runner``, ``runs.cli``, the
+Everything that places a model (``zoo.pairs.load_pair``, ``runs.config``, ``runs.runner``, ``runs.cli``, the
 experiments) resolves its arguments here, before any model loads.
 """
 

@@ -9,13 +9,16 @@ Every model-backed notebook (03, 04, 05) declares the same six parameters::
     dtype: str = "float32"     # "float32", "bfloat16" or "float16"
     suite: str = "embedded"    # data/<stem>.jsonl, a .jsonl path, or a named M1 source
 
-and calls ``E = experiment.from_params(P)`` once. Suite resolution (:func:`resolve_suite`) is
+and calls ``E = experiment.from_params(P)`` once; its runs are ``E.run_config(method=..., ...)``, a
+``RunConfig`` with the run parameters every such notebook shares (:data:`RUN_PARAMETERS` where the
+notebook declares them, and the experiment's device, dtype and threads), so no notebook pastes them.
+Suite resolution (:func:`resolve_suite`) is
 defined here only: a name ending in ``.jsonl`` is a path (relative paths are relative to the
 **repository root**, whatever the working directory); otherwise ``data/<name>.jsonl`` when notebook
 01 wrote it; otherwise the name of an M1 source (``spade_lib.bench.named_source``: ``"embedded"``,
 ``"humaneval"`` once registered, ...) built in memory with the pair's tokenizer.
 
-``device="auto"`` is resolved here (and again by :class:`spade_lib.runs.runner.RunConfig`), so two
+``device="auto"`` is resolved here (and again by :class:`spade_lib.runs.config.RunConfig`), so two
 notebooks that ask for ``"auto"`` and ``"cpu"`` on a CPU machine hash to the same runs.
 """
 
@@ -33,6 +36,8 @@ from spade_lib.runs import timing
 
 CHAT_TEMPLATES = {"auto": "auto", "always": True, "never": False}
 PAIR_PARAMETERS = ("pair", "target_id", "draft_id", "device", "dtype", "suite")
+# notebook parameters that are RunConfig fields of every run of the notebook (where it declares them)
+RUN_PARAMETERS = ("max_new_tokens", "max_prompt_tokens", "n_samples", "chat_template", "seed")
 
 
 @dataclass
@@ -46,10 +51,19 @@ class Experiment:
     dtype: str
     threads: int
     fingerprint: dict = field(default_factory=dict)
+    run_fields: dict = field(default_factory=dict)  # RunConfig fields of every run (see run_config)
 
     @property
     def categories(self) -> list[str]:
         return list(self.suite.categories)
+
+    def run_config(self, **fields: Any):
+        """A :class:`spade_lib.runs.config.RunConfig` of this experiment: the pair's device, dtype and
+        threads and the notebook's run parameters (``run_fields``), then ``fields`` (which win)."""
+        from spade_lib.runs.config import RunConfig
+
+        return RunConfig(**{"device": str(self.device), "dtype": self.dtype, "threads": self.threads,
+                            **self.run_fields, **fields})
 
     def figure_name(self, base: str) -> str:
         """``base`` for the embedded ``default`` pair, ``base-<pair>`` for any other (one file per pair)."""
@@ -57,12 +71,12 @@ class Experiment:
 
     def describe(self) -> str:
         fp = self.fingerprint
-        from spade_lib.runs import runner
+        from spade_lib.runs.store import suite_key
 
         return (f"pair {self.pair.name!r}: drafts {sorted(self.pair.drafts)} on {self.device} ({self.dtype}), "
                 f"{self.threads} threads\n"
                 f"suite {self.suite.name!r}: {len(self.suite)} prompts in {len(self.categories)} categories "
-                f"(sha256 {self.suite.sha256[:12]}, run key {runner.suite_key(self.suite)})\n"
+                f"(sha256 {self.suite.sha256[:12]}, run key {suite_key(self.suite)})\n"
                 f"machine: {fp.get('cpu_model')} ({fp.get('cpu_count')} CPUs), gpu: {fp.get('gpu')}, "
                 f"torch {fp.get('torch')}, transformers {fp.get('transformers')}, "
                 f"git {str(fp.get('git_commit'))[:10]}")
@@ -149,10 +163,17 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
 
 def from_params(params: Any) -> Experiment:
     """:func:`load_experiment` from a notebook's resolved parameters (``setup_notebook``'s result or
-    a dict): the six pair parameters, plus ``n_per_category`` and ``threads`` when declared."""
+    a dict): the six pair parameters, plus ``n_per_category`` and ``threads`` when declared; the
+    declared :data:`RUN_PARAMETERS` become the experiment's ``run_fields`` (``chat_template`` in its
+    ``RunConfig`` spelling, :func:`chat_template_value`)."""
     values = params.as_dict() if hasattr(params, "as_dict") else dict(params)
     missing = [k for k in PAIR_PARAMETERS if k not in values]
     if missing:
         raise ValueError(f"params: a model-backed notebook must declare {list(PAIR_PARAMETERS)}; missing {missing}")
-    return load_experiment(*(values[k] for k in PAIR_PARAMETERS), n_per_category=values.get("n_per_category"),
-                           threads=values.get("threads", 0))
+    run_fields = {k: values[k] for k in RUN_PARAMETERS if k in values}
+    if "chat_template" in run_fields:
+        run_fields["chat_template"] = chat_template_value(run_fields["chat_template"])
+    e = load_experiment(*(values[k] for k in PAIR_PARAMETERS), n_per_category=values.get("n_per_category"),
+                        threads=values.get("threads", 0))
+    e.run_fields = run_fields
+    return e

@@ -54,7 +54,7 @@ import torch
 __all__ = ["Option", "Rule", "register_rule", "unregister_rule", "get_rule", "rule_names", "lossless_map", "INPUTS",
            "DRAWS", "TreeRule", "register_tree_rule", "unregister_tree_rule", "get_tree_rule", "tree_rule_names"]
 
-# named inputs an accept probability may read: also trace columns (spade_lib.runs.trace.TRACE_SCHEMA)
+# named inputs an accept probability may read: also trace columns (spade_lib.decoding.records)
 INPUTS: tuple[str, ...] = ("p_x", "q_x", "h_p", "draft_token", "p_top1")
 
 

@@ -212,7 +212,8 @@ def test_on_decoded_text_alpha_is_the_traces_and_predicted_tau_matches_measured(
 def test_run_sequences_rebuild_the_emitted_text_of_a_run(tmp_path):
     from spade_lib.runs import metrics
     from spade_lib.bench import default_suite
-    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.config import RunConfig
+    from spade_lib.runs.runner import run_suite
     from spade_lib.runs.trace import read_trace
     from spade_lib.zoo.pairs import load_pair
 
@@ -220,11 +221,19 @@ def test_run_sequences_rebuild_the_emitted_text_of_a_run(tmp_path):
     suite = default_suite(tokenizer="tiny", n_per_category=1)
     threads = torch.get_num_threads()
     try:
-        run = run_suite(pair, suite, RunConfig(gamma=3, temperature=1.0, max_new_tokens=24, warmup=0,
-                                               max_prompt_tokens=64, threads=1), tmp_path / "run", progress=False)
+        config = RunConfig(gamma=3, temperature=1.0, max_new_tokens=24, warmup=0, max_prompt_tokens=64, threads=1)
+        run = run_suite(pair, suite, config, tmp_path / "run", progress=False)
     finally:
         torch.set_num_threads(threads)
     seqs, prompts, keys = align.run_sequences(run, pair.tokenizer, suite)
+    # notebook 03's early-exit texts as it built them inline before it called run_sequences (the reference)
+    from spade_lib.runs.config import prompt_ids
+    from spade_lib.runs.store import read_summary
+
+    summ = read_summary(run)
+    rows_by_qid = {r["question_id"]: r for r in suite.rows}
+    assert seqs == [prompt_ids(pair.tokenizer, rows_by_qid[q]["turns"][0], config) + list(out)
+                    for q, out in zip(summ["question_id"], summ["output_ids"])]
     tr = read_trace(run)
     assert len(seqs) == len(suite.rows) and (keys["new_tokens"] == [len(s) - m for s, m in zip(seqs, prompts)]).all()
     emitted = {(k.prompt_id, k.sample): seqs[k.seq][prompts[k.seq]:] for k in keys.itertuples()}

@@ -23,6 +23,8 @@ import yaml
 
 from spade_lib import paths
 from spade_lib.runs import cli, launch, runner, trace
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 from spade_lib.bench import Suite, load_suite
 
 N_PROMPTS = 6
@@ -75,7 +77,7 @@ def assert_same_run(a: Path, b: Path) -> None:
     """Equal traces and summaries except the timings; equal run identity in the metadata."""
     pd.testing.assert_frame_equal(trace.read_trace(a).drop(columns=trace.TIMING_COLUMNS),
                                   trace.read_trace(b).drop(columns=trace.TIMING_COLUMNS))
-    sa, sb = runner.read_summary(a), runner.read_summary(b)
+    sa, sb = read_summary(a), read_summary(b)
     pd.testing.assert_frame_equal(sa.drop(columns=TIMED), sb.drop(columns=TIMED))
     ma, mb = (json.loads((d / "metadata.json").read_text()) for d in (a, b))
     assert {k: v for k, v in ma.items() if k != "sessions"} == {k: v for k, v in mb.items() if k != "sessions"}
@@ -90,8 +92,8 @@ def test_unknown_keys_are_refused_with_a_hint():
 
 def test_yaml_numbers_give_the_python_config_and_hash():
     spec = cli.spec_from_dict(yaml.safe_load("pair: tiny\ntemperature: 0\ntop_p: 1\ngamma: 3\n"))
-    assert spec.config == runner.RunConfig(temperature=0.0, top_p=1.0, gamma=3)
-    assert spec.config.hash == runner.RunConfig(gamma=3).hash
+    assert spec.config == RunConfig(temperature=0.0, top_p=1.0, gamma=3)
+    assert spec.config.hash == RunConfig(gamma=3).hash
     assert (spec.pair, spec.suite, spec.n_per_category, spec.resume) == ("tiny", "embedded", None, True)
 
 

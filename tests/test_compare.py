@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.runs import protocol, runner
+from spade_lib.runs import protocol
 from spade_lib.runs import compare
 from test_protocol import cfg, mini_suite
 

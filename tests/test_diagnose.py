@@ -11,7 +11,7 @@ from scipy import stats
 from spade_lib import diagnose as dg
 from spade_lib.diagnose.frame import Groups
 from spade_lib.diagnose.stats import digitize, grouped_mannwhitney, grouped_quantiles
-from spade_lib.runs.trace import TRACE_SCHEMA, write_shard
+from spade_lib.runs.trace import schema_for, write_shard
 
 ALPHA = (0.8, 0.7, 0.6, 0.5)
 
@@ -40,7 +40,7 @@ def mixed() -> pd.DataFrame:
 
 
 def test_synthetic_trace_schema_and_determinism(trace):
-    empty = TRACE_SCHEMA.empty_table().to_pandas()
+    empty = schema_for().empty_table().to_pandas()
     assert list(trace.columns) == list(empty.columns)
     assert (trace.dtypes == empty.dtypes).all()
     again = dg.synthetic_trace(6000, 4, ALPHA, n_prompts=12, seed=11)

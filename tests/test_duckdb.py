@@ -15,6 +15,7 @@ import torch
 
 from spade_lib import diagnose
 from spade_lib.runs import runner
+from spade_lib.runs.config import RunConfig
 from spade_lib.bench import Suite
 
 duckdb = pytest.importorskip("duckdb", reason="pip install duckdb (pinned in requirements.txt)")
@@ -31,8 +32,8 @@ def run_dir(tmp_path_factory):
     pair = load_pair("tiny")
     rows = [{"question_id": i, "category": ("code", "prose")[i % 2],
              "turns": ["def f(x):\n    return" if i % 2 == 0 else f"The number {i} is"]} for i in range(4)]
-    config = runner.RunConfig(temperature=1.0, gamma=4, max_new_tokens=24, n_samples=2, device="cpu", threads=1,
-                              warmup=0)
+    config = RunConfig(temperature=1.0, gamma=4, max_new_tokens=24, n_samples=2, device="cpu", threads=1,
+                       warmup=0)
     d = runner.run_suite(pair, Suite("mini", rows, {}), config, tmp_path_factory.mktemp("duck") / "run",
                          progress=False)
     torch.set_num_threads(before)

@@ -63,3 +63,32 @@ def test_from_params_loads_the_tiny_pair():
             experiment.load_experiment("tiny", device=None)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("declares_n_samples", [False, True])
+def test_run_config_equals_the_notebooks_common_fields(declares_n_samples):
+    """E.run_config(...) against the ``common = dict(...)`` notebooks 03/04 (without n_samples) and 05
+    (with it) pasted: the same RunConfig, hence the same run folder."""
+    from spade_lib.runs.config import RunConfig
+
+    before = torch.get_num_threads()
+    try:
+        params = dict(pair="tiny", target_id="", draft_id="", device="auto", dtype="float32", suite="embedded",
+                      n_per_category=1, threads=1, max_new_tokens=24, max_prompt_tokens=32, chat_template="never",
+                      seed=5, gamma=3, temperature=0.5, repeats=2, warmup=0)
+        if declares_n_samples:
+            params["n_samples"] = 2
+        E = experiment.from_params(params)
+        common = dict(max_new_tokens=params["max_new_tokens"], max_prompt_tokens=params["max_prompt_tokens"],
+                      chat_template=experiment.chat_template_value(params["chat_template"]), device=str(E.device),
+                      dtype=params["dtype"], seed=params["seed"], threads=E.threads)
+        if declares_n_samples:
+            common["n_samples"] = params["n_samples"]
+        for fields in ({"method": "ar", "temperature": 1.0}, {"method": "spade", "draft": "distilled", "gamma": 2},
+                       {}):
+            got, ref = E.run_config(**fields), RunConfig(**fields, **common)
+            assert got == ref and got.hash == ref.hash
+        assert E.run_config(seed=9).seed == 9  # fields win
+        assert E.run_config().gamma == RunConfig().gamma  # only the run parameters are shared, not gamma
+    finally:
+        torch.set_num_threads(before)

@@ -84,8 +84,8 @@ MODEL_BACKED = ["03_m2_speedup_runs", "04_m3_rejection_diagnostics", "05_whatif_
 
 @pytest.mark.parametrize("stem", MODEL_BACKED)
 def test_model_backed_notebooks_take_a_pair_and_share_the_setup(stem):
-    """Each declares the pair parameters (so papermill lists them) and gets pair and suite from
-    spade_lib.experiment, never from pasted suite-resolution code."""
+    """Each declares the pair parameters (so papermill lists them) and gets pair, suite and its runs'
+    shared fields from spade_lib.experiment, never from pasted code."""
     from spade_lib.experiment import PAIR_PARAMETERS
 
     path = NOTEBOOKS_DIR / f"{stem}.ipynb"
@@ -97,6 +97,8 @@ def test_model_backed_notebooks_take_a_pair_and_share_the_setup(stem):
     assert "experiment.from_params(P)" in code
     for pasted in ("load_suite(", "default_suite(", "load_pair(", "DATA_DIR"):
         assert pasted not in code, f"{stem} resolves its own pair or suite ({pasted})"
+    # the run parameters every run shares come from the experiment, not a pasted dict
+    assert "E.run_config(" in code and "common = dict(" not in code and "RunConfig(" not in code, stem
     saved = re.findall(r"save_figure\(fig, ([^)]*\))", code)
     assert saved and all(s.startswith("E.figure_name(") for s in saved), saved
 
@@ -109,3 +111,24 @@ def test_figure_names_are_unique_across_notebooks():
         for name in re.findall(r"save_figure\(fig, (?:E\.figure_name\()?\"([a-z0-9_]+)\"", code):
             assert name not in names, f"figure {name} is written by {names.get(name)} and {path.stem}"
             names[name] = path.stem
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_imports_resolve(path):
+    """Every ``import`` / ``from ... import`` of a code cell names a module and names that exist (a moved
+    module or function breaks here, not only when nbval executes the notebook)."""
+    import ast
+    import importlib
+    import importlib.util
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    importlib.import_module(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
+                        f"{path.stem}: from {node.module} import {alias.name}"

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from spade_lib.runs import runner, trace
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 from spade_lib.bench import Suite
 from spade_lib.zoo.loading import first_device
 
@@ -49,15 +51,15 @@ SUITE = Suite("offload", [{"question_id": i, "category": "c", "turns": [t]} for 
                           enumerate(["def add(a, b):\n    return", "The module provides functions for"])], {})
 
 
-def cfg(**kw) -> runner.RunConfig:
-    return runner.RunConfig(**{"max_new_tokens": 24, "device": "cpu", "threads": 1, "warmup": 0,
-                               "chat_template": False, **kw})
+def cfg(**kw) -> RunConfig:
+    return RunConfig(**{"max_new_tokens": 24, "device": "cpu", "threads": 1, "warmup": 0,
+                        "chat_template": False, **kw})
 
 
 def test_greedy_on_the_offloaded_target_equals_autoregressive(pairs, tmp_path):
     big, plain = pairs
-    spade = runner.read_summary(runner.run_suite(big, SUITE, cfg(), tmp_path / "big", progress=False))
-    ar = runner.read_summary(runner.run_suite(plain, SUITE, cfg(method="ar"), tmp_path / "ar", progress=False))
+    spade = read_summary(runner.run_suite(big, SUITE, cfg(), tmp_path / "big", progress=False))
+    ar = read_summary(runner.run_suite(plain, SUITE, cfg(method="ar"), tmp_path / "ar", progress=False))
     assert spade["output_ids"].tolist() == ar["output_ids"].tolist()
     assert (spade["n_steps"] > 0).all() and len(trace.read_trace(tmp_path / "big")) > 0  # drafts were verified
 

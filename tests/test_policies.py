@@ -90,7 +90,7 @@ def test_start_hook_stateless_by_default_and_adaptive_is_a_registered_stateful_p
 
 def test_run_config_takes_the_adaptive_policy_by_name():
     from spade_lib.decoding.adaptive import AdaptiveGamma
-    from spade_lib.runs.runner import RunConfig
+    from spade_lib.runs.config import RunConfig
 
     c = RunConfig(policy="adaptive", max_gamma=5, device="cpu",
                   policy_options={"c": 0.1, "verify_cost": [1.0, 1.1, 1.2, 1.3, 1.4], "decay": 0.8})

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.runs import metrics, protocol, runner, trace
+from spade_lib.runs import metrics, protocol, trace
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 from spade_lib.bench import Suite
 
 N_NEW = 10
@@ -34,8 +36,8 @@ def runs_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def cfg(**kw) -> runner.RunConfig:
-    return runner.RunConfig(**{**dict(max_new_tokens=N_NEW, device="cpu", threads=1), **kw})
+def cfg(**kw) -> RunConfig:
+    return RunConfig(**{**dict(max_new_tokens=N_NEW, device="cpu", threads=1), **kw})
 
 
 def test_auto_device_is_resolved_before_hashing():
@@ -59,14 +61,14 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     g2 = cfg(method="spade", draft="distilled", gamma=2)
     dirs = protocol.run_interleaved(pair, suite, [g2], ar, protocol=proto, progress=False)
     assert list(dirs) == [proto.config(ar), proto.config(g2)]
-    s = runner.read_summary(dirs[proto.config(g2)])
+    s = read_summary(dirs[proto.config(g2)])
     assert len(s) == 3 and (s["wall_times"].map(len) == 3).all()
     assert s["session"].nunique() == 1
     assert set(s["session_wall_time"].iloc[0]) == {proto.config(ar).hash, proto.config(g2).hash}
     assert protocol.interleaved_with(s, proto.config(ar)) and not protocol.interleaved_with(s, cfg(method="hf"))
     base, interleaved = protocol.paired_baseline(s, proto.config(ar))
     assert interleaved and (base["new_tokens"] == N_NEW).all()
-    ar_summary = runner.read_summary(dirs[proto.config(ar)])
+    ar_summary = read_summary(dirs[proto.config(ar)])
     assert base["wall_time"].tolist() == pytest.approx(ar_summary["wall_time"].tolist())
     # every round of every member is kept, so the speedup's interval resamples rounds within prompts
     assert base["wall_times"].tolist() == ar_summary["wall_times"].tolist()
@@ -78,7 +80,7 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     g1 = cfg(method="spade", draft="distilled", gamma=1)
     dirs2 = protocol.run_interleaved(pair, suite, [g2, g1], ar, protocol=proto, progress=False)
     assert (dirs2[proto.config(ar)] / "summary.jsonl").stat().st_mtime_ns == stamp
-    s1 = runner.read_summary(dirs2[proto.config(g1)])
+    s1 = read_summary(dirs2[proto.config(g1)])
     assert proto.config(ar).hash in s1["session_wall_time"].iloc[0]
     assert s1["session"].iloc[0] != s["session"].iloc[0]
     # the same request again reads everything back

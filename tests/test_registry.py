@@ -45,7 +45,9 @@ def toys():
 
     yield rule, Digits
     rules.unregister_rule("toy_scaled")
-    policies.unregister_policy("toy_power")
+    policies.unregister_policy("toy_digits")
+    # the teardown removes exactly what the fixture registered: nothing leaks into later tests
+    assert "toy_scaled" not in rules.rule_names() and "toy_digits" not in policies.policy_names()
 
 
 def test_toy_rule_in_verify(toys):
@@ -73,7 +75,8 @@ def test_toy_policy_by_name(toys):
 
 def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
     from spade_lib.bench import default_suite
-    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.config import RunConfig
+    from spade_lib.runs.runner import run_suite
     from spade_lib.runs.trace import read_trace
     from spade_lib.zoo.pairs import load_pair
 
@@ -87,7 +90,7 @@ def test_toy_rule_and_policy_in_run_suite_and_replay(toys, tmp_path):
     with pytest.raises(ValueError, match="scale"):
         RunConfig(mode="toy_scaled", mode_options={"scale": 2.0})
     tr = read_trace(run_suite(pair, suite, config, tmp_path / "run", progress=False))
-    assert list(tr.columns)[:len(trace.TRACE_SCHEMA.names)] == trace.TRACE_SCHEMA.names
+    assert list(tr.columns)[:len(trace.trace_columns())] == trace.trace_columns()
     assert tr["gamma"].max() <= 4 and len(tr) > 0
 
     # the rule: replaying it on its own trace reproduces every decision

@@ -223,7 +223,8 @@ def tiny_runs(tmp_path_factory):
     """Runs of the tiny pair on a small embedded suite: fixed gamma 6 (the trace to replay), fixed
     gamma 2, and a confidence policy, all at temperature 1 with top-k slices recorded."""
     from spade_lib.bench import default_suite
-    from spade_lib.runs.runner import RunConfig, run_suite
+    from spade_lib.runs.config import RunConfig
+    from spade_lib.runs.runner import run_suite
     from spade_lib.runs.trace import read_trace
     from spade_lib.zoo.pairs import load_pair
 

@@ -22,6 +22,8 @@ import torch
 
 from spade_lib import paths, runbook, theory, validate
 from spade_lib.runs import runner, trace
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 from spade_lib.whatif import align, replay
 from spade_lib.bench import Suite
 from spade_lib.params import ParameterError, check_range, parse_parameters_cell, resolve
@@ -165,7 +167,7 @@ def test_huge_gamma_and_bad_thresholds(fn, exc, name):
     (dict(dtype="float99"), ValueError, "dtype"),
 ])
 def test_run_config_refuses_at_construction(kw, exc, name, sandbox):
-    refused(exc, name, runner.RunConfig, root=sandbox, **kw)
+    refused(exc, name, RunConfig, root=sandbox, **kw)
 
 
 # ------------------------------------------------------------------------------------ runs: run_suite
@@ -188,8 +190,8 @@ def _suite(ids, name="mini") -> Suite:
     return Suite(name, rows, {})
 
 
-def _cfg(**kw) -> runner.RunConfig:
-    return runner.RunConfig(**{**dict(max_new_tokens=N_NEW, device="cpu", threads=1, warmup=0), **kw})
+def _cfg(**kw) -> RunConfig:
+    return RunConfig(**{**dict(max_new_tokens=N_NEW, device="cpu", threads=1, warmup=0), **kw})
 
 
 def test_run_suite_refuses_before_writing(pair, sandbox):
@@ -209,7 +211,7 @@ def test_question_ids_cannot_write_outside_the_run(pair, sandbox):
     assert outside == set(), outside
     names = sorted(p.name for p in trace.shard_paths(run_dir))
     assert names == sorted(f"{validate.safe_name(q)}.parquet" for q in evil)
-    assert set(runner.read_summary(run_dir)["question_id"]) == set(evil)
+    assert set(read_summary(run_dir)["question_id"]) == set(evil)
     assert set(trace.read_trace(run_dir)["prompt_id"]) <= set(evil)
 
 
@@ -288,19 +290,20 @@ def test_shard_locked_by_another_process_is_not_computed_twice(pair, sandbox):
     finally:
         t.join(timeout=120)
     assert written == ["1.parquet", "3.parquet"]
-    assert len(runner.read_summary(run_dir)) == 3
+    assert len(read_summary(run_dir)) == 3
 
 
 TWO_PROCESS_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
     from spade_lib.runs import runner
+    from spade_lib.runs.config import RunConfig
     from spade_lib.bench import Suite
     from spade_lib.zoo.pairs import load_pair
     run_dir, log, go = sys.argv[1], sys.argv[2], sys.argv[3]
     pair = load_pair("tiny")
     rows = [{"question_id": i, "category": "prose", "turns": [f"The value {i} is returned when"]} for i in range(6)]
-    config = runner.RunConfig(max_new_tokens=4, device="cpu", threads=1, warmup=0)
+    config = RunConfig(max_new_tokens=4, device="cpu", threads=1, warmup=0)
     import os, time
     open(go + "." + str(os.getpid()), "w").close()
     while len([p for p in os.listdir(os.path.dirname(go)) if p.startswith(os.path.basename(go) + ".")]) < 2:
@@ -324,7 +327,7 @@ def test_two_processes_share_a_run_without_duplicates(sandbox):
     assert [p.wait(timeout=300) for p in procs] == [0, 0]
     logs = [json.loads((sandbox / f"log{i}").read_text()) for i in range(2)]
     assert sorted(logs[0] + logs[1]) == sorted(f"{i}.parquet" for i in range(6)), logs  # each shard once
-    assert len(runner.read_summary(run_dir)) == 6
+    assert len(read_summary(run_dir)) == 6
     assert len(json.loads((run_dir / "metadata.json").read_text())["sessions"]) == 2
 
 

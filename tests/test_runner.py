@@ -15,6 +15,9 @@ import torch
 
 from spade_lib import paths
 from spade_lib.runs import runner, trace
+from spade_lib.runs.config import RunConfig, generation_seed
+from spade_lib.runs.store import (list_runs, read_summary, run_dir_for, run_identity, shard_done, suite_key,
+                                  write_summary)
 from spade_lib.bench import Suite
 
 N_NEW = 12
@@ -37,9 +40,9 @@ def pair():
     torch.set_num_threads(before)
 
 
-def cfg(**kw) -> runner.RunConfig:
+def cfg(**kw) -> RunConfig:
     base = dict(max_new_tokens=N_NEW, device="cpu", threads=1, warmup=0)
-    return runner.RunConfig(**{**base, **kw})
+    return RunConfig(**{**base, **kw})
 
 
 def deterministic(df: pd.DataFrame) -> pd.DataFrame:
@@ -51,7 +54,7 @@ def test_run_writes_trace_summary_metadata(pair, tmp_path):
     c = cfg(temperature=1.0, n_samples=2)
     d = runner.run_suite(pair, suite, c, tmp_path / "run", progress=False)
     df = trace.read_trace(d)
-    s = runner.read_summary(d)
+    s = read_summary(d)
     assert sorted(p.name for p in trace.shard_paths(d)) == [f"{i}.parquet" for i in range(4)]
     assert len(s) == 8 and s["question_id"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     assert (s["new_tokens"] == N_NEW).all() and (s["wall_time"] > 0).all()
@@ -83,7 +86,7 @@ def test_resume_skips_finished_shards(pair, tmp_path):
     after = {p.name: p.stat().st_mtime_ns for p in trace.shard_paths(d)}
     assert {k: v for k, v in after.items() if k != "2.parquet"} == \
            {k: v for k, v in stamps.items() if k != "2.parquet"}
-    assert len(runner.read_summary(d)) == 4
+    assert len(read_summary(d)) == 4
 
 
 def test_temporaries_and_unreadable_shards_are_redone(pair, tmp_path):
@@ -108,9 +111,9 @@ def test_shard_with_other_columns_than_its_schema_version_is_redone(pair, tmp_pa
     shard = d / "trace" / "1.parquet"
     table = pq.read_table(shard)  # same run identity and schema version, one column gone
     pq.write_table(table.drop_columns(["kl"]).replace_schema_metadata(table.schema.metadata), shard)
-    identity = runner.run_identity(pair, suite, cfg())
-    assert not runner._shard_done(shard, identity)
-    assert runner._shard_done(d / "trace" / "0.parquet", identity)
+    identity = run_identity(pair, suite, cfg())
+    assert not shard_done(shard, identity)
+    assert shard_done(d / "trace" / "0.parquet", identity)
     written = []
     runner.run_suite(pair, suite, cfg(), d, progress=False, on_shard=written.append)
     assert [p.name for p in written] == ["1.parquet"]
@@ -122,7 +125,7 @@ def test_corrupt_shard_is_named_by_the_readers(pair, tmp_path):
     bad = d / "trace" / "1.parquet"
     bad.write_bytes(b"not parquet")
     with pytest.raises(ValueError, match=r"1\.parquet is not a readable Parquet") as e:
-        runner.write_summary(d)
+        write_summary(d)
     assert "magic bytes" in str(e.value.__cause__)
     with pytest.raises(ValueError, match=r"^run_dir_or_paths: .*1\.parquet is not a readable Parquet"):
         trace.read_trace(d)
@@ -136,10 +139,10 @@ def test_same_dir_different_run_is_refused(pair, tmp_path):
 
 def test_baselines_and_greedy_equality(pair, tmp_path):
     suite = mini_suite(2)
-    spade = runner.read_summary(runner.run_suite(pair, suite, cfg(), tmp_path / "s", progress=False))
+    spade = read_summary(runner.run_suite(pair, suite, cfg(), tmp_path / "s", progress=False))
     ar_dir = runner.run_suite(pair, suite, cfg(method="ar"), tmp_path / "ar", progress=False)
-    ar = runner.read_summary(ar_dir)
-    hf = runner.read_summary(runner.run_suite(pair, suite, cfg(method="hf"), tmp_path / "hf", progress=False))
+    ar = read_summary(ar_dir)
+    hf = read_summary(runner.run_suite(pair, suite, cfg(method="hf"), tmp_path / "hf", progress=False))
     assert trace.read_trace(ar_dir).empty and (ar["accept_lengths"].map(set) == {1}).all()  # 1 token a step
     assert (hf["accept_lengths"].map(len) == 0).all()  # HF exposes no steps
     # greedy speculative decoding in fp32 reproduces greedy autoregressive decoding token for token
@@ -187,20 +190,20 @@ def test_kill_9_then_resume_equals_uninterrupted(pair, tmp_path):
     pd.testing.assert_frame_equal(deterministic(trace.read_trace(killed_dir)),
                                   deterministic(trace.read_trace(clean_dir)))
     cols = ["question_id", "sample", "seed", "new_tokens", "accept_lengths", "output_ids", "text"]
-    pd.testing.assert_frame_equal(runner.read_summary(killed_dir)[cols], runner.read_summary(clean_dir)[cols])
+    pd.testing.assert_frame_equal(read_summary(killed_dir)[cols], read_summary(clean_dir)[cols])
     assert len(json.loads((killed_dir / "metadata.json").read_text())["sessions"]) == 2
 
 
 def test_run_dir_for_and_config_hash(monkeypatch):
     a, b = cfg(), cfg(gamma=2)
     assert a.hash == cfg().hash and a.hash != b.hash
-    d = runner.run_dir_for("tiny", "mini", a)
+    d = run_dir_for("tiny", "mini", a)
     assert d.parent == paths.RUNS_DIR / "traces" / "tiny" / "mini" and d.name.endswith(a.hash)
-    assert runner.run_dir_for("Qwen/Qwen2.5-7B", "mini", a).parts[-3] == "Qwen--Qwen2.5-7B"
+    assert run_dir_for("Qwen/Qwen2.5-7B", "mini", a).parts[-3] == "Qwen--Qwen2.5-7B"
     with pytest.raises(ValueError, match="suite_name"):
-        runner.run_dir_for("tiny", "", a)
+        run_dir_for("tiny", "", a)
     with pytest.raises(ValueError, match="pair_name"):
-        runner.run_dir_for("../x", "mini", a)
+        run_dir_for("../x", "mini", a)
 
 
 def test_policy_and_mode_options():
@@ -220,9 +223,9 @@ def test_policy_and_mode_options():
 
 
 def test_generation_seed_is_stable():
-    assert runner.generation_seed(0, 5, 1) == runner.generation_seed(0, 5, 1)
-    assert len({runner.generation_seed(0, q, s) for q in range(20) for s in range(5)}) == 100
-    assert runner.generation_seed(0, 5, 1) == 5483192104208182565
+    assert generation_seed(0, 5, 1) == generation_seed(0, 5, 1)
+    assert len({generation_seed(0, q, s) for q in range(20) for s in range(5)}) == 100
+    assert generation_seed(0, 5, 1) == 5483192104208182565
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -236,7 +239,7 @@ def test_generation_seed_is_stable():
 ])
 def test_bad_config_names_the_field(kw, match):
     with pytest.raises(ValueError, match=match):
-        runner.RunConfig(**kw)
+        RunConfig(**kw)
 
 
 def test_bad_draft_and_placement(pair, tmp_path):
@@ -250,7 +253,7 @@ def test_default_run_dir_uses_the_suite_hash(pair, tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     suite = mini_suite(1)
     d = runner.run_suite(pair, suite, cfg(method="ar"), progress=False)
-    assert d == runner.run_dir_for("tiny", runner.suite_key(suite), cfg(method="ar"))
-    assert runner.suite_key(suite) == f"mini-{suite.sha256[:8]}"
-    runs = runner.list_runs(tmp_path / "traces")
+    assert d == run_dir_for("tiny", suite_key(suite), cfg(method="ar"))
+    assert suite_key(suite) == f"mini-{suite.sha256[:8]}"
+    runs = list_runs(tmp_path / "traces")
     assert runs[["pair", "method", "config_hash"]].values.tolist() == [["tiny", "ar", cfg(method="ar").hash]]

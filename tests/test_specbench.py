@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from spade_lib.runs import metrics, runner, specbench
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 from spade_lib.bench import MT_BENCH_CATEGORIES, Suite
 from spade_lib.runs.specbench import read_specbench_answers, write_specbench_answers
 
@@ -82,10 +84,10 @@ def runs(pair, tmp_path_factory):
     out = {}
     for name, kw in {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0, n_samples=2)}.items():
         for method in ("spade", "ar"):
-            c = runner.RunConfig(method=method, gamma=3, max_new_tokens=N_NEW, device="cpu", threads=1,
-                                 warmup=0, **kw)
+            c = RunConfig(method=method, gamma=3, max_new_tokens=N_NEW, device="cpu", threads=1,
+                          warmup=0, **kw)
             d = runner.run_suite(pair, suite, c, root / f"{name}-{method}", progress=False)
-            out[name, method] = SimpleNamespace(dir=d, summary=runner.read_summary(d),
+            out[name, method] = SimpleNamespace(dir=d, summary=read_summary(d),
                                                 file=write_specbench_answers(d, root / f"{name}-{method}.jsonl"))
     return out
 

@@ -71,3 +71,112 @@ def test_learned_rule_trains_on_one_split_and_scores_on_the_other():
     assert set(ev.policy) == {"fixed", "learned"}
     with pytest.raises(ValueError, match="frac"):
         stoprules.split_prompts(t, 1.0)
+
+
+# -- the study and the chosen rules, against notebook 05's former inline code ----------------------
+
+def _notebook_study(tr_T, c, verify_cost, *, max_gamma, grid_points, adaedl_lambdas, adaedl_gamma_c, seed):
+    """Notebook 05's stop-rule cell for one temperature, as it was before study() (the reference)."""
+    train, test = stoprules.split_prompts(tr_T, 0.5, seed=seed)
+    try:
+        model = stoprules.LearnedStop.fit(train)
+        sig = model.signal(train)
+        learned_grid = sorted({0.0, 1.000001, *np.round(np.quantile(sig, np.linspace(0.02, 0.98, grid_points)), 6)})
+    except ValueError:
+        model, learned_grid = None, []
+    grids = {"confidence": stoprules.signal_grid(train, "confidence", grid_points),
+             "entropy": stoprules.signal_grid(train, "entropy", grid_points),
+             "adaedl": adaedl_lambdas, "learned": learned_grid}
+    front_train = stoprules.frontier(train, c, verify_cost, max_gamma=max_gamma, grids=grids, learned=model,
+                                     gamma_c=adaedl_gamma_c)
+    chosen = stoprules.best(front_train)
+    edges = stoprules.edge_check(front_train, chosen, max_gamma)
+    ev = stoprules.evaluate(front_train, test, c, verify_cost, max_gamma=max_gamma, learned=model,
+                            gamma_c=adaedl_gamma_c)
+    front_all = stoprules.frontier(tr_T, c, verify_cost, max_gamma=max_gamma, grids=grids, learned=model,
+                                   gamma_c=adaedl_gamma_c)
+    auc = model.auc(test) if model is not None else float("nan")
+    return dict(train=train, test=test, grids=grids, front_train=front_train, chosen=chosen, edges=edges,
+                held_out=ev, front=front_all, auc=auc, model=model)
+
+
+@pytest.mark.parametrize("always_accepted", [False, True])
+def test_study_equals_the_notebooks_inline_study(always_accepted):
+    t = planted_trace(300, seed=3)
+    if always_accepted:  # nothing to learn: no learned rule, an empty learned grid
+        t = t.assign(reached=True, accepted=True, n_accepted=6)
+    verify_cost = lambda g: 1.0 + 0.04 * g  # noqa: E731
+    kw = dict(max_gamma=6, grid_points=5, adaedl_lambdas=[0.0, 0.5, 0.9], adaedl_gamma_c=0.2, seed=4)
+    ref = _notebook_study(t, 0.1, verify_cost, **kw)
+    got = stoprules.study(t, 0.1, verify_cost, stoprules.StudyConfig(
+        max_gamma=6, grid_points=5, adaedl_lambdas=(0.0, 0.5, 0.9), gamma_c=0.2, seed=4))
+    for name in ("train", "test", "front_train", "chosen", "edges", "held_out", "front"):
+        pd.testing.assert_frame_equal(getattr(got, name), ref[name], obj=name)
+    assert got.grids == ref["grids"]
+    assert (got.model is None) == always_accepted == (ref["model"] is None) and (got.no_model is None) != always_accepted
+    np.testing.assert_equal(got.auc, ref["auc"])
+    if not always_accepted:
+        np.testing.assert_array_equal(got.model.coef, ref["model"].coef)
+
+
+def _notebook_configs(chosen, T, *, draft, max_gamma, adaedl_gamma_c, common):
+    """Notebook 05's translation of the chosen rules into run configurations, before chosen_configs()."""
+    from spade_lib.runs.config import RunConfig
+
+    cfgs = {}
+    for _, row in chosen.iterrows():
+        if row["policy"] == "fixed":
+            cfgs["fixed"] = RunConfig(method="spade", draft=draft, gamma=int(row["gamma"]), temperature=T, **common)
+        elif row["policy"] in ("confidence", "entropy", "adaedl"):
+            th = (stoprules.adaedl_threshold(float(row["threshold"]), adaedl_gamma_c) if row["policy"] == "adaedl"
+                  else float(row["threshold"]))
+            th = min(max(th, 0.0), 1.0) if row["policy"] == "confidence" else max(th, 0.0)
+            cfgs[row["policy"]] = RunConfig(method="spade", draft=draft, temperature=T, max_gamma=max_gamma,
+                                            policy="confidence" if row["policy"] == "confidence" else "entropy",
+                                            threshold=th, **common)
+    return cfgs
+
+
+def test_chosen_configs_equal_the_notebooks_translation():
+    from spade_lib.runs.config import RunConfig
+
+    t = planted_trace(300, seed=5)
+    s = stoprules.study(t, 0.1, 1.2, stoprules.StudyConfig(max_gamma=6, grid_points=6, gamma_c=0.1))
+    chosen = s.chosen.copy()
+    # the degenerate ends, clipped as the decoder's policies accept them
+    extra = chosen[chosen.policy == "confidence"].assign(threshold=1.5)
+    assert set(chosen.policy) == {"fixed", "confidence", "entropy", "adaedl", "learned"}
+    common = dict(max_new_tokens=24, max_prompt_tokens=64, chat_template=False, device="cpu", dtype="float32",
+                  seed=3, threads=1, n_samples=2)
+    for rows in (chosen, pd.concat([chosen[chosen.policy != "confidence"], extra])):
+        ref = _notebook_configs(rows, 1.0, draft="distilled", max_gamma=6, adaedl_gamma_c=0.1, common=common)
+        got = stoprules.chosen_configs(rows, RunConfig(method="spade", draft="distilled", temperature=1.0, **common),
+                                       max_gamma=6, gamma_c=0.1)
+        assert list(got) == list(ref) == [p for p in rows.policy if p != "learned"]
+        assert got == ref and [c.hash for c in got.values()] == [c.hash for c in ref.values()]
+    assert got["confidence"].threshold == 1.0
+
+
+def test_replay_vs_run_equals_the_notebooks_comparison():
+    from spade_lib.whatif.align import measured_tau
+
+    t = planted_trace(300, seed=6)
+    s = stoprules.study(t, 0.1, 1.2, stoprules.StudyConfig(max_gamma=6, grid_points=6))
+    run = planted_trace(120, seed=7)  # stands in for the rule's real run
+    m = pd.Series({"mean_drafted": 3.2, "speedup": 1.4, "speedup_low": 1.2, "speedup_high": 1.6})
+    for policy in ("fixed", "entropy", "adaedl"):
+        # notebook 05's inline comparison (the reference)
+        row = s.chosen[s.chosen.policy == policy].iloc[0]
+        front = s.front
+        same = (front.policy == policy) & (front.gamma == row["gamma"]) & (front.threshold == row["threshold"])
+        replayed = front[same].iloc[0]
+        tau_run, se, _ = measured_tau(run)
+        n_rep = int(replayed["steps"])
+        se_pred = float(np.sqrt((replayed["g_mean"] + 1) ** 2 / 12 / max(n_rep, 1)))
+        ref = {"policy": policy, "rule": row["label"], "tau_replayed": replayed["tau"], "tau_run": tau_run,
+               "se_run": se, "g_replayed": replayed["g_mean"], "g_run": m["mean_drafted"],
+               "speedup_replayed": replayed["speedup"], "speedup_run": m["speedup"], "speedup_low": m["speedup_low"],
+               "speedup_high": m["speedup_high"],
+               "within_tolerance": abs(replayed["tau"] - tau_run) < 4 * np.hypot(se, se_pred) + 0.05}
+        got = stoprules.replay_vs_run(s.front, s.chosen, policy, run, m)
+        assert list(got) == list(ref) and got == ref

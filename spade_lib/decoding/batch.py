@@ -66,7 +66,7 @@ from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget
 from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
 from spade_lib.decoding.policies import step_cap
 from spade_lib import rules
-from spade_lib.measures import entropy, kl, tv
+from spade_lib.decoding import records
 from spade_lib.sampling import adjust
 from spade_lib.verify import sample_inverse_cdf, verify
 
@@ -249,28 +249,6 @@ def _timing_totals() -> dict[str, float]:
     return {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
 
 
-def _stats(logits_p: torch.Tensor, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, q_logits: torch.Tensor,
-           res) -> torch.Tensor:
-    """``[R, len(_STATS), g]`` float64 per-position statistics (the batched twin of
-    ``SpeculativeDecoder._stats``): ``logits_p, p [R, g+1, V]``, ``x [R, g]``, ``q, q_logits [R, g, V]``."""
-    g = x.shape[1]
-    p_g = p[:, :g]
-    p_raw = logits_p[:, :g].float().softmax(dim=-1)
-    q_raw = q_logits.float().softmax(dim=-1)
-    xi = x[..., None]
-    top2 = torch.topk(p_raw, 2, dim=-1)
-    cols = [
-        x.to(torch.float64), res.p_x, res.q_x, res.accept_prob, res.uniforms, res.reached, res.accepted,
-        entropy(p_g), entropy(q), tv(p_g, q), kl(p_g, q), top2.indices[..., 0],
-        top2.values[..., 0] - top2.values[..., 1], q_raw.amax(dim=-1), p_raw.gather(-1, xi)[..., 0],
-        q_raw.gather(-1, xi)[..., 0], entropy(p_raw), entropy(q_raw), tv(p_raw, q_raw),
-    ]
-    return torch.stack([c.to(torch.float64) for c in cols], dim=1)
-
-
-# the statistics of :func:`_stats`, in its order (the columns of ``SpeculativeDecoder._stats``)
-_STAT_NAMES = ("draft_token", "p_x", "q_x", "accept_prob", "uniform", "reached", "accepted", "h_p", "h_q", "tv",
-               "kl", "p_top1", "p_margin", "q_top_prob", "p_x_raw", "q_x_raw", "h_p_raw", "h_q_raw", "tv_raw")
 
 
 class _Rows:
@@ -460,7 +438,9 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
             n_acc[idx] = res.n_accepted
             nxt[idx] = res.next_token
             if full:
-                stat_parts.append(_stats(logits_p[idx, :g + 1], pg, xg, qg, QL[idx, :g], res).flatten(1))
+                stat_names, tab = records.position_stats(records.StatInputs(logits_p[idx, :g + 1], pg, xg, qg,
+                                                                            QL[idx, :g], res))
+                stat_parts.append(tab.flatten(1))
                 stat_rows.append(idx_l)
                 if topk_k:
                     k = min(topk_k, p.shape[-1])
@@ -472,8 +452,8 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         host = torch.cat([n_acc[:, None], nxt[:, None]] + ([X] if G > 0 else []), dim=1).tolist()
         for part, idx_l in zip(stat_parts, stat_rows):
             for r, values in zip(idx_l, part.tolist()):
-                g = len(values) // len(_STAT_NAMES)
-                stats[r] = {name: values[j * g:(j + 1) * g] for j, name in enumerate(_STAT_NAMES)}
+                g = len(values) // len(stat_names)
+                stats[r] = {name: values[j * g:(j + 1) * g] for j, name in enumerate(stat_names)}
         tc = _clock(dev) if timed else 0.0
 
         # -- commit: per-row rollback of both caches, emitted tokens, finished rows leave

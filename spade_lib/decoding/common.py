@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spade_lib.decoding.records import BOOL_STATS, INT_STATS, POSITION_STATS, RECORD_COLUMNS, TREE_COLUMNS
+from spade_lib.decoding.records import rows
 
 __all__ = ["GenerationResult", "StepInfo", "STREAMS", "seed_streams"]
 
@@ -94,38 +94,9 @@ class GenerationResult:
 
     def records(self) -> list[dict[str, Any]]:
         """One dict per drafted token with exactly the trace columns (minus prompt_id/category/sample);
-        plus ``p_topk_ids``, ``p_topk_probs``, ``q_topk_ids``, ``q_topk_probs`` when recorded. A tree
-        step's rows are its nodes in index order (``pos`` = node), each with its place in the tree
-        (``records.TREE_COLUMNS``, kept where the trace schema has them)."""
-        rows: list[dict[str, Any]] = []
-        for step, s in enumerate(self.steps):
-            if s.gamma == 0:
-                continue
-            if s.stats is None:
-                raise ValueError("records: this generation ran with record='light' or False (no token records)")
-            g = s.gamma
-            cols = s.stats
-            for pos in range(g):
-                if s.tree is None:  # a chain: node pos, parent pos - 1, depth pos
-                    place = {"node": pos, "parent": pos - 1, "depth": pos, "sibling_rank": 0}
-                else:
-                    place = {name: s.tree[name][pos] for name in TREE_COLUMNS}
-                # abs_pos: where x would sit in the continuation, tokens emitted before the step + its depth
-                row: dict[str, Any] = {"step": step, "pos": pos, "abs_pos": s.abs_pos + place["depth"], "gamma": g,
-                                       **place}
-                for name in POSITION_STATS:
-                    if name in place:
-                        continue
-                    v = cols[name][pos]
-                    row[name] = int(v) if name in INT_STATS else bool(v) if name in BOOL_STATS else v
-                row["n_accepted"] = s.n_accepted
-                row["next_token"] = s.next_token
-                row["t_draft"], row["t_verify"], row["t_overhead"] = s.t_draft, s.t_verify, s.t_overhead
-                rows.append({name: row[name] for name in RECORD_COLUMNS})
-                if s.topk is not None:
-                    for name, values in zip(("p_topk_ids", "p_topk_probs", "q_topk_ids", "q_topk_probs"), s.topk):
-                        rows[-1][name] = values[pos]
-        return rows
+        plus ``p_topk_ids``, ``p_topk_probs``, ``q_topk_ids``, ``q_topk_probs`` when recorded
+        (built by :func:`spade_lib.decoding.records.rows` from the column registry)."""
+        return rows(self.steps)
 
 
 def _check_budget(max_new_tokens: int) -> None:

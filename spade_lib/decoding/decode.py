@@ -38,7 +38,7 @@ for bit, and what one stream draws does not depend on how many draws the others 
 Records (``record=True``): one row per drafted token with the trace columns of
 :data:`spade_lib.runs.trace.TRACE_SCHEMA` (:meth:`spade_lib.decoding.common.GenerationResult.records`). Per step the statistics are
 computed vectorised over the ``gamma`` positions as named tensors (one per column of
-``spade_lib.decoding.records.POSITION_STATS``), stacked and moved to the host with a single ``.tolist()``.
+``spade_lib.decoding.records``' position columns, :func:`spade_lib.decoding.records.position_stats`), stacked and moved to the host with a single ``.tolist()``.
 ``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings),
 ``record=False`` only the tokens and total times.
 """
@@ -46,6 +46,7 @@ computed vectorised over the ``gamma`` positions as named tensors (one per colum
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -56,18 +57,14 @@ from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_
 from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
                                        seed_streams)
 from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
-from spade_lib.measures import entropy, kl, tv
 from spade_lib.decoding.policies import Policy, as_policy, step_cap
-from spade_lib.decoding.records import POSITION_STATS, TREE_COLUMNS
+from spade_lib.decoding import records
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
 from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
-
-# the statistics computed on the device per drafted token (a token's place in its tree comes from the host)
-_DEVICE_STATS = tuple(name for name in POSITION_STATS if name not in TREE_COLUMNS)
 
 
 def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
@@ -160,47 +157,21 @@ class SpeculativeDecoder(_Base):
         self.record_topk = record_topk
 
     # -- per-step statistics ------------------------------------------------------------------
-    def _stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res) -> dict[str, torch.Tensor]:
-        """The per-position statistics of one chain step: ``{column: tensor [gamma]}`` for every column of
-        ``records.POSITION_STATS`` but the tree columns (stacked in this order for the host)."""
-        g = draft.gamma
-        x = draft.tokens
-        p_g, q = p[:g], draft.q
-        p_raw = logits_p[:g].float().softmax(dim=-1)
-        q_raw = draft.q if draft.logits is None else draft.logits.float().softmax(dim=-1)
-        return self._columns(x, p_g, q, p_raw, q_raw, res.p_x[0], res.q_x[0], res.accept_prob[0], res.uniforms[0],
-                             res.reached[0], res.accepted[0])
-
-    def _tree_stats(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res, rows: torch.Tensor
-                    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-        """The per-node statistics of one tree step, each node against ``p`` at its parent (``rows =
-        parents + 1``); with ``p`` at those rows and the nodes' ``q`` (one-hot where ``q`` is None), each
-        ``[N, V]``. ``p_x``, ``q_x`` and the distances are the node's own ``p`` and ``q``; ``accept_prob``,
-        ``uniform``, ``reached`` and ``accepted`` are the verifier's (``accept_prob`` is read at the residual
-        when the node was judged, NaN where it was not reached)."""
+    @staticmethod
+    def _tree_inputs(logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res, rows: torch.Tensor
+                     ) -> records.StatInputs:
+        """The statistics' inputs of one tree step: each node against ``p`` at its parent (``rows =
+        parents + 1``) and its own ``q`` (one-hot where ``q`` is None); ``p_x`` and ``q_x`` are the node's
+        own ``p`` and ``q`` at ``x``; ``accept_prob``, ``uniform``, ``reached`` and ``accepted`` the
+        verifier's (``accept_prob`` read at the residual when the node was judged, NaN where not reached)."""
         x = draft.tokens
         p_g = p.index_select(0, rows)
         q = draft.q if draft.q is not None else torch.zeros_like(p_g).scatter_(1, x[:, None], 1.0)
-        p_raw = logits_p.index_select(0, rows).float().softmax(dim=-1)
-        q_raw = q if draft.logits is None else draft.logits.float().softmax(dim=-1)
         xi = x[:, None]
-        named = self._columns(x, p_g, q, p_raw, q_raw, p_g.gather(1, xi)[:, 0], q.gather(1, xi)[:, 0],
-                              res.accept_prob[0], res.uniforms[0], res.reached[0], res.accepted[0])
-        return named, p_g, q
-
-    @staticmethod
-    def _columns(x, p_g, q, p_raw, q_raw, p_x, q_x, accept_prob, uniforms, reached, accepted) -> dict[str, torch.Tensor]:
-        xi = x[:, None]
-        top2 = torch.topk(p_raw, 2, dim=-1)
-        return {
-            "draft_token": x, "p_x": p_x, "q_x": q_x, "accept_prob": accept_prob,
-            "uniform": uniforms, "reached": reached, "accepted": accepted,
-            "h_p": entropy(p_g), "h_q": entropy(q), "tv": tv(p_g, q), "kl": kl(p_g, q),
-            "p_top1": top2.indices[:, 0], "p_margin": top2.values[:, 0] - top2.values[:, 1],
-            "q_top_prob": q_raw.amax(dim=-1), "p_x_raw": p_raw.gather(1, xi)[:, 0],
-            "q_x_raw": q_raw.gather(1, xi)[:, 0], "h_p_raw": entropy(p_raw), "h_q_raw": entropy(q_raw),
-            "tv_raw": tv(p_raw, q_raw),
-        }
+        node = SimpleNamespace(p_x=p_g.gather(1, xi).T, q_x=q.gather(1, xi).T, accept_prob=res.accept_prob,
+                               uniforms=res.uniforms, reached=res.reached, accepted=res.accepted)
+        return records.StatInputs(logits_p.index_select(0, rows)[None], p_g[None], x[None], q[None],
+                                  None if draft.logits is None else draft.logits[None], node)
 
     def _topk(self, p: torch.Tensor, q: torch.Tensor) -> list[torch.Tensor]:
         k = min(self.record_topk, p.shape[-1])
@@ -284,10 +255,11 @@ class SpeculativeDecoder(_Base):
                 # one device -> host transfer per step: n, next token, the drafts (and the statistics)
                 head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
                 if full:
-                    named = self._stats(logits_p, p, draft, res)
-                    flat = torch.stack([named[name].to(torch.float64) for name in _DEVICE_STATS]).flatten()
-                    host = torch.cat([head, flat]).tolist()
-                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(_DEVICE_STATS)}
+                    names, tab = records.position_stats(records.StatInputs(
+                        logits_p[None], p[None], draft.tokens[None], draft.q[None],
+                        None if draft.logits is None else draft.logits[None], res))
+                    host = torch.cat([head, tab[0].flatten()]).tolist()
+                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(names)}
                     topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
                 else:
                     host, stats, topk = head.tolist(), None, None
@@ -302,11 +274,12 @@ class SpeculativeDecoder(_Base):
                 head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
                 if full:  # the same one transfer, with the statistics and each node's depth and sibling rank
                     rows = torch.tensor(parents, dtype=torch.long, device=dev) + 1
-                    named, p_g, q_g = self._tree_stats(logits_p, p, draft, res, rows)
-                    named.update(depth=draft.depth, sibling_rank=draft.sibling_rank)
-                    cols = _DEVICE_STATS + ("depth", "sibling_rank")
-                    flat = torch.stack([named[name].to(torch.float64) for name in cols]).flatten()
-                    host = torch.cat([head, flat]).tolist()
+                    inputs = self._tree_inputs(logits_p, p, draft, res, rows)
+                    names, tab = records.position_stats(inputs)
+                    p_g, q_g = inputs.p[0], inputs.q[0]
+                    cols = names + ("depth", "sibling_rank")
+                    flat = torch.cat([tab[0], torch.stack([draft.depth, draft.sibling_rank]).to(torch.float64)])
+                    host = torch.cat([head, flat.flatten()]).tolist()
                     o = 2 + 2 * g
                     stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
                     tree = {"node": list(range(g)), "parent": parents, "depth": [int(d) for d in stats.pop("depth")],

@@ -33,7 +33,7 @@ def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
         raise ValueError(f"trace must be a DataFrame or a run directory, got {type(trace).__name__}")
     missing = [c for c in columns if c not in trace.columns]
     if missing:
-        raise ValueError(f"trace is missing column(s) {missing}; see spade_lib.runs.trace.TRACE_SCHEMA")
+        raise ValueError(f"trace is missing column(s) {missing}; see spade_lib.decoding.records (spade_lib.runs.trace.describe())")
     for c in dict.fromkeys(columns):
         if c in PROB_COLUMNS:
             bad = int(trace[c].isna().sum())

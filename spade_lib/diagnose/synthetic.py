@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from spade_lib.runs.trace import TRACE_SCHEMA
+from spade_lib.runs.trace import conform
 
 H_P_MEAN = 1.5  # mean of the Gamma(2, 0.75) target entropy, the centre of entropy_slope
 
@@ -163,8 +163,8 @@ def synthetic_trace(
         "t_verify": np.repeat(t_verify, gamma),
         "t_overhead": np.full(n_rows, 2e-4),
     }
-    table = pa.Table.from_pydict(columns, schema=TRACE_SCHEMA)
-    return table.to_pandas()
+    # the version-1 columns; conform adds the newer ones (a chain's tree columns) and checks every type
+    return conform(pa.Table.from_pydict(columns), 1, "synthetic_trace").to_pandas()
 
 
 def expected_position_acceptance(alpha_by_pos: Sequence[float]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The run command line: one :class:`~spade_lib.runs.runner.RunConfig` over one suite, in one process or
+"""The run command line: one :class:`~spade_lib.runs.config.RunConfig` over one suite, in one process or
 sharded over several::
 
     python -m spade_lib.runs.cli --config params/cli/tiny.yaml --out runs/cli/tiny
@@ -6,7 +6,7 @@ sharded over several::
     accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runs.cli --config ... --out ...
     python -m spade_lib.runs.cli --config ... --out DIR --merge   # after ranks launched as separate jobs
 
-The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runs.runner.RunConfig`
+The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runs.config.RunConfig`
 fields plus:
 
 =================  ==========================================================================
@@ -45,6 +45,8 @@ from typing import Any
 from spade_lib import devices, paths
 
 from spade_lib.runs import launch, runner
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary, run_dir_for, run_identity, suite_key
 
 EXTRA_KEYS = ("pair", "target_id", "draft_id", "drafts", "suite", "n_per_category", "device_map", "max_memory",
               "offload_folder", "resume")
@@ -54,7 +56,7 @@ EXTRA_KEYS = ("pair", "target_id", "draft_id", "drafts", "suite", "n_per_categor
 class RunSpec:
     """A run as the YAML file describes it: which pair and suite, and the :class:`RunConfig`."""
 
-    config: runner.RunConfig
+    config: RunConfig
     pair: str | None = None
     target_id: str | None = None
     draft_id: str | None = None
@@ -78,7 +80,7 @@ def spec_from_dict(data: Any, where: str = "config") -> RunSpec:
     """A :class:`RunSpec` from the YAML mapping; ``ValueError`` naming any unknown or bad key."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
-    config_fields = {f.name: f.type for f in dataclasses.fields(runner.RunConfig)}
+    config_fields = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     known = list(config_fields) + list(EXTRA_KEYS)
     unknown = [k for k in data if k not in known]
     if unknown:
@@ -87,7 +89,7 @@ def spec_from_dict(data: Any, where: str = "config") -> RunSpec:
         raise ValueError(f"{where}: unknown keys {', '.join(hints)}; known keys: RunConfig fields "
                          f"{list(config_fields)} and {list(EXTRA_KEYS)}")
     try:
-        config = runner.RunConfig(**{k: _coerce(v, config_fields[k]) for k, v in data.items() if k in config_fields})
+        config = RunConfig(**{k: _coerce(v, config_fields[k]) for k, v in data.items() if k in config_fields})
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
     extra = {k: v for k, v in data.items() if k in EXTRA_KEYS}
@@ -173,7 +175,7 @@ def load_pair_for(spec: RunSpec, ranks: launch.Ranks):
 
 def summarize(run_dir: Path, world_size: int, seconds: float, decoded: int) -> dict[str, Any]:
     """What the run produced, from its ``summary.jsonl`` (one row per generation)."""
-    s = runner.read_summary(run_dir)
+    s = read_summary(run_dir)
     tokens, steps = int(s["new_tokens"].sum()), int(s["n_steps"].sum())
     decode_s = float(s["wall_time"].sum())
     return {
@@ -185,7 +187,7 @@ def summarize(run_dir: Path, world_size: int, seconds: float, decoded: int) -> d
     }
 
 
-def _print_summary(info: dict[str, Any], config: runner.RunConfig) -> None:
+def _print_summary(info: dict[str, Any], config: RunConfig) -> None:
     tps = f"{info['tokens_per_step']:.2f} tokens/step, " if info["tokens_per_step"] else ""
     rate = f"{info['tokens_per_second']:.1f}" if info["tokens_per_second"] else "n/a"
     print(f"\nSPADE run {config.label} (config {config.hash}) finished in {info['elapsed_seconds']:.1f} s "
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     try:
         suite = load_suite_for(spec)
         pair = load_pair_for(spec, ranks)
-        run_dir = Path(args.out) if args.out else runner.run_dir_for(pair.name, runner.suite_key(suite), spec.config)
+        run_dir = Path(args.out) if args.out else run_dir_for(pair.name, suite_key(suite), spec.config)
         decoded: list[Path] = []
         runner.run_suite(pair, suite, spec.config, run_dir, resume=spec.resume, progress=not args.no_progress,
                          on_shard=decoded.append, rank=ranks.rank, world_size=ranks.world_size)
@@ -257,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             n_decoded = int(count.item())
             if not ranks.is_main:
                 return None
-            launch.merge_run(run_dir, suite, runner.run_identity(pair, suite, spec.config))
+            launch.merge_run(run_dir, suite, run_identity(pair, suite, spec.config))
         else:
             n_decoded = len(decoded)
         info = summarize(run_dir, ranks.world_size, time.perf_counter() - start, n_decoded)

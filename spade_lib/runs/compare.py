@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from spade_lib.runs import protocol, runner
+from spade_lib.runs import protocol
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 from spade_lib.runs.costs import read_costs
 
 __all__ = ["compare", "main", "speedups"]
@@ -48,9 +50,9 @@ def speedups(runs: str | Path) -> pd.DataFrame:
         for meta in sorted(suite_dir.glob("*/metadata.json")):
             if (meta.parent / "summary.jsonl").is_file():
                 config = json.loads(meta.read_text(encoding="utf-8"))["config"]
-                dirs[runner.RunConfig(**config)] = meta.parent
+                dirs[RunConfig(**config)] = meta.parent
         costs = _costs(runs / "costs" / suite_dir.parent.name)
-        summaries = {c: runner.read_summary(d) for c, d in dirs.items()}
+        summaries = {c: read_summary(d) for c, d in dirs.items()}
         for ar in (c for c in dirs if c.method == "ar"):
             members = {c: d for c, d in dirs.items() if c == ar or (
                 c.method != "ar" and c.temperature == ar.temperature and protocol.interleaved_with(summaries[c], ar))}

@@ -25,7 +25,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from spade_lib.runs import runner, trace
+from spade_lib.runs import trace
+from spade_lib.runs.config import generation_seed
+from spade_lib.runs.store import write_summary
 
 # Ranks finish their shares at different times (a rerun may leave all remaining prompts to one
 # rank); the barrier must outwait the slowest one. A dead rank ends the job through the launcher.
@@ -108,7 +110,7 @@ def merge_run(run_dir: str | os.PathLike, suite, identity: dict[str, Any]) -> Pa
     The checks (each failure names what is wrong):
 
     - every shard's stored identity (schema version, pair and its hash, suite and its sha256, the full
-      config and its hash) equals ``identity`` (:func:`spade_lib.runs.runner.run_identity`): no shard of
+      config and its hash) equals ``identity`` (:func:`spade_lib.runs.store.run_identity`): no shard of
       another run or of an older schema slipped in;
     - every suite prompt has exactly one shard, and no shard belongs to a prompt outside the suite;
     - each shard holds the summaries of samples ``0 .. n_samples - 1`` of its own prompt, once each,
@@ -149,7 +151,7 @@ def merge_run(run_dir: str | os.PathLike, suite, identity: dict[str, Any]) -> Pa
         samples = sorted(s.get("sample") for s in summaries)
         seeds = [s.get("seed") for s in sorted(summaries, key=lambda s: s.get("sample"))]
         if samples != list(range(n_samples)) or \
-                seeds != [runner.generation_seed(seed, wanted[qid], i) for i in range(n_samples)]:
+                seeds != [generation_seed(seed, wanted[qid], i) for i in range(n_samples)]:
             problems.append(f"{shard.name}: samples {samples} / seeds do not match n_samples={n_samples}, seed={seed}")
             continue
         rows = trace.read_trace(shard)
@@ -164,4 +166,4 @@ def merge_run(run_dir: str | os.PathLike, suite, identity: dict[str, Any]) -> Pa
         shown = ", ".join(missing[:10]) + (", ..." if len(missing) > 10 else "")
         raise RuntimeError(f"run_dir {run_dir}: incomplete: {len(missing)} of {len(wanted)} prompts have no shard "
                            f"({shown}); run the same command again to complete it")
-    return runner.write_summary(run_dir, suite)
+    return write_summary(run_dir, suite)

@@ -22,8 +22,8 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    (:func:`spade_lib.runs.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
    rounds, paired across the session) and the flag where they disagree.
 
-Each configuration's run folder is the runner's usual one (``runner.run_dir_for``): traces, the
-untimed recorded pass and its token checks are those of :func:`spade_lib.runs.runner.timed_generation`.
+Each configuration's run folder is the runner's usual one (:func:`spade_lib.runs.store.run_dir_for`): traces,
+the untimed recorded pass and its token checks are those of :func:`spade_lib.runs.methods.timed_generation`.
 ``RunConfig.repeats`` / ``.warmup`` are set to the protocol's (they are part of a run's identity),
 and ``device="auto"`` is resolved when a ``RunConfig`` is made, so the same request from two
 notebooks is the same run.
@@ -43,7 +43,11 @@ import pandas as pd
 
 from spade_lib import devices, paths
 
-from spade_lib.runs import controls, metrics, runner, timing, trace
+from spade_lib.runs import controls, metrics, timing, trace
+from spade_lib.runs.config import RunConfig, check_pair_placement, generation_seed, prompt_ids
+from spade_lib.runs.methods import Generator, make_generator, timed_generation
+from spade_lib.runs.store import (check_existing, read_summary, run_dir_for, run_identity, shard_done, shard_path,
+                                  suite_key, summary_row, write_summary)
 from spade_lib.io import write_json
 
 
@@ -60,9 +64,9 @@ class Protocol:
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
 
-    def config(self, config: runner.RunConfig) -> runner.RunConfig:
+    def config(self, config: RunConfig) -> RunConfig:
         """``config`` with this protocol's warm-up and repeats (both are part of its identity)."""
-        if not isinstance(config, runner.RunConfig):
+        if not isinstance(config, RunConfig):
             raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
         return dataclasses.replace(config, warmup=self.warmup, repeats=self.repeats)
 
@@ -70,20 +74,20 @@ class Protocol:
 def _finished(run_dir: Path, suite) -> bool:
     if not (run_dir / "summary.jsonl").is_file():
         return False
-    return all(runner.shard_path(run_dir, r["question_id"]).is_file() for r in suite.rows)
+    return all(shard_path(run_dir, r["question_id"]).is_file() for r in suite.rows)
 
 
-def _session_id(configs: Sequence[runner.RunConfig]) -> str:
+def _session_id(configs: Sequence[RunConfig]) -> str:
     return hashlib.sha256(" ".join(sorted(c.hash for c in configs)).encode()).hexdigest()[:12]
 
 
-def _open_run(pair, suite, config: runner.RunConfig, run_dir: Path, device, session: str) -> dict:
-    """Write (or extend) ``metadata.json`` as ``runner.run_suite`` does; return the run identity."""
-    identity = runner.run_identity(pair, suite, config)
+def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: str) -> dict:
+    """Write (or extend) ``metadata.json`` as :func:`spade_lib.runs.runner.run_suite` does; return the run identity."""
+    identity = run_identity(pair, suite, config)
     meta_path = run_dir / "metadata.json"
     sessions = []
     if run_dir.is_dir():
-        runner._check_existing(run_dir, identity)  # metadata or any shard of another run: refused
+        check_existing(run_dir, identity)  # metadata or any shard of another run: refused
     if meta_path.is_file():
         sessions = json.loads(meta_path.read_text(encoding="utf-8")).get("sessions", [])
     env = timing.environment_fingerprint(device)
@@ -96,15 +100,15 @@ def _open_run(pair, suite, config: runner.RunConfig, run_dir: Path, device, sess
     return identity
 
 
-def _replayer(outputs: list) -> runner.Generator:
-    """A generator whose timed calls return already-timed outputs (for runner.timed_generation's checks)."""
+def _replayer(outputs: list) -> Generator:
+    """A generator whose timed calls return already-timed outputs (for timed_generation's checks)."""
     it = iter(outputs)
     return lambda ids, n, seed: next(it)
 
 
-def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: runner.RunConfig, *,
+def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConfig, *,
                     protocol: Protocol = Protocol(), resume: bool = True, progress: bool = True
-                    ) -> dict[runner.RunConfig, Path]:
+                    ) -> dict[RunConfig, Path]:
     """Run ``configs`` and ``baseline`` under ``protocol``; return ``{config: run folder}``.
 
     Keys are the configurations as run (``protocol.config(c)``), in the order given, baseline first.
@@ -119,8 +123,8 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
     if len({(c.n_samples, c.seed, c.max_new_tokens) for c in wanted}) != 1:
         raise ValueError("configs: every configuration of a session needs the same n_samples, seed and "
                          "max_new_tokens (the generations are paired)")
-    key = runner.suite_key(suite)
-    dirs = {c: runner.run_dir_for(pair.name, key, c) for c in wanted}
+    key = suite_key(suite)
+    dirs = {c: run_dir_for(pair.name, key, c) for c in wanted}
     todo = [c for c in wanted if not (resume and _finished(dirs[c], suite))]
     if not todo:
         return dirs
@@ -128,18 +132,18 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
     sid = _session_id(session)
     device = None
     for c in session:
-        device = runner._check_pair_placement(pair, c)
+        device = check_pair_placement(pair, c)
     if session[0].threads:
         timing.fix_threads(session[0].threads)
-    generators = {c: runner.make_generator(pair, c) for c in session}  # first: their kernels are then chosen
+    generators = {c: make_generator(pair, c) for c in session}  # first: their kernels are then chosen
     identities = {c: _open_run(pair, suite, c, dirs[c], device, sid) for c in todo}
     for c in todo:
         paths.ensure_dir(dirs[c] / "trace")
     first = suite.rows[0]["turns"][0]
     for w in range(protocol.warmup):
         for c in session:
-            generators[c].timed(runner.prompt_ids(pair.tokenizer, first, c), c.max_new_tokens,
-                                runner.generation_seed(c.seed, "warmup", w))
+            generators[c].timed(prompt_ids(pair.tokenizer, first, c), c.max_new_tokens,
+                                generation_seed(c.seed, "warmup", w))
     rows = suite.rows
     if progress:
         from tqdm.auto import tqdm
@@ -148,15 +152,15 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
                     leave=False)
     n_samples, seed0, n_new = session[0].n_samples, session[0].seed, session[0].max_new_tokens
     for i, row in enumerate(rows):
-        shards = {c: runner.shard_path(dirs[c], row["question_id"]) for c in todo}
-        need = [c for c in todo if not (resume and runner._shard_done(shards[c], identities[c]))]
+        shards = {c: shard_path(dirs[c], row["question_id"]) for c in todo}
+        need = [c for c in todo if not (resume and shard_done(shards[c], identities[c]))]
         if not need:
             continue
-        ids = {c: runner.prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}
+        ids = {c: prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}
         records = {c: [] for c in need}
         summaries = {c: [] for c in need}
         for sample in range(n_samples):
-            seed = runner.generation_seed(seed0, row["question_id"], sample)
+            seed = generation_seed(seed0, row["question_id"], sample)
             times = {c: [] for c in session}
             outputs = {c: [] for c in session}
             for rep in range(protocol.repeats):
@@ -169,8 +173,8 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
             medians = {c: timing.summarize_times(times[c]) for c in session}
             checked = {}
             for c in session:  # token checks of every member; records (untimed pass) of the written runs
-                gen, _ = runner.timed_generation(
-                    runner.Generator(_replayer(outputs[c]), generators[c].recorded if c in need else None),
+                gen, _ = timed_generation(
+                    Generator(_replayer(outputs[c]), generators[c].recorded if c in need else None),
                     ids[c], c, seed, device)
                 checked[c] = gen
             partners_t = {c.hash: medians[c].median for c in session}
@@ -181,24 +185,24 @@ def run_interleaved(pair, suite, configs: Iterable[runner.RunConfig], baseline: 
                 for r in gen.records:
                     records[c].append({"prompt_id": str(row["question_id"]), "category": row["category"],
                                        "sample": sample, **r})
-                s = runner._summary_row(row, sample, seed, ids[c], gen, medians[c])
+                s = summary_row(row, sample, seed, ids[c], gen, medians[c])
                 s.update(session=sid, session_wall_time=partners_t, session_wall_times=partners_rounds,
                          session_new_tokens=partners_n)
                 summaries[c].append(s)
         for c in need:
             trace.write_shard(records[c], shards[c], {**identities[c], "summary": summaries[c]})
     for c in todo:
-        runner.write_summary(dirs[c], suite)
+        write_summary(dirs[c], suite)
     return dirs
 
 
-def interleaved_with(summary: pd.DataFrame, baseline: runner.RunConfig) -> bool:
+def interleaved_with(summary: pd.DataFrame, baseline: RunConfig) -> bool:
     """Whether every row of ``summary`` holds ``baseline``'s times (the two were timed in one session)."""
     return "session_wall_time" in summary.columns and bool(
         summary["session_wall_time"].map(lambda d: isinstance(d, dict) and baseline.hash in d).all())
 
 
-def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
+def paired_baseline(summary: pd.DataFrame, baseline: RunConfig,
                     baseline_summary: pd.DataFrame | None = None) -> tuple[pd.DataFrame, bool]:
     """The baseline generations ``summary``'s run was timed with: ``(frame, interleaved)``.
 
@@ -228,7 +232,7 @@ def paired_baseline(summary: pd.DataFrame, baseline: runner.RunConfig,
     return baseline_summary, False
 
 
-def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunConfig, *,
+def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
                   protocol: Protocol = Protocol(), by: str | None = None, traces: dict | None = None,
                   costs: dict[str, dict] | None = None) -> pd.DataFrame:
     """One row per run (per run and ``by`` group, e.g. ``"category"``): its
@@ -238,10 +242,10 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
     micro-benchmarked costs instead of the runs' step timings. ``physical_control`` holds the
     :func:`spade_lib.runs.controls.speedup_warnings` of the row (empty when the physics holds)."""
     base = protocol.config(baseline)
-    base_summary = runner.read_summary(run_dirs[base]) if base in run_dirs else None
+    base_summary = read_summary(run_dirs[base]) if base in run_dirs else None
     rows = []
     for cfg, d in run_dirs.items():
-        summ = runner.read_summary(d)
+        summ = read_summary(d)
         tr = traces[cfg] if traces is not None and cfg in traces else trace.read_trace(d)
         b, interleaved = paired_baseline(summ, base, base_summary)
         groups = [(None, summ, tr, b)] if by is None else [
@@ -266,9 +270,9 @@ def speedup_table(run_dirs: dict[runner.RunConfig, Path], baseline: runner.RunCo
     return table
 
 
-def speedup_over(run_dir: Path, other: runner.RunConfig, *, protocol: Protocol = Protocol()) -> dict:
+def speedup_over(run_dir: Path, other: RunConfig, *, protocol: Protocol = Protocol()) -> dict:
     """:func:`spade_lib.runs.metrics.bootstrap_speedup` of a run over another member of its session
     (e.g. HF assisted generation over plain HF generate)."""
-    summ = runner.read_summary(run_dir)
+    summ = read_summary(run_dir)
     b, _ = paired_baseline(summ, protocol.config(other))
     return metrics.bootstrap_speedup(summ, b)

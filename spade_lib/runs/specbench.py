@@ -57,7 +57,9 @@ import pandas as pd
 
 from spade_lib.bench.sources import MT_BENCH_CATEGORIES
 from spade_lib.io import write_text
-from spade_lib.runs import runner, trace
+from spade_lib.runs import trace
+from spade_lib.runs.config import RunConfig
+from spade_lib.runs.store import read_summary
 
 ANSWER_KEYS = ("question_id", "category", "answer_id", "model_id", "choices", "tstamp")
 CHOICE_KEYS = ("index", "turns", "decoding_steps", "new_tokens", "wall_time", "accept_lengths")
@@ -87,7 +89,7 @@ def model_id_for(meta: dict) -> str:
     ``tiny-spade-distilled-g4-T0-float32`` or ``tiny-ar-T0-float32`` (the baseline)."""
     pair = meta["pair"]["name"].replace("/", "--")
     try:
-        config = runner.RunConfig(**meta["config"])
+        config = RunConfig(**meta["config"])
     except (TypeError, ValueError):  # a run written by another SPADE version: fall back to its hash
         return f"{pair}-{meta['config'].get('method', 'run')}-{meta['config_hash']}"
     return f"{pair}-{config.label}-{config.dtype}"
@@ -103,7 +105,7 @@ def specbench_answers(run_dir: str | os.PathLike, model_id: str | None = None) -
         model_id = model_id_for(meta)
     elif not isinstance(model_id, str) or not model_id:
         raise ValueError(f"model_id must be a non-empty string, got {model_id!r}")
-    summary = runner.read_summary(run_dir)
+    summary = read_summary(run_dir)
     tstamp = _timestamp(meta)
     lines: dict[Any, dict] = {}
     for row in summary.to_dict("records"):

@@ -3,55 +3,26 @@
 One row per *drafted* token: every decision the verifier made is kept, so acceptance can be
 re-analysed later without re-running a model. Notation follows Leviathan et al. (2023): ``p`` is the
 target distribution, ``q`` the draft's, ``gamma`` the draft length of a step, ``x`` the drafted token.
-All probabilities are of the *adjusted* (temperature / top-k / top-p warped) distributions unless the
-column ends in ``_raw`` (temperature 1, no truncation).
 
-Schema version ``SCHEMA_VERSION`` (bump it when a column is added, removed or changes meaning):
-
-================  =========  ===================================================================
-column            type       meaning (formula)
-================  =========  ===================================================================
-``prompt_id``     string     suite ``question_id`` (as a string)
-``category``      string     suite category
-``sample``        int32      repeat index of this prompt; the generation seed is derived from
-                             (run seed, prompt_id, sample)
-``step``          int32      verification step within the generation, 0-based
-``pos``           int16      draft position ``i`` in the block, 0-based
-``abs_pos``       int32      index of ``x`` in the generated continuation
-                             (tokens emitted before the step + ``pos``)
-``gamma``         int16      tokens drafted in this step
-``draft_token``   int32      drafted token ``x``
-``p_x``           float32    ``p(x)`` under the adjusted target distribution
-``q_x``           float32    ``q(x)`` under the adjusted draft distribution
-``accept_prob``   float32    the rule's accept probability ``a(x)`` (``spade_lib.rules``):
-                             ``min(1, p(x) / q(x))`` for ``exact``
-``uniform``       float32    the uniform ``r`` drawn for this position; accepted iff
-                             ``r < accept_prob`` (NaN in deterministic modes)
-``reached``       bool       all positions ``< pos`` of the block were accepted, so ``x`` was judged
-``accepted``      bool       ``reached`` and accepted
-``n_accepted``    int16      accepted draft tokens in this step (step-level, repeated per row)
-``next_token``    int32      residual sample ``~ norm(max(0, p - q))`` at the first rejection, or
-                             the bonus token ``~ p`` after ``gamma`` acceptances (step-level)
-``h_p``, ``h_q``  float32    entropies ``-sum p log p`` (nats) of adjusted ``p`` and ``q``
-``tv``            float32    ``TV(p, q) = 1/2 sum |p - q|``; ``1 - tv`` is the expected acceptance
-                             of a reached position
-``kl``            float32    ``KL(p || q) = sum p log(p / q)`` (nats)
-``p_top1``        int32      argmax of the target's raw logits
-``p_margin``      float32    target top-1 minus top-2 probability at temperature 1
-``q_top_prob``    float32    the draft's max probability at temperature 1 (a policy signal)
-``p_x_raw``,      float32    ``p(x)``, ``q(x)``, ``H(p)``, ``H(q)``, ``TV(p, q)`` at temperature 1
-``q_x_raw``,                 without top-k / top-p
-``h_p_raw``,
-``h_q_raw``,
-``tv_raw``
-``t_draft``,      float64    seconds spent drafting / verifying / in the rest of the step
-``t_verify``,                (step-level, repeated per row). Measurements: they differ run to run,
-``t_overhead``               every other column is a deterministic function of seeds and inputs.
-================  =========  ===================================================================
-
-Optional top-k slices (a run with ``record_topk = k > 0``), list columns of length ``k`` sorted by
-decreasing probability, of the adjusted distributions: ``p_topk_ids`` (list<int32>),
+**The columns** -- name, type, group, meaning and formula, the schema version that added each -- are
+defined once, in :mod:`spade_lib.decoding.records` (:func:`describe` lists them as a table); this
+module gives each its Arrow type (``string``, ``bool``, ``int16``, ``int32``, ``float32``, ``float64``)
+and persists them. Optional top-k slices (a run with ``record_topk = k > 0``), list columns of length
+``k`` sorted by decreasing probability, of the adjusted distributions: ``p_topk_ids`` (list<int32>),
 ``p_topk_probs`` (list<float32>), ``q_topk_ids``, ``q_topk_probs``.
+
+**Schema versions** (``SCHEMA_VERSION``; bump it when a column is added, removed or changes meaning):
+
+- 1: identity (``prompt_id``, ``category``, ``sample``, ``step``), the block (``pos``, ``abs_pos``,
+  ``gamma``), the verifier's decision and the per-position statistics, the step's timings;
+- 2: adds the draft tree of a step, per drafted token: ``node``, ``parent``, ``depth``,
+  ``sibling_rank`` (terms: :mod:`spade_lib.decoding.records`). A chain has ``node = pos``,
+  ``parent = pos - 1``, ``depth = pos``, ``sibling_rank = 0``; every other column keeps its version-1
+  meaning. A version-1 file is read with the tree columns filled with these chain values
+  (each column's ``fill``).
+
+:func:`read_trace` checks every shard -- its version, its columns and their types, and that the tree
+columns describe a tree in every step (:func:`check_tree`) -- and names the file in every error.
 
 Files are plain Parquet: pandas, Polars, DuckDB or Arrow read them without SPADE. Run metadata (pair,
 suite and its sha256, sampling, policy, seeds, device, dtype, versions, git commit) is stored as JSON
@@ -67,87 +38,59 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spade_lib.decoding.records import BOOL_STATS, INT_STATS, POSITION_STATS, RECORD_COLUMNS, ROW_KEYS, STEP_KEYS
+from spade_lib.decoding import records as registry
 from spade_lib.io import atomic_path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 METADATA_KEY = b"spade"
 SCHEMA_VERSION_KEY = b"spade_schema_version"
-SORT_COLUMNS = [*STEP_KEYS, "pos"]
+SORT_COLUMNS = [*registry.STEP_KEYS, "pos"]
+TIMING_COLUMNS = ["t_draft", "t_verify", "t_overhead"]  # measurements; every other column is a deterministic
+#                                                         function of seeds and inputs
 
-# Identity of a row, then the verifier's decision, then diagnostics, then timings.
-TRACE_SCHEMA = pa.schema(
-    [
-        ("prompt_id", pa.string()),
-        ("category", pa.string()),
-        ("sample", pa.int32()),
-        ("step", pa.int32()),
-        ("pos", pa.int16()),
-        ("abs_pos", pa.int32()),
-        ("gamma", pa.int16()),
-        ("draft_token", pa.int32()),
-        ("p_x", pa.float32()),
-        ("q_x", pa.float32()),
-        ("accept_prob", pa.float32()),
-        ("uniform", pa.float32()),
-        ("reached", pa.bool_()),
-        ("accepted", pa.bool_()),
-        ("n_accepted", pa.int16()),
-        ("next_token", pa.int32()),
-        ("h_p", pa.float32()),
-        ("h_q", pa.float32()),
-        ("tv", pa.float32()),
-        ("kl", pa.float32()),
-        ("p_top1", pa.int32()),
-        ("p_margin", pa.float32()),
-        ("q_top_prob", pa.float32()),
-        ("p_x_raw", pa.float32()),
-        ("q_x_raw", pa.float32()),
-        ("h_p_raw", pa.float32()),
-        ("h_q_raw", pa.float32()),
-        ("tv_raw", pa.float32()),
-        ("t_draft", pa.float64()),
-        ("t_verify", pa.float64()),
-        ("t_overhead", pa.float64()),
-    ],
-    metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
-)
-# The column names and their groups are the decoder's (spade_lib.decoding.records); the types are here.
-if (TRACE_SCHEMA.names != [*ROW_KEYS, *RECORD_COLUMNS]
-        or {n for n in POSITION_STATS if pa.types.is_integer(TRACE_SCHEMA.field(n).type)} != INT_STATS
-        or {n for n in POSITION_STATS if pa.types.is_boolean(TRACE_SCHEMA.field(n).type)} != BOOL_STATS):
-    raise RuntimeError("TRACE_SCHEMA and spade_lib.decoding.records disagree on the trace's columns or their kinds")
-
+ARROW_TYPES: dict[str, pa.DataType] = {"string": pa.string(), "bool": pa.bool_(), "int16": pa.int16(),
+                                       "int32": pa.int32(), "float32": pa.float32(), "float64": pa.float64()}
 TOPK_FIELDS = [
     pa.field("p_topk_ids", pa.list_(pa.int32())),
     pa.field("p_topk_probs", pa.list_(pa.float32())),
     pa.field("q_topk_ids", pa.list_(pa.int32())),
     pa.field("q_topk_probs", pa.list_(pa.float32())),
 ]
-TIMING_COLUMNS = ["t_draft", "t_verify", "t_overhead"]
-TRACE_COLUMNS = TRACE_SCHEMA.names
 TOPK_COLUMNS = [f.name for f in TOPK_FIELDS]
+if (tuple(TOPK_COLUMNS) != registry.TOPK_NAMES or set(registry.DTYPES) != set(ARROW_TYPES)
+        or not set(TIMING_COLUMNS) <= set(registry.STEP_COLUMNS)
+        or max(c.since for c in registry.columns()) > SCHEMA_VERSION):
+    raise RuntimeError("spade_lib.runs.trace and spade_lib.decoding.records disagree on the trace's columns")
+
+
+def trace_columns() -> list[str]:
+    """The trace's columns, in order (the registered columns of :mod:`spade_lib.decoding.records`)."""
+    return list(registry.names())
 
 
 def schema_for(topk: bool = False) -> pa.Schema:
-    """The trace schema, with the four top-k list columns appended when ``topk``."""
-    if not topk:
-        return TRACE_SCHEMA
-    schema = TRACE_SCHEMA
-    for f in TOPK_FIELDS:
-        schema = schema.append(f)
-    return schema.with_metadata(TRACE_SCHEMA.metadata)
+    """The trace schema of the registered columns, with the four top-k list columns appended when ``topk``."""
+    fields = [pa.field(c.name, ARROW_TYPES[c.dtype]) for c in registry.columns()] + (TOPK_FIELDS if topk else [])
+    return pa.schema(fields, metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()})
+
+
+def describe() -> pd.DataFrame:
+    """The trace's columns as a table: name, Arrow type, group, the schema version that added it, meaning."""
+    return pd.DataFrame([{"column": c.name, "type": str(ARROW_TYPES[c.dtype]), "group": c.group, "since": c.since,
+                          "meaning": c.meaning} for c in registry.columns()])
 
 
 def records_to_table(records: Sequence[dict[str, Any]]) -> pa.Table:
-    """Columnar Arrow table of ``records`` under :data:`TRACE_SCHEMA` (plus top-k columns if present).
+    """Columnar Arrow table of ``records`` under :func:`schema_for` (plus top-k columns if present).
 
     Every record must carry exactly the schema's columns; a missing or unknown column is a
-    ``ValueError`` naming it, so a decoder change cannot silently drop or invent data.
+    ``ValueError`` naming it, so a decoder change cannot silently drop or invent data. The tree
+    columns must describe a tree in every step (:func:`check_tree`).
     """
     has_topk = bool(records) and TOPK_COLUMNS[0] in records[0]
     schema = schema_for(has_topk)
@@ -162,9 +105,11 @@ def records_to_table(records: Sequence[dict[str, Any]]) -> pa.Table:
             )
     columns = {name: [r[name] for r in records] for name in schema.names}
     try:
-        return pa.Table.from_pydict(columns, schema=schema)
+        table = pa.Table.from_pydict(columns, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise ValueError(f"records do not fit the trace schema v{SCHEMA_VERSION}: {e}") from e
+    check_tree(table, "records")
+    return table
 
 
 def write_shard(records: Sequence[dict[str, Any]], path: str | os.PathLike, metadata: dict) -> Path:
@@ -213,19 +158,21 @@ def read_trace(run_dir_or_paths: str | os.PathLike | Iterable[str | os.PathLike]
     """All shards of a run concatenated, sorted by (prompt_id, sample, step, pos), fresh index.
 
     Columns keep their Arrow types mapped to numpy dtypes (int16 stays int16, bool stays bool).
-    A run with no shards gives an empty frame with the schema's columns. A shard written under
-    another schema version (or without SPADE's version key), or that is not readable Parquet (corrupt,
-    truncated), is refused with a ``ValueError`` naming it.
+    A run with no shards gives an empty frame with the schema's columns. A version-1 shard is read
+    with the tree columns filled with their chain values (:func:`conform`). Refused with a
+    ``ValueError`` naming the shard: another schema version (or no SPADE version key), columns or
+    types other than the schema's, tree columns that describe no tree (:func:`check_tree`), a file
+    that is not readable Parquet (corrupt, truncated).
     """
     paths = shard_paths(run_dir_or_paths)
     tables = []
     for p in paths:
-        check_schema_version(p)
+        version = check_schema_version(p)
         with _readable("run_dir_or_paths", p):
-            tables.append(pq.read_table(p))
-    tables = [t.replace_schema_metadata(None) for t in tables]
+            table = pq.read_table(p)
+        tables.append(conform(table.replace_schema_metadata(None), version, f"run_dir_or_paths: {p}"))
     if not tables:
-        return TRACE_SCHEMA.empty_table().to_pandas()
+        return schema_for().empty_table().to_pandas()
     if any(TOPK_COLUMNS[0] in t.column_names for t in tables):
         schema = schema_for(True)
         tables = [t if TOPK_COLUMNS[0] in t.column_names else _add_null_topk(t) for t in tables]
@@ -265,13 +212,91 @@ def schema_version_of(path: str | os.PathLike) -> int | None:
     return _version(_read_schema(path))
 
 
-def check_schema_version(path: str | os.PathLike) -> None:
-    """Refuse a shard whose schema version is not :data:`SCHEMA_VERSION`, or that is unreadable (naming the file)."""
+def check_schema_version(path: str | os.PathLike) -> int:
+    """A shard's schema version, once it is one this SPADE reads (1 .. :data:`SCHEMA_VERSION`); refuse
+    any other, or an unreadable file, naming the file."""
     version = _version(_read_schema(path, "run_dir_or_paths"))
-    if version != SCHEMA_VERSION:
+    if version is None or not 1 <= version <= SCHEMA_VERSION:
         found = "no SPADE schema version" if version is None else f"trace schema version {version}"
-        raise ValueError(f"run_dir_or_paths: {path} has {found}; this SPADE reads version {SCHEMA_VERSION} "
+        raise ValueError(f"run_dir_or_paths: {path} has {found}; this SPADE reads versions 1 to {SCHEMA_VERSION} "
                          "(re-run it, or read it with the SPADE version that wrote it)")
+    return version
+
+
+def conform(table: pa.Table, version: int, where: str) -> pa.Table:
+    """``table``, a shard of schema ``version``, under the current schema: the columns added after
+    ``version`` are filled from its columns (each column's ``fill``: the tree columns get their chain
+    values); then its columns and their types must be the schema's (with or without the top-k columns)
+    and its tree columns a tree in every step (:func:`check_tree`). ``where`` (the file) starts every
+    error's message."""
+    want = schema_for(TOPK_COLUMNS[0] in table.column_names)
+    if version < SCHEMA_VERSION:
+        cols = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+        for c in registry.columns():
+            if c.since <= version or c.name in table.column_names:
+                continue
+            if c.fill is None:
+                raise ValueError(f"{where}: a version-{version} trace has no column {c.name!r}, which cannot be "
+                                 "filled (re-run it)")
+            try:
+                filled = c.fill(cols)
+            except KeyError:
+                continue  # a column the fill reads is missing: refused below, by name
+            filled = np.ascontiguousarray(np.broadcast_to(filled, (table.num_rows,)))
+            table = table.append_column(want.field(c.name), pa.array(filled, type=ARROW_TYPES[c.dtype]))
+    found = {f.name: f.type for f in table.schema}
+    missing = [f.name for f in want if f.name not in found]
+    unknown = [n for n in found if n not in want.names]
+    mistyped = [f"{f.name} ({found[f.name]}, not {f.type})" for f in want if f.name in found and found[f.name] != f.type]
+    if missing or unknown or mistyped:
+        raise ValueError(f"{where}: its columns are not the trace schema v{SCHEMA_VERSION}'s: missing {missing}, "
+                         f"unknown {unknown}, of another type {mistyped}")
+    table = table.select(want.names)
+    check_tree(table, where)
+    return table
+
+
+def check_tree(table: pa.Table, where: str) -> None:
+    """Refuse tree columns that do not describe one draft tree per step (``STEP_KEYS``): its nodes are
+    ``0 .. n-1``, each once; ``-1 <= parent < node``; ``depth = 0`` under the root (``parent = -1``),
+    else ``depth(parent) + 1``; the sibling ranks of a parent's children are ``0 .. k-1``, each once.
+    ``where`` (the records, or the file) starts the ``ValueError``'s message."""
+    n = table.num_rows
+    if n == 0:
+        return
+    get = {name: table.column(name).to_numpy(zero_copy_only=False)
+           for name in [*registry.STEP_KEYS, "node", "parent", "depth", "sibling_rank"]}
+    step_id = pd.DataFrame({k: get[k] for k in registry.STEP_KEYS}).groupby(
+        registry.STEP_KEYS, sort=False).ngroup().to_numpy()
+    node, parent, depth, rank = (get[k].astype(np.int64) for k in ("node", "parent", "depth", "sibling_rank"))
+    order = np.lexsort((node, step_id))  # by step, then node
+    first = np.r_[0, np.flatnonzero(np.diff(step_id[order])) + 1]
+    start = np.repeat(first, np.diff(np.r_[first, n]))  # for each sorted row, where its step begins
+    node_s, parent_s, depth_s = node[order], parent[order], depth[order]
+
+    def refuse(bad: np.ndarray, rows: np.ndarray, what: str) -> None:
+        row = rows[np.flatnonzero(bad)[0]]  # bad[k] is about row rows[k]
+        at = ", ".join(f"{k} {getattr(get[k][row], 'item', lambda: get[k][row])()!r}" for k in registry.STEP_KEYS)
+        raise ValueError(f"{where}: the tree columns describe no draft tree at {at}, node {node[row]} "
+                         f"(parent {parent[row]}, depth {depth[row]}, sibling_rank {rank[row]}): {what}")
+
+    bad = node_s != np.arange(n) - start
+    if bad.any():
+        refuse(bad, order, "the nodes of a step must be 0 .. n-1, each once")
+    bad = (parent_s < -1) | (parent_s >= node_s)
+    if bad.any():
+        refuse(bad, order, "parent must lie in [-1, node)")
+    expected = np.where(parent_s < 0, 0, depth_s[start + np.maximum(parent_s, 0)] + 1)
+    bad = depth_s != expected
+    if bad.any():
+        refuse(bad, order, "depth must be 0 under the root, else depth(parent) + 1")
+    by_parent = np.lexsort((rank, parent, step_id))
+    key = np.stack([step_id[by_parent], parent[by_parent]])
+    first = np.r_[0, np.flatnonzero((np.diff(key, axis=1) != 0).any(axis=0)) + 1]
+    within = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    bad = rank[by_parent] != within
+    if bad.any():
+        refuse(bad, by_parent, "the sibling ranks of a parent's children must be 0 .. k-1, each once")
 
 
 def _add_null_topk(table: pa.Table) -> pa.Table:

@@ -365,24 +365,26 @@ def run_sequences(run_dir, tokenizer, suite) -> tuple[list[list[int]], list[int]
     """The text a run emitted, ready to score: ``(sequences, prompt_lengths, keys)``.
 
     Each generation of ``summary.jsonl`` becomes ``prompt ids + output_ids``, the prompt re-tokenised
-    exactly as the runner did (``spade_lib.runs.runner.prompt_ids`` with the run's own config, checked
+    exactly as the runner did (``spade_lib.runs.config.prompt_ids`` with the run's own config, checked
     against the stored ``prompt_tokens``). ``keys`` has one row per sequence: ``seq``,
     ``question_id``, ``prompt_id`` (as in traces), ``category``, ``sample``, ``new_tokens``. A trace
     can hold drafted positions past ``new_tokens`` (after an EOS, or cut by ``max_new_tokens``): they
     have no scored counterpart.
     """
-    from spade_lib.runs import runner, trace
+    from spade_lib.runs import trace
+    from spade_lib.runs.config import RunConfig, prompt_ids
+    from spade_lib.runs.store import read_summary
 
     meta = trace.read_metadata(run_dir)
-    config = runner.RunConfig(**meta["config"])
-    summary = runner.read_summary(run_dir)
+    config = RunConfig(**meta["config"])
+    summary = read_summary(run_dir)
     rows = {str(r["question_id"]): r for r in suite.rows}
     seqs, prompts, keys = [], [], []
     for _, s in summary.iterrows():
         qid = str(s["question_id"])
         if qid not in rows:
             raise ValueError(f"suite has no question_id {qid!r} of run {run_dir}")
-        ids = runner.prompt_ids(tokenizer, rows[qid]["turns"][0], config)
+        ids = prompt_ids(tokenizer, rows[qid]["turns"][0], config)
         if len(ids) != int(s["prompt_tokens"]):
             raise ValueError(f"question {qid!r}: re-tokenised prompt has {len(ids)} tokens, the run had "
                              f"{int(s['prompt_tokens'])} (another tokenizer or chat template?)")

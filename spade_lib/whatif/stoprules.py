@@ -21,14 +21,19 @@ where the rule degenerates (never stops: ``fixed max_gamma``; always stops after
 1``), so an optimum at a grid end is a degenerate rule, never an artefact of a narrow grid;
 :func:`edge_check` verifies it. **Honest selection.** Thresholds are chosen on the training prompts
 and scored on the held-out ones (:func:`split_prompts`), for every rule alike.
+
+**The study** of one trace (:func:`study`, settings :class:`StudyConfig`) does all of it: split,
+classifier, grids, the chosen rules and their held-out scores, every grid point on the whole trace.
+**For real:** :func:`chosen_configs` turns the chosen rules into the ``RunConfig`` the decoder runs, and
+:func:`replay_vs_run` compares a rule's replay with its run (``tau`` within a stated tolerance, speedup).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-
-import math
 
 import numpy as np
 import pandas as pd
@@ -37,6 +42,7 @@ from scipy import optimize
 from spade_lib.decoding.policies import Policy, get_policy
 from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.whatif import replay
+from spade_lib.whatif.align import measured_tau
 
 SIGNAL = {"confidence": "q_top_prob", "entropy": "h_q_raw"}
 FEATURES = ("pos", "h_q_raw", "q_top_prob", "log_q_x")
@@ -243,3 +249,110 @@ def evaluate(front_train: pd.DataFrame, test: pd.DataFrame, c: float, verify_cos
             one = one[one["policy"] == r["policy"]]
         rows.append(one.assign(speedup_train=float(r["speedup"])))
     return pd.concat(rows, ignore_index=True)
+
+
+# ---------------------------------------------------------------- the study of one trace
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """How :func:`study` chooses and scores the rules on a ``max_gamma`` trace."""
+
+    max_gamma: int                   # the trace's fixed draft length: the longest block a rule may draft
+    grid_points: int = 12            # quantile points of each data-driven grid (plus its two degenerate ends)
+    adaedl_lambdas: tuple[float, ...] = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)  # AdaEDL's grid on its bound
+    gamma_c: float = 0.1             # AdaEDL's constant in its bound 1 - sqrt(gamma_c H(q))
+    train_frac: float = 0.5          # share of the prompts the thresholds and the classifier are chosen on
+    seed: int = 0                    # seed of the prompt split
+
+
+@dataclass
+class StopStudy:
+    """One trace's stop-rule study (:func:`study`): the split, the learned rule, the grids, the rules
+    chosen on the training prompts and their scores on the held-out ones."""
+
+    train: pd.DataFrame              # the training prompts' rows
+    test: pd.DataFrame               # the held-out prompts' rows
+    model: LearnedStop | None        # the learned rule (None: nothing to learn, see no_model)
+    no_model: str | None             # why there is no learned rule
+    grids: dict[str, list[float]]    # the threshold grid of each policy
+    front_train: pd.DataFrame        # every grid point replayed on the training prompts
+    chosen: pd.DataFrame             # best(front_train): each policy's rule
+    edges: pd.DataFrame              # edge_check of the chosen rules
+    held_out: pd.DataFrame           # evaluate(): the chosen rules on the held-out prompts
+    front: pd.DataFrame              # every grid point replayed on the whole trace
+    auc: float                       # the learned rule's held-out AUC (NaN without one)
+
+
+def learned_grid(model: LearnedStop, train: pd.DataFrame, points: int) -> list[float]:
+    """Thresholds for the learned rule: quantiles of its signal on ``train`` (rounded to 6 digits) and
+    its degenerate ends 0 (never stops) and just above 1 (always stops after one token)."""
+    sig = model.signal(train)
+    return sorted({0.0, 1.000001, *np.round(np.quantile(sig, np.linspace(0.02, 0.98, points)), 6)})
+
+
+def study(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], float],
+          config: StudyConfig) -> StopStudy:
+    """The stop-rule study of one ``max_gamma`` trace (module docstring): split its prompts
+    (:func:`split_prompts`), fit the learned rule on the training half, build every policy's grid from
+    the training half, choose each policy's best rule there (:func:`best`, :func:`edge_check`), score
+    the chosen rules on the held-out half (:func:`evaluate`), and replay every grid point on the whole
+    trace. ``c`` and ``verify_cost`` (``r(g)``) price a step ``g c + r(g)``."""
+    train, test = split_prompts(trace, config.train_frac, seed=config.seed)
+    try:
+        model, no_model = LearnedStop.fit(train), None
+        grid = learned_grid(model, train, config.grid_points)
+    except ValueError as e:  # e.g. every training position accepted: nothing to learn
+        model, no_model, grid = None, str(e), []
+    grids = {"confidence": signal_grid(train, "confidence", config.grid_points),
+             "entropy": signal_grid(train, "entropy", config.grid_points),
+             "adaedl": list(config.adaedl_lambdas), "learned": grid}
+    kw = dict(max_gamma=config.max_gamma, learned=model, gamma_c=config.gamma_c)
+    front_train = frontier(train, c, verify_cost, grids=grids, **kw)
+    chosen = best(front_train)
+    return StopStudy(train=train, test=test, model=model, no_model=no_model, grids=grids, front_train=front_train,
+                     chosen=chosen, edges=edge_check(front_train, chosen, config.max_gamma),
+                     held_out=evaluate(front_train, test, c, verify_cost, **kw),
+                     front=frontier(trace, c, verify_cost, grids=grids, **kw),
+                     auc=model.auc(test) if model is not None else float("nan"))
+
+
+# ---------------------------------------------------------------- the chosen rules, run for real
+
+def chosen_configs(chosen: pd.DataFrame, base, *, max_gamma: int, gamma_c: float = 1.0) -> dict:
+    """``{policy: RunConfig}``: each chosen rule (a row of :func:`best`) as the decoder runs it,
+    ``base`` (a ``spade_lib.runs.config.RunConfig``) with the rule's fields replaced. ``fixed`` sets
+    ``gamma``; ``confidence`` and ``entropy`` set ``policy``, ``threshold`` and ``max_gamma``; AdaEDL's
+    static rule runs as the entropy policy at :func:`adaedl_threshold`. A degenerate grid end is clipped
+    to the range the decoder's policies accept (confidence ``[0, 1]``, entropy ``>= 0``), which makes
+    the same decisions. The learned rule has no decoder policy and is left out."""
+    out = {}
+    for _, row in chosen.iterrows():
+        policy = row["policy"]
+        if policy == "fixed":
+            out["fixed"] = dataclasses.replace(base, gamma=int(row["gamma"]))
+        elif policy in ("confidence", "entropy", "adaedl"):
+            th = adaedl_threshold(float(row["threshold"]), gamma_c) if policy == "adaedl" else float(row["threshold"])
+            th = min(max(th, 0.0), 1.0) if policy == "confidence" else max(th, 0.0)
+            out[policy] = dataclasses.replace(base, max_gamma=max_gamma, threshold=th,
+                                              policy="confidence" if policy == "confidence" else "entropy")
+    return out
+
+
+def replay_vs_run(front: pd.DataFrame, chosen: pd.DataFrame, policy: str, run_trace: pd.DataFrame,
+                  measured: pd.Series) -> dict:
+    """A chosen rule's replay on the whole trace against its real run: ``tau`` replayed vs measured
+    (full-length blocks, :func:`spade_lib.whatif.align.measured_tau`) and the speedup replayed vs
+    measured (``measured``: the run's row of ``spade_lib.runs.protocol.speedup_table``).
+    ``within_tolerance``: ``|tau_replayed - tau_run| < 4 sqrt(se_run^2 + se_pred^2) + 0.05``, with the
+    replay's rough standard error ``se_pred = (g + 1) / sqrt(12 steps)`` (tokens per step in ``[1, g + 1]``)."""
+    row = chosen[chosen.policy == policy].iloc[0]
+    same = (front.policy == policy) & (front.gamma == row["gamma"]) & (front.threshold == row["threshold"])
+    replayed = front[same].iloc[0]  # the chosen grid point (labels round thresholds), on every prompt
+    tau_run, se, _ = measured_tau(run_trace)
+    n_rep = int(replayed["steps"])
+    se_pred = float(np.sqrt((replayed["g_mean"] + 1) ** 2 / 12 / max(n_rep, 1)))
+    return {"policy": policy, "rule": row["label"], "tau_replayed": replayed["tau"], "tau_run": tau_run,
+            "se_run": se, "g_replayed": replayed["g_mean"], "g_run": measured["mean_drafted"],
+            "speedup_replayed": replayed["speedup"], "speedup_run": measured["speedup"],
+            "speedup_low": measured["speedup_low"], "speedup_high": measured["speedup_high"],
+            "within_tolerance": abs(replayed["tau"] - tau_run) < 4 * np.hypot(se, se_pred) + 0.05}

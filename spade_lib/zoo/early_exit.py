@@ -11,13 +11,21 @@ Its cost ratio is roughly ``c ~ k / L`` plus the head. Without training (no adap
 states are far from the deep ones, so alpha stays low until ``k`` is close to ``L``, where ``c`` is
 close to 1: nothing to gain. ``hf_early_exit_generate`` runs Hugging Face's own self-speculative
 baseline (``generate(assistant_early_exit=k)``) for comparison.
+
+:func:`early_exit_sweep` asks whether shipping one would pay: per exit layer ``k``, the cost ratio from
+parameter counts ``c_k = (k * layer + head) / (L * layer + head)`` (:func:`layer_cost_ratio`), and at
+``T = 0`` and ``T = 1`` the best draft length and its predicted speedup
+``max_gamma E[tokens](alpha_k, gamma) / (gamma c_k + r(gamma))`` (:func:`spade_lib.theory.speedup`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
+
+from spade_lib import theory
 
 
 @torch.no_grad()
@@ -89,3 +97,41 @@ def hf_early_exit_generate(model, input_ids: torch.Tensor, exit_layer: int, *, m
                               **generate_kwargs)
     finally:
         gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = old
+
+
+def supports_early_exit(model) -> bool:
+    """Whether ``model`` is a Llama-family causal LM with an exit to take: ``model.model.layers``,
+    a final ``model.model.norm`` and more than one layer."""
+    inner = getattr(model, "model", None)
+    return hasattr(inner, "norm") and hasattr(inner, "layers") and model.config.num_hidden_layers > 1
+
+
+def layer_cost_ratio(model, layers: Sequence[int]) -> np.ndarray:
+    """``c_k = (k * layer + head) / (L * layer + head)`` per exit layer ``k``: the early-exit draft's
+    forward over the target's, from parameter counts (``layer``: one decoder layer's, ``head``: the
+    output embedding's)."""
+    n_layers = int(model.config.num_hidden_layers)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    head = model.get_output_embeddings().weight.numel()
+    return (np.asarray(layers) * layer + head) / (n_layers * layer + head)
+
+
+def early_exit_sweep(pair, texts: Sequence[str] | Sequence[Sequence[int]], verify_cost: Callable[[int], float], *,
+                     max_gamma: int = 8, max_tokens: int = 512):
+    """Whether an untrained early-exit draft would pay on ``pair``, layer by layer (module docstring).
+
+    ``texts`` as in :func:`early_exit_alpha` (e.g. a run's prompts + continuations); ``verify_cost`` is
+    ``r(gamma)``, the cost of a ``gamma + 1``-token target forward over a one-token one. Returns
+    :func:`early_exit_alpha`'s table (``alpha_T0``, ``alpha_T1``; exit layers ``1 .. L-1``) with ``c``
+    (:func:`layer_cost_ratio`) and, for ``T0`` and ``T1``, ``gamma_T*`` (the best draft length up to
+    ``max_gamma``, :func:`spade_lib.theory.optimal_gamma`) and ``predicted_T*`` (its speedup)."""
+    n_layers = int(pair.target.config.num_hidden_layers)
+    ee = early_exit_alpha(pair, texts, temperatures=[1.0], max_tokens=max_tokens)
+    ee["c"] = layer_cost_ratio(pair.target, ee["layer"])
+    for t in ("T0", "T1"):
+        best_g = [theory.optimal_gamma(a, c, max_gamma=max_gamma, verify_cost=verify_cost)
+                  for a, c in zip(ee[f"alpha_{t}"], ee["c"])]
+        ee[f"gamma_{t}"] = best_g
+        ee[f"predicted_{t}"] = [float(theory.speedup(a, g, c, verify_cost=verify_cost))
+                                for a, g, c in zip(ee[f"alpha_{t}"], best_g, ee["c"])]
+    return ee[ee["layer"] < n_layers]

@@ -1,0 +1,50 @@
+"""The early-exit sweep of notebook 03, against the notebook's former inline code on the tiny pair
+(a two-layer Llama: exit layer 1 of 2)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from spade_lib import theory
+from spade_lib.zoo.early_exit import early_exit_alpha, early_exit_sweep, layer_cost_ratio, supports_early_exit
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from spade_lib.zoo.pairs import load_pair
+
+    return load_pair("tiny")
+
+
+def _notebook_sweep(the_pair, ee_texts, r_ee):
+    """Notebook 03's early-exit cell, as it was before early_exit_sweep (the reference)."""
+    target_model = the_pair.target
+    n_layers = int(target_model.config.num_hidden_layers)
+    layer_params = sum(p.numel() for p in target_model.model.layers[0].parameters())
+    head_params = target_model.get_output_embeddings().weight.numel()
+    ee = early_exit_alpha(the_pair, ee_texts, temperatures=[1.0], max_tokens=512)
+    ee["c"] = (ee["layer"] * layer_params + head_params) / (n_layers * layer_params + head_params)
+    for t in ("T0", "T1"):
+        best_g = [theory.optimal_gamma(a, c, max_gamma=8, verify_cost=r_ee) for a, c in zip(ee[f"alpha_{t}"], ee["c"])]
+        ee[f"gamma_{t}"] = best_g
+        ee[f"predicted_{t}"] = [float(theory.speedup(a, g, c, verify_cost=r_ee))
+                                for a, g, c in zip(ee[f"alpha_{t}"], best_g, ee["c"])]
+    return ee[ee["layer"] < n_layers]
+
+
+def test_early_exit_sweep_equals_the_notebooks_inline_sweep(tiny):
+    texts = [tiny.tokenizer.encode(s) for s in ("def add(a, b):\n    return a + b", "The cat sat on the mat because")]
+    r = lambda g: 1.0 + 0.07 * g  # noqa: E731
+    got = early_exit_sweep(tiny, texts, r, max_gamma=8, max_tokens=512)
+    pd.testing.assert_frame_equal(got, _notebook_sweep(tiny, texts, r))
+    assert list(got["layer"]) == [1] and 0 < got["c"].iloc[0] < 1
+    assert list(got.columns) == ["layer", "c_layers", "alpha_T0", "alpha_T1", "n_positions", "c", "gamma_T0",
+                                 "predicted_T0", "gamma_T1", "predicted_T1"]
+
+
+def test_supports_early_exit_and_layer_costs(tiny):
+    assert supports_early_exit(tiny.target)
+    assert not supports_early_exit(tiny.target.model)  # no .model.norm one level down
+    c = layer_cost_ratio(tiny.target, [0, 1, 2])
+    assert c[-1] == pytest.approx(1.0) and c[0] > 0 and (c[1:] > c[:-1]).all()
