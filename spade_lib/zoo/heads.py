@@ -58,6 +58,8 @@ __all__ = ["KINDS", "HeadConfig", "PROFILES", "head_config", "build_head", "data
 KINDS = ("eagle3", "eagle1", "medusa")
 HEADS_FORMAT_VERSION = 1  # bump when the build changes in a way HeadConfig does not capture
 SPADE_HEAD = "spade_head"  # config.json key of a SPADE-format head folder
+COST_DEFINITION = ("c = t(one drafting step of the head: EAGLE fc(feature) + layer on a context-position cache + "
+                   "lm_head + scatter to V; Medusa one head) / t(target 1-token forward); spade_lib.decoding.costs")
 
 
 @dataclass(frozen=True)
@@ -197,59 +199,18 @@ def _feature_layers(head) -> tuple[int, ...]:
     return tuple(head.config.feature_layers) if isinstance(head, EagleHead) else (int(head.config.feature_layer),)
 
 
-class _HeadCostAdapter:
-    """What :func:`spade_lib.decoding.costs.measure_costs` times as the draft: one drafted token of the head
-    (EAGLE: one chain step on its cache after a ``context``-position prefill of random features; Medusa: one
-    head on a state)."""
-
-    def __init__(self, head):
-        self.head, self.max_length = head, None
-        self.device = next(head.parameters()).device
-        self.vocab_size = head.config.vocab_size
-        self._cache, self._o, self.length = None, None, 0
-
-    def prefill(self, ids):
-        from transformers import DynamicCache
-
-        from spade_lib.decoding.eagle import _causal_mask
-
-        n = int(ids.numel())
-        if isinstance(self.head, EagleHead):
-            g = self.head.fuse(torch.randn(1, n, self.head.fc.in_features, device=self.device))
-            self._cache = DynamicCache()
-            o = self.head.layer(g, ids[None], torch.arange(1, n + 1, device=self.device)[None],
-                                _causal_mask(n, 0, g.dtype, self.device), self._cache)
-            self._o = o[:, -1:]
-        else:
-            self._o = torch.randn(self.head.config.hidden_size, device=self.device)
-        self.length = n
-
-    def extend(self, ids, last_only=True):
-        if isinstance(self.head, EagleHead):
-            o = self.head.layer(self.head.feedback(self._o), ids[None, :1],
-                                torch.tensor([[self.length + 1]], device=self.device), cache=self._cache)
-            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)
-        else:
-            logits = self.head.target_logits(self.head.heads[0](self._o)[None], self.vocab_size)
-        self.length += 1
-        return logits
-
-    def rollback(self, length):
-        if self._cache is not None and self.length > length:
-            self._cache.crop(-(self.length - length))
-        self.length = length
-
-
 @torch.inference_mode()
 def head_costs(target, head, *, gamma: int = 4, context: int = 64, reps: int = 10) -> dict:
-    """``c`` of one drafted token of ``head`` against one target step, and ``r(gamma)``
-    (:func:`spade_lib.decoding.costs.measure_costs`: forwards timed in turns, medians of ratios)."""
+    """``c`` of one drafting step of ``head`` against one target step, and ``r(gamma)``
+    (:func:`spade_lib.decoding.costs.measure_costs` on a :class:`~spade_lib.decoding.costs.HeadStep`:
+    forwards timed in turns, medians of ratios)."""
     from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.costs import measure_costs
 
-    m = measure_costs(CausalLMAdapter(target), _HeadCostAdapter(head), gamma, context, reps=reps)
+    m = measure_costs(CausalLMAdapter(target), head, gamma, context, reps=reps)
     return {"c": m["c"], "verify_cost_ratio": m["r"][gamma], "gamma": gamma, "context": m["context"],
-            "target_step_s": m["t_target"], "head_step_s": m["t_draft"], "reps": reps}
+            "target_step_s": m["t_target"], "head_step_s": m["t_draft"], "reps": reps,
+            "definition": COST_DEFINITION}
 
 
 def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, sequences: Sequences | None = None,
