@@ -303,9 +303,11 @@ def _corpus_sha() -> str:
     return cached_corpus(CorpusConfig()).sha256
 
 
-def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False, prompts=None, documents=None) -> Path:
-    """The cache folder of the teacher sequences of the target saved at ``target_dir`` (an HF folder; ``name``
-    names the entries), built if needed; ``prompts`` / ``documents`` replace the corpus's (hashed)."""
+def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False, prompts=None, documents=None,
+               label: str = "headdata") -> Path:
+    """The cache folder ``<name>-<label>-<key>`` of the teacher sequences of the target saved at ``target_dir``
+    (an HF folder; ``name`` names the entries), built if needed; ``prompts`` / ``documents`` replace the
+    corpus's (hashed). ``label="heldout"``: the held-out evaluation sequences (``head_eval.heldout_entry``)."""
     from spade_lib.zoo.build import _environment, zoo_dir
 
     target_dir = Path(target_dir)
@@ -314,7 +316,7 @@ def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
     recipe = {"format": HEADS_FORMAT_VERSION, "kind": "head-data", "target": _target_identity(target_dir),
               "data": cfg.recipe()["data"], "texts": texts,
               "corpus_sha256": _corpus_sha() if len(texts) < 2 else None}
-    entry = zoo_dir() / f"{name}-headdata-{cache_key(recipe)}"
+    entry = zoo_dir() / f"{name}-{label}-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:
         from safetensors.torch import save_file
@@ -323,7 +325,7 @@ def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
             target, tokenizer = _load_target(target_dir)
             seqs, facts = teacher_sequences(target, tokenizer, cfg.data, prompts=prompts, documents=documents)
             save_file(seqs.to_tensors(), str(tmp / "sequences.safetensors"))
-            return {"kind": "head-data", "name": name, "recipe": recipe, **facts,
+            return {"kind": "head-data", "label": label, "name": name, "recipe": recipe, **facts,
                     "environment": _environment(), "threads": torch.get_num_threads()}
 
         return _with_threads(cfg.threads, body)
