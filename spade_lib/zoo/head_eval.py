@@ -42,11 +42,19 @@ from spade_lib.decoding.medusa import MedusaHead
 from spade_lib.intervals import binomial_ci
 from spade_lib.zoo.head_data import HeadData, HeadDataConfig, Sequences, extract
 
-__all__ = ["HELDOUT_DATA", "heldout_texts", "heldout_entry", "heldout_sequences", "proposals", "agreement_by_depth",
+__all__ = ["HELDOUT_DATA", "HELDOUT_BY_PAIR", "heldout_config", "heldout_texts", "heldout_entry", "heldout_sequences", "proposals", "agreement_by_depth",
            "evaluate_head", "format_table"]
 
 HELDOUT_DATA = HeadDataConfig(n_prompts=32, gen_tokens=64, gen_batch=16, n_windows=16, window=256, seed=0)
+HELDOUT_BY_PAIR = {  # the embedded default target was trained on 128-token windows: stay near that length
+    "default": HeadDataConfig(n_prompts=32, max_prompt_tokens=96, gen_tokens=48, gen_batch=16, n_windows=16,
+                              window=128, seed=0)}
 SCOPES = ("all", "generated")
+
+
+def heldout_config(pair: str) -> HeadDataConfig:
+    """The held-out data recipe of ``pair`` (:data:`HELDOUT_BY_PAIR`, else :data:`HELDOUT_DATA`)."""
+    return HELDOUT_BY_PAIR.get(pair, HELDOUT_DATA)
 
 
 def heldout_texts(cfg: HeadDataConfig = HELDOUT_DATA) -> tuple[list[str], list[str]]:
