@@ -81,3 +81,24 @@ def test_sampling_kwargs_and_bad_arguments(pair):
         hf_generate(target, list(range(49)), 4)
     with pytest.raises(ValueError, match="max_new_tokens"):
         hf_generate(target, [1], -2)
+
+
+def test_assisted_generation_refuses_a_feature_head_by_name():
+    import types
+
+    from spade_lib.decoding import baselines
+    from tests.test_eagle import make_head, tiny_target
+
+    target = tiny_target()
+    head = make_head(target)
+    pair = types.SimpleNamespace(name="toy", target=target, drafts={"small": target}, heads={"e3": head})
+    assert baselines.assistant_model(pair, "small") is target
+    for name in ("e3", "eagle", "medusa"):
+        with pytest.raises(ValueError, match=f"draft: '{name}' is a feature.*cannot use a feature head"):
+            baselines.assistant_model(pair, name)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        baselines.assistant_model(pair, "ngram")
+    with pytest.raises(ValueError, match="has draft models"):
+        baselines.assistant_model(pair, "nope")
+    with pytest.raises(ValueError, match="cannot use a feature head"):
+        baselines.hf_generate(target, [1, 2, 3], 2, assistant=head)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import pytest
+import torch
 
 from spade_lib import paths
 from spade_lib.runs import metrics
@@ -85,3 +86,79 @@ def test_model_free_drafters_share_one_target_measurement(tmp_path, monkeypatch)
     assert len(calls) == 1 and calls[0] is None  # the target timed once for both
     assert got["ngram"]["r"] == got["null"]["r"] and got["null"]["c"] == 0.0
     assert got["ngram"]["key"]["draft"] == "ngram" and got["null"]["key"]["draft"] == "null"
+
+
+# ---------------------------------------------------------------- feature heads: c is the head's drafting step
+
+def _heads_of(target):
+    from spade_lib.decoding.medusa import MedusaHead
+    from tests.test_eagle import make_head
+
+    medusa = MedusaHead.from_target(target, num_heads=3)
+    with torch.no_grad():
+        for p in medusa.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return {"e3": make_head(target, "eagle3"), "e1": make_head(target, "eagle1"), "med": medusa}
+
+
+@pytest.mark.parametrize("name", ["e3", "e1", "med"])
+def test_the_timed_head_step_is_the_drafters_first_step(name):
+    """Reference: what HeadStep times after ``prefill(x_1 .. x_n)`` + ``extend([x_{n+1}])`` is the first
+    proposal's logits of the head's drafter after observing ``x_0 .. x_n`` (features of the same target)."""
+    from spade_lib.decoding.costs import HeadStep
+    from spade_lib.decoding.drafters import TargetView
+    from spade_lib.decoding.policies import FixedGamma
+    from spade_lib.sampling import SamplingConfig
+    from tests.test_eagle import hidden_at, tiny_target
+
+    target = tiny_target()
+    head = _heads_of(target)[name]
+    seq = [5, 9, 33, 2, 17, 40, 8, 21]
+    n = len(seq) - 2
+    drafter = head.drafter()
+    layers = drafter.hidden_layers
+    hidden = hidden_at(target, seq[: n + 1], layers)
+    drafter.reset(torch.tensor(seq[: n + 1]), 64)
+    drafter.observe(TargetView(torch.tensor(seq[: n + 1]), 0, hidden, seq[n + 1]))
+    draft = drafter.propose(1, FixedGamma(gamma=1), SamplingConfig(temperature=0), None)
+    feats = head.features(hidden) if head.kind == "eagle" else hidden[layers[0]]
+    step = HeadStep(head, features=feats)
+    with torch.no_grad():
+        step.prefill(torch.tensor(seq[1: n + 1]))
+        logits = step.extend(torch.tensor(seq[n + 1:]))
+    torch.testing.assert_close(logits, draft.logits[:1], rtol=1e-5, atol=1e-5)
+    step.rollback(n)
+    assert step.length == n and (step._cache is None or step._cache.get_seq_length() == n)
+
+
+def test_measure_costs_times_a_head_not_zero():
+    from tests.test_eagle import tiny_target
+
+    target = tiny_target()
+    for head in _heads_of(target).values():
+        got = measure_costs(CausalLMAdapter(target), head, 2, context=16, reps=3)
+        assert got["c"] > 0 and got["t_draft"] > 0 and sorted(got["r"]) == [1, 2]
+
+
+def test_pair_costs_time_the_pairs_heads_and_key_them_by_weights(tmp_path, monkeypatch):
+    from spade_lib.decoding.costs import HeadStep, is_head
+    from tests.test_eagle import make_head, tiny_target
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    target = tiny_target()
+    heads = _heads_of(target)
+    pair = types.SimpleNamespace(name="mini", target=target, drafts={}, heads={"e3": heads["e3"], "med": heads["med"]})
+    calls = []
+    real = costs_mod.measure_costs
+    monkeypatch.setattr(costs_mod, "measure_costs", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    got = pair_costs(pair, ["e3", "eagle", "medusa", "ngram"], 2, context=16, reps=2)
+    assert [is_head(d) or isinstance(d, HeadStep) for d in calls] == [True, True, True, False]
+    assert got["e3"]["c"] > 0 and got["eagle"]["c"] > 0 and got["medusa"]["c"] > 0 and got["ngram"]["c"] == 0.0
+    assert got["eagle"]["key"]["head"] == got["e3"]["key"]["head"]  # "eagle" is the pair's one EAGLE head
+    assert got["medusa"]["key"]["head"]["kind"] == "medusa"
+    pair.heads["e3"] = make_head(target, "eagle3", seed=7)  # another head under the same name: measured again
+    calls.clear()
+    again = pair_costs(pair, ["e3"], 2, context=16, reps=2)
+    assert len(calls) == 1 and again["e3"]["key"]["head"]["weights_sha256"] != got["e3"]["key"]["head"]["weights_sha256"]
+    with pytest.raises(ValueError, match="heads"):
+        pair_costs(pair, ["no_such_draft"], 2, context=16, reps=2)

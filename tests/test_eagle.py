@@ -143,6 +143,23 @@ def test_unrolled_training_time_test_equals_the_drafting_chain(target, head):
                 torch.testing.assert_close(o[0, 0], outputs[i][0, t], rtol=1e-4, atol=1e-4)
 
 
+def test_unrolled_with_own_tokens_is_the_drafters_greedy_chain_at_every_position(target, head):
+    """``own_tokens=True``: step ``i`` at ``t`` = the drafter's ``i``-th greedy proposal after observing
+    ``x_0 .. x_t`` (next token ``x_{t+1}``), fed its own previous proposals (what the held-out eval uses)."""
+    torch.manual_seed(5)
+    seq = torch.randint(0, V, (12,)).tolist()
+    T, steps = 10, 4
+    feats = head.features(hidden_at(target, seq[:T], head.config.feature_layers))[None]
+    with torch.no_grad():
+        logits, _ = head.unrolled(feats, torch.tensor([seq[1:T + 1]]), steps=steps, own_tokens=True)
+    for t in (0, 3, 9):
+        drafter = EagleDrafter(head)
+        drafter.reset(torch.tensor(seq[:t + 1]), V)
+        drafter.observe(view_of(target, seq[:t + 2], 0, head.config.feature_layers))
+        chain = drafter.propose(steps, FixedGamma(gamma=steps), GREEDY, None).tokens.tolist()
+        assert chain == [int(head.draft_ids[logits[i][0, t].argmax()]) for i in range(steps)]
+
+
 def test_unrolled_is_the_same_for_a_row_of_a_right_padded_batch(target):
     head = make_head(target)
     torch.manual_seed(4)

@@ -8,6 +8,11 @@ A thin wrapper, so that SPADE's decoder can be compared with what practitioners 
   and ``assistant_confidence_threshold = 0`` (HF's defaults, 20 tokens with a heuristic schedule and a
   0.4 threshold, would make it a different algorithm from a fixed-gamma SPADE run).
 
+A feature head (EAGLE, Medusa: ``pair.heads``, or the drafters ``"eagle"`` / ``"medusa"``) cannot be an
+assistant: HF's assisted generation runs ``assistant_model.generate`` on the tokens alone, and a head
+drafts from the target's hidden states. :func:`assistant_model` resolves a run's draft name to the
+pair's draft model and refuses a head (or a model-free drafter) by name.
+
 HF samples from the *global* torch RNG: the wrapper calls ``torch.manual_seed(seed)`` first, so a run is
 reproducible but not comparable draw for draw with SPADE's separate streams. Only the new tokens and
 the wall time come back (``GenerationResult`` with no steps: HF does not expose accepted counts).
@@ -25,7 +30,7 @@ from spade_lib.decoding.common import GenerationResult, _check_budget, _clock
 from spade_lib.decoding.decode import _eos_set
 from spade_lib.sampling import SamplingConfig
 
-__all__ = ["hf_generate", "hf_sampling_kwargs"]
+__all__ = ["hf_generate", "hf_sampling_kwargs", "assistant_model", "check_assistant_name"]
 
 
 def hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
@@ -36,6 +41,41 @@ def hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
         return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
     return {"do_sample": True, "temperature": float(sampling.temperature), "top_k": int(sampling.top_k),
             "top_p": float(sampling.top_p)}
+
+
+_HEAD_DRAFTERS = ("eagle", "medusa")  # registered drafters that draft with one of the pair's feature heads
+
+
+def _refuse_head(name: str, what: str):
+    raise ValueError(f"draft: {name!r} is {what}; HF assisted generation (method 'hf_assisted', assistant_model=) "
+                     "cannot use a feature head: it calls the assistant's own generate on tokens, and a head drafts "
+                     "from the target's hidden states. Run it with method 'spade' (same draft), or give "
+                     "hf_assisted one of the pair's draft models")
+
+
+def check_assistant_name(name: str) -> None:
+    """Refuse a draft name that can never be an HF assistant, without a pair: a registered drafter (the
+    feature-head drafters ``"eagle"`` / ``"medusa"`` named as such; ``"ngram"``, ``"null"``: no model)."""
+    from spade_lib.decoding.drafters import drafter_names
+
+    if name in _HEAD_DRAFTERS:
+        _refuse_head(name, "a feature-head drafter (EAGLE / Medusa)")
+    if name in drafter_names():
+        raise ValueError(f"draft: {name!r} is not available for method 'hf_assisted', which needs a draft model "
+                         "(for prompt lookup use method 'hf' with spade_lib.decoding.baselines instead)")
+
+
+def assistant_model(pair, name: str) -> torch.nn.Module:
+    """The pair's draft model ``name`` for HF assisted generation; a clear ``ValueError`` for a feature head
+    (``pair.heads[name]``, ``"eagle"``, ``"medusa"``), a model-free drafter or an unknown name."""
+    check_assistant_name(name)
+    drafts = getattr(pair, "drafts", {}) or {}
+    heads = getattr(pair, "heads", {}) or {}
+    if name in drafts:
+        return drafts[name]
+    if name in heads:
+        _refuse_head(name, f"a feature head of pair {getattr(pair, 'name', '?')!r} ({type(heads[name]).__name__})")
+    raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has draft models {sorted(drafts)}, not {name!r}")
 
 
 def _pad_id(model: torch.nn.Module) -> int:
@@ -69,6 +109,8 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
     if limit is not None:
         kwargs["max_new_tokens"] = min(max_new_tokens, limit - prompt.numel())
     saved = None
+    if assistant is not None and not hasattr(assistant, "generate"):
+        _refuse_head(type(assistant).__name__, "not a causal LM with generate (a feature head?)")
     if assistant is not None:
         saved = copy.deepcopy(assistant.generation_config)
         assistant.generation_config.num_assistant_tokens = gamma

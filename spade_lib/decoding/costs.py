@@ -19,6 +19,22 @@ from a run's step timings instead are normalised by the autoregressive run's tim
 also holds the prompt's prefill and the loop's per-token work: on short generations of long prompts
 that made ``r`` < 1 (``r_trace`` in :func:`spade_lib.runs.metrics.run_metrics`, kept for comparison).
 Caching per pair is :func:`spade_lib.runs.costs.pair_costs`.
+
+**Feature heads** (EAGLE, Medusa: :mod:`spade_lib.decoding.eagle`, :mod:`spade_lib.decoding.medusa`) are
+not model-free: their ``c`` is the time of one *drafting step* of the head against the target's
+one-token forward, as the EAGLE papers count a draft step (:class:`HeadStep`):
+
+- EAGLE (both variants): ``q = lm_head(norm(layer(fc(f_t), E x_{t+1})))`` on the head's KV cache of
+  ``context`` positions, with the feature fusion ``fc`` of one fresh target feature ``f_t`` included
+  and the ``[Vd] -> [V]`` scatter the drafter does (``target_logits``). A chain's later steps feed
+  ``o`` back (EAGLE-3: no ``fc``, so slightly cheaper; EAGLE-1: through ``fc``, the same), so
+  ``gamma c`` is the cost of a chain of ``gamma`` drafted tokens, rounded up;
+- Medusa: one head (its ResBlocks and ``lm_head_i`` over ``Vd``, then the scatter) on one state: a
+  step drafting ``g`` tokens runs ``g`` heads (:class:`~spade_lib.decoding.medusa.MedusaDrafter`), so it
+  costs ``g c`` exactly.
+
+The timed forward is the same protocol as a draft model's (:func:`time_in_turns`, bursts of three, medians
+of per-round ratios); the features are seeded random vectors (a forward's time does not depend on them).
 """
 
 from __future__ import annotations
@@ -30,7 +46,7 @@ import torch
 
 from spade_lib.devices import clock as device_clock, synchronize
 
-__all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "verify_cost_fn"]
+__all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "verify_cost_fn", "HeadStep", "is_head"]
 
 
 def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
@@ -64,18 +80,97 @@ def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmu
     return {n: np.asarray(v) for n, v in times.items()}
 
 
+def is_head(module) -> bool:
+    """Whether ``module`` is a feature head (an EAGLE or Medusa head, ``kind`` ``"eagle"`` / ``"medusa"``)."""
+    from spade_lib.decoding.eagle import EagleHead
+    from spade_lib.decoding.medusa import MedusaHead
+
+    return isinstance(module, (EagleHead, MedusaHead))
+
+
+class HeadStep:
+    """One drafting step of a feature head, shaped like a decoding adapter for :func:`measure_costs`
+    (module docstring): ``prefill(ids)`` fills an EAGLE head's cache with ``len(ids)`` draft positions,
+    ``extend(ids[:1])`` is the timed step (fuse the next feature with ``ids[0]``, one layer pass at the
+    next position, draft logits over ``V``), ``rollback(n)`` crops the cache back.
+
+    ``features [m, F]`` (``F = sum of the widths of the target layers the head reads``), when given,
+    replace the seeded random features: position ``j`` of the cache (and the step after ``n`` of them)
+    pairs ``features[j]`` with the token fed there, so after ``prefill(x_1 .. x_n)``, ``extend([x_{n+1}])``
+    returns the logits an :class:`~spade_lib.decoding.eagle.EagleDrafter` drafts first after observing
+    ``x_0 .. x_n`` with those features (``tests/test_costs.py``)."""
+
+    def __init__(self, head, features: torch.Tensor | None = None, seed: int = 0):
+        from spade_lib.decoding.eagle import EagleHead
+
+        if not is_head(head):
+            raise ValueError(f"head: expected an EagleHead or a MedusaHead, got {type(head).__name__}")
+        self.head, self.max_length = head.eval(), None
+        self.eagle = isinstance(head, EagleHead)
+        self.device = next(head.parameters()).device
+        self.vocab_size = int(head.config.vocab_size)
+        width = head.fc.in_features if self.eagle else head.config.hidden_size
+        if features is not None and (features.dim() != 2 or features.shape[1] != width):
+            raise ValueError(f"features: expected [m, {width}], got {list(features.shape)}")
+        self._features = features
+        self._gen = torch.Generator().manual_seed(seed)
+        self._width, self._cache, self.length = width, None, 0
+
+    def _feature(self, j: int, n: int = 1) -> torch.Tensor:
+        if self._features is not None:
+            if j + n > self._features.shape[0]:
+                raise ValueError(f"features: {self._features.shape[0]} rows, position {j + n - 1} asked for")
+            return self._features[j: j + n].to(self.device)
+        return torch.randn(n, self._width, generator=self._gen).to(self.device)
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        from transformers import DynamicCache
+
+        from spade_lib.decoding.eagle import _causal_mask
+
+        n = int(ids.numel())
+        self.length = n
+        if not self.eagle:
+            self._h = self._feature(n)[0]
+            return
+        g = self.head.fuse(self._feature(0, n))[None]
+        self._cache = DynamicCache()
+        self.head.layer(g, ids.reshape(1, n).to(self.device), torch.arange(1, n + 1, device=self.device)[None],
+                        _causal_mask(n, 0, g.dtype, self.device), self._cache)
+        self._next = self._feature(n)  # the fresh feature the timed step fuses (the same one every time)
+
+    def extend(self, ids: torch.Tensor, last_only: bool = True) -> torch.Tensor:
+        """The timed step: ``[1, V]`` logits (``-inf`` off the draft vocabulary)."""
+        if self.eagle:
+            o = self.head.layer(self.head.fuse(self._next)[None], ids.reshape(-1)[:1].reshape(1, 1).to(self.device),
+                                torch.tensor([[self.length + 1]], device=self.device), cache=self._cache)
+            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)
+        else:
+            logits = self.head.target_logits(self.head(self._h, n_heads=1), self.vocab_size)
+        self.length += 1
+        return logits
+
+    def rollback(self, length: int) -> None:
+        if self._cache is not None and self.length > length:
+            self._cache.crop(-(self.length - length))
+        self.length = length
+
+
 @torch.inference_mode()
 def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Callable[[], float] | None = None,
                   reps: int = 30, device=None) -> dict:
     """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.decoding.adapter.CausalLMAdapter`).
 
-    ``draft=None`` (a drafter without a model, e.g. prompt lookup) gives ``c = 0``. Returns ``{"c",
+    ``draft=None`` (a drafter without a model, e.g. prompt lookup) gives ``c = 0``; a feature head (or its
+    :class:`HeadStep`) gives the head's drafting step (module docstring). Returns ``{"c",
     "r": {g: r(g) for g = 1 .. max_gamma}, "t_target", "t_draft", "t_verify": {g: s}, "context",
     "reps"}`` (times in seconds, medians; ratios are medians of per-round ratios)."""
     if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or max_gamma < 1:
         raise ValueError(f"max_gamma: must be an integer >= 1, got {max_gamma!r}")
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
         raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
+    if draft is not None and is_head(draft):
+        draft = HeadStep(draft)
     models = [target] + ([draft] if draft is not None else [])
     vocab = min(m.vocab_size for m in models)
     limit = min(x for x in [m.max_length for m in models] + [context + max_gamma + 2] if x is not None)

@@ -346,18 +346,25 @@ class EagleHead(nn.Module):
         full.index_copy_(-1, self.draft_ids, draft_logits)
         return full[..., :v]
 
-    def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, steps: int = 3) -> tuple[list, list]:
+    def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, steps: int = 3, *,
+                 own_tokens: bool = False) -> tuple[list, list]:
         """The training-time test (module docstring) over right-padded batches.
 
         ``features [B, T, k H]`` at positions ``0 .. T-1``; ``tokens [B, T + steps - 1]`` with
         ``tokens[:, t] = x_{t+1}`` (pad past the end: those rows are never valid targets). Returns
         ``(logits, outputs)``: per step ``i``, ``[B, T, Vd]`` logits at ``t`` predicting ``x_{t+2+i}`` and the
-        ``[B, T, H]`` outputs ``o``."""
+        ``[B, T, H]`` outputs ``o``.
+
+        ``own_tokens``: step ``i > 0`` at ``t`` is fed the head's own greedy token of step ``i - 1`` there
+        (argmax over ``Vd``, as a greedy drafting chain after position ``t``) instead of the true
+        ``x_{t+1+i}``; ``tokens`` then needs only its first ``T`` columns (``x_{t+1}``)."""
         if steps < 1:
             raise ValueError(f"steps: must be >= 1, got {steps}")
         b, t = features.shape[:2]
-        if tokens.shape[1] < t + steps - 1:
-            raise ValueError(f"tokens: need {t + steps - 1} columns (T + steps - 1), got {tokens.shape[1]}")
+        need = t if own_tokens else t + steps - 1
+        if tokens.shape[1] < need:
+            raise ValueError(f"tokens: need {need} columns ({'T' if own_tokens else 'T + steps - 1'}), "
+                             f"got {tokens.shape[1]}")
         cache = DynamicCache()
         g = self.fuse(features)
         dtype, dev = g.dtype, g.device
@@ -368,7 +375,8 @@ class EagleHead(nn.Module):
         all_logits, outputs = [], []
         for i in range(steps):
             mask = torch.cat([causal] + [diag] * i, dim=1)[None, None]
-            o = self.layer(g, tokens[:, i:i + t], positions + i, attention_mask=mask, cache=cache)
+            fed = self.draft_ids[all_logits[-1].argmax(-1)] if own_tokens and i else tokens[:, i:i + t]
+            o = self.layer(g, fed, positions + i, attention_mask=mask, cache=cache)
             all_logits.append(self.draft_logits(o))
             outputs.append(o)
             g = self.feedback(o)

@@ -16,8 +16,9 @@ the draft vocabulary (``d2t``, as the EAGLE heads do: ``Vd`` rows instead of ``V
 The heads see only ``h_t``, not the drafted tokens before theirs, so ``q_i`` is a distribution over
 ``x_{t+2+i}`` alone; a chain ``x_0 .. x_{gamma-1}`` with ``x_i ~ q_i`` and verification against ``q_i``
 is still lossless (any ``q`` is), only less often accepted than a head that conditions on its prefix.
-:class:`MedusaDrafter` drafts at most ``k`` tokens per step, one per head, from one forward of the heads;
-with ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` it proposes that tree over the
+:class:`MedusaDrafter` drafts at most ``k`` tokens per step, one per head, running only the ``g`` heads it
+drafts with (so a step of ``g`` tokens costs ``g`` head forwards: :class:`spade_lib.decoding.costs.HeadStep`).
+With ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` it proposes that tree over the
 heads' distributions instead -- Medusa's own is ``TreeConfig(shape="static")`` over the per-head top-k
 (``choices="medusa63"``, Medusa's ``mc_sim_7b_63``): a node at depth ``d`` draws from head ``d`` whatever
 its path, so every level costs nothing beyond the one forward of the heads.
@@ -138,9 +139,10 @@ class MedusaHead(nn.Module):
                     h[-1].weight.copy_(rows)
         return head.to(next(target.parameters()).device).eval()
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``h [..., H]`` -> draft-vocabulary logits of every head ``[..., k, Vd]``."""
-        return torch.stack([h(hidden) for h in self.heads], dim=-2)
+    def forward(self, hidden: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
+        """``h [..., H]`` -> draft-vocabulary logits of the first ``n_heads`` heads (all ``k`` when ``None``)
+        ``[..., n_heads, Vd]``."""
+        return torch.stack([h(hidden) for h in self.heads[:n_heads]], dim=-2)
 
     def target_logits(self, draft_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
         """``[..., Vd]`` -> ``[..., V]`` with ``-inf`` off the draft vocabulary (cut/padded to ``vocab_size``)."""
@@ -197,7 +199,7 @@ class MedusaDrafter(Drafter):
             return Draft(empty, torch.empty(0, self.vocab_size, device=self.device), None,
                          "no_match" if self._h is None else "max_gamma")
         self._h, h = None, self._h  # a fresh state comes with the next observe
-        logits = self.head.target_logits(self.head(h)[:g], self.vocab_size)  # [g, V]
+        logits = self.head.target_logits(self.head(h, n_heads=g), self.vocab_size)  # [g, V]: g heads run
         q = adjust(logits, sampling, validate=False)
         x = logits.argmax(dim=-1) if sampling.greedy else sample_categorical(q, generator)
         stop = "max_gamma" if g == max_gamma else "heads"

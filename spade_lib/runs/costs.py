@@ -5,6 +5,11 @@ micro-benchmarks; the method is :mod:`spade_lib.decoding.costs`) and caches the 
 ``runs/costs/`` (keyed by pair and its folder, draft, device, dtype, threads, ``max_gamma`` and
 ``context``), so every notebook of one ``make run`` predicts from the same numbers;
 :func:`read_costs` reads a cached table back.
+
+A draft is a draft model of the pair (``pair.drafts``), a feature head (``pair.heads[name]``, or a
+registered drafter that drafts with one, ``"eagle"`` / ``"medusa"``: its ``c`` is the head's drafting
+step, :class:`spade_lib.decoding.costs.HeadStep`, and the key names the head's build) or a model-free
+drafter (``"ngram"``, ``"null"``: ``c = 0``).
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ def read_costs(path) -> dict:
 
 def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 128, reps: int = 20,
                cache: bool = True, progress: bool = False) -> dict[str, dict]:
-    """:func:`measure_costs` for each draft of ``pair`` (a pair draft model or a registered model-free
-    drafter such as ``"ngram"``: ``c = 0``), cached under ``runs/costs/`` (see the module docstring).
+    """:func:`measure_costs` for each draft of ``pair`` (a draft model, a feature head, or a registered
+    drafter: a head's for ``"eagle"`` / ``"medusa"``, ``c = 0`` for a model-free one such as ``"ngram"``),
+    cached under ``runs/costs/`` (see the module docstring).
     ``r(g)`` is measured for ``g = 1 .. max(max_gamma, MIN_GAMMA)``, so notebooks asking for different
     ``max_gamma`` below that share one measurement (and one prediction per configuration)."""
     from spade_lib.decoding.adapter import CausalLMAdapter
@@ -49,8 +55,12 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     no_draft = None  # one target-only measurement serves every model-free drafter (c = 0) of this call
     for name in dict.fromkeys(drafts):
         model = (getattr(pair, "drafts", {}) or {}).get(name)
+        head, head_key = (None, None) if model is not None else _head_of(pair, name)
+        model = model if head is None else head
         key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), draft=name, device=str(device), dtype=dtype,
                    threads=torch.get_num_threads(), max_gamma=int(max_gamma), context=int(context), reps=int(reps))
+        if head_key is not None:
+            key["head"] = head_key
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         path = paths.RUNS_DIR / "costs" / pair.name / f"{name}-{digest}.json"
         if cache and path.is_file():
@@ -60,8 +70,8 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
         if model is None and no_draft is not None:
             got = dict(no_draft)
         else:
-            got = measure_costs(target, CausalLMAdapter(model) if model is not None else None, int(max_gamma),
-                                context, reps=reps, device=device)
+            draft = None if model is None else model if head is not None else CausalLMAdapter(model)
+            got = measure_costs(target, draft, int(max_gamma), context, reps=reps, device=device)
             if model is None:
                 no_draft = dict(got)
         got = {**got, "key": key}
@@ -72,3 +82,29 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
             write_json(path, got)
         out[name] = got
     return out
+
+
+def _head_of(pair, name: str):
+    """``(head, identity)`` of the draft ``name`` when a feature head drafts it (``pair.heads[name]``, or the
+    head a registered drafter such as ``"eagle"`` picks), else ``(None, None)``. The identity (the head's
+    name, kind, build id from the pair's manifest when it came from a cached build, and a sha256 of its
+    weights) keys the cost cache, so another head under the same name is measured again."""
+    import hashlib
+
+    from spade_lib.decoding.drafters import make_drafter
+
+    heads = getattr(pair, "heads", {}) or {}
+    head = heads.get(name)
+    if head is None:
+        head = getattr(make_drafter(name, pair), "head", None)  # a registered drafter (unknown names refused)
+    if head is None:
+        return None, None
+    head_name = next(n for n, h in heads.items() if h is head)
+    digest = hashlib.sha256()
+    for k, v in sorted(head.state_dict().items()):
+        if k != "embed_tokens.weight":  # tied to the target's embedding
+            digest.update(k.encode())
+            digest.update(v.detach().float().cpu().numpy().tobytes())
+    built = ((getattr(pair, "manifest", {}) or {}).get("heads") or {}).get(head_name) or {}
+    return head, {"name": head_name, "kind": head.kind, "build_id": built.get("build_id"),
+                  "weights_sha256": digest.hexdigest()[:16]}

@@ -78,18 +78,21 @@ class DistillConfig:
 _DEF = re.compile(r'^(?:    )?def [A-Za-z_]\w*\([^)]*\)[^:\n]*:\n(?:\s+"""[\s\S]{20,600}?""")', re.M)
 
 
-def teacher_prompts(n: int, code_fraction: float, seed: int) -> list[str]:
-    """``n`` user messages from the embedded corpus's *training* split: ``round(n * code_fraction)``
-    "complete this function" prompts (a ``def`` line and its docstring) and explain-this-paragraph
-    prompts from the corpus' prose documents (docstring paragraphs). Deterministic for a seed."""
+def teacher_prompts(n: int, code_fraction: float, seed: int, split: str = "train") -> list[str]:
+    """``n`` user messages from the embedded corpus's *training* split (``split="heldout"``: from its
+    held-out files, for evaluation only): ``round(n * code_fraction)`` "complete this function" prompts
+    (a ``def`` line and its docstring) and explain-this-paragraph prompts from the corpus' prose
+    documents (docstring paragraphs). Deterministic for a seed."""
     import random
 
     from spade_lib.zoo.build import cached_corpus
     from spade_lib.zoo.corpus import CorpusConfig
 
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split: must be 'train' or 'heldout', got {split!r}")
     corpus = cached_corpus(CorpusConfig())
     code, prose = [], []
-    for doc in corpus.train:
+    for doc in getattr(corpus, split):
         if doc.kind == "prose":
             prose.extend(p.strip() for p in doc.text.split("\n\n") if 200 <= len(p.strip()) <= 700)
         else:

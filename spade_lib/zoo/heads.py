@@ -26,8 +26,14 @@ everything is seeded, so the same recipe and thread count give the same bytes un
 guard trips (the manifest then says ``budget_hit``).
 
 Recipes: :data:`PROFILES` ``"make"`` (sized for ``make run``: <= 8 minutes per head on two cores for
-SmolLM2-135M) and ``"long"`` (opt-in: 10x the data, 40x the steps, a 6-hour guard); :func:`head_config`
-picks one by kind. The sizing, from timings of SmolLM2 on this project's 2-core machine with *one*
+SmolLM2-135M) and ``"long"`` (opt-in: 10x the data, 40x the steps, a 6-hour guard); the embedded
+``default`` pair has its own (:data:`PAIR_PROFILES`, ``make`` <= 2 minutes a head); :func:`head_config`
+picks one by kind and pair, ``spade_lib.zoo.pairs.head_entry(pair, kind, profile)`` builds it.
+
+Command line: ``python -m spade_lib.zoo.heads build --pair default|smollm2 --kind eagle3|eagle1|medusa
+[--profile make|long]`` builds (cached) and prints the build facts of the manifest (seconds, data tokens,
+steps, ``budget_hit``, ``c``); ``... eval ...`` also prints the held-out teacher-forced top-1 and alpha by
+depth (:mod:`spade_lib.zoo.head_eval`). The sizing, from timings of SmolLM2 on this project's 2-core machine with *one*
 niced thread beside other work (2026-12-01; two idle threads are ~1.5-1.8x faster): teacher-forced
 features 250-380 tok/s; one EAGLE-3 step (4 x 255 positions, 3 unrolled steps, Vd = 8192) 2.3 s; one
 Medusa step (1024 positions, 4 heads) 2.0 s. So ``make``'s ~34 k tokens take ~1.5 min of features,
@@ -52,12 +58,14 @@ from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract, teacher_sequences
 from spade_lib.zoo.head_train import HeadTrainConfig, evaluate, train_eagle, train_medusa
 
-__all__ = ["KINDS", "HeadConfig", "PROFILES", "head_config", "build_head", "data_entry", "head_entry",
+__all__ = ["KINDS", "HeadConfig", "PROFILES", "PAIR_PROFILES", "head_config", "attach_heads", "main", "build_head", "data_entry", "head_entry",
            "save_head", "load_head", "head_costs", "draft_vocabulary"]
 
 KINDS = ("eagle3", "eagle1", "medusa")
 HEADS_FORMAT_VERSION = 1  # bump when the build changes in a way HeadConfig does not capture
 SPADE_HEAD = "spade_head"  # config.json key of a SPADE-format head folder
+COST_DEFINITION = ("c = t(one drafting step of the head: EAGLE fc(feature) + layer on a context-position cache + "
+                   "lm_head + scatter to V; Medusa one head) / t(target 1-token forward); spade_lib.decoding.costs")
 
 
 @dataclass(frozen=True)
@@ -114,13 +122,49 @@ PROFILES: dict[str, dict[str, HeadConfig]] = {
 }
 
 
-def head_config(kind: str = "eagle3", profile: str = "make", **changes) -> HeadConfig:
-    """The ``profile`` recipe of ``kind`` (``PROFILES``), with dataclass ``changes`` applied."""
-    if profile not in PROFILES:
-        raise ValueError(f"profile: must be one of {sorted(PROFILES)}, got {profile!r}")
-    if kind not in PROFILES[profile]:
-        raise ValueError(f"kind: must be one of {sorted(PROFILES[profile])}, got {kind!r}")
-    return dataclasses.replace(PROFILES[profile][kind], **changes)
+# The embedded ``default`` pair (a 6-layer, hidden-384 Llama of 12 M parameters, V = 4096, trained on
+# 128-token windows): its own recipes, sized so that a ``make`` head builds in <= 2 minutes on two cores.
+# Timings on this project's 2-core machine under load (another build running; niced, 2 threads): greedy
+# generation of 16 x 64 tokens 4.5 s, teacher-forced features ~2 k tok/s, one EAGLE-3 step (4 x 128
+# positions, 3 unrolled steps, Vd = V = 4096) 0.67 s, one Medusa step (512 rows, 4 heads) 1.1 s. So
+# ``make``: the data entry (32 answers of 48 tokens + 64 windows of 128) ~20 s once for all heads, features
+# ~5 s, 100 EAGLE steps ~65 s, 80 Medusa steps of 256 rows ~45 s; the guard is 2 minutes. EAGLE-3 reads
+# layers (1, 3, 5): speculators' [2, L // 2, L - 3] is not three distinct layers at L = 6.
+_EMBEDDED_DATA = HeadDataConfig(n_prompts=32, max_prompt_tokens=96, gen_tokens=48, gen_batch=16, n_windows=64,
+                                window=128)
+_EMBEDDED_LONG_DATA = HeadDataConfig(n_prompts=384, max_prompt_tokens=96, gen_tokens=96, gen_batch=32,
+                                     n_windows=768, window=128)
+_EMBEDDED_EAGLE = HeadTrainConfig(steps=100, batch_size=4, seq_len=128, ttt_steps=3, lr=1e-3)
+_EMBEDDED_EAGLE_LONG = HeadTrainConfig(steps=3000, batch_size=8, seq_len=128, ttt_steps=5, lr=5e-4)
+_EAGLE1_LOSS = {"ce_weight": 0.1, "feature_weight": 1.0}
+
+
+def _embedded(data: HeadDataConfig, eagle: HeadTrainConfig, medusa: HeadTrainConfig, budget_s: float):
+    common = {"draft_vocab_size": 4096, "data": data, "budget_s": budget_s}
+    return {"eagle3": HeadConfig("eagle3", feature_layers=(1, 3, 5), train=eagle, **common),
+            "eagle1": HeadConfig("eagle1", train=dataclasses.replace(eagle, **_EAGLE1_LOSS), **common),
+            "medusa": HeadConfig("medusa", train=medusa, **common)}
+
+
+PAIR_PROFILES: dict[str, dict[str, dict[str, HeadConfig]]] = {
+    "smollm2": PROFILES,
+    "default": {"make": _embedded(_EMBEDDED_DATA, _EMBEDDED_EAGLE, HeadTrainConfig(steps=80, rows=256, lr=1e-3), 120.0),
+                "long": _embedded(_EMBEDDED_LONG_DATA, _EMBEDDED_EAGLE_LONG,
+                                  HeadTrainConfig(steps=3000, rows=2048, lr=5e-4), 3600.0)},
+}
+
+
+def head_config(kind: str = "eagle3", profile: str = "make", *, pair: str = "smollm2", **changes) -> HeadConfig:
+    """The ``profile`` recipe of ``kind`` for ``pair`` (``PAIR_PROFILES``: SmolLM2's are ``PROFILES``), with
+    dataclass ``changes`` applied."""
+    if pair not in PAIR_PROFILES:
+        raise ValueError(f"pair: head recipes exist for {sorted(PAIR_PROFILES)}, not {pair!r} (pass a HeadConfig)")
+    profiles = PAIR_PROFILES[pair]
+    if profile not in profiles:
+        raise ValueError(f"profile: must be one of {sorted(profiles)}, got {profile!r}")
+    if kind not in profiles[profile]:
+        raise ValueError(f"kind: must be one of {sorted(profiles[profile])}, got {kind!r}")
+    return dataclasses.replace(profiles[profile][kind], **changes)
 
 
 # ------------------------------------------------------------------------------------------------ storage
@@ -171,6 +215,16 @@ def load_head(folder, target):
     return head.eval()
 
 
+def attach_heads(pair, entries: dict[str, Path]) -> None:
+    """Load the heads of the cache ``entries`` (``{name: head entry}``) into ``pair.heads[name]`` and their
+    manifests (without file hashes and loss curves, with the entry's path) into ``pair.manifest["heads"]``."""
+    pair.heads = {**(getattr(pair, "heads", {}) or {}),
+                  **{name: load_head(Path(e) / "head", pair.target) for name, e in entries.items()}}
+    pair.manifest.setdefault("heads", {})
+    pair.manifest["heads"].update({name: {k: v for k, v in read_manifest(e).items() if k not in ("files", "train_curve")}
+                                   | {"path": str(e)} for name, e in entries.items()})
+
+
 # ------------------------------------------------------------------------------------------------ building
 
 def draft_vocabulary(seqs: list[torch.Tensor], vocab_size: int, size: int, special: list[int]) -> torch.Tensor:
@@ -197,59 +251,18 @@ def _feature_layers(head) -> tuple[int, ...]:
     return tuple(head.config.feature_layers) if isinstance(head, EagleHead) else (int(head.config.feature_layer),)
 
 
-class _HeadCostAdapter:
-    """What :func:`spade_lib.decoding.costs.measure_costs` times as the draft: one drafted token of the head
-    (EAGLE: one chain step on its cache after a ``context``-position prefill of random features; Medusa: one
-    head on a state)."""
-
-    def __init__(self, head):
-        self.head, self.max_length = head, None
-        self.device = next(head.parameters()).device
-        self.vocab_size = head.config.vocab_size
-        self._cache, self._o, self.length = None, None, 0
-
-    def prefill(self, ids):
-        from transformers import DynamicCache
-
-        from spade_lib.decoding.eagle import _causal_mask
-
-        n = int(ids.numel())
-        if isinstance(self.head, EagleHead):
-            g = self.head.fuse(torch.randn(1, n, self.head.fc.in_features, device=self.device))
-            self._cache = DynamicCache()
-            o = self.head.layer(g, ids[None], torch.arange(1, n + 1, device=self.device)[None],
-                                _causal_mask(n, 0, g.dtype, self.device), self._cache)
-            self._o = o[:, -1:]
-        else:
-            self._o = torch.randn(self.head.config.hidden_size, device=self.device)
-        self.length = n
-
-    def extend(self, ids, last_only=True):
-        if isinstance(self.head, EagleHead):
-            o = self.head.layer(self.head.feedback(self._o), ids[None, :1],
-                                torch.tensor([[self.length + 1]], device=self.device), cache=self._cache)
-            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)
-        else:
-            logits = self.head.target_logits(self.head.heads[0](self._o)[None], self.vocab_size)
-        self.length += 1
-        return logits
-
-    def rollback(self, length):
-        if self._cache is not None and self.length > length:
-            self._cache.crop(-(self.length - length))
-        self.length = length
-
-
 @torch.inference_mode()
 def head_costs(target, head, *, gamma: int = 4, context: int = 64, reps: int = 10) -> dict:
-    """``c`` of one drafted token of ``head`` against one target step, and ``r(gamma)``
-    (:func:`spade_lib.decoding.costs.measure_costs`: forwards timed in turns, medians of ratios)."""
+    """``c`` of one drafting step of ``head`` against one target step, and ``r(gamma)``
+    (:func:`spade_lib.decoding.costs.measure_costs` on a :class:`~spade_lib.decoding.costs.HeadStep`:
+    forwards timed in turns, medians of ratios)."""
     from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.costs import measure_costs
 
-    m = measure_costs(CausalLMAdapter(target), _HeadCostAdapter(head), gamma, context, reps=reps)
+    m = measure_costs(CausalLMAdapter(target), head, gamma, context, reps=reps)
     return {"c": m["c"], "verify_cost_ratio": m["r"][gamma], "gamma": gamma, "context": m["context"],
-            "target_step_s": m["t_target"], "head_step_s": m["t_draft"], "reps": reps}
+            "target_step_s": m["t_target"], "head_step_s": m["t_draft"], "reps": reps,
+            "definition": COST_DEFINITION}
 
 
 def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, sequences: Sequences | None = None,
@@ -342,9 +355,11 @@ def _corpus_sha() -> str:
     return cached_corpus(CorpusConfig()).sha256
 
 
-def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False, prompts=None, documents=None) -> Path:
-    """The cache folder of the teacher sequences of the target saved at ``target_dir`` (an HF folder; ``name``
-    names the entries), built if needed; ``prompts`` / ``documents`` replace the corpus's (hashed)."""
+def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False, prompts=None, documents=None,
+               label: str = "headdata") -> Path:
+    """The cache folder ``<name>-<label>-<key>`` of the teacher sequences of the target saved at ``target_dir``
+    (an HF folder; ``name`` names the entries), built if needed; ``prompts`` / ``documents`` replace the
+    corpus's (hashed). ``label="heldout"``: the held-out evaluation sequences (``head_eval.heldout_entry``)."""
     from spade_lib.zoo.build import _environment, zoo_dir
 
     target_dir = Path(target_dir)
@@ -353,7 +368,7 @@ def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
     recipe = {"format": HEADS_FORMAT_VERSION, "kind": "head-data", "target": _target_identity(target_dir),
               "data": cfg.recipe()["data"], "texts": texts,
               "corpus_sha256": _corpus_sha() if len(texts) < 2 else None}
-    entry = zoo_dir() / f"{name}-headdata-{cache_key(recipe)}"
+    entry = zoo_dir() / f"{name}-{label}-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:
         from safetensors.torch import save_file
@@ -362,7 +377,7 @@ def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
             target, tokenizer = _load_target(target_dir)
             seqs, facts = teacher_sequences(target, tokenizer, cfg.data, prompts=prompts, documents=documents)
             save_file(seqs.to_tensors(), str(tmp / "sequences.safetensors"))
-            return {"kind": "head-data", "name": name, "recipe": recipe, **facts,
+            return {"kind": "head-data", "label": label, "name": name, "recipe": recipe, **facts,
                     "environment": _environment(), "threads": torch.get_num_threads()}
 
         return _with_threads(cfg.threads, body)
@@ -410,3 +425,84 @@ def head_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
         return _with_threads(cfg.threads, body)
 
     return get_or_build(entry, build, rebuild=rebuild)
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+def build_facts(manifest: dict) -> dict:
+    """What a head entry's manifest says about its build: seconds, data tokens, steps, the budget guard,
+    the cost ratio, and the build's own held-out top-1 (teacher-forced on true tokens)."""
+    data = manifest.get("data", {})
+    return {"kind": manifest.get("head_kind"), "build_seconds": manifest.get("seconds", {}).get("total"),
+            "data_tokens": data.get("tokens"), "feature_tokens": data.get("feature_tokens"),
+            "generated_tokens": data.get("generated_tokens"), "steps_done": manifest.get("steps_done"),
+            "steps": manifest.get("recipe", {}).get("head", {}).get("train", {}).get("steps"),
+            "budget_s": manifest.get("budget_s"), "budget_hit": manifest.get("budget_hit"),
+            "c": manifest.get("costs", {}).get("c"), "heldout_top1": manifest.get("heldout", {}).get("all", {}).get("top1")}
+
+
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m spade_lib.zoo.heads",
+                                description="Build (cached) and evaluate the draft heads of a pair.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (("build", "build the head if it is not cached, print its build facts"),
+                       ("eval", "build if needed, then the held-out teacher-forced top-1 by depth")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--pair", required=True, help="'default' (embedded) or 'smollm2'")
+        s.add_argument("--kind", required=True, choices=KINDS)
+        s.add_argument("--profile", default="make", choices=("make", "long"))
+        s.add_argument("--rebuild", action="store_true", help="rebuild the head entry even if cached")
+        if name == "eval":
+            s.add_argument("--depth", type=int, default=5, help="draft depths 1 .. D (Medusa: at most its heads)")
+            s.add_argument("--scope", default="generated", choices=("generated", "all"),
+                           help="positions on the target's own continuations, or every held-out position")
+            s.add_argument("--threads", type=int, default=2, help="torch threads of the evaluation")
+            s.add_argument("--json", default=None, help="also write the tables and facts to this JSON file")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """The command line (``python -m spade_lib.zoo.heads build|eval --pair P --kind K [--profile make|long]``);
+    returns what it printed, as a dict (tests)."""
+    from spade_lib.zoo import head_eval
+    from spade_lib.zoo.pairs import head_entry as pair_head_entry, target_dir
+
+    args = _parser().parse_args(argv)
+    entry = pair_head_entry(args.pair, args.kind, args.profile, rebuild=args.rebuild)
+    facts = build_facts(read_manifest(entry))
+    print(f"{args.pair} {args.kind} ({args.profile}): {entry}")
+    print("build: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in facts.items()))
+    out = {"entry": str(entry), "build": facts}
+    if args.command == "eval":
+        def body():
+            tdir = target_dir(args.pair)
+            held = head_eval.heldout_entry(tdir, args.pair, head_eval.heldout_config(args.pair))
+            target, _ = _load_target(tdir)
+            head = load_head(entry / "head", target)
+            return held, head_eval.evaluate_head(target, head, head_eval.heldout_sequences(held), args.depth)
+
+        held, result = _with_threads(args.threads, body)
+        print(f"held-out: {held} ({result['sequences']} sequences, {result['tokens']} tokens; corpus held-out files "
+              "and the target's greedy continuations)")
+        print(head_eval.format_table(result, args.scope))
+        out.update(heldout=str(held), depth=result["depth"], mean_accepted=result["mean_accepted"],
+                   **{scope: result[scope].to_dict(orient="records") for scope in head_eval.SCOPES})
+        if args.json:
+            write_json(Path(args.json), out)
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+if __name__ == "__main__":  # run the importable module's main, not a second copy of this one
+    from spade_lib.zoo.heads import main as _main
+
+    _main()

@@ -59,7 +59,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
               dtype: torch.dtype = torch.float32, trust_remote_code: bool = False,
               rebuild: bool = False, device_map: str | dict | None = None,
               max_memory: dict[int | str, int | str] | None = None,
-              offload_folder: str | os.PathLike | None = None) -> Pair:
+              offload_folder: str | os.PathLike | None = None, heads: tuple[str, ...] = (),
+              head_profile: str = "make") -> Pair:
     """Load an embedded pair by ``name`` or a real pair from ``target`` + ``draft``/``drafts``.
 
     Embedded (and ``"smollm2"``): ``draft`` optionally names which of the pair's drafts is the default
@@ -67,6 +68,10 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     ``draft`` becomes the default draft (named ``"draft"``), ``drafts`` adds named ones; ``name`` is
     then only a label. ``rebuild=True`` rebuilds an embedded pair even if a valid cache entry exists
     (a corrupted entry is always rebuilt, with a warning).
+
+    ``heads`` (embedded ``"default"`` and ``"smollm2"``): head kinds (``"eagle3"``, ``"eagle1"``,
+    ``"medusa"``) built if needed by the ``head_profile`` recipe (:func:`head_entry`) and attached as
+    ``pair.heads[kind]``; the drafters ``"eagle"`` / ``"medusa"`` then find them.
 
     ``device`` (default ``"cpu"``) places every model whole. For a target that does not fit one
     device give ``device_map`` instead (``"auto"``, ``"balanced"``, ``"sequential"`` or an explicit
@@ -85,7 +90,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
             raise ValueError(f"name: give a pair name ({pair_names() + list(REAL_PAIRS)}) or target=/draft= "
                              "references")
         if name == "smollm2":
-            return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild)
+            return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild, heads=tuple(heads),
+                                head_profile=head_profile)
         if name not in PAIRS:
             raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
         config = get_config(name)
@@ -98,7 +104,13 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         pair = load_models(str(entry / "target"), refs, default, placement=placement, dtype=dtype,
                            trust_remote_code=False, local_only=True)
         pair.name, pair.manifest, pair.path = name, manifest, entry
+        if heads:
+            from spade_lib.zoo.heads import attach_heads
+
+            attach_heads(pair, {kind: head_entry(name, kind, head_profile, rebuild=rebuild) for kind in heads})
         return pair
+    if heads:
+        raise ValueError("heads: only for a named pair ('default', 'smollm2'); a real pair takes a head folder as a draft")
 
     refs = dict(drafts or {})
     if draft is not None:
@@ -118,6 +130,30 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     pair.manifest = {"kind": "hf", "target": target, "drafts": models, "heads": heads, "dtype": str(dtype),
                      "trust_remote_code": trust_remote_code}
     return pair
+
+
+def target_dir(name: str, *, rebuild: bool = False) -> Path:
+    """The saved target folder of pair ``name`` (an embedded pair or ``"smollm2"``), built if needed."""
+    if name == "smollm2":
+        from spade_lib.zoo.smollm2 import target_entry
+
+        return target_entry(rebuild=rebuild) / "target"
+    return pair_entry(get_config(name), rebuild=rebuild) / "target"
+
+
+def head_entry(name: str, kind: str = "eagle3", profile: str = "make", *, rebuild: bool = False,
+               config=None) -> Path:
+    """The cache folder ``<name>-<kind>-<key>`` of pair ``name``'s ``kind`` head built by its ``profile`` recipe
+    (:data:`spade_lib.zoo.heads.PAIR_PROFILES`: ``"default"`` <= 2 minutes a head on two cores, ``"smollm2"``
+    <= 8) or by ``config`` (a ``HeadConfig``); built if needed (the pair's target too). The head is
+    ``<entry>/head`` (:func:`spade_lib.zoo.heads.load_head`)."""
+    from spade_lib.zoo import heads as zoo_heads
+    from spade_lib.zoo import smollm2
+
+    if name == "smollm2":
+        return smollm2.head_entry(kind, profile, rebuild=rebuild, config=config)
+    cfg = config if config is not None else zoo_heads.head_config(kind, profile, pair=name)
+    return zoo_heads.head_entry(target_dir(name), name, cfg, rebuild=rebuild)
 
 
 def _placement(device, device_map, max_memory, offload_folder) -> dict[str, Any]:

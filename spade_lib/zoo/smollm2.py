@@ -292,10 +292,7 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
                      "seconds": {"target": tm["seconds"]["total"], **dm["seconds"]},
                      "environment": dm["environment"]}
     if heads:
-        from spade_lib.zoo.heads import load_head
+        from spade_lib.zoo.heads import attach_heads
 
-        entries = {kind: head_entry(kind, head_profile, rebuild=rebuild) for kind in heads}
-        pair.heads = {kind: load_head(e / "head", pair.target) for kind, e in entries.items()}
-        pair.manifest["heads"] = {kind: {k: v for k, v in read_manifest(e).items() if k not in ("files", "train_curve")}
-                                  | {"path": str(e)} for kind, e in entries.items()}
+        attach_heads(pair, {kind: head_entry(kind, head_profile, rebuild=rebuild) for kind in heads})
     return pair
