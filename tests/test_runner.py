@@ -257,3 +257,19 @@ def test_default_run_dir_uses_the_suite_hash(pair, tmp_path, monkeypatch):
     assert suite_key(suite) == f"mini-{suite.sha256[:8]}"
     runs = list_runs(tmp_path / "traces")
     assert runs[["pair", "method", "config_hash"]].values.tolist() == [["tiny", "ar", cfg(method="ar").hash]]
+
+
+def test_a_tree_run_config_is_canonical_and_chain_hashes_stay():
+    """RunConfig.tree: one canonical spec (two spellings, one hash), chain configs hash as before the field
+    existed (it is left out of their identity), and a tree refused for methods that draft none."""
+    from spade_lib.runs.config import RunConfig
+
+    chain = RunConfig()
+    assert "tree" not in chain.to_dict()
+    a = RunConfig(tree="eagle2:nodes=16,depth=4,topk=4")
+    b = RunConfig(tree="eagle2:topk=4,depth=4,nodes=16")
+    assert a.hash == b.hash != chain.hash and a.tree == b.tree and "eagle2" in a.label
+    with pytest.raises(ValueError, match="tree"):
+        RunConfig(method="ar", tree="eagle2")
+    with pytest.raises(ValueError):
+        RunConfig(tree="no_such_shape")

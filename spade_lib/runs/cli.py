@@ -49,7 +49,7 @@ from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary, run_dir_for, run_identity, suite_key
 
 EXTRA_KEYS = ("pair", "target_id", "draft_id", "drafts", "suite", "n_per_category", "device_map", "max_memory",
-              "offload_folder", "resume")
+              "offload_folder", "resume", "heads", "head_profile")
 
 
 @dataclass
@@ -67,6 +67,8 @@ class RunSpec:
     max_memory: dict | None = None
     offload_folder: str | None = None
     resume: bool = True
+    heads: list[str] = field(default_factory=list)  # feature heads to attach (built if needed): "eagle3", "medusa", ...
+    head_profile: str = "make"                      # their recipe (spade_lib.zoo.heads)
 
 
 def _coerce(value: Any, kind: str) -> Any:
@@ -103,6 +105,11 @@ def spec_from_dict(data: Any, where: str = "config") -> RunSpec:
     n = extra.get("n_per_category")
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
         raise ValueError(f"{where}: n_per_category must be an integer >= 1 or null, got {n!r}")
+    heads = extra.get("heads", [])
+    if not isinstance(heads, list) or not all(isinstance(h, str) and h for h in heads):
+        raise ValueError(f"{where}: heads must be a list of head kinds, got {heads!r}")
+    if not isinstance(extra.get("head_profile", "make"), str):
+        raise ValueError(f"{where}: head_profile must be a string, got {extra['head_profile']!r}")
     if not isinstance(extra.get("resume", True), bool):
         raise ValueError(f"{where}: resume must be true or false, got {extra['resume']!r}")
     spec = RunSpec(config=config, **extra)
@@ -168,6 +175,8 @@ def load_pair_for(spec: RunSpec, ranks: launch.Ranks):
 
     kwargs = dict(device=rank_device(spec, ranks), dtype=devices.resolve_dtype(spec.config.dtype),
                   device_map=spec.device_map, max_memory=spec.max_memory, offload_folder=spec.offload_folder)
+    if spec.heads:
+        kwargs.update(heads=tuple(spec.heads), head_profile=spec.head_profile)
     if spec.target_id is None:
         return load_pair(spec.pair, **kwargs)
     return load_pair(spec.pair, target=spec.target_id, draft=spec.draft_id, drafts=spec.drafts or None, **kwargs)

@@ -52,6 +52,7 @@ class RunConfig:
     threads: int = 0             # torch intra-op threads (0 = leave as set; recorded either way)
     mode_options: dict = field(default_factory=dict)    # the rule's options, e.g. {"lenience": 0.7}
     policy_options: dict = field(default_factory=dict)  # the policy's options beyond gamma/threshold/max_gamma
+    tree: str = ""               # a draft tree (spade_lib.decoding.tree_drafting.TreeConfig.parse spec, e.g. "eagle2:nodes=16,depth=4,topk=4"); "" = the chain
 
     def __post_init__(self) -> None:
         from spade_lib import rules
@@ -83,9 +84,17 @@ class RunConfig:
         for name in ("record_topk", "max_prompt_tokens", "warmup", "threads", "seed"):
             v.check_int(name, getattr(self, name), min=0)
         v.check_float("threshold", self.threshold)
-        if self.method == "hf_assisted" and self.draft in drafters.drafter_names():
-            raise ValueError(f"draft: {self.draft!r} is not available for method 'hf_assisted', which needs a "
-                             "draft model (for prompt lookup use method 'hf' with spade_lib.decoding.baselines instead)")
+        if self.method == "hf_assisted":
+            from spade_lib.decoding.baselines import check_assistant_name
+
+            check_assistant_name(self.draft)  # a draft model, not a registered drafter or a feature head
+        v.check_str("tree", self.tree, nonempty=False)
+        if self.tree:
+            from spade_lib.decoding.tree_drafting import TreeConfig
+
+            if self.method != "spade":
+                raise ValueError(f"tree: only method 'spade' drafts trees, got method {self.method!r}")
+            object.__setattr__(self, "tree", TreeConfig.parse(self.tree).spec())  # one canonical spec, one hash
         v.check_choice("chat_template", self.chat_template, (True, False, "auto"))
         v.check_str("device", self.device)
         self.sampling()  # validates temperature / top_k / top_p
@@ -116,13 +125,18 @@ class RunConfig:
         from spade_lib.decoding import drafters
 
         options = {"max_ngram": self.ngram_max} if "max_ngram" in drafters.drafter_options(self.draft) else {}
+        if self.tree:
+            options["tree"] = self.tree
         return drafters.make_drafter(self.draft, pair, **options)
 
     def __hash__(self) -> int:  # the option dicts are unhashable; equal configs have equal canonical JSON
         return hash(self.hash)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not d["tree"]:  # a chain run: the field did not exist before trees, so chain hashes stay
+            del d["tree"]
+        return d
 
     @property
     def hash(self) -> str:
@@ -137,7 +151,7 @@ class RunConfig:
             what = self.method
         else:
             g = f"g{self.gamma}" if self.policy == "fixed" else f"{self.policy}{self.threshold:g}m{self.max_gamma}"
-            what = f"{self.method}-{self.draft}-{g}"
+            what = f"{self.method}-{self.draft}-{g}" + (f"-{self.tree}" if self.tree else "")
         return f"{what}-T{self.temperature:g}"
 
 
@@ -187,3 +201,7 @@ def check_draft(pair, config: RunConfig) -> None:
     if config.method in ("spade", "hf_assisted") and config.draft not in drafter_names(pair):
         raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or "
                          f"{list(drafter_names())}), not {config.draft!r}")
+    if config.method == "hf_assisted":
+        from spade_lib.decoding.baselines import assistant_model
+
+        assistant_model(pair, config.draft)  # a clear error for a feature head, before anything is written

@@ -85,7 +85,7 @@ def make_generator(pair, config: RunConfig) -> Generator:
     if config.method == "ar":
         ar = decode.AutoregressiveDecoder(pair.target, sampling=sampling, tokenizer=pair.tokenizer)
         return Generator(lambda ids, n, seed: _from_result(ar.generate(ids, n, seed=seed), records=False))
-    assistant = pair.drafts[config.draft] if config.method == "hf_assisted" else None
+    assistant = baselines.assistant_model(pair, config.draft) if config.method == "hf_assisted" else None
     return Generator(lambda ids, n, seed: _from_result(
         baselines.hf_generate(pair.target, ids, n, sampling=sampling, assistant=assistant, gamma=config.gamma,
                               seed=seed, tokenizer=pair.tokenizer), records=False))

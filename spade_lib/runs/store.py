@@ -65,7 +65,10 @@ def run_identity(pair, suite, config: RunConfig) -> dict[str, Any]:
     return {
         "schema_version": trace.SCHEMA_VERSION,
         "pair": {"name": pair.name, "sha256": manifest.get("sha256") or manifest.get("hash"),
-                 "kind": manifest.get("kind", "embedded")},
+                 "kind": manifest.get("kind", "embedded"),
+                 # which heads (by build): a make-profile and a long-profile head are two runs
+                 **({"heads": {n: h.get("build_id") for n, h in manifest["heads"].items()}}
+                    if manifest.get("heads") else {})},
         "suite": {"name": suite.name, "sha256": suite.sha256, "n_prompts": len(suite.rows)},
         "config": config.to_dict(),
         "config_hash": config.hash,
