@@ -54,6 +54,7 @@ run: venv
 	$(BIN)/python -m spade_lib.report $(RUN_DIR)
 
 test: venv
+	$(BIN)/python tests/speculators_pkg.py  # vLLM's speculators 0.9.0 for the format tests, --no-deps into .cache/
 	SPADE_PROFILE=smoke SPADE_FIGURES_DIR=$(TEST_OUT)/figures SPADE_RUNS_DIR=$(TEST_OUT) \
 	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider

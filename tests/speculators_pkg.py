@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.9.0"
-REQUIREMENTS = (f"speculators=={VERSION}", "openai", "sniffio", "hs_connectors", "loguru", "pydantic-settings")
+REQUIREMENTS = (f"speculators=={VERSION}", "openai==3.57.0", "sniffio==1.3.1", "hs_connectors==0.9.0", "loguru==0.7.3",
+                "pydantic-settings==2.16.3")  # pinned: the versions the format tests were written against
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = REPO / ".cache" / f"speculators-{VERSION}"
 

@@ -71,6 +71,8 @@ def test_a_run_with_the_pairs_head_equals_autoregressive(cache):
     from spade_lib.bench import Suite
     from spade_lib.decoding import baselines
     from spade_lib.runs import runner
+    from spade_lib.runs.config import RunConfig
+    from spade_lib.runs.store import read_summary
     from spade_lib.runs.costs import pair_costs
     from spade_lib.zoo.pairs import load_pair
 
@@ -79,10 +81,10 @@ def test_a_run_with_the_pairs_head_equals_autoregressive(cache):
     suite = Suite("mini", [{"question_id": i, "category": "code", "turns": [f"def f{i}(x):\n    return"]}
                            for i in range(2)], {})
     base = dict(max_new_tokens=8, device="cpu", threads=1, warmup=0)
-    ar = runner.read_summary(runner.run_suite(pair, suite, runner.RunConfig(method="ar", **base), progress=False))
+    ar = read_summary(runner.run_suite(pair, suite, RunConfig(method="ar", **base), progress=False))
     for draft in ("eagle", "medusa", "eagle3"):
-        run = runner.run_suite(pair, suite, runner.RunConfig(draft=draft, **base), progress=False)
-        assert runner.read_summary(run)["output_ids"].tolist() == ar["output_ids"].tolist()
+        run = runner.run_suite(pair, suite, RunConfig(draft=draft, **base), progress=False)
+        assert read_summary(run)["output_ids"].tolist() == ar["output_ids"].tolist()
     costs = pair_costs(pair, ["eagle", "medusa"], 2, context=16, reps=2)
     assert costs["eagle"]["c"] > 0 and costs["eagle"]["key"]["head"]["build_id"] == pair.manifest["heads"]["eagle3"]["build_id"]
     with pytest.raises(ValueError, match="feature head"):
