@@ -70,3 +70,16 @@ def test_resolve_device_and_dtype():
     for bad in (torch.float64, torch.int64, 8, None):
         with pytest.raises(ValueError, match=r"^dtype: must be one of"):
             devices.resolve_dtype(bad)
+
+
+def test_streaming_vs_copy_pairs_each_round():
+    """streaming_vs_copy calls the step rounds x steps times (+2 warm-up), and its figures are consistent:
+    rate = weight bytes / step seconds, ratio within its quartiles, copy a positive bandwidth."""
+    from spade_lib.runs import timing
+
+    calls = []
+    out = timing.streaming_vs_copy(lambda: calls.append(1), 1000, rounds=5, steps=3, nbytes=1 << 16)
+    assert len(calls) == 5 * 3 + 2
+    assert set(out) == {"rate", "copy", "ratio", "ratio_q1", "ratio_q3", "step_s"}
+    assert out["copy"] > 0 and out["step_s"] > 0
+    assert out["ratio_q1"] <= out["ratio"] <= out["ratio_q3"]

@@ -120,6 +120,37 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 7) -> float:
     return 2 * n * 4 / sorted(times)[len(times) // 2]
 
 
+def streaming_vs_copy(step: Callable[[], object], weight_bytes: int, *, rounds: int = 11, steps: int = 8,
+                      nbytes: int = COPY_BYTES) -> dict[str, float]:
+    """An AR decode step's weight-streaming rate beside the copy bandwidth, measured **in turns**: each
+    round times one ``dst.copy_(src)`` of ``nbytes`` (``2 nbytes / t``, as :func:`copy_bandwidth`) and then
+    ``steps`` calls of ``step`` (one decode step each: ``weight_bytes`` read per call), so a host whose
+    memory bandwidth drifts (a shared VM) moves both sides of a round's ratio alike. Returns medians over
+    rounds: ``rate`` and ``copy`` (bytes/s), ``ratio`` (rate / copy, per round) with its ``ratio_q1`` /
+    ``ratio_q3``, and ``step_s`` (seconds per step)."""
+    n = max(1, int(nbytes) // 4)
+    src, dst = torch.randn(n), torch.empty(n)
+    dst.copy_(src)
+    for _ in range(2):
+        step()
+    rates, copies, ratios, secs = [], [], [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        t2 = time.perf_counter()
+        bw, dt = 2 * n * 4 / (t1 - t0), (t2 - t1) / steps
+        rates.append(weight_bytes / dt)
+        copies.append(bw)
+        ratios.append(weight_bytes / dt / bw)
+        secs.append(dt)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"rate": statistics.median(rates), "copy": statistics.median(copies), "ratio": statistics.median(ratios),
+            "ratio_q1": q[0], "ratio_q3": q[2], "step_s": statistics.median(secs)}
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
