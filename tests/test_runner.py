@@ -273,3 +273,18 @@ def test_a_tree_run_config_is_canonical_and_chain_hashes_stay():
         RunConfig(method="ar", tree="eagle2")
     with pytest.raises(ValueError):
         RunConfig(tree="no_such_shape")
+
+
+def test_a_tree_run_writes_tree_traces_and_equals_autoregressive(pair, tmp_path):
+    """run_suite with RunConfig(tree=...): greedy outputs equal the AR run's, and the shards carry each
+    drafted node's place (parent < node, depth = depth(parent) + 1, checked again by read_trace)."""
+    suite = mini_suite(2)
+    ar = read_summary(runner.run_suite(pair, suite, cfg(method="ar"), tmp_path / "ar", progress=False))
+    d = runner.run_suite(pair, suite, cfg(tree="eagle2:nodes=6,depth=3,topk=2", gamma=3), tmp_path / "tree",
+                         progress=False)
+    assert read_summary(d)["output_ids"].tolist() == ar["output_ids"].tolist()
+    df = trace.read_trace(d)
+    assert (df["parent"] < df["node"]).all() and (df["sibling_rank"] > 0).any()
+    for _, step in df.groupby(["prompt_id", "sample", "step"]):
+        depth = dict(zip(step["node"], step["depth"]))
+        assert all(dep == (0 if par < 0 else depth[par] + 1) for par, dep in zip(step["parent"], step["depth"]))
