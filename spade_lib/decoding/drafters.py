@@ -367,13 +367,42 @@ def _trie_draft(shape: TreeShape, depth: int, device: torch.device) -> DraftTree
                      shape.parents[:n].to(device), "deterministic")
 
 
-class NGramTreeDrafter(Drafter):
+class _ContextTreeDrafter(Drafter):
+    """What the model-free tree drafters share: the committed text (``_ctx``, on the host), the last
+    proposal's tokens, and committing an accepted path (:meth:`_committed` sees the new tokens)."""
+
+    deterministic = True
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if isinstance(prompt_ids, torch.Tensor):
+            self.device = prompt_ids.device
+        self._ctx = as_token_tensor(prompt_ids, "cpu").tolist()
+        if not self._ctx:
+            raise ValueError("prompt_ids: empty prompt")
+        self._proposed = []
+        self._started()
+
+    def _started(self) -> None:
+        """A new prompt is in ``_ctx``."""
+
+    def _committed(self, new: list[int]) -> None:
+        """``new`` tokens were appended to ``_ctx``."""
+
+    def accept_path(self, path: list[int], next_token: int) -> None:
+        new = [self._proposed[i] for i in path] + [int(next_token)]
+        self._ctx.extend(new)
+        self._committed(new)
+        self._proposed = []
+
+    def accept(self, n_accepted: int, next_token: int) -> None:
+        self.accept_path(list(range(n_accepted)), next_token)
+
+
+class NGramTreeDrafter(_ContextTreeDrafter):
     """Prompt lookup as a tree (:func:`~spade_lib.decoding.tree_shapes.ngram_tree`): for the longest
     trailing n-gram (``max_ngram`` down to ``min_ngram``) that occurred earlier, *every* occurrence
     proposes what followed it, merged into a trie of at most ``tree.total_nodes`` nodes and ``tree.depth``
     levels (default ``TreeConfig("trie", total_nodes=16, depth=8)``). Deterministic nodes, ``q = None``."""
-
-    deterministic = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, *, tree: TreeConfig | str | None = None,
                  device: torch.device | str = "cpu"):
@@ -385,14 +414,6 @@ class NGramTreeDrafter(Drafter):
         self._ctx: list[int] = []
         self._proposed: list[int] = []
 
-    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
-        if isinstance(prompt_ids, torch.Tensor):
-            self.device = prompt_ids.device
-        self._ctx = as_token_tensor(prompt_ids, "cpu").tolist()
-        if not self._ctx:
-            raise ValueError("prompt_ids: empty prompt")
-        self._proposed = []
-
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> DraftTree:
         depth = self.tree.levels(max_gamma)
@@ -401,15 +422,8 @@ class NGramTreeDrafter(Drafter):
         self._proposed = tree.tokens.tolist()
         return tree
 
-    def accept_path(self, path: list[int], next_token: int) -> None:
-        self._ctx.extend([self._proposed[i] for i in path] + [int(next_token)])
-        self._proposed = []
 
-    def accept(self, n_accepted: int, next_token: int) -> None:
-        self.accept_path(list(range(n_accepted)), next_token)
-
-
-class SuffixDrafter(Drafter):
+class SuffixDrafter(_ContextTreeDrafter):
     """SuffixDecoding (Oliaro et al. 2024) with :class:`~spade_lib.decoding.tree_shapes.SuffixIndex`: two
     indexes, the prompt's (new at every ``reset``) and the outputs' (kept across prompts: every earlier
     output, and this one as its tokens are committed), as SuffixDecoding keeps a per-request and a global
@@ -417,8 +431,6 @@ class SuffixDrafter(Drafter):
     tree.total_nodes``, ``max_spec_factor``, ``min_token_prob``), cut to ``tree.depth`` levels; the one with
     the larger summed score (its expected accepted length under the empirical continuation
     probabilities) is proposed, the prompt's on a tie. Deterministic nodes, ``q = None``."""
-
-    deterministic = True
 
     def __init__(self, *, tree: TreeConfig | str | None = None, max_depth: int = 24, max_spec_factor: float = 1.0,
                  min_token_prob: float = 0.1, device: torch.device | str = "cpu"):
@@ -431,16 +443,10 @@ class SuffixDrafter(Drafter):
         self._ctx: list[int] = []
         self._proposed: list[int] = []
 
-    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
-        if isinstance(prompt_ids, torch.Tensor):
-            self.device = prompt_ids.device
-        self._ctx = as_token_tensor(prompt_ids, "cpu").tolist()
-        if not self._ctx:
-            raise ValueError("prompt_ids: empty prompt")
+    def _started(self) -> None:
         self._request += 1
         self.prompt_index = SuffixIndex(self.max_depth)
         self.prompt_index.extend(0, self._ctx)
-        self._proposed = []
 
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> DraftTree:
@@ -456,14 +462,8 @@ class SuffixDrafter(Drafter):
         self._proposed = best.tokens.tolist()
         return best
 
-    def accept_path(self, path: list[int], next_token: int) -> None:
-        new = [self._proposed[i] for i in path] + [int(next_token)]
-        self._ctx.extend(new)
+    def _committed(self, new: list[int]) -> None:
         self.outputs.extend(self._request, new)
-        self._proposed = []
-
-    def accept(self, n_accepted: int, next_token: int) -> None:
-        self.accept_path(list(range(n_accepted)), next_token)
 
 
 class NullDrafter(Drafter):
