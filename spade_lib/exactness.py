@@ -241,19 +241,20 @@ def block_law_error(
             "total_mass_error": float(abs(reach0 - 1)), "alpha_enumerated": alpha0}
 
 
-def chi_square_pvalue(tokens: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Pearson chi-square p-value of the samples ``tokens`` against the distribution ``probs [V]``.
+def counts_chi_square_pvalue(counts, probs, min_expected: float = 5.0) -> float:
+    """Pearson chi-square p-value of observed ``counts [K]`` (a tensor or array) against the
+    distribution ``probs [K]``.
 
-    Tokens outside the support of ``probs`` give ``0.0``. Bins with expected count below
-    ``min_expected`` are pooled into one (so the chi-square approximation holds).
+    Counts in a cell of probability 0 give ``0.0``. Cells with expected count below ``min_expected`` are
+    pooled into one (so the chi-square approximation holds).
     """
     from scipy.stats import chisquare
 
-    n = tokens.numel()
+    counts = torch.as_tensor(counts).double().cpu()
+    probs = torch.as_tensor(probs).double().cpu()
+    n = float(counts.sum())
     if n == 0:
-        raise ValueError("tokens must not be empty")
-    probs = probs.double().cpu()
-    counts = torch.bincount(tokens.cpu().long(), minlength=probs.numel()).double()
+        raise ValueError("counts: no samples")
     if counts[probs <= 0].sum() > 0:
         return 0.0
     expected = probs * n
@@ -268,6 +269,33 @@ def chi_square_pvalue(tokens: torch.Tensor, probs: torch.Tensor, min_expected: f
         return 1.0
     scale = sum(obs) / sum(exp)  # remove float round-off in the totals
     return float(chisquare(obs, [e * scale for e in exp]).pvalue)
+
+
+def chi_square_pvalue(tokens: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Pearson chi-square p-value of the samples ``tokens`` against the distribution ``probs [V]``
+    (:func:`counts_chi_square_pvalue` of their counts)."""
+    if tokens.numel() == 0:
+        raise ValueError("tokens must not be empty")
+    counts = torch.bincount(tokens.cpu().long(), minlength=int(probs.numel()))
+    return counts_chi_square_pvalue(counts, probs, min_expected)
+
+
+@torch.no_grad()
+def sequence_law(model, prompt: list[int], sampling, n_tokens: int) -> torch.Tensor:
+    """The exact law of the first ``n_tokens`` tokens of plain sampling from ``model`` after ``prompt``
+    (each ``~ adjust(logits, sampling)``), by enumeration: ``P(t)`` for every ``t`` in ``V^n``, row-major
+    (``t_0`` most significant), ``[V ** n]`` float64. The reference a sampled decoder's output
+    frequencies are tested against (``V ** n`` forwards of batch 1 .. ``V ** (n-1)``: tiny models only)."""
+    from spade_lib.sampling import adjust
+
+    probs = torch.ones(1, dtype=torch.float64)
+    seqs = torch.tensor([list(prompt)])
+    for _ in range(n_tokens):
+        p = adjust(model(seqs).logits[:, -1], sampling, dtype=torch.float64)
+        V = p.shape[-1]
+        probs = (probs[:, None] * p).flatten()
+        seqs = torch.cat([seqs.repeat_interleave(V, 0), torch.arange(V).repeat(len(seqs))[:, None]], 1)
+    return probs
 
 
 def monte_carlo_check(

@@ -20,6 +20,7 @@ from spade_lib.decoding.adaptive import AdaptiveGamma
 from spade_lib.decoding.policies import ConfidenceThreshold
 from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
 
 GREEDY = SamplingConfig(temperature=0)
 TEXTS = [  # eight prompts of different lengths (1 to ~30 tokens)
@@ -355,23 +356,7 @@ def small_llama(seed=0):
 
 def exact_joint(target, prompt, sampling):
     """P(first N_TOKENS tokens = t) under target-only sampling, by enumeration: [VOCAB ** N_TOKENS]."""
-    probs = torch.ones(1, dtype=torch.float64)
-    seqs = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(N_TOKENS):
-            p = adjust(target(seqs).logits[:, -1], sampling, dtype=torch.float64)
-            probs = (probs[:, None] * p).flatten()
-            seqs = torch.cat([seqs.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(len(seqs))[:, None]], 1)
-    return probs.numpy()
-
-
-def chi_square(counts, expected_probs, min_expected=5.0):
-    """Pearson chi-square goodness of fit; cells with expected count < min_expected are pooled."""
-    exp = expected_probs * counts.sum()
-    small = exp < min_expected
-    obs_c = np.append(counts[~small], counts[small].sum())
-    exp_c = np.append(exp[~small], exp[small].sum())
-    return scipy.stats.chisquare(obs_c, exp_c * obs_c.sum() / exp_c.sum()).pvalue
+    return sequence_law(target, prompt, sampling, N_TOKENS)
 
 
 @pytest.mark.slow
@@ -394,8 +379,8 @@ def test_sampled_rows_follow_the_exact_target_law(record_property):
             t = r.tokens
             counts[r.row % 2][(t[0] * VOCAB + t[1]) * VOCAB + t[2]] += 1
             first.add(r.accept_lengths[0])
-    p_values = [chi_square(c, law) for c, law in zip(counts, laws)]
-    p_draft = chi_square(counts[1], exact_joint(draft, prompt_b, sampling))
+    p_values = [counts_chi_square_pvalue(c, law) for c, law in zip(counts, laws)]
+    p_draft = counts_chi_square_pvalue(counts[1], exact_joint(draft, prompt_b, sampling))
     for name, v in zip(("p_value_prompt_a", "p_value_prompt_b", "p_value_draft_law"), (*p_values, p_draft)):
         record_property(name, v)
     print(f"batched sampling, {n_calls * B // 2} rows per prompt: chi-square p = {p_values[0]:.4f} (prompt of 1 "

@@ -21,6 +21,7 @@ from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold
 from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
 
 GREEDY = SamplingConfig(temperature=0)
 SMOKE_PROMPTS = [  # one per kind of text the embedded suite holds
@@ -181,24 +182,7 @@ class ToyLM(torch.nn.Module):
 
 def exact_joint(target, prompt, sampling):
     """P(first N_TOKENS tokens = t) under target-only sampling, by enumeration: [VOCAB ** N_TOKENS]."""
-    probs = torch.ones(1, dtype=torch.float64)
-    seqs = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(N_TOKENS):
-            p = adjust(target(seqs).logits[:, -1], sampling, dtype=torch.float64)  # [S, V]
-            probs = (probs[:, None] * p).flatten()
-            seqs = torch.cat([seqs.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(len(seqs))[:, None]], 1)
-    return probs.numpy()
-
-
-def chi_square(counts, expected_probs, min_expected=5.0):
-    """Pearson chi-square goodness of fit; cells with expected count < min_expected are pooled."""
-    n = counts.sum()
-    exp = expected_probs * n
-    small = exp < min_expected
-    obs_c = np.append(counts[~small], counts[small].sum())
-    exp_c = np.append(exp[~small], exp[small].sum())
-    return scipy.stats.chisquare(obs_c, exp_c * obs_c.sum() / exp_c.sum()).pvalue
+    return sequence_law(target, prompt, sampling, N_TOKENS)
 
 
 def sample_counts(decoder, prompt, n_runs):
@@ -235,9 +219,9 @@ def test_sampling_distribution_equals_target_only_sampling(mc_pair, record_prope
     expected = exact_joint(target, prompt, sampling)
     dec = SpeculativeDecoder(target, draft, gamma=2, sampling=sampling, record="light")
     counts, first_lengths = sample_counts(dec, prompt, 2000)
-    p_spade = chi_square(counts, expected)
+    p_spade = counts_chi_square_pvalue(counts, expected)
     ar_counts, _ = sample_counts(AutoregressiveDecoder(target, sampling=sampling), prompt, 1000)
-    p_ar = chi_square(ar_counts, expected)
+    p_ar = counts_chi_square_pvalue(ar_counts, expected)
     record_property("p_value_speculative", p_spade)
     record_property("p_value_autoregressive", p_ar)
     print(f"chi-square vs exact target joint of {N_TOKENS} tokens: speculative p = {p_spade:.4f}, "
@@ -260,7 +244,7 @@ def test_sampling_test_detects_an_unwarped_q(mc_pair, monkeypatch, record_proper
     monkeypatch.setattr(ModelDrafter, "propose", buggy)
     dec = SpeculativeDecoder(target, draft, gamma=2, sampling=sampling, record="light")
     counts, _ = sample_counts(dec, [2], 600)
-    p_bug = chi_square(counts, exact_joint(target, [2], sampling))
+    p_bug = counts_chi_square_pvalue(counts, exact_joint(target, [2], sampling))
     record_property("p_value_injected_bug", p_bug)
     print(f"chi-square with the unwarped-q bug: p = {p_bug:.3g}")
     assert p_bug < 1e-3
@@ -713,7 +697,7 @@ def test_sampled_tree_decoding_follows_the_target_distribution(record_property):
     dec = SpeculativeDecoder(target, SampledTreeDrafter(draft), gamma=2, sampling=sampling, record="light")
     assert dec.mode == "exact" and dec.tree_mode == "exact"
     counts, first_lengths = sample_counts(dec, prompt, 1500)
-    p_tree = chi_square(counts, exact_joint(target, prompt, sampling))
+    p_tree = counts_chi_square_pvalue(counts, exact_joint(target, prompt, sampling))
     record_property("p_value_tree", p_tree)
     print(f"chi-square vs exact target joint, tree decoding: p = {p_tree:.4f}; first-step accept lengths "
           f"{np.bincount(first_lengths).tolist()}")

@@ -20,6 +20,7 @@ from spade_lib.decoding.policies import FixedGamma
 from spade_lib.decoding.tree import path_of
 from spade_lib.decoding.tree_drafting import SMALL_TREE, TreeConfig
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
 
 GREEDY = SamplingConfig(temperature=0)
 MODEL_TREES = ["eagle2:nodes=16,depth=4,topk=4", "static", "static:choices=medusa63,depth=3",
@@ -319,23 +320,7 @@ N_TOKENS, VOCAB = 3, 6
 
 def exact_joint(target, prompt, sampling):
     """P(first N_TOKENS tokens = t) under target-only sampling, by enumeration: [VOCAB ** N_TOKENS]."""
-    probs = torch.ones(1, dtype=torch.float64)
-    seqs = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(N_TOKENS):
-            p = adjust(target(seqs).logits[:, -1], sampling, dtype=torch.float64)
-            probs = (probs[:, None] * p).flatten()
-            seqs = torch.cat([seqs.repeat_interleave(VOCAB, 0), torch.arange(VOCAB).repeat(len(seqs))[:, None]], 1)
-    return probs.numpy()
-
-
-def chi_square(counts, expected_probs, min_expected=5.0):
-    """Pearson chi-square goodness of fit; cells with expected count < min_expected are pooled."""
-    exp = expected_probs * counts.sum()
-    small = exp < min_expected
-    obs_c = np.append(counts[~small], counts[small].sum())
-    exp_c = np.append(exp[~small], exp[small].sum())
-    return scipy.stats.chisquare(obs_c, exp_c * obs_c.sum() / exp_c.sum()).pvalue
+    return sequence_law(target, prompt, sampling, N_TOKENS)
 
 
 @pytest.mark.slow
@@ -357,7 +342,7 @@ def test_sampled_tree_decoding_follows_the_target_distribution(tree, record_prop
         t = out.tokens
         counts[(t[0] * VOCAB + t[1]) * VOCAB + t[2]] += 1
         first.append(out.accept_lengths[0])
-    p = chi_square(counts, exact_joint(target, prompt, sampling))
+    p = counts_chi_square_pvalue(counts, exact_joint(target, prompt, sampling))
     record_property("p_value", p)
     print(f"{tree}: chi-square vs the exact target joint p = {p:.4f}; first-step accept lengths "
           f"{np.bincount(first).tolist()}")
