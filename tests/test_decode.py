@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import scipy.stats
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
 from spade_lib.runs import trace
 from spade_lib.decoding.adapter import CausalLMAdapter
@@ -22,6 +22,7 @@ from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
+from tiny_models import llama, perturbed
 
 GREEDY = SamplingConfig(temperature=0)
 SMOKE_PROMPTS = [  # one per kind of text the embedded suite holds
@@ -38,25 +39,6 @@ def tiny():
     from spade_lib.zoo.pairs import load_pair
 
     return load_pair("tiny")
-
-
-def llama(vocab=128, seed=0, layers=2, hidden=32, init=0.3, max_pos=64):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_pos,
-                      initializer_range=init, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                      tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def perturbed(model, scale, seed=1):
-    """A draft that agrees with ``model`` often but not always: its weights plus Gaussian noise."""
-    d = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0.0))
-    return d
 
 
 def hf_greedy(model, ids, n):

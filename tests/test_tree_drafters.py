@@ -4,13 +4,11 @@ EAGLE head and Medusa heads), sampled tree decoding follows the target's exact d
 against enumeration), each sampled node carries the q it was drawn from, and the draft model's cache is
 the committed text after every step (logits against a fresh forward)."""
 
-import copy
 
 import numpy as np
 import pytest
 import scipy.stats
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
@@ -21,6 +19,8 @@ from spade_lib.decoding.tree import path_of
 from spade_lib.decoding.tree_drafting import SMALL_TREE, TreeConfig
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
+import tiny_models
+from tiny_models import perturbed
 
 GREEDY = SamplingConfig(temperature=0)
 MODEL_TREES = ["eagle2:nodes=16,depth=4,topk=4", "static", "static:choices=medusa63,depth=3",
@@ -28,22 +28,8 @@ MODEL_TREES = ["eagle2:nodes=16,depth=4,topk=4", "static", "static:choices=medus
 PROMPTS = ["def fibonacci(n):\n    ", "x = [1, 2, 3]\nfor i in"]
 
 
-def llama(vocab=64, seed=0, layers=2, hidden=32, init=0.3, max_pos=128):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=max_pos,
-                      initializer_range=init, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                      tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def perturbed(model, scale, seed=1):
-    d = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0.0))
-    return d
+def llama(vocab=64, max_pos=128, **kw):
+    return tiny_models.llama(vocab=vocab, max_pos=max_pos, **kw)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ from spade_lib.decoding.tree_shapes import SuffixIndex, TreeShape, ngram_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
 __all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NGramTreeDrafter", "SuffixDrafter",
-           "NullDrafter", "make_drafter", "register_drafter", "drafter_names", "sample_categorical"]
+           "NullDrafter", "make_drafter", "register_drafter", "drafter_names", "sample_categorical", "draw_token"]
 
 
 # The chain draft is a DraftTree with parents=None (spade_lib.decoding.tree: one definition of a proposal); the
@@ -159,6 +159,16 @@ def sample_categorical(q: torch.Tensor, generator: torch.Generator | None) -> to
     return torch.searchsorted(c, target, right=True)[:, 0]
 
 
+def draw_token(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One drafted token from draft ``logits [1, V]``: ``(argmax, None)`` when greedy, else ``(x ~ q, q)``
+    with ``q = adjust(logits, sampling)`` (the distribution verification must be told)."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1), None
+    q = adjust(logits, sampling, validate=False)
+    return sample_categorical(q, generator), q
+
+
 def _signals(logits: torch.Tensor) -> tuple[float, float]:
     """(max probability, entropy in nats) of ``softmax(logits)`` at temperature 1 — one host sync."""
     q_raw = logits.float().softmax(dim=-1)
@@ -221,11 +231,8 @@ class ModelDrafter(Drafter):
         stop = "max_gamma"
         for i in range(max_gamma):
             logits = _match_vocab(self.adapter.extend(feed, last_only=True), self.vocab_size)  # [1, V]
-            if greedy:
-                x = logits.argmax(dim=-1)
-            else:
-                q = adjust(logits, sampling, validate=False)
-                x = sample_categorical(q, generator)
+            x, q = draw_token(logits, sampling, generator)
+            if q is not None:
                 qs.append(q)
             tokens.append(x)
             logits_rows.append(logits)

@@ -59,7 +59,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
+from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, draw_token
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree, ancestor_mask
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
@@ -465,11 +465,8 @@ class EagleDrafter(Drafter):
         stop = "max_gamma"
         for i in range(max_gamma):
             logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)  # [1, V]
-            if sampling.greedy:
-                x = logits.argmax(dim=-1)
-            else:
-                q = adjust(logits, sampling, validate=False)
-                x = sample_categorical(q, generator)
+            x, q = draw_token(logits, sampling, generator)
+            if q is not None:
                 qs.append(q)
             tokens.append(x)
             logits_rows.append(logits)
