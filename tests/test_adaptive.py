@@ -53,7 +53,8 @@ def test_decoding_with_adaptive_gamma_is_exact(tiny):
 def test_adaptive_sampling_distribution_equals_target_only_sampling(record_property):
     """Gamma depends on the previous step's outcome (2 after acceptance, 1 after a rejection), and the
     joint of the first 3 tokens still equals target-only sampling's (chi-square against enumeration)."""
-    from tests.test_decode import TEMP, VOCAB, ToyLM, chi_square, exact_joint, perturbed, sample_counts
+    from spade_lib.exactness import counts_chi_square_pvalue
+    from tests.test_decode import TEMP, VOCAB, ToyLM, exact_joint, perturbed, sample_counts
 
     target = ToyLM(VOCAB, seed=0)
     draft = perturbed(target, 0.5)
@@ -62,7 +63,7 @@ def test_adaptive_sampling_distribution_equals_target_only_sampling(record_prope
     assert pol.gamma_at(0.6) == 2 and pol.gamma_at(0.3) == 1
     dec = SpeculativeDecoder(target, draft, policy=pol, sampling=sampling, record="light")
     counts, _ = sample_counts(dec, [2], 1500)
-    p = chi_square(counts, exact_joint(target, [2], sampling))
+    p = counts_chi_square_pvalue(counts, exact_joint(target, [2], sampling))
     record_property("p_value_adaptive", p)
     assert p > 1e-3
 

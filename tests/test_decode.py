@@ -22,7 +22,7 @@ from spade_lib.decoding.records import RECORD_COLUMNS
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
-from tiny_models import llama, perturbed
+from tests.tiny_models import llama, perturbed
 
 GREEDY = SamplingConfig(temperature=0)
 SMOKE_PROMPTS = [  # one per kind of text the embedded suite holds

@@ -19,8 +19,8 @@ from spade_lib.decoding.tree import path_of
 from spade_lib.decoding.tree_drafting import SMALL_TREE, TreeConfig
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
-import tiny_models
-from tiny_models import perturbed
+from tests import tiny_models
+from tests.tiny_models import perturbed
 
 GREEDY = SamplingConfig(temperature=0)
 MODEL_TREES = ["eagle2:nodes=16,depth=4,topk=4", "static", "static:choices=medusa63,depth=3",
