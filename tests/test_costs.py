@@ -88,6 +88,19 @@ def test_model_free_drafters_share_one_target_measurement(tmp_path, monkeypatch)
     assert got["ngram"]["key"]["draft"] == "ngram" and got["null"]["key"]["draft"] == "null"
 
 
+def test_model_free_drafters_reuse_a_model_drafts_target_measurement(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={"d": llama(layers=1, seed=2)})
+    calls = []
+    real = costs_mod.measure_costs
+    monkeypatch.setattr(costs_mod, "measure_costs", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    got = pair_costs(pair, ["d", "ngram", "null"], 2, context=16, reps=2)
+    assert len(calls) == 1 and calls[0] is not None  # r(g) is the target's: timed once, in turns with d
+    assert got["ngram"]["r"] == got["d"]["r"] == got["null"]["r"]
+    assert got["ngram"]["t_target"] == got["d"]["t_target"]
+    assert got["ngram"]["c"] == got["null"]["c"] == 0.0 and got["ngram"]["t_draft"] == 0.0 and got["d"]["c"] > 0
+
+
 # ---------------------------------------------------------------- feature heads: c is the head's drafting step
 
 def _heads_of(target):
@@ -152,7 +165,7 @@ def test_pair_costs_time_the_pairs_heads_and_key_them_by_weights(tmp_path, monke
     real = costs_mod.measure_costs
     monkeypatch.setattr(costs_mod, "measure_costs", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     got = pair_costs(pair, ["e3", "eagle", "medusa", "ngram"], 2, context=16, reps=2)
-    assert [is_head(d) or isinstance(d, HeadStep) for d in calls] == [True, True, True, False]
+    assert [is_head(d) or isinstance(d, HeadStep) for d in calls] == [True, True, True]  # ngram reuses r(g)
     assert got["e3"]["c"] > 0 and got["eagle"]["c"] > 0 and got["medusa"]["c"] > 0 and got["ngram"]["c"] == 0.0
     assert got["eagle"]["key"]["head"] == got["e3"]["key"]["head"]  # "eagle" is the pair's one EAGLE head
     assert got["medusa"]["key"]["head"]["kind"] == "medusa"

@@ -52,7 +52,9 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     dtype = str(next(pair.target.parameters()).dtype).replace("torch.", "")
     out = {}
     target = None
-    no_draft = None  # one target-only measurement serves every model-free drafter (c = 0) of this call
+    # one target measurement serves every model-free drafter (c = 0) of this call: r(g) is the target's
+    # alone, so the first model draft's measurement (in turns with its draft) gives it too
+    no_draft = None
     for name in dict.fromkeys(drafts):
         model = (getattr(pair, "drafts", {}) or {}).get(name)
         head, head_key = (None, None) if model is not None else _head_of(pair, name)
@@ -72,8 +74,8 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
         else:
             draft = None if model is None else model if head is not None else CausalLMAdapter(model)
             got = measure_costs(target, draft, int(max_gamma), context, reps=reps, device=device)
-            if model is None:
-                no_draft = dict(got)
+            if no_draft is None:
+                no_draft = {**got, "c": 0.0, "t_draft": 0.0}
         got = {**got, "key": key}
         if progress:
             print(f"costs of {pair.name}/{name}: c = {got['c']:.3f}, r(1..{max_gamma}) = "
