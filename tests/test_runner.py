@@ -288,3 +288,20 @@ def test_a_tree_run_writes_tree_traces_and_equals_autoregressive(pair, tmp_path)
     for _, step in df.groupby(["prompt_id", "sample", "step"]):
         depth = dict(zip(step["node"], step["depth"]))
         assert all(dep == (0 if par < 0 else depth[par] + 1) for par, dep in zip(step["parent"], step["depth"]))
+
+
+def test_run_identity_names_the_heads_only_for_a_run_a_head_drafts(pair):
+    import types
+
+    suite = mini_suite(1)
+    built = types.SimpleNamespace(name=pair.name, manifest={"sha256": "abc", "heads": {
+        "eagle3": {"build_id": "b1"}, "medusa": {"build_id": "b2"}}})
+    bare = types.SimpleNamespace(name=pair.name, manifest={"sha256": "abc"})
+    for c in (cfg(method="ar"), cfg()):  # autoregressive and a draft-model run: heads attached or not, one run
+        assert run_identity(built, suite, c) == run_identity(bare, suite, c)
+    for draft in ("eagle", "medusa", "eagle3"):  # a head drafts: its build is part of the run
+        got = run_identity(built, suite, cfg(draft=draft))
+        assert got["pair"]["heads"] == {"eagle3": "b1", "medusa": "b2"}
+        assert got != run_identity(bare, suite, cfg(draft=draft))
+    real = types.SimpleNamespace(name="hf", manifest={"kind": "hf", "heads": {"draft": "/heads/eagle3"}})
+    assert run_identity(real, suite, cfg(draft="draft"))["pair"]["heads"] == {"draft": "/heads/eagle3"}

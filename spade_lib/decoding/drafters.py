@@ -76,7 +76,7 @@ from spade_lib.decoding.tree_shapes import SuffixIndex, TreeShape, ngram_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
 __all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NGramTreeDrafter", "SuffixDrafter",
-           "NullDrafter", "make_drafter", "register_drafter", "drafter_names", "sample_categorical", "draw_token"]
+           "NullDrafter", "HEAD_DRAFTERS", "make_drafter", "register_drafter", "drafter_names", "sample_categorical", "draw_token"]
 
 
 # The chain draft is a DraftTree with parents=None (spade_lib.decoding.tree: one definition of a proposal); the
@@ -603,5 +603,6 @@ register_drafter("ngram", _ngram)
 register_drafter("ngram_tree", _ngram_tree)
 register_drafter("suffix", _suffix)
 register_drafter("null", lambda pair, *, device: NullDrafter(device=device))
-register_drafter("eagle", _head_drafter("eagle"))
-register_drafter("medusa", _head_drafter("medusa"))
+HEAD_DRAFTERS = ("eagle", "medusa")  # the registered drafters that draft from one of the pair's feature heads
+for _kind in HEAD_DRAFTERS:
+    register_drafter(_kind, _head_drafter(_kind))

@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from spade_lib import paths
+from spade_lib.decoding.drafters import HEAD_DRAFTERS
 from spade_lib.io import write_text
 from spade_lib.runs import timing, trace
 from spade_lib.runs.config import RunConfig
@@ -60,15 +61,20 @@ def suite_key(suite) -> str:
 
 
 def run_identity(pair, suite, config: RunConfig) -> dict[str, Any]:
-    """The facts that make two runs the same run (checked on resume; stored in every shard)."""
+    """The facts that make two runs the same run (checked on resume; stored in every shard). The pair's
+    feature heads (by build) are among them only for a run a head drafts (``config.draft`` one of
+    ``pair.heads`` or of :data:`~spade_lib.decoding.drafters.HEAD_DRAFTERS`): an autoregressive or
+    draft-model run is the same run whether or not heads are attached to the pair."""
     manifest = getattr(pair, "manifest", {}) or {}
+    heads = manifest.get("heads") or {}
+    drafted_by_head = config.draft in HEAD_DRAFTERS or config.draft in heads
     return {
         "schema_version": trace.SCHEMA_VERSION,
         "pair": {"name": pair.name, "sha256": manifest.get("sha256") or manifest.get("hash"),
                  "kind": manifest.get("kind", "embedded"),
-                 # which heads (by build): a make-profile and a long-profile head are two runs
-                 **({"heads": {n: h.get("build_id") for n, h in manifest["heads"].items()}}
-                    if manifest.get("heads") else {})},
+                 # which heads (by build; a real pair's by folder): a make- and a long-profile head are two runs
+                 **({"heads": {n: h.get("build_id") if isinstance(h, dict) else h for n, h in heads.items()}}
+                    if heads and drafted_by_head else {})},
         "suite": {"name": suite.name, "sha256": suite.sha256, "n_prompts": len(suite.rows)},
         "config": config.to_dict(),
         "config_hash": config.hash,
