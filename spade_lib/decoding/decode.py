@@ -59,10 +59,11 @@ from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget
 from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
 from spade_lib.decoding.policies import Policy, as_policy, step_cap
 from spade_lib.decoding import records
+from spade_lib.decoding.step import Step, commit, sample_next, topk_lists
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
-from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
+from spade_lib.verify import verify_tree
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
 
@@ -105,10 +106,7 @@ class _Base:
 
     def _sample(self, p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """One token ``~ p`` ([1, V]) by inverse CDF with a uniform from ``generator`` (argmax if greedy)."""
-        if self.sampling.greedy:
-            return p.argmax(dim=-1)
-        u = torch.rand(1, generator=generator, dtype=p.dtype, device=p.device)
-        return sample_inverse_cdf(p, u)
+        return sample_next(p, (generator,), self.sampling.greedy)
 
 
 class SpeculativeDecoder(_Base):
@@ -173,11 +171,6 @@ class SpeculativeDecoder(_Base):
         return records.StatInputs(logits_p.index_select(0, rows)[None], p_g[None], x[None], q[None],
                                   None if draft.logits is None else draft.logits[None], node)
 
-    def _topk(self, p: torch.Tensor, q: torch.Tensor) -> list[torch.Tensor]:
-        k = min(self.record_topk, p.shape[-1])
-        tp, tq = torch.topk(p, k, dim=-1), torch.topk(q, k, dim=-1)
-        return [tp.indices, tp.values, tq.indices, tq.values]
-
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> GenerationResult:
@@ -214,6 +207,8 @@ class SpeculativeDecoder(_Base):
         stop_reason = "max_new_tokens"
         # per-generation policy state (None: stateless); it caps each step from past steps (policies.step_cap)
         state = policy.start()
+        step = Step(self.mode, self.mode_options, sampling.greedy, full, self.record_topk)  # verify + commit
+        one_row = (gens,)  # the step's streams: this one row's
         while True:
             budget = min(max_new_tokens, limit - L) - len(tokens)
             if budget <= 0:
@@ -242,29 +237,19 @@ class SpeculativeDecoder(_Base):
                 out = target.extend(pending, last_only=True, **hid)
                 logits_p = out.logits if layers else out
                 p = adjust(logits_p, sampling, validate=False)
-                nxt = self._sample(p, gens["residual"])
-                n_acc, next_token, drafted = 0, int(nxt.item()), []
-                stats = topk = None
-            elif draft.parents is None:  # a chain
+                next_token = int(step.plain(p, one_row).item())
+                n_acc, stats, topk = 0, None, None
+                emitted, hit_eos = _truncate([next_token], budget, self.eos)
+            elif draft.parents is None:  # a chain: the shared step (spade_lib.decoding.step) with R = 1
+                x = draft.tokens[None]
                 out = target.extend(torch.cat([pending, draft.tokens]), **hid)
                 logits_p = out.logits if layers else out  # [g + 1, V]
                 p = adjust(logits_p, sampling, validate=False)
-                res = verify(p[None], draft.q[None], draft.tokens[None], mode=self.mode,
-                             generator=gens["accept"], residual_generator=gens["residual"], validate=False,
-                             **self.mode_options)
+                v = step.verify(logits_p[None], p[None], x, draft.q[None],
+                                None if draft.logits is None else draft.logits[None], one_row)
                 # one device -> host transfer per step: n, next token, the drafts (and the statistics)
-                head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
-                if full:
-                    names, tab = records.position_stats(records.StatInputs(
-                        logits_p[None], p[None], draft.tokens[None], draft.q[None],
-                        None if draft.logits is None else draft.logits[None], res))
-                    host = torch.cat([head, tab[0].flatten()]).tolist()
-                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(names)}
-                    topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
-                else:
-                    host, stats, topk = head.tolist(), None, None
-                n_acc, next_token = int(host[0]), int(host[1])
-                drafted = [int(t) for t in host[2:2 + n_acc]]
+                f, = commit(v.n_accepted, v.next_token, x, [((0,), v)], (budget,), self.eos)
+                n_acc, next_token, stats, topk, emitted, hit_eos = f.n, f.next_token, f.stats, f.topk, f.emitted, f.hit_eos
             else:  # a tree: one forward over [t, x_0 .. x_{N-1}], row i + 1 masked to the path of node i
                 parents = draft.check()
                 out = target.extend(torch.cat([pending, draft.tokens]), parents=[-1] + [j + 1 for j in parents], **hid)
@@ -284,16 +269,15 @@ class SpeculativeDecoder(_Base):
                     stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
                     tree = {"node": list(range(g)), "parent": parents, "depth": [int(d) for d in stats.pop("depth")],
                             "sibling_rank": [int(r) for r in stats.pop("sibling_rank")]}
-                    topk = [t.tolist() for t in self._topk(p_g, q_g)] if self.record_topk else None
+                    topk = topk_lists(p_g, q_g, self.record_topk) if self.record_topk else None
                 else:
                     host, stats, topk = head.tolist(), None, None
                 n_acc, next_token = int(host[0]), int(host[1])
                 path = [int(i) for i in host[2:2 + n_acc]]
                 drafted = [int(host[2 + g + i]) for i in path]
+                emitted, hit_eos = _truncate(drafted + [next_token], budget, self.eos)
             tc = _clock(dev) if timed else 0.0
 
-            block = drafted + [next_token]
-            emitted, hit_eos = _truncate(block, budget, self.eos)
             if g == 0 or draft.parents is None:  # a chain, or no draft
                 target.rollback(cur + 1 + n_acc)
                 drafter.accept(n_acc, next_token)
