@@ -4,6 +4,10 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
 rows of a batch runs the loop of :mod:`spade_lib.decoding.decode` (draft ``x_0 .. x_{gamma_b - 1} ~ q``, one
 target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b`` drafts plus the
 residual / bonus token), but every model forward is one batched call over the rows still running.
+Verification and the commit decision are the single decoder's own step, :mod:`spade_lib.decoding.step`,
+run once per group of rows with the same ``gamma_b``; this module adds only the batched caches
+(:class:`_BatchLM`), the batched model draft and the per-row bookkeeping. Chains only, model drafts
+only: trees and drafters that read the target's hidden states are single decoding's.
 
 **Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
 rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
@@ -25,8 +29,9 @@ counts slots, not positions); the draft must be a model (prompt lookup is not ba
 (its cap, its budget, its policy's ``keep_drafting``), the rest of its columns are holes. A stateful
 policy gives every row its own state (``policy.start()`` per row): row ``b``'s cap is its state's
 ``gamma()`` and its state observes only row ``b``'s steps, exactly as in single decoding
-(:func:`spade_lib.decoding.policies.step_cap`). Verification runs once per distinct
-``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
+(:func:`spade_lib.decoding.policies.step_cap`). Verification (:meth:`spade_lib.decoding.step.Step.verify`)
+runs once per distinct ``gamma_b`` over the rows that drafted that many, with each row's own uniforms;
+one :func:`~spade_lib.decoding.step.commit` moves every row's outcome to the host.
 
 **Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
 ``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.decoding.drafters.ModelDrafter`
@@ -288,7 +293,8 @@ def _results(rows: _Rows, prompts, seeds, t_start, t_prefill, batch_totals, t_en
 def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0
                                ) -> list[BatchGenerationResult]:
     """Decode ``prompts`` together with :class:`~spade_lib.decoding.decode.SpeculativeDecoder` ``dec``'s target,
-    draft, policy, sampling and mode; one result per prompt (see the module docstring)."""
+    draft, policy, sampling and mode; one result per prompt (see the module docstring). The step after
+    the target's forward is :mod:`spade_lib.decoding.step`, the one ``dec.generate`` runs with one row."""
     _check_budget(max_new_tokens)
     if not isinstance(dec.drafter, ModelDrafter):
         raise ValueError(f"draft: batched decoding needs a model draft, got {type(dec.drafter).__name__}")

@@ -11,6 +11,10 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
    ``norm(max(0, p_n - q_n))`` at the first rejection, bonus ``~ p_gamma`` after ``gamma`` accepts);
 4. the target cache is cropped to the committed text (``x_n ..`` removed), the drafter is told ``n``.
 
+Steps 3 and the commit decision (statistics, the one host transfer, the EOS / budget cut) are
+:mod:`spade_lib.decoding.step`, the step batched decoding (:mod:`spade_lib.decoding.batch`) runs too,
+here with ``R = 1`` row; this loop keeps the drafter, the target's cache and the bookkeeping.
+
 **Trees** (:mod:`spade_lib.decoding.tree`). A drafter may return a :class:`~spade_lib.decoding.tree.DraftTree`
 with ``parents``: step 2 is then one target forward on ``[t, x_0 .. x_{N-1}]`` with the tree mask (row
 ``i + 1`` sees the cache, ``t`` and the path of node ``i``; :meth:`CausalLMAdapter.extend` with ``parents``),
@@ -174,7 +178,11 @@ class SpeculativeDecoder(_Base):
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (list, 1-D or ``[1, L]`` tensor)."""
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (list, 1-D or ``[1, L]`` tensor).
+
+        A chain is verified and committed by :class:`spade_lib.decoding.step.Step` and
+        :func:`~spade_lib.decoding.step.commit` with one row, the step :meth:`generate_batch` runs per
+        group of rows; a tree by :func:`spade_lib.verify.verify_tree` (single decoding only)."""
         _check_budget(max_new_tokens)
         prompt = as_token_tensor(prompt_ids, self.device)
         _check_prompt(prompt, self.max_length, self.target.vocab_size)
