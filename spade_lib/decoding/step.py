@@ -23,8 +23,11 @@ that drafted the same ``g``. Given ``logits_p [R, g + 1, V]``, the target's logi
 :func:`~spade_lib.verify.verify`, which draws exactly that; with several the uniforms are drawn row by
 row and passed in, so a row's draws never depend on the other rows of its batch.
 
-Trees (:mod:`spade_lib.decoding.tree`) are verified by the single loop's tree extension
-(:func:`spade_lib.verify.verify_tree`); they share :func:`topk_lists` and :func:`sample_next` with this step.
+**Trees** (:mod:`spade_lib.decoding.tree`, single decoding only): :meth:`Step.verify_tree` is the same
+step for one row's tree of ``N`` nodes, ``logits_p [N + 1, V]`` after ``[t, x_0 .. x_{N-1}]`` under the
+tree mask: :func:`spade_lib.verify.verify_tree` under the tree rule that applies ``mode`` to siblings
+accepts a path of nodes; each node's statistics are taken against ``p`` at its parent (row
+``parents + 1``), and the same one transfer carries the path, each node's depth and sibling rank.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from types import SimpleNamespace
+
 import torch
 
 from spade_lib import rules
 from spade_lib.decoding import records
 from spade_lib.decoding.common import _truncate
-from spade_lib.verify import sample_inverse_cdf, verify
+from spade_lib.decoding.tree import DraftTree
+from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
 __all__ = ["Step", "Verdict", "RowFacts", "commit", "sample_next", "topk_lists"]
 
@@ -87,15 +93,20 @@ class RowFacts:
     hit_eos: bool                       # an EOS was emitted: the row stops
     stats: dict[str, list[float]] | None = None  # position column -> its g values (record=True)
     topk: list[list[Any]] | None = None  # [p_ids, p_probs, q_ids, q_probs] (record_topk > 0)
+    path: list[int] | None = None       # a tree: the accepted nodes, root-down (None: a chain)
+    tree: dict[str, list[int]] | None = None  # a tree, record=True: records.TREE_COLUMNS per node
 
 
 class Step:
     """The verify step of one decoder's ``mode`` (with ``mode_options``) under ``sampling``;
-    ``full``: compute the statistics, ``topk``: record the top-``topk`` of ``p`` and ``q`` (0: none)."""
+    ``full``: compute the statistics, ``topk``: record the top-``topk`` of ``p`` and ``q`` (0: none);
+    ``tree_mode``: the tree rule for tree drafts (None: ``mode`` has none, a tree cannot be verified)."""
 
-    def __init__(self, mode: str, mode_options: Mapping[str, float], greedy: bool, full: bool, topk: int):
+    def __init__(self, mode: str, mode_options: Mapping[str, float], greedy: bool, full: bool, topk: int,
+                 tree_mode: str | None = None):
         rule = rules.get_rule(mode)
         self.mode, self.mode_options, self.greedy, self.full, self.topk = mode, dict(mode_options), greedy, full, topk
+        self.tree_mode = tree_mode
         self.draw_accept = not rule.deterministic   # acceptance uniforms from "accept"
         self.draw_next = not rule.argmax_next       # a next-token uniform from "residual"
 
@@ -128,9 +139,58 @@ class Step:
             topk = [[part[r] for part in parts] for r in range(len(streams))]
         return Verdict(res.n_accepted, res.next_token, names, table, topk)
 
+    def verify_tree(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, parents: list[int],
+                    streams: Streams, budget: int, eos: frozenset[int]) -> RowFacts:
+        """Verify and commit one row's tree: ``logits_p``, ``p [N + 1, V]`` (row 0 after ``t``, row
+        ``i + 1`` after node ``i``), ``parents`` the checked ``draft.parents`` on the host; one transfer."""
+        if self.tree_mode is None:
+            raise ValueError(f"mode: {self.mode!r} has no tree rule (spade_lib.rules.tree_rule_names(): "
+                             f"{rules.tree_rule_names()}); a tree draft cannot be verified with it")
+        res = verify_tree(p[None], None if draft.q is None else draft.q[None], draft.tokens[None],
+                          draft.parents[None], mode=self.tree_mode, draws=draft.draws, generator=streams["accept"],
+                          residual_generator=streams["residual"], validate=False, **self.mode_options)
+        g = draft.gamma
+        head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
+        stats = tree = topk = None
+        if self.full:  # the same one transfer, with the statistics and each node's depth and sibling rank
+            rows = torch.tensor(parents, dtype=torch.long, device=p.device) + 1
+            inputs = _tree_inputs(logits_p, p, draft, res, rows)
+            names, tab = records.position_stats(inputs)
+            cols = names + ("depth", "sibling_rank")
+            flat = torch.cat([tab[0], torch.stack([draft.depth, draft.sibling_rank]).to(torch.float64)])
+            host = torch.cat([head, flat.flatten()]).tolist()
+            o = 2 + 2 * g
+            stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
+            tree = {"node": list(range(g)), "parent": parents, "depth": [int(d) for d in stats.pop("depth")],
+                    "sibling_rank": [int(r) for r in stats.pop("sibling_rank")]}
+            topk = topk_lists(inputs.p[0], inputs.q[0], self.topk) if self.topk else None
+        else:
+            host = head.tolist()
+        n, y = int(host[0]), int(host[1])
+        path = [int(i) for i in host[2:2 + n]]
+        drafted = [int(host[2 + g + i]) for i in path]
+        emitted, hit_eos = _truncate(drafted + [y], budget, eos)
+        return RowFacts(n, y, drafted, emitted, hit_eos, stats, topk, path, tree)
+
     def plain(self, p0: torch.Tensor, streams: Sequence[Streams]) -> torch.Tensor:
         """The ``g = 0`` step: ``[R]`` tokens ``~ p0 [R, V]`` from each row's ``"residual"`` stream."""
         return sample_next(p0, [s["residual"] for s in streams], self.greedy)
+
+
+def _tree_inputs(logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res, rows: torch.Tensor
+                 ) -> records.StatInputs:
+    """The statistics' inputs of one tree step: each node against ``p`` at its parent (``rows =
+    parents + 1``) and its own ``q`` (one-hot where ``q`` is None); ``p_x`` and ``q_x`` are the node's
+    own ``p`` and ``q`` at ``x``; ``accept_prob``, ``uniform``, ``reached`` and ``accepted`` the
+    verifier's (``accept_prob`` read at the residual when the node was judged, NaN where not reached)."""
+    x = draft.tokens
+    p_g = p.index_select(0, rows)
+    q = draft.q if draft.q is not None else torch.zeros_like(p_g).scatter_(1, x[:, None], 1.0)
+    xi = x[:, None]
+    node = SimpleNamespace(p_x=p_g.gather(1, xi).T, q_x=q.gather(1, xi).T, accept_prob=res.accept_prob,
+                           uniforms=res.uniforms, reached=res.reached, accepted=res.accepted)
+    return records.StatInputs(logits_p.index_select(0, rows)[None], p_g[None], x[None], q[None],
+                              None if draft.logits is None else draft.logits[None], node)
 
 
 def commit(n_accepted: torch.Tensor, next_token: torch.Tensor, x: torch.Tensor,
