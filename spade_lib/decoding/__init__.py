@@ -4,7 +4,8 @@ classification.
 
 Modules: ``adapter``, ``lean``, ``drafters``, ``eagle`` and ``medusa`` (draft heads on the target's
 hidden states and their drafters), ``policies``, ``adaptive``, ``records`` (the trace's column
-names), ``common`` (results and helpers the decoders share), ``batch``, ``decode``, ``batch_study``,
+names), ``common`` (results and helpers the decoders share), ``step`` (the verify + commit step of single and
+batched decoding), ``batch``, ``decode``, ``batch_study``,
 ``baselines``, ``divergence``, ``tree_shapes`` (the shapes of draft trees: static, EAGLE-2, sampled,
 prompt lookup, suffix index; their acceptance statistics); import each as ``spade_lib.decoding.<module>``.
 """

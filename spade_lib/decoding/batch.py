@@ -4,6 +4,10 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
 rows of a batch runs the loop of :mod:`spade_lib.decoding.decode` (draft ``x_0 .. x_{gamma_b - 1} ~ q``, one
 target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b`` drafts plus the
 residual / bonus token), but every model forward is one batched call over the rows still running.
+Verification and the commit decision are the single decoder's own step, :mod:`spade_lib.decoding.step`,
+run once per group of rows with the same ``gamma_b``; this module adds only the batched caches
+(:class:`_BatchLM`), the batched model draft and the per-row bookkeeping. Chains only, model drafts
+only: trees and drafters that read the target's hidden states are single decoding's.
 
 **Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
 rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
@@ -25,8 +29,9 @@ counts slots, not positions); the draft must be a model (prompt lookup is not ba
 (its cap, its budget, its policy's ``keep_drafting``), the rest of its columns are holes. A stateful
 policy gives every row its own state (``policy.start()`` per row): row ``b``'s cap is its state's
 ``gamma()`` and its state observes only row ``b``'s steps, exactly as in single decoding
-(:func:`spade_lib.decoding.policies.step_cap`). Verification runs once per distinct
-``gamma_b`` over the rows that drafted that many, with each row's own uniforms.
+(:func:`spade_lib.decoding.policies.step_cap`). Verification (:meth:`spade_lib.decoding.step.Step.verify`)
+runs once per distinct ``gamma_b`` over the rows that drafted that many, with each row's own uniforms;
+one :func:`~spade_lib.decoding.step.commit` moves every row's outcome to the host.
 
 **Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
 ``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.decoding.drafters.ModelDrafter`
@@ -61,14 +66,11 @@ import torch
 from transformers import DynamicCache
 
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
-                                       seed_streams)
+from spade_lib.decoding.common import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, seed_streams
 from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
 from spade_lib.decoding.policies import step_cap
-from spade_lib import rules
-from spade_lib.decoding import records
+from spade_lib.decoding.step import Step, commit, sample_next
 from spade_lib.sampling import adjust
-from spade_lib.verify import sample_inverse_cdf, verify
 
 __all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculative_generate_batch",
            "autoregressive_generate_batch", "batch_metrics", "row_seeds"]
@@ -291,7 +293,8 @@ def _results(rows: _Rows, prompts, seeds, t_start, t_prefill, batch_totals, t_en
 def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0
                                ) -> list[BatchGenerationResult]:
     """Decode ``prompts`` together with :class:`~spade_lib.decoding.decode.SpeculativeDecoder` ``dec``'s target,
-    draft, policy, sampling and mode; one result per prompt (see the module docstring)."""
+    draft, policy, sampling and mode; one result per prompt (see the module docstring). The step after
+    the target's forward is :mod:`spade_lib.decoding.step`, the one ``dec.generate`` runs with one row."""
     _check_budget(max_new_tokens)
     if not isinstance(dec.drafter, ModelDrafter):
         raise ValueError(f"draft: batched decoding needs a model draft, got {type(dec.drafter).__name__}")
@@ -301,14 +304,12 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     seeds = row_seeds(seed, B)
     gens = [seed_streams(s, dev) for s in seeds]
     states = [policy.start() for _ in range(B)]  # per-row policy state (None: stateless)
-    full, timed = dec.record is True, dec.record is not False
-    topk_k = dec.record_topk
+    timed = dec.record is not False
+    one_step = Step(mode, dec.mode_options, sampling.greedy, dec.record is True, dec.record_topk)  # verify + commit
     vocab = dec.target.vocab_size
     lens = [int(p.numel()) for p in prompts_t]
     budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
                for n in lens]
-    draw_accept = mode not in rules.deterministic_names()
-    draw_next = mode != "greedy"
 
     t_start = _clock(dev)
     T = _BatchLM(dec.target, B, "target")
@@ -409,75 +410,43 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         t_length0 = T.length.clone()
         logits_p = T.forward(ids, valid, keep=0)                  # [R, G + 1, V]
         p = adjust(logits_p, sampling, validate=False)
+        # the shared step (spade_lib.decoding.step) once per group of rows that drafted the same gamma_b
         n_acc = torch.zeros(R, dtype=torch.long, device=dev)
         nxt = torch.zeros(R, dtype=torch.long, device=dev)
-        stats: list[list[float] | None] = [None] * R
-        topk: list[list[Any] | None] = [None] * R
-        stat_parts, stat_rows = [], []
+        verdicts = []
         for g in sorted(set(gamma)):
             idx_l = [i for i in range(R) if gamma[i] == g]
             idx = torch.tensor(idx_l, dtype=torch.long, device=dev)
+            streams = [gens[active[i]] for i in idx_l]
             if g == 0:
-                pg = p[idx, 0]
-                if sampling.greedy:
-                    nxt[idx] = pg.argmax(dim=-1)
-                else:
-                    u = torch.cat([torch.rand(1, generator=gens[active[i]]["residual"], dtype=p.dtype, device=dev)
-                                   for i in idx_l])
-                    nxt[idx] = sample_inverse_cdf(pg, u)
+                nxt[idx] = one_step.plain(p[idx, 0], streams)
                 continue
-            u = nu = None
-            if draw_accept:
-                u = torch.cat([torch.rand((1, g), generator=gens[active[i]]["accept"], dtype=p.dtype, device=dev)
-                               for i in idx_l])
-            if draw_next:
-                nu = torch.cat([torch.rand((1,), generator=gens[active[i]]["residual"], dtype=p.dtype, device=dev)
-                                for i in idx_l])
-            pg, qg, xg = p[idx, :g + 1], Q[idx, :g], X[idx, :g]
-            res = verify(pg, qg, xg, mode=mode, uniforms=u, next_uniforms=nu, validate=False, **dec.mode_options)
-            n_acc[idx] = res.n_accepted
-            nxt[idx] = res.next_token
-            if full:
-                stat_names, tab = records.position_stats(records.StatInputs(logits_p[idx, :g + 1], pg, xg, qg,
-                                                                            QL[idx, :g], res))
-                stat_parts.append(tab.flatten(1))
-                stat_rows.append(idx_l)
-                if topk_k:
-                    k = min(topk_k, p.shape[-1])
-                    tp, tq = torch.topk(pg[:, :g], k, dim=-1), torch.topk(qg, k, dim=-1)
-                    parts = [t.tolist() for t in (tp.indices, tp.values, tq.indices, tq.values)]
-                    for r, i in enumerate(idx_l):
-                        topk[i] = [part[r] for part in parts]
-        # one device -> host transfer per step (plus one per group for the statistics)
-        host = torch.cat([n_acc[:, None], nxt[:, None]] + ([X] if G > 0 else []), dim=1).tolist()
-        for part, idx_l in zip(stat_parts, stat_rows):
-            for r, values in zip(idx_l, part.tolist()):
-                g = len(values) // len(stat_names)
-                stats[r] = {name: values[j * g:(j + 1) * g] for j, name in enumerate(stat_names)}
+            v = one_step.verify(logits_p[idx, :g + 1], p[idx, :g + 1], X[idx, :g], Q[idx, :g], QL[idx, :g], streams)
+            n_acc[idx] = v.n_accepted
+            nxt[idx] = v.next_token
+            verdicts.append((idx_l, v))
+        # one device -> host transfer per step: every row's n, next token, drafts (and statistics)
+        facts = commit(n_acc, nxt, X if G > 0 else ids[:, :0], verdicts, budget, dec.eos)
         tc = _clock(dev) if timed else 0.0
 
         # -- commit: per-row rollback of both caches, emitted tokens, finished rows leave
-        n_list = [h[0] for h in host]
         T.rollback(t_length0 + 1 + n_acc)
         if G_max > 0:
-            in_cache = [min(n, f) for n, f in zip(n_list, fed)]
+            in_cache = [min(f.n, k) for f, k in zip(facts, fed)]
             D.rollback(d_length0 + torch.tensor([nu_ + c for nu_, c in zip(n_unfed, in_cache)], device=dev))
         finished = []
-        for i, b in enumerate(active):
-            n, t_next = int(host[i][0]), int(host[i][1])
-            drafted = [int(t) for t in host[i][2:2 + n]]
-            emitted, hit_eos = _truncate(drafted + [t_next], budget[i], dec.eos)
+        for i, (b, f) in enumerate(zip(active, facts)):
             if G_max > 0:
-                unfed[i] = drafted[in_cache[i]:n] + [t_next]
+                unfed[i] = f.drafted[in_cache[i]:f.n] + [f.next_token]
             else:
-                unfed[i] = unfed[i] + [t_next]
-            rows.steps[b].append(BatchStepInfo(gamma[i], n, t_next, len(emitted), len(rows.tokens[b]), stop[i],
-                                               stats=stats[i], topk=topk[i], row=b, batch_step=step,
+                unfed[i] = unfed[i] + [f.next_token]
+            rows.steps[b].append(BatchStepInfo(gamma[i], f.n, f.next_token, len(f.emitted), len(rows.tokens[b]),
+                                               stop[i], stats=f.stats, topk=f.topk, row=b, batch_step=step,
                                                batch_rows=R, width=G))
-            rows.tokens[b].extend(emitted)
+            rows.tokens[b].extend(f.emitted)
             if states[b] is not None:
-                states[b].observe(gamma[i], n)
-            if hit_eos:
+                states[b].observe(gamma[i], f.n)
+            if f.hit_eos:
                 rows.stop[b] = "eos"
                 finished.append(i)
             elif len(rows.tokens[b]) >= budget0[b]:
@@ -557,11 +526,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
     while active:
         R = len(active)
         p = adjust(logits, sampling, validate=False)
-        if sampling.greedy:
-            nxt = p.argmax(dim=-1)
-        else:
-            u = torch.cat([torch.rand(1, generator=gens[b], dtype=p.dtype, device=dev) for b in active])
-            nxt = sample_inverse_cdf(p, u)
+        nxt = sample_next(p, [gens[b] for b in active], sampling.greedy)
         host = nxt.tolist()
         finished = []
         for i, b in enumerate(active):

@@ -11,13 +11,17 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
    ``norm(max(0, p_n - q_n))`` at the first rejection, bonus ``~ p_gamma`` after ``gamma`` accepts);
 4. the target cache is cropped to the committed text (``x_n ..`` removed), the drafter is told ``n``.
 
+Steps 3 and the commit decision (statistics, the one host transfer, the EOS / budget cut) are
+:mod:`spade_lib.decoding.step`, the step batched decoding (:mod:`spade_lib.decoding.batch`) runs too,
+here with ``R = 1`` row; this loop keeps the drafter, the target's cache and the bookkeeping.
+
 **Trees** (:mod:`spade_lib.decoding.tree`). A drafter may return a :class:`~spade_lib.decoding.tree.DraftTree`
 with ``parents``: step 2 is then one target forward on ``[t, x_0 .. x_{N-1}]`` with the tree mask (row
 ``i + 1`` sees the cache, ``t`` and the path of node ``i``; :meth:`CausalLMAdapter.extend` with ``parents``),
-step 3 is :func:`spade_lib.verify.verify_tree` (which accepts a path of nodes) under the tree rule
-that applies ``mode`` to siblings (``exact``; ``eagle`` for ``one_hot_q``; ``greedy``), and step 4 keeps ``t`` and the
-accepted path in the target's cache (:meth:`CausalLMAdapter.keep`) and tells the drafter the path
-(``accept_path``). A chain (``parents=None``) takes the path above, unchanged: no mask, no extra sync. A
+step 3 is :meth:`spade_lib.decoding.step.Step.verify_tree` (:func:`spade_lib.verify.verify_tree`, which
+accepts a path of nodes) under the tree rule that applies ``mode`` to siblings (``exact``; ``eagle`` for
+``one_hot_q``; ``greedy``), and step 4 keeps ``t`` and the accepted path in the target's cache
+(:meth:`CausalLMAdapter.keep`) and tells the drafter the path (``accept_path``). A chain (``parents=None``) takes the path above, unchanged: no mask, no extra sync. A
 tree with more nodes than the context has room for is cut to its first nodes (a tree again).
 
 **What the drafter sees of the target.** A drafter naming ``hidden_layers`` gets, after the prefill and
@@ -46,7 +50,6 @@ computed vectorised over the ``gamma`` positions as named tensors (one per colum
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -58,11 +61,9 @@ from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget
                                        seed_streams)
 from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
 from spade_lib.decoding.policies import Policy, as_policy, step_cap
-from spade_lib.decoding import records
-from spade_lib.decoding.tree import DraftTree
+from spade_lib.decoding.step import Step, commit, sample_next
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
-from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
 __all__ = ["SpeculativeDecoder", "AutoregressiveDecoder"]
 
@@ -105,10 +106,7 @@ class _Base:
 
     def _sample(self, p: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """One token ``~ p`` ([1, V]) by inverse CDF with a uniform from ``generator`` (argmax if greedy)."""
-        if self.sampling.greedy:
-            return p.argmax(dim=-1)
-        u = torch.rand(1, generator=generator, dtype=p.dtype, device=p.device)
-        return sample_inverse_cdf(p, u)
+        return sample_next(p, (generator,), self.sampling.greedy)
 
 
 class SpeculativeDecoder(_Base):
@@ -156,32 +154,14 @@ class SpeculativeDecoder(_Base):
             raise ValueError(f"record_topk: must be an integer >= 0, got {record_topk!r}")
         self.record_topk = record_topk
 
-    # -- per-step statistics ------------------------------------------------------------------
-    @staticmethod
-    def _tree_inputs(logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, res, rows: torch.Tensor
-                     ) -> records.StatInputs:
-        """The statistics' inputs of one tree step: each node against ``p`` at its parent (``rows =
-        parents + 1``) and its own ``q`` (one-hot where ``q`` is None); ``p_x`` and ``q_x`` are the node's
-        own ``p`` and ``q`` at ``x``; ``accept_prob``, ``uniform``, ``reached`` and ``accepted`` the
-        verifier's (``accept_prob`` read at the residual when the node was judged, NaN where not reached)."""
-        x = draft.tokens
-        p_g = p.index_select(0, rows)
-        q = draft.q if draft.q is not None else torch.zeros_like(p_g).scatter_(1, x[:, None], 1.0)
-        xi = x[:, None]
-        node = SimpleNamespace(p_x=p_g.gather(1, xi).T, q_x=q.gather(1, xi).T, accept_prob=res.accept_prob,
-                               uniforms=res.uniforms, reached=res.reached, accepted=res.accepted)
-        return records.StatInputs(logits_p.index_select(0, rows)[None], p_g[None], x[None], q[None],
-                                  None if draft.logits is None else draft.logits[None], node)
-
-    def _topk(self, p: torch.Tensor, q: torch.Tensor) -> list[torch.Tensor]:
-        k = min(self.record_topk, p.shape[-1])
-        tp, tq = torch.topk(p, k, dim=-1), torch.topk(q, k, dim=-1)
-        return [tp.indices, tp.values, tq.indices, tq.values]
-
     # -- the loop -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompt_ids, max_new_tokens: int, seed: int = 0) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (list, 1-D or ``[1, L]`` tensor)."""
+        """Generate up to ``max_new_tokens`` tokens after ``prompt_ids`` (list, 1-D or ``[1, L]`` tensor).
+
+        A chain is verified and committed by :class:`spade_lib.decoding.step.Step` and
+        :func:`~spade_lib.decoding.step.commit` with one row, the step :meth:`generate_batch` runs per
+        group of rows; a tree by :meth:`~spade_lib.decoding.step.Step.verify_tree` (single decoding only)."""
         _check_budget(max_new_tokens)
         prompt = as_token_tensor(prompt_ids, self.device)
         _check_prompt(prompt, self.max_length, self.target.vocab_size)
@@ -214,6 +194,8 @@ class SpeculativeDecoder(_Base):
         stop_reason = "max_new_tokens"
         # per-generation policy state (None: stateless); it caps each step from past steps (policies.step_cap)
         state = policy.start()
+        step = Step(self.mode, self.mode_options, sampling.greedy, full, self.record_topk, self.tree_mode)
+        one_row = (gens,)  # the step's streams: this one row's
         while True:
             budget = min(max_new_tokens, limit - L) - len(tokens)
             if budget <= 0:
@@ -242,58 +224,29 @@ class SpeculativeDecoder(_Base):
                 out = target.extend(pending, last_only=True, **hid)
                 logits_p = out.logits if layers else out
                 p = adjust(logits_p, sampling, validate=False)
-                nxt = self._sample(p, gens["residual"])
-                n_acc, next_token, drafted = 0, int(nxt.item()), []
-                stats = topk = None
-            elif draft.parents is None:  # a chain
+                next_token = int(step.plain(p, one_row).item())
+                n_acc, stats, topk = 0, None, None
+                emitted, hit_eos = _truncate([next_token], budget, self.eos)
+            elif draft.parents is None:  # a chain: the shared step (spade_lib.decoding.step) with R = 1
+                x = draft.tokens[None]
                 out = target.extend(torch.cat([pending, draft.tokens]), **hid)
                 logits_p = out.logits if layers else out  # [g + 1, V]
                 p = adjust(logits_p, sampling, validate=False)
-                res = verify(p[None], draft.q[None], draft.tokens[None], mode=self.mode,
-                             generator=gens["accept"], residual_generator=gens["residual"], validate=False,
-                             **self.mode_options)
+                v = step.verify(logits_p[None], p[None], x, draft.q[None],
+                                None if draft.logits is None else draft.logits[None], one_row)
                 # one device -> host transfer per step: n, next token, the drafts (and the statistics)
-                head = torch.cat([res.n_accepted, res.next_token, draft.tokens]).to(torch.float64)
-                if full:
-                    names, tab = records.position_stats(records.StatInputs(
-                        logits_p[None], p[None], draft.tokens[None], draft.q[None],
-                        None if draft.logits is None else draft.logits[None], res))
-                    host = torch.cat([head, tab[0].flatten()]).tolist()
-                    stats = {name: host[2 + g + j * g:2 + g + (j + 1) * g] for j, name in enumerate(names)}
-                    topk = ([t.tolist() for t in self._topk(p[:g], draft.q)] if self.record_topk else None)
-                else:
-                    host, stats, topk = head.tolist(), None, None
-                n_acc, next_token = int(host[0]), int(host[1])
-                drafted = [int(t) for t in host[2:2 + n_acc]]
+                f, = commit(v.n_accepted, v.next_token, x, [((0,), v)], (budget,), self.eos)
+                n_acc, next_token, stats, topk, emitted, hit_eos = f.n, f.next_token, f.stats, f.topk, f.emitted, f.hit_eos
             else:  # a tree: one forward over [t, x_0 .. x_{N-1}], row i + 1 masked to the path of node i
                 parents = draft.check()
                 out = target.extend(torch.cat([pending, draft.tokens]), parents=[-1] + [j + 1 for j in parents], **hid)
                 logits_p = out.logits if layers else out  # [N + 1, V]: row 0 after t, row i + 1 after node i
                 p = adjust(logits_p, sampling, validate=False)
-                res = self._verify_tree(p, draft, gens)
-                head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
-                if full:  # the same one transfer, with the statistics and each node's depth and sibling rank
-                    rows = torch.tensor(parents, dtype=torch.long, device=dev) + 1
-                    inputs = self._tree_inputs(logits_p, p, draft, res, rows)
-                    names, tab = records.position_stats(inputs)
-                    p_g, q_g = inputs.p[0], inputs.q[0]
-                    cols = names + ("depth", "sibling_rank")
-                    flat = torch.cat([tab[0], torch.stack([draft.depth, draft.sibling_rank]).to(torch.float64)])
-                    host = torch.cat([head, flat.flatten()]).tolist()
-                    o = 2 + 2 * g
-                    stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
-                    tree = {"node": list(range(g)), "parent": parents, "depth": [int(d) for d in stats.pop("depth")],
-                            "sibling_rank": [int(r) for r in stats.pop("sibling_rank")]}
-                    topk = [t.tolist() for t in self._topk(p_g, q_g)] if self.record_topk else None
-                else:
-                    host, stats, topk = head.tolist(), None, None
-                n_acc, next_token = int(host[0]), int(host[1])
-                path = [int(i) for i in host[2:2 + n_acc]]
-                drafted = [int(host[2 + g + i]) for i in path]
+                f = step.verify_tree(logits_p, p, draft, parents, gens, budget, self.eos)
+                n_acc, next_token, stats, topk, emitted, hit_eos = f.n, f.next_token, f.stats, f.topk, f.emitted, f.hit_eos
+                path, tree = f.path, f.tree
             tc = _clock(dev) if timed else 0.0
 
-            block = drafted + [next_token]
-            emitted, hit_eos = _truncate(block, budget, self.eos)
             if g == 0 or draft.parents is None:  # a chain, or no draft
                 target.rollback(cur + 1 + n_acc)
                 drafter.accept(n_acc, next_token)
@@ -327,15 +280,6 @@ class SpeculativeDecoder(_Base):
         if not timed:
             timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
-
-    def _verify_tree(self, p: torch.Tensor, draft: DraftTree, gens: dict[str, torch.Generator]):
-        """:func:`spade_lib.verify.verify_tree` on one tree (``p [N + 1, V]``) under :attr:`tree_mode`."""
-        if self.tree_mode is None:
-            raise ValueError(f"mode: {self.mode!r} has no tree rule (spade_lib.rules.tree_rule_names(): "
-                             f"{rules.tree_rule_names()}); a tree draft cannot be verified with it")
-        return verify_tree(p[None], None if draft.q is None else draft.q[None], draft.tokens[None],
-                           draft.parents[None], mode=self.tree_mode, draws=draft.draws, generator=gens["accept"],
-                           residual_generator=gens["residual"], validate=False, **self.mode_options)
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
         """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or
