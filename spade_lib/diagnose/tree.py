@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys
-from spade_lib.diagnose.stats import add_rate
+from spade_lib.diagnose.stats import add_rate, mean_ci
 from spade_lib.decoding.records import STEP_KEYS
 
 TREE_COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "gamma", "reached",
@@ -117,9 +117,10 @@ def tree_accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
     return out
 
 
-def tree_summary(trace: TraceLike, by: By = None) -> pd.DataFrame:
+def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.DataFrame:
     """One row per ``by`` group: ``steps``, ``nodes`` (mean node count per step, the verification width),
-    ``tree_depth`` (mean), ``mean_accepted`` (mean ``N``), ``tau = mean_accepted + 1``, ``max_accepted``,
+    ``tree_depth`` (mean), ``mean_accepted`` (mean ``N``), ``tau = mean_accepted + 1`` with normal bounds
+    ``tau_low``, ``tau_high`` (``tau +- z sd(N) / sqrt(steps)``, steps as independent), ``max_accepted``,
     ``alpha_judged`` (accepted / judged nodes) and ``accepted_per_node`` (mean ``N`` / mean nodes, the
     fraction of the verified nodes that were kept)."""
     df = as_trace(trace, TREE_COLUMNS)
@@ -128,9 +129,10 @@ def tree_summary(trace: TraceLike, by: By = None) -> pd.DataFrame:
     group = keys or (lambda _: 0)  # no by: one group
     out = steps.groupby(group, observed=True, sort=True).agg(
         steps=("nodes", "size"), nodes=("nodes", "mean"), tree_depth=("tree_depth", "mean"),
-        mean_accepted=("n_accepted", "mean"), max_accepted=("n_accepted", "max"))
+        mean_accepted=("n_accepted", "mean"), max_accepted=("n_accepted", "max"), sd=("n_accepted", "std"))
     out["steps"] = out["steps"].astype(np.int64)
     out["tau"] = out["mean_accepted"] + 1.0
+    out["tau_low"], out["tau_high"] = mean_ci(out["tau"], out.pop("sd"), out["steps"], level)
     judged = df.groupby(group, observed=True, sort=True)[["reached", "accepted"]].sum().reindex(out.index)
     with np.errstate(invalid="ignore", divide="ignore"):
         out["alpha_judged"] = judged["accepted"] / judged["reached"].where(judged["reached"] > 0)

@@ -48,7 +48,8 @@ from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.validate import check_choice, check_int
 
 __all__ = ["SubTree", "RANKS", "check_greedy", "subtree_mask", "replay_accepted", "replay_steps", "replay_tau",
-           "budget_curve", "shared_steps"]
+           "budget_curve", "shared_steps",
+           "check_against_runs"]
 
 RANKS = ("drafting", "score")  # how SubTree.nodes picks its first nodes
 COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "draft_token", "p_top1",
@@ -255,3 +256,28 @@ def shared_steps(wide, small, subtree: SubTree) -> pd.DataFrame:
     out = rs.merge(sm, on=["prompt_id", "sample", "abs_pos"])
     return out[["prompt_id", "sample", "abs_pos", "step_wide", "step_real", "n_accepted_replay", "n_accepted_real",
                 "nodes_replay", "nodes_real"]]
+
+
+def check_against_runs(wide, runs: Mapping[str, tuple[SubTree, object]], *, z: float = 1.96) -> pd.DataFrame:
+    """The replay of each sub-tree against a real greedy run of it: ``runs`` maps a label to ``(subtree,
+    trace)``. One row per run: ``label``, ``subtree``, ``nodes_replay`` / ``nodes_real`` (mean nodes per step),
+    ``tau_replay`` (on ``wide``'s steps) with ``tau_replay_se``, ``tau_real`` (over the run's own steps,
+    the same definition) with normal bounds ``tau_real_low`` / ``tau_real_high`` (``+- z`` standard errors),
+    ``inside`` (the replay lies within them), and over :func:`shared_steps` ``shared`` (how many) and
+    ``shared_equal`` (how many replayed exactly: all of them when the real tree is that sub-tree)."""
+    df = check_greedy(wide)
+    rows = []
+    for label, (subtree, trace) in runs.items():
+        real = check_greedy(trace)
+        rep = replay_tau(df, {label: subtree}).iloc[0]
+        steps = real.loc[real["node"] == 0, "n_accepted"].to_numpy(dtype=np.float64)
+        tau = float(steps.mean()) + 1.0 if len(steps) else float("nan")
+        se = float(steps.std(ddof=1) / np.sqrt(len(steps))) if len(steps) > 1 else float("nan")
+        nodes = float(real.loc[real["node"] == 0, "gamma"].mean()) if len(steps) else float("nan")
+        sh = shared_steps(df, real, subtree)
+        rows.append({"label": label, "subtree": subtree.label, "nodes_replay": rep["nodes"], "nodes_real": nodes,
+                     "tau_replay": rep["tau"], "tau_replay_se": rep["tau_se"], "tau_real": tau,
+                     "tau_real_low": tau - z * se, "tau_real_high": tau + z * se,
+                     "inside": bool(tau - z * se <= rep["tau"] <= tau + z * se), "shared": len(sh),
+                     "shared_equal": int((sh["n_accepted_replay"] == sh["n_accepted_real"]).sum())})
+    return pd.DataFrame(rows)
