@@ -54,6 +54,8 @@ def test_hist_and_summary_by_hand(trace):
     s = dt.tree_summary(trace).iloc[0]
     assert s["steps"] == 2 and s["nodes"] == 6 and s["tau"] == 3.0 and s["max_accepted"] == 3
     assert s["alpha_judged"] == pytest.approx(4 / 6)
+    half = 1.959963984540054 * np.std([1, 3], ddof=1) / np.sqrt(2)  # normal bounds over the 2 steps
+    assert s["tau_low"] == pytest.approx(3.0 - half) and s["tau_high"] == pytest.approx(3.0 + half)
 
 
 def test_grouped_tables_split_the_pooled_counts():

@@ -2,7 +2,6 @@
 spade_lib.verify.verify_tree (greedy) accepts on that sub-tree, and the whole tree replays the run."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from spade_lib import diagnose as dg
@@ -118,3 +117,16 @@ def test_bad_arguments_are_named():
         tr.SubTree(rank="best")
     with pytest.raises(ValueError, match="budgets"):
         tr.budget_curve(tree_trace(random_steps(3, 3)), [])
+
+
+def test_check_against_runs_compares_tau_and_shared_steps():
+    at_position = random_steps(60, 6, seed=8)
+    wide = tree_trace(_run(at_position, 50))
+    small = tree_trace(_run(at_position, 50, cut=2))
+    t = tr.check_against_runs(wide, {"two": (tr.SubTree(nodes=2), small)}).iloc[0]
+    steps = small[small.node == 0]["n_accepted"]
+    assert t["tau_real"] == pytest.approx(steps.mean() + 1)
+    assert t["tau_real_low"] < t["tau_real"] < t["tau_real_high"]
+    assert t["nodes_replay"] == 2 and t["nodes_real"] == 2
+    assert t["shared"] > 0 and t["shared_equal"] == t["shared"]
+    assert t["tau_replay"] == pytest.approx(tr.replay_tau(wide, {"x": tr.SubTree(nodes=2)})["tau"].item())
