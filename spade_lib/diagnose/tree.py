@@ -38,7 +38,7 @@ from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import add_rate, mean_ci
 from spade_lib.decoding.records import STEP_KEYS
 
-TREE_COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "gamma", "reached",
+COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "gamma", "reached",
                 "accepted", "n_accepted")
 
 
@@ -56,7 +56,7 @@ def depth_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
     (``J_d``), ``steps_accepted`` (``A_d``), ``alpha_cond = steps_accepted / steps_judged`` and
     ``alpha_uncond = steps_accepted / steps_drafted`` with bounds (``*_low``, ``*_high``), and the node counts
     ``nodes``, ``judged``, ``accepted`` with ``alpha_judged = accepted / judged`` (module docstring)."""
-    df = as_trace(trace, TREE_COLUMNS)
+    df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     per_step = df.groupby(keys + STEP_KEYS + ["depth"], observed=True, sort=True).agg(
         nodes=("node", "size"), judged=("reached", "sum"), accepted=("accepted", "sum"))
@@ -79,7 +79,7 @@ def sibling_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
     """Per ``by`` group, ``depth`` and ``sibling_rank``: ``nodes``, ``judged``, ``accepted``, ``rate =
     accepted / judged`` (``P(accepted | judged)`` at that rank) with bounds, and ``share`` = accepted /
     the steps that accepted a node at that depth (the ranks' shares of one depth sum to 1)."""
-    df = as_trace(trace, TREE_COLUMNS)
+    df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     out = df.groupby(keys + ["depth", "sibling_rank"], observed=True, sort=True).agg(
         nodes=("node", "size"), judged=("reached", "sum"), accepted=("accepted", "sum")).reset_index()
@@ -97,7 +97,7 @@ def tree_accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
     kept): ``n_accepted``, ``steps``, ``fraction = P(N = k)``, ``survival = P(N >= k)`` and
     ``accept_length = k + 1`` (the columns of :func:`spade_lib.diagnose.accept_length_hist`, whose
     range, ``0 .. max gamma``, is a tree's node count rather than its depth)."""
-    df = as_trace(trace, TREE_COLUMNS)
+    df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     steps = _steps(df, keys)
     k_max = int(steps["tree_depth"].max()) if len(steps) else 0
@@ -123,7 +123,7 @@ def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.
     ``tau_low``, ``tau_high`` (``tau +- z sd(N) / sqrt(steps)``, steps as independent), ``max_accepted``,
     ``alpha_judged`` (accepted / judged nodes) and ``accepted_per_node`` (mean ``N`` / mean nodes, the
     fraction of the verified nodes that were kept)."""
-    df = as_trace(trace, TREE_COLUMNS)
+    df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     steps = _steps(df, keys)
     group = keys or (lambda _: 0)  # no by: one group
