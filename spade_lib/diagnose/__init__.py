@@ -16,6 +16,8 @@ module                      what it answers
 ``calibration``             reliability of q(x) and min(1, p/q) as acceptance predictors; ECE
 ``expected``                realised accepts vs the exactly known expectation: a sampler test
 ``tokens``                  per-token and per-token-class acceptance, decoded
+``tree``                    draft trees (and chains): acceptance by depth and sibling rank,
+                            accepted-length histogram, per-run summary (tau, nodes per step)
 ``summary``                 per-category summary in Spec-Bench's shape; ``all_tables``
 ``synthetic``               traces with known answers (tests, benchmarks)
 ``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC)
@@ -31,11 +33,14 @@ from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
 from spade_lib.diagnose.summary import all_tables, category_summary
 from spade_lib.diagnose.synthetic import expected_position_acceptance, synthetic_trace
 from spade_lib.diagnose.tokens import decode_tokens, token_class, token_class_acceptance, token_table
+from spade_lib.diagnose.tree import (depth_acceptance, sibling_acceptance, tree_accept_length_hist,
+                                   tree_summary)
 
 __all__ = [
     "LogitFit", "accept_length_hist", "acceptance_by_bins", "acceptance_heatmap", "acceptance_logit",
     "all_tables", "as_trace", "auc", "binomial_ci", "calibration_error", "calibration_table",
-    "categorize", "category_summary", "combine_runs", "decode_tokens", "entropy_by_outcome",
+    "categorize", "category_summary", "combine_runs", "decode_tokens", "depth_acceptance", "entropy_by_outcome",
     "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z",
-    "position_acceptance", "synthetic_trace", "token_class", "token_class_acceptance", "token_table",
+    "position_acceptance", "sibling_acceptance", "synthetic_trace", "token_class", "token_class_acceptance",
+    "token_table", "tree_accept_length_hist", "tree_summary",
 ]

@@ -1,5 +1,6 @@
 """What-if analysis: teacher-forced scoring and tau predictions (align), counterfactual acceptance
 and stop-rule replay of stored traces (replay), the stop-rule study (stoprules).
 
-Modules: ``align``, ``replay``, ``stoprules``; import each as ``spade_lib.whatif.<module>``.
+Modules: ``align``, ``replay``, ``stoprules``, ``tree_replay`` (smaller draft trees replayed from a wide
+greedy one); import each as ``spade_lib.whatif.<module>``.
 """

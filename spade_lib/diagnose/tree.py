@@ -1,0 +1,140 @@
+"""Draft-tree diagnostics: acceptance by depth and by sibling rank, the accepted-length histogram, a summary.
+
+Terms are those of :mod:`spade_lib.decoding.tree` and the trace's tree columns
+(:mod:`spade_lib.decoding.records`): each row is a *node* of its step's draft tree, with ``parent``
+(``-1``: the root), ``depth`` (0 below the root) and ``sibling_rank`` (0 first); ``reached`` says the
+node was *judged* (its parent is on the accepted path and every earlier sibling was rejected) and
+``accepted`` that it is *on the accepted path*; ``n_accepted`` is the path's length ``N`` and ``gamma``
+the step's node count. A chain is the tree with ``parent = node - 1``, so every table here also reads
+chain traces, and then equals the per-position tables of :mod:`spade_lib.diagnose.position`.
+
+Definitions (``s`` a step; ``A_d(s)`` the path reaches depth ``d``, i.e. ``N(s) > d``; ``J_d(s)`` some node
+at depth ``d`` was judged, i.e. the path reached depth ``d - 1`` (the root for ``d = 0``) and its end has
+a child in the tree):
+
+- conditional acceptance by depth (EAGLE's per-position alpha for a tree):
+  ``alpha_d = #{s: A_d(s)} / #{s: J_d(s)}``, the probability that the path grows past depth ``d`` given
+  that it reached its parent; for a chain ``J_d = R_d`` and this is ``alpha_cond`` of position ``d``;
+- unconditional acceptance by depth: ``beta_d = #{s: A_d(s)} / #{s: the tree has depth > d}`` = ``P(N > d)``;
+- per judged node at depth ``d``: ``accepted / judged`` (a tree judges several siblings per step);
+- by sibling rank ``k`` at depth ``d``: ``P(accepted | judged)`` of the rank-``k`` nodes (judged: the
+  parent on the path and the ``k`` earlier siblings rejected) and ``share``, the fraction of the
+  steps accepting at depth ``d`` that accepted the rank-``k`` child;
+- accepted length ``N`` per step (``0 .. max depth + 1``), its histogram and survival ``P(N >= k)``;
+  ``tau = mean(N) + 1`` over the trace's steps (the tokens a step emits: the path and the residual or
+  bonus token; steps that drafted nothing have no rows and are not counted, as
+  ``metrics.mean_accepted_length`` of a trace).
+
+Intervals are binomial (:func:`spade_lib.intervals.binomial_ci`, Wilson by default), over steps (or
+judged nodes) as independent trials.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys
+from spade_lib.diagnose.stats import add_rate, mean_ci
+from spade_lib.decoding.records import STEP_KEYS
+
+COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "gamma", "reached",
+                "accepted", "n_accepted")
+
+
+def _steps(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One row per step: ``keys``, the step keys, ``nodes`` (its ``gamma``), ``n_accepted`` and ``tree_depth``
+    (1 + the deepest node's depth)."""
+    g = df.groupby(keys + STEP_KEYS, observed=True, sort=True)
+    return g.agg(nodes=("gamma", "first"), n_accepted=("n_accepted", "first"),
+                 tree_depth=("depth", "max")).reset_index().assign(tree_depth=lambda t: t["tree_depth"] + 1)
+
+
+def depth_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
+                     method: str = "wilson") -> pd.DataFrame:
+    """Per ``by`` group and ``depth``: ``steps_drafted`` (steps whose tree has a node there), ``steps_judged``
+    (``J_d``), ``steps_accepted`` (``A_d``), ``alpha_cond = steps_accepted / steps_judged`` and
+    ``alpha_uncond = steps_accepted / steps_drafted`` with bounds (``*_low``, ``*_high``), and the node counts
+    ``nodes``, ``judged``, ``accepted`` with ``alpha_judged = accepted / judged`` (module docstring)."""
+    df = as_trace(trace, COLUMNS)
+    keys = group_keys(by, df)
+    per_step = df.groupby(keys + STEP_KEYS + ["depth"], observed=True, sort=True).agg(
+        nodes=("node", "size"), judged=("reached", "sum"), accepted=("accepted", "sum"))
+    per_step["any_judged"] = per_step["judged"] > 0
+    per_step["any_accepted"] = per_step["accepted"] > 0
+    out = per_step.groupby(keys + ["depth"], observed=True, sort=True).agg(
+        steps_drafted=("nodes", "size"), steps_judged=("any_judged", "sum"),
+        steps_accepted=("any_accepted", "sum"), nodes=("nodes", "sum"), judged=("judged", "sum"),
+        accepted=("accepted", "sum")).reset_index()
+    for c in ("steps_drafted", "steps_judged", "steps_accepted", "nodes", "judged", "accepted"):
+        out[c] = out[c].astype(np.int64)
+    add_rate(out, "steps_accepted", "steps_judged", "alpha_cond", level, method)
+    add_rate(out, "steps_accepted", "steps_drafted", "alpha_uncond", level, method)
+    add_rate(out, "accepted", "judged", "alpha_judged", level, method)
+    return out
+
+
+def sibling_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
+                       method: str = "wilson") -> pd.DataFrame:
+    """Per ``by`` group, ``depth`` and ``sibling_rank``: ``nodes``, ``judged``, ``accepted``, ``rate =
+    accepted / judged`` (``P(accepted | judged)`` at that rank) with bounds, and ``share`` = accepted /
+    the steps that accepted a node at that depth (the ranks' shares of one depth sum to 1)."""
+    df = as_trace(trace, COLUMNS)
+    keys = group_keys(by, df)
+    out = df.groupby(keys + ["depth", "sibling_rank"], observed=True, sort=True).agg(
+        nodes=("node", "size"), judged=("reached", "sum"), accepted=("accepted", "sum")).reset_index()
+    for c in ("nodes", "judged", "accepted"):
+        out[c] = out[c].astype(np.int64)
+    add_rate(out, "accepted", "judged", "rate", level, method)
+    per_depth = out.groupby(keys + ["depth"], observed=True)["accepted"].transform("sum")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["share"] = np.where(per_depth > 0, out["accepted"] / per_depth, np.nan)
+    return out
+
+
+def tree_accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
+    """Distribution of the accepted length ``N`` per ``by`` group, ``N = 0 .. max tree depth`` (zero counts
+    kept): ``n_accepted``, ``steps``, ``fraction = P(N = k)``, ``survival = P(N >= k)`` and
+    ``accept_length = k + 1`` (the columns of :func:`spade_lib.diagnose.accept_length_hist`, whose
+    range, ``0 .. max gamma``, is a tree's node count rather than its depth)."""
+    df = as_trace(trace, COLUMNS)
+    keys = group_keys(by, df)
+    steps = _steps(df, keys)
+    k_max = int(steps["tree_depth"].max()) if len(steps) else 0
+    rows = []
+    for key, s in (steps.groupby(keys, observed=True, sort=True) if keys else [((), steps)]):
+        counts = np.bincount(s["n_accepted"].to_numpy(dtype=np.int64), minlength=k_max + 1)[:k_max + 1]
+        frac = counts / max(int(counts.sum()), 1)
+        t = pd.DataFrame({"n_accepted": np.arange(k_max + 1), "steps": counts, "fraction": frac,
+                          "survival": np.cumsum(frac[::-1])[::-1]})
+        key = key if isinstance(key, tuple) else (key,)
+        for j, k in enumerate(keys):
+            t.insert(j, k, key[j])
+        rows.append(t)
+    out = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(
+        columns=keys + ["n_accepted", "steps", "fraction", "survival"])
+    out["accept_length"] = out["n_accepted"] + 1
+    return out
+
+
+def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.DataFrame:
+    """One row per ``by`` group: ``steps``, ``nodes`` (mean node count per step, the verification width),
+    ``tree_depth`` (mean), ``mean_accepted`` (mean ``N``), ``tau = mean_accepted + 1`` with normal bounds
+    ``tau_low``, ``tau_high`` (``tau +- z sd(N) / sqrt(steps)``, steps as independent), ``max_accepted``,
+    ``alpha_judged`` (accepted / judged nodes) and ``accepted_per_node`` (mean ``N`` / mean nodes, the
+    fraction of the verified nodes that were kept)."""
+    df = as_trace(trace, COLUMNS)
+    keys = group_keys(by, df)
+    steps = _steps(df, keys)
+    group = keys or (lambda _: 0)  # no by: one group
+    out = steps.groupby(group, observed=True, sort=True).agg(
+        steps=("nodes", "size"), nodes=("nodes", "mean"), tree_depth=("tree_depth", "mean"),
+        mean_accepted=("n_accepted", "mean"), max_accepted=("n_accepted", "max"), sd=("n_accepted", "std"))
+    out["steps"] = out["steps"].astype(np.int64)
+    out["tau"] = out["mean_accepted"] + 1.0
+    out["tau_low"], out["tau_high"] = mean_ci(out["tau"], out.pop("sd"), out["steps"], level)
+    judged = df.groupby(group, observed=True, sort=True)[["reached", "accepted"]].sum().reindex(out.index)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out["alpha_judged"] = judged["accepted"] / judged["reached"].where(judged["reached"] > 0)
+        out["accepted_per_node"] = out["mean_accepted"] / out["nodes"]
+    return out.reset_index() if keys else out.reset_index(drop=True)
