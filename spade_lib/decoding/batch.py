@@ -6,8 +6,10 @@ target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b
 residual / bonus token), but every model forward is one batched call over the rows still running.
 Verification and the commit decision are the single decoder's own step, :mod:`spade_lib.decoding.step`,
 run once per group of rows with the same ``gamma_b``; this module adds only the batched caches
-(:class:`_BatchLM`), the batched model draft and the per-row bookkeeping. Chains only, model drafts
-only: trees and drafters that read the target's hidden states are single decoding's.
+(:class:`_BatchLM`), the batched model draft and the per-row bookkeeping. Model drafts only (drafters
+that read the target's hidden states are single decoding's); a model draft with a tree config runs the
+tree loop of :mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`_BatchLM.forward_tree`,
+:meth:`_BatchLM.keep`: a 4-D tree mask per row, the accepted path kept and the other nodes masked).
 
 **Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
 rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
@@ -206,6 +208,46 @@ class _BatchLM:
         logits = out.logits
         return logits if keep == 0 or logits.shape[1] == keep else logits[:, -keep:]
 
+    def forward_tree(self, ids: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+        """Append every row's tree block ``ids [R, k]`` (``valid [R, k]``: False = hole) under the tree
+        mask ``ancestors [R, k, k]`` (``[r, i, j]`` iff block slot ``j`` is slot ``i`` or one of its
+        ancestors; slot 0, the root, on every path); logits of every slot, ``[R, k, V]``.
+
+        Slot ``i`` of row ``r`` attends to row ``r``'s valid cache slots and to its own path in the block,
+        at position ``l_r + depth_i`` (``depth_i``: its ancestors in the block other than itself), through
+        a 4-D additive mask ``[R, 1, k, S + k]`` (0 or the dtype's minimum) that the Hugging Face forward
+        takes as given: the logits of a causal forward of the path, as
+        :meth:`CausalLMAdapter.extend` with ``parents`` computes for one row. A hole sees only itself."""
+        R, k = ids.shape
+        see = ancestors & valid[:, None, :]                                    # [R, k, k]
+        depth = see.sum(dim=-1) - 1
+        see = see | torch.eye(k, dtype=torch.bool, device=self.device)        # a hole attends to itself only
+        allowed = torch.cat([self.mask.bool()[:, None, :].expand(R, k, self.slots), see], dim=2)
+        dtype = self.adapter.dtype
+        mask4 = torch.zeros(R, 1, k, self.slots + k, dtype=dtype, device=self.device)
+        mask4.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+        positions = self.length[:, None] + depth.clamp(min=0)
+        out = self.model(ids, **{self.adapter._cache_kw: self.cache, "use_cache": True, "attention_mask": mask4,
+                                 "position_ids": positions})
+        valid_l = valid.to(torch.long)
+        self.mask = torch.cat([self.mask, valid_l], dim=1)
+        self.length = self.length + valid_l.sum(dim=-1)
+        return out.logits
+
+    def keep(self, slots: Sequence[Sequence[int]], *, start: int) -> None:
+        """Keep each row's slots before ``start`` and its block slots ``start + slots[r]`` (increasing;
+        after a tree: the root and the accepted path); every other block slot becomes a hole. The kept
+        slots sit at consecutive positions ``l_r, l_r + 1, ..``, so the next forward continues them."""
+        R = self.mask.shape[0]
+        if len(slots) != R:
+            raise ValueError(f"slots: {len(slots)} lists for {R} rows")
+        block = torch.zeros(R, self.slots - start, dtype=torch.long, device=self.device)
+        rows = torch.tensor([r for r, s in enumerate(slots) for _ in s], dtype=torch.long, device=self.device)
+        cols = torch.tensor([j for s in slots for j in s], dtype=torch.long, device=self.device)
+        block[rows, cols] = 1
+        self.mask = torch.cat([self.mask[:, :start], self.mask[:, start:] * block], dim=1)
+        self.length = self.mask.sum(dim=-1)
+
     def rollback(self, length: torch.Tensor) -> None:
         """Keep each row's first ``length[b]`` valid slots; mask the rest (they become holes)."""
         self.mask = self.mask * (self.mask.cumsum(dim=-1) <= length[:, None])
@@ -298,6 +340,10 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     _check_budget(max_new_tokens)
     if not isinstance(dec.drafter, ModelDrafter):
         raise ValueError(f"draft: batched decoding needs a model draft, got {type(dec.drafter).__name__}")
+    if not dec.drafter.tree.is_chain:  # every row its own tree: the loop of spade_lib.decoding.batch_tree
+        from spade_lib.decoding.batch_tree import tree_generate_batch  # it builds on this module's caches
+
+        return tree_generate_batch(dec, prompts, max_new_tokens, seed)
     dev, sampling, policy, mode = dec.device, dec.sampling, dec.policy, dec.mode
     prompts_t = _prompts(prompts, dev, dec.max_length)
     B = len(prompts_t)
