@@ -161,7 +161,8 @@ class SpeculativeDecoder(_Base):
 
         A chain is verified and committed by :class:`spade_lib.decoding.step.Step` and
         :func:`~spade_lib.decoding.step.commit` with one row, the step :meth:`generate_batch` runs per
-        group of rows; a tree by :meth:`~spade_lib.decoding.step.Step.verify_tree`, the step batched tree decoding (:mod:`spade_lib.decoding.batch_tree`) runs per row."""
+        group of rows; a tree by :meth:`~spade_lib.decoding.step.Step.verify_tree`, the step batched tree
+        decoding (:mod:`spade_lib.decoding.batch_tree`) runs per row."""
         _check_budget(max_new_tokens)
         prompt = as_token_tensor(prompt_ids, self.device)
         _check_prompt(prompt, self.max_length, self.target.vocab_size)

@@ -23,11 +23,12 @@ that drafted the same ``g``. Given ``logits_p [R, g + 1, V]``, the target's logi
 :func:`~spade_lib.verify.verify`, which draws exactly that; with several the uniforms are drawn row by
 row and passed in, so a row's draws never depend on the other rows of its batch.
 
-**Trees** (:mod:`spade_lib.decoding.tree`; single decoding and, row by row, :mod:`spade_lib.decoding.batch_tree`): :meth:`Step.verify_tree` is the same
-step for one row's tree of ``N`` nodes, ``logits_p [N + 1, V]`` after ``[t, x_0 .. x_{N-1}]`` under the
-tree mask: :func:`spade_lib.verify.verify_tree` under the tree rule that applies ``mode`` to siblings
-accepts a path of nodes; each node's statistics are taken against ``p`` at its parent (row
-``parents + 1``), and the same one transfer carries the path, each node's depth and sibling rank.
+**Trees** (:mod:`spade_lib.decoding.tree`; single decoding and, row by row, :mod:`spade_lib.decoding.batch_tree`):
+:meth:`Step.verify_tree` is the same step for one row's tree of ``N`` nodes, ``logits_p [N + 1, V]``
+after ``[t, x_0 .. x_{N-1}]`` under the tree mask: :func:`spade_lib.verify.verify_tree` under the tree
+rule that applies ``mode`` to siblings accepts a path of nodes; each node's statistics are taken against
+``p`` at its parent (row ``parents + 1``), and the same one transfer carries the path, each node's depth
+and sibling rank.
 """
 
 from __future__ import annotations
