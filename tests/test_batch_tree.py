@@ -137,3 +137,24 @@ def test_tree_forward_equals_the_single_adapter_and_keep_equals_fresh_prefill(pa
         text = torch.cat([head, full[[0] + paths[r]], nxt[r]])
         fresh = CausalLMAdapter(target, backend="hf").extend(text, last_only=True)[0]
         torch.testing.assert_close(after[r], fresh, rtol=1e-5, atol=1e-5)
+
+
+def test_eight_rows_and_gpt2_absolute_positions(pair):
+    """B = 8 prompts of 1 to 30 tokens on the Llama pair, and GPT-2 (learned absolute positions: the
+    tree's position ids must skip the holes): every row equals single tree decoding."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    target, draft, _ = pair
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (9, 1, 4, 17, 2, 12, 30, 6)]
+    dec = decoder(pair, TREES[0], SAMPLED)
+    out = dec.generate_batch(prompts, 12, seed=list(range(8)))
+    assert [r.tokens for r in out] == [dec.generate(p, 12, seed=s).tokens for s, p in enumerate(prompts)]
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=96,
+                                      initializer_range=0.3, bos_token_id=None, eos_token_id=None)).eval()
+    dec = SpeculativeDecoder(gpt2, ModelDrafter(perturbed(gpt2, 0.1), tree="static"), gamma=3, sampling=GREEDY,
+                             eos_token_id=[])
+    out = dec.generate_batch(prompts[:4], 16)
+    assert [r.tokens for r in out] == [dec.generate(p, 16).tokens for p in prompts[:4]]
+    assert sum(s.n_accepted for r in out for s in r.steps) > 0
