@@ -48,8 +48,8 @@ venv: $(STAMP)
 # The embedded pair is built first, alone: a build sharing the two cores with a notebook is much slower.
 run: venv
 	$(BIN)/python -m spade_lib.zoo default
-	$(BIN)/python -m spade_lib.zoo.heads build --pair default --kind eagle3
-	$(BIN)/python -m spade_lib.zoo.heads build --pair default --kind medusa
+	$(BIN)/python -m spade_lib.zoo.head_cli build --pair default --kind eagle3
+	$(BIN)/python -m spade_lib.zoo.head_cli build --pair default --kind medusa
 	$(BIN)/python -m spade_lib.zoo smollm2
 	$(BIN)/python -m spade_lib.runbook --no-report --out $(RUN_DIR)/embedded
 	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/smollm2 --out $(RUN_DIR)/smollm2

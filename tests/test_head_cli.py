@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.zoo import head_eval, heads
+from spade_lib.zoo import head_cli, head_eval, heads
 from spade_lib.zoo.head_data import HeadDataConfig
 from spade_lib.zoo.head_train import HeadTrainConfig
 
@@ -56,11 +56,11 @@ def test_default_pair_recipes_fit():
 
 
 def test_cli_build_then_eval_prints_the_facts_and_the_table(cache, tmp_path, capsys):
-    built = heads.main(["build", "--pair", "tiny", "--kind", "eagle3"])
+    built = head_cli.main(["build", "--pair", "tiny", "--kind", "eagle3"])
     b = built["build"]
     assert b["steps_done"] == b["steps"] == SMOKE_TRAIN.steps and b["budget_hit"] is False
     assert b["build_seconds"] > 0 and b["data_tokens"] > 0 and b["c"] > 0
-    out = heads.main(["eval", "--pair", "tiny", "--kind", "medusa", "--depth", "6", "--json", str(tmp_path / "e.json")])
+    out = head_cli.main(["eval", "--pair", "tiny", "--kind", "medusa", "--depth", "6", "--json", str(tmp_path / "e.json")])
     text = capsys.readouterr().out
     assert "budget_hit = False" in text and "alpha" in text and "held-out:" in text
     assert out["depth"] == 4 and len(out["generated"]) == 4 and out["all"][0]["n"] > 0  # 4 Medusa heads

@@ -9,3 +9,6 @@ batched decoding), ``batch``, ``decode``, ``batch_study``,
 ``baselines``, ``divergence``, ``tree_shapes`` (the shapes of draft trees: static, EAGLE-2, sampled,
 prompt lookup, suffix index; their acceptance statistics); import each as ``spade_lib.decoding.<module>``.
 """
+
+# the built-in policy "adaptive" registers itself on import (spade_lib.decoding.adaptive builds on policies)
+from spade_lib.decoding import adaptive as _adaptive  # noqa: E402,F401

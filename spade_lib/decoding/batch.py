@@ -340,10 +340,9 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     _check_budget(max_new_tokens)
     if not isinstance(dec.drafter, ModelDrafter):
         raise ValueError(f"draft: batched decoding needs a model draft, got {type(dec.drafter).__name__}")
-    if not dec.drafter.tree.is_chain:  # every row its own tree: the loop of spade_lib.decoding.batch_tree
-        from spade_lib.decoding.batch_tree import tree_generate_batch  # it builds on this module's caches
-
-        return tree_generate_batch(dec, prompts, max_new_tokens, seed)
+    if not dec.drafter.tree.is_chain:
+        raise ValueError(f"draft: {type(dec.drafter).__name__} drafts trees ({dec.drafter.tree}); batched tree "
+                         "decoding is spade_lib.decoding.batch_tree.tree_generate_batch (dec.generate_batch picks it)")
     dev, sampling, policy, mode = dec.device, dec.sampling, dec.policy, dec.mode
     prompts_t = _prompts(prompts, dev, dec.max_length)
     B = len(prompts_t)

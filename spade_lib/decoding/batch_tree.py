@@ -23,8 +23,9 @@ newest committed token, not yet in the target's cache). One batched step of ``R`
 Row ``b`` therefore draws exactly what ``generate(prompt_b, seed=seed_b)`` draws, from its own
 :func:`~spade_lib.decoding.common.seed_streams`, and its tokens equal single tree decoding's whenever
 the batched and single target forwards round the same way (see :mod:`spade_lib.decoding.batch`).
-Reached through :func:`spade_lib.decoding.batch.speculative_generate_batch` when the decoder's drafter
-is a :class:`ModelDrafter` with a tree config; chains keep that function's own batched loop.
+Reached through :meth:`spade_lib.decoding.decode.SpeculativeDecoder.generate_batch` when the decoder's
+drafter is a :class:`ModelDrafter` with a tree config; chains go to
+:func:`spade_lib.decoding.batch.speculative_generate_batch`, which refuses a tree drafter.
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ import torch
 from spade_lib import rules
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_generate_batch
+from spade_lib.decoding.batch_tree import tree_generate_batch
 from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
                                        seed_streams)
 from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
@@ -284,8 +285,12 @@ class SpeculativeDecoder(_Base):
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
         """Decode a list of prompts together, one result per prompt; ``seed``: one for every row, or
-        one per row. Each row equals ``generate(prompt, seed=its seed)`` up to rounding
-        (:mod:`spade_lib.decoding.batch`: masked holes, ragged acceptance)."""
+        one per row. Each row equals ``generate(prompt, seed=its seed)`` up to rounding: chains by
+        :mod:`spade_lib.decoding.batch` (masked holes, ragged acceptance), a drafter's trees by
+        :mod:`spade_lib.decoding.batch_tree` (every row its own tree)."""
+        tree = getattr(self.drafter, "tree", None)
+        if tree is not None and not tree.is_chain:
+            return tree_generate_batch(self, prompts, max_new_tokens, seed)
         return speculative_generate_batch(self, prompts, max_new_tokens, seed)
 
 

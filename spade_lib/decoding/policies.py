@@ -279,5 +279,3 @@ def as_policy(gamma: int | None = None, policy: Policy | None = None) -> Policy:
         return policy
     return FixedGamma(gamma=gamma)
 
-
-from spade_lib.decoding import adaptive as _adaptive  # noqa: E402,F401  (registers "adaptive")

@@ -30,10 +30,8 @@ SmolLM2-135M) and ``"long"`` (opt-in: 10x the data, 40x the steps, a 6-hour guar
 ``default`` pair has its own (:data:`PAIR_PROFILES`, ``make`` <= 2 minutes a head); :func:`head_config`
 picks one by kind and pair, ``spade_lib.zoo.pairs.head_entry(pair, kind, profile)`` builds it.
 
-Command line: ``python -m spade_lib.zoo.heads build --pair default|smollm2 --kind eagle3|eagle1|medusa
-[--profile make|long]`` builds (cached) and prints the build facts of the manifest (seconds, data tokens,
-steps, ``budget_hit``, ``c``); ``... eval ...`` also prints the held-out teacher-forced top-1 and alpha by
-depth (:mod:`spade_lib.zoo.head_eval`). The sizing, from timings of SmolLM2 on this project's 2-core machine with *one*
+The command line is :mod:`spade_lib.zoo.head_cli` (``python -m spade_lib.zoo.head_cli build|eval --pair P
+--kind K``). The sizing, from timings of SmolLM2 on this project's 2-core machine with *one*
 niced thread beside other work (2026-12-01; two idle threads are ~1.5-1.8x faster): teacher-forced
 features 250-380 tok/s; one EAGLE-3 step (4 x 255 positions, 3 unrolled steps, Vd = 8192) 2.3 s; one
 Medusa step (1024 positions, 4 heads) 2.0 s. So ``make``'s ~34 k tokens take ~1.5 min of features,
@@ -58,8 +56,8 @@ from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract, teacher_sequences
 from spade_lib.zoo.head_train import HeadTrainConfig, evaluate, train_eagle, train_medusa
 
-__all__ = ["KINDS", "HeadConfig", "PROFILES", "PAIR_PROFILES", "head_config", "attach_heads", "main", "build_head", "data_entry", "head_entry",
-           "save_head", "load_head", "head_costs", "draft_vocabulary"]
+__all__ = ["KINDS", "HeadConfig", "PROFILES", "PAIR_PROFILES", "head_config", "attach_heads", "build_head", "data_entry", "head_entry",
+           "save_head", "load_head", "head_costs", "draft_vocabulary", "load_target", "with_threads"]
 
 KINDS = ("eagle3", "eagle1", "medusa")
 HEADS_FORMAT_VERSION = 1  # bump when the build changes in a way HeadConfig does not capture
@@ -328,7 +326,7 @@ def _mass(sequences: Sequences, ids: list[int], vocab: torch.Tensor, v: int) -> 
     return float(counts[vocab].sum() / counts.sum().clamp(min=1))
 
 
-def _with_threads(threads: int | None, fn):
+def with_threads(threads: int | None, fn):
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -338,7 +336,7 @@ def _with_threads(threads: int | None, fn):
         torch.set_num_threads(before)
 
 
-def _load_target(target_dir: Path):
+def load_target(target_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from spade_lib.zoo import frspec  # noqa: F401  (registers the FR-Spec class, should a target be one)
@@ -374,13 +372,13 @@ def data_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
         from safetensors.torch import save_file
 
         def body():
-            target, tokenizer = _load_target(target_dir)
+            target, tokenizer = load_target(target_dir)
             seqs, facts = teacher_sequences(target, tokenizer, cfg.data, prompts=prompts, documents=documents)
             save_file(seqs.to_tensors(), str(tmp / "sequences.safetensors"))
             return {"kind": "head-data", "label": label, "name": name, "recipe": recipe, **facts,
                     "environment": _environment(), "threads": torch.get_num_threads()}
 
-        return _with_threads(cfg.threads, body)
+        return with_threads(cfg.threads, body)
 
     return get_or_build(entry, build, rebuild=rebuild)
 
@@ -413,7 +411,7 @@ def head_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
 
     def build(tmp: Path) -> dict:
         def body():
-            target, tokenizer = _load_target(target_dir)
+            target, tokenizer = load_target(target_dir)
             seqs = Sequences.from_tensors(load_file(str(data / "sequences.safetensors")))
             facts_data = {k: v for k, v in read_manifest(data).items() if k not in ("files", "recipe", "environment")}
             _, facts = build_head(target, tokenizer, cfg, tmp, sequences=seqs, data_facts=facts_data,
@@ -422,87 +420,6 @@ def head_entry(target_dir, name: str, cfg: HeadConfig, *, rebuild: bool = False,
                     "threads": torch.get_num_threads(),
                     "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared"}
 
-        return _with_threads(cfg.threads, body)
+        return with_threads(cfg.threads, body)
 
     return get_or_build(entry, build, rebuild=rebuild)
-
-
-# ------------------------------------------------------------------------------------------------ command line
-
-def build_facts(manifest: dict) -> dict:
-    """What a head entry's manifest says about its build: seconds, data tokens, steps, the budget guard,
-    the cost ratio, and the build's own held-out top-1 (teacher-forced on true tokens)."""
-    data = manifest.get("data", {})
-    return {"kind": manifest.get("head_kind"), "build_seconds": manifest.get("seconds", {}).get("total"),
-            "data_tokens": data.get("tokens"), "feature_tokens": data.get("feature_tokens"),
-            "generated_tokens": data.get("generated_tokens"), "steps_done": manifest.get("steps_done"),
-            "steps": manifest.get("recipe", {}).get("head", {}).get("train", {}).get("steps"),
-            "budget_s": manifest.get("budget_s"), "budget_hit": manifest.get("budget_hit"),
-            "c": manifest.get("costs", {}).get("c"), "heldout_top1": manifest.get("heldout", {}).get("all", {}).get("top1")}
-
-
-def _parser():
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m spade_lib.zoo.heads",
-                                description="Build (cached) and evaluate the draft heads of a pair.")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, text in (("build", "build the head if it is not cached, print its build facts"),
-                       ("eval", "build if needed, then the held-out teacher-forced top-1 by depth")):
-        s = sub.add_parser(name, help=text)
-        s.add_argument("--pair", required=True, help="'default' (embedded) or 'smollm2'")
-        s.add_argument("--kind", required=True, choices=KINDS)
-        s.add_argument("--profile", default="make", choices=("make", "long"))
-        s.add_argument("--rebuild", action="store_true", help="rebuild the head entry even if cached")
-        if name == "eval":
-            s.add_argument("--depth", type=int, default=5, help="draft depths 1 .. D (Medusa: at most its heads)")
-            s.add_argument("--scope", default="generated", choices=("generated", "all"),
-                           help="positions on the target's own continuations, or every held-out position")
-            s.add_argument("--threads", type=int, default=2, help="torch threads of the evaluation")
-            s.add_argument("--json", default=None, help="also write the tables and facts to this JSON file")
-    return p
-
-
-def main(argv: list[str] | None = None) -> dict:
-    """The command line (``python -m spade_lib.zoo.heads build|eval --pair P --kind K [--profile make|long]``);
-    returns what it printed, as a dict (tests)."""
-    from spade_lib.zoo import head_eval
-    from spade_lib.zoo.pairs import head_entry as pair_head_entry, target_dir
-
-    args = _parser().parse_args(argv)
-    entry = pair_head_entry(args.pair, args.kind, args.profile, rebuild=args.rebuild)
-    facts = build_facts(read_manifest(entry))
-    print(f"{args.pair} {args.kind} ({args.profile}): {entry}")
-    print("build: " + ", ".join(f"{k} = {_fmt(v)}" for k, v in facts.items()))
-    out = {"entry": str(entry), "build": facts}
-    if args.command == "eval":
-        def body():
-            tdir = target_dir(args.pair)
-            held = head_eval.heldout_entry(tdir, args.pair, head_eval.heldout_config(args.pair))
-            target, _ = _load_target(tdir)
-            head = load_head(entry / "head", target)
-            return held, head_eval.evaluate_head(target, head, head_eval.heldout_sequences(held), args.depth)
-
-        held, result = _with_threads(args.threads, body)
-        print(f"held-out: {held} ({result['sequences']} sequences, {result['tokens']} tokens; corpus held-out files "
-              "and the target's greedy continuations)")
-        print(head_eval.format_table(result, args.scope))
-        out.update(heldout=str(held), depth=result["depth"], mean_accepted=result["mean_accepted"],
-                   **{scope: result[scope].to_dict(orient="records") for scope in head_eval.SCOPES})
-        if args.json:
-            write_json(Path(args.json), out)
-    return out
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
-    return str(v)
-
-
-if __name__ == "__main__":  # run the importable module's main, not a second copy of this one
-    from spade_lib.zoo.heads import main as _main
-
-    _main()

@@ -164,22 +164,15 @@ def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
     return get_or_build(entry, build, rebuild=rebuild)
 
 
-def _load_target(target: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(target / "target")
-    model = AutoModelForCausalLM.from_pretrained(target / "target", dtype=torch.float32, use_safetensors=True)
-    return model.eval(), tokenizer
-
-
 def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
     from spade_lib import theory
     from spade_lib.zoo import distill
     from spade_lib.zoo.build import _environment
     from spade_lib.zoo.evaluate import cost_ratios
+    from spade_lib.zoo.heads import load_target
 
     t0, cpu0 = time.perf_counter(), time.process_time()
-    target, tokenizer = _load_target(target_dir)
+    target, tokenizer = load_target(target_dir / "target")
     torch.manual_seed(cfg.seed)
     prompts = distill.teacher_prompts(cfg.n_prompts, cfg.code_fraction, cfg.seed)
     gens = distill.teacher_generations(target, tokenizer, prompts, cfg)
