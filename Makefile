@@ -1,5 +1,5 @@
 # SPADE entry points. Two commands do everything on a fresh clone:
-#   make run   — set up .venv, build the embedded pair (with its EAGLE-3 and Medusa heads) and the real pair, execute every notebook (03-05 also on
+#   make run   — set up .venv, build the embedded and the real pair, execute every notebook (03-05 also on
 #                the real pair SmolLM2-135M-Instruct) into one run folder, write figures/, and end with
 #                the results summary and the path of the HTML report (spade_lib.report)
 #   make test  — set up .venv, run the unit tests and the notebooks (smoke profile) under nbval
@@ -48,8 +48,6 @@ venv: $(STAMP)
 # The embedded pair is built first, alone: a build sharing the two cores with a notebook is much slower.
 run: venv
 	$(BIN)/python -m spade_lib.zoo default
-	$(BIN)/python -m spade_lib.zoo.head_cli build --pair default --kind eagle3
-	$(BIN)/python -m spade_lib.zoo.head_cli build --pair default --kind medusa
 	$(BIN)/python -m spade_lib.zoo smollm2
 	$(BIN)/python -m spade_lib.runbook --no-report --out $(RUN_DIR)/embedded
 	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/smollm2 --out $(RUN_DIR)/smollm2
