@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib.decoding.adapter import CausalLMAdapter
-from spade_lib.decoding.batch import BATCH_COLUMNS, BatchGenerationResult, _BatchLM, batch_metrics, row_seeds
+from spade_lib.decoding.batch import BATCH_COLUMNS, BatchGenerationResult, BatchLM, batch_metrics, row_seeds
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.divergence import compare_greedy
 from spade_lib.decoding.drafters import NGramDrafter
@@ -196,9 +196,9 @@ def test_compaction_at_every_step_keeps_rows_exact(rand_pair, monkeypatch):
     from spade_lib.decoding import batch
 
     calls = []
-    original = batch._BatchLM._compact
+    original = batch.BatchLM._compact
     monkeypatch.setattr(batch, "COMPACT_SLACK", -10 ** 6)
-    monkeypatch.setattr(batch._BatchLM, "_compact", lambda self, w: (calls.append(w), original(self, w)))
+    monkeypatch.setattr(batch.BatchLM, "_compact", lambda self, w: (calls.append(w), original(self, w)))
     target, draft, prompts = rand_pair
     dec = SpeculativeDecoder(target, draft, gamma=4, sampling=GREEDY, eos_token_id=[])
     out = dec.generate_batch(prompts[:5], 16)
@@ -306,7 +306,7 @@ def test_bad_input_is_refused(tiny, prompts):
 
 def test_holey_cache_equals_fresh_prefill_after_rollback_and_compaction(tiny):
     model = tiny.target
-    lm = _BatchLM(CausalLMAdapter(model), 3, "target")
+    lm = BatchLM(CausalLMAdapter(model), 3, "target")
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(0, 500, (n,), generator=g) for n in (5, 1, 9)]
     kept = [r.tolist() for r in rows]

@@ -11,7 +11,7 @@ import torch
 
 from spade_lib.decoding import batch
 from spade_lib.decoding.adapter import CausalLMAdapter
-from spade_lib.decoding.batch import BATCH_COLUMNS, _BatchLM
+from spade_lib.decoding.batch import BATCH_COLUMNS, BatchLM
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.drafters import ModelDrafter
 from spade_lib.decoding.tree import ancestor_mask
@@ -112,8 +112,8 @@ def test_tree_forward_equals_the_single_adapter_and_keep_equals_fresh_prefill(pa
     trees = [(torch.randint(0, 128, (5,), generator=g), [-1, 0, 0, 1, -1]),
              (torch.randint(0, 128, (3,), generator=g), [-1, -1, 1])]
     paths = [[1, 2, 4], [2, 3]]  # block slots (root 0 and the accepted path's nodes + 1)
-    T = _BatchLM(CausalLMAdapter(target, backend="hf"), 2, "target")
-    ids, valid = batch._left_pad(heads, "cpu")
+    T = BatchLM(CausalLMAdapter(target, backend="hf"), 2, "target")
+    ids, valid = batch.left_pad(heads, "cpu")
     T.forward(ids, valid, keep=1)
     K = 1 + max(len(t) for t, _ in trees)
     bids = torch.zeros(2, K, dtype=torch.long)

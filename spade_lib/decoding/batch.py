@@ -6,10 +6,10 @@ target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b
 residual / bonus token), but every model forward is one batched call over the rows still running.
 Verification and the commit decision are the single decoder's own step, :mod:`spade_lib.decoding.step`,
 run once per group of rows with the same ``gamma_b``; this module adds only the batched caches
-(:class:`_BatchLM`), the batched model draft and the per-row bookkeeping. Model drafts only (drafters
+(:class:`BatchLM`), the batched model draft and the per-row bookkeeping. Model drafts only (drafters
 that read the target's hidden states are single decoding's); a model draft with a tree config runs the
-tree loop of :mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`_BatchLM.forward_tree`,
-:meth:`_BatchLM.keep`: a 4-D tree mask per row, the accepted path kept and the other nodes masked).
+tree loop of :mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`BatchLM.forward_tree`,
+:meth:`BatchLM.keep`: a 4-D tree mask per row, the accepted path kept and the other nodes masked).
 
 **Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
 rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
@@ -17,7 +17,7 @@ cache of ``S`` *slots*, a 2-D attention mask ``[B, S]`` (1 = the slot holds a co
 row) and each row's true length ``l_b`` (committed tokens in the cache). A forward appends the same
 number of slots to every row; a row that has fewer tokens to feed (a shorter draft, a shorter prompt:
 left padding) fills the rest with *holes* (mask 0). After verification row ``b`` keeps its first
-``l_b + n_b + 1`` valid slots (``n_b`` accepted drafts) and masks the rest (:meth:`_BatchLM.rollback`); a
+``l_b + n_b + 1`` valid slots (``n_b`` accepted drafts) and masks the rest (:meth:`BatchLM.rollback`); a
 masked slot is never attended to again. Position ids are explicit, ``l_b + (rank among the new valid slots)``,
 so every token sits at its true position (RoPE and absolute embeddings alike) whatever the holes before
 it, and row ``b`` attends to exactly the keys/values a single-sequence decode of row ``b`` would hold:
@@ -137,7 +137,7 @@ def row_seeds(seed: int | Sequence[int], n_rows: int) -> list[int]:
     return [int(s) for s in seeds]
 
 
-def _prompts(prompts, device, limit: int | None) -> list[torch.Tensor]:
+def prompt_tensors(prompts, device, limit: int | None) -> list[torch.Tensor]:
     if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Sequence):
         raise TypeError(f"prompts: expected a list of prompts (each a list or 1-D tensor of token ids), "
                         f"got {type(prompts).__name__}")
@@ -154,7 +154,7 @@ def _prompts(prompts, device, limit: int | None) -> list[torch.Tensor]:
     return out
 
 
-def _left_pad(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tensor]:
     """``[R, W]`` ids and validity (True = token) with every row right-aligned (holes on the left)."""
     width = max(int(r.numel()) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
@@ -167,7 +167,7 @@ def _left_pad(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Ten
     return ids, valid
 
 
-class _BatchLM:
+class BatchLM:
     """One model's batched KV cache with per-row masked holes (see the module docstring)."""
 
     def __init__(self, adapter: CausalLMAdapter, n_rows: int, what: str):
@@ -289,13 +289,13 @@ class _BatchLM:
         self.mask = new_mask
 
 
-def _timing_totals() -> dict[str, float]:
+def timing_totals() -> dict[str, float]:
     return {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
 
 
 
 
-class _Rows:
+class RowBook:
     """Per-row bookkeeping of a batch (indexed by the prompt's row)."""
 
     def __init__(self, n: int):
@@ -303,10 +303,34 @@ class _Rows:
         self.steps: list[list[StepInfo]] = [[] for _ in range(n)]
         self.stop: list[str] = ["max_new_tokens"] * n
         self.timing: list[dict[str, float]] = [{} for _ in range(n)]
-        self.totals = [_timing_totals() for _ in range(n)]
+        self.totals = [timing_totals() for _ in range(n)]
 
 
-def _results(rows: _Rows, prompts, seeds, t_start, t_prefill, batch_totals, t_end, tokenizer, timed: bool
+def close_step(rows: RowBook, active: list[int], finished: list[int], batch_totals: dict[str, float],
+               marks: tuple[float, float, float], t_start: float, dev, timed: bool) -> list[int]:
+    """End one batched step: with ``timed``, the step's draft / verify / overhead seconds (``marks`` = the
+    clock before drafting, before and after verifying; overhead runs to now) go to the batch totals, to
+    every active row's totals and to its last step; the ``finished`` rows (indices into ``active``) get
+    their total time. Returns the rows still active."""
+    if timed:
+        ta, tb, tc = marks
+        td = _clock(dev)
+        dt = {"draft": tb - ta, "verify": tc - tb, "overhead": td - tc}
+        for k, v in dt.items():
+            batch_totals[k] += v
+        for b in active:
+            s = rows.steps[b][-1]
+            s.t_draft, s.t_verify, s.t_overhead = dt["draft"], dt["verify"], dt["overhead"]
+            for k, v in dt.items():
+                rows.totals[b][k] += v
+    t_now = _clock(dev) if finished else 0.0
+    for i in finished:
+        rows.timing[active[i]]["total"] = t_now - t_start
+    gone = set(finished)
+    return [b for i, b in enumerate(active) if i not in gone]
+
+
+def batch_results(rows: RowBook, prompts, seeds, t_start, t_prefill, batch_totals, t_end, tokenizer, timed: bool
              ) -> list[BatchGenerationResult]:
     B = len(prompts)
     n_total = sum(len(t) for t in rows.tokens)
@@ -344,7 +368,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         raise ValueError(f"draft: {type(dec.drafter).__name__} drafts trees ({dec.drafter.tree}); batched tree "
                          "decoding is spade_lib.decoding.batch_tree.tree_generate_batch (dec.generate_batch picks it)")
     dev, sampling, policy, mode = dec.device, dec.sampling, dec.policy, dec.mode
-    prompts_t = _prompts(prompts, dev, dec.max_length)
+    prompts_t = prompt_tensors(prompts, dev, dec.max_length)
     B = len(prompts_t)
     seeds = row_seeds(seed, B)
     gens = [seed_streams(s, dev) for s in seeds]
@@ -357,19 +381,19 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                for n in lens]
 
     t_start = _clock(dev)
-    T = _BatchLM(dec.target, B, "target")
-    D = _BatchLM(dec.drafter.adapter, B, "draft")
+    T = BatchLM(dec.target, B, "target")
+    D = BatchLM(dec.drafter.adapter, B, "draft")
     head = [p[:-1] for p in prompts_t]
     if max(lens) > 1:
-        ids, valid = _left_pad(head, dev)
+        ids, valid = left_pad(head, dev)
         T.forward(ids, valid, keep=1)
         D.forward(ids, valid, keep=1)
     pending = torch.stack([p[-1] for p in prompts_t])            # [R] newest committed token, not in T
     unfed: list[list[int]] = [[int(p[-1])] for p in prompts_t]    # committed tokens not yet in D
     t_prefill = _clock(dev)
 
-    rows = _Rows(B)
-    batch_totals = _timing_totals()
+    rows = RowBook(B)
+    batch_totals = timing_totals()
     active = list(range(B))
     for b in active:
         if budget0[b] <= 0:
@@ -508,23 +532,10 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                 unfed = [unfed[i] for i in keep]
         T.tidy()
         D.tidy()
-        td = _clock(dev) if timed else 0.0
-        if timed:
-            dt = {"draft": tb - ta, "verify": tc - tb, "overhead": td - tc}
-            for k, v in dt.items():
-                batch_totals[k] += v
-            for i, b in enumerate(active):
-                s = rows.steps[b][-1]
-                s.t_draft, s.t_verify, s.t_overhead = dt["draft"], dt["verify"], dt["overhead"]
-                for k, v in dt.items():
-                    rows.totals[b][k] += v
-        t_now = _clock(dev) if finished else 0.0
-        for i in finished:
-            rows.timing[active[i]]["total"] = t_now - t_start
-        active = [b for i, b in enumerate(active) if i not in set(finished)]
+        active = close_step(rows, active, finished, batch_totals, (ta, tb, tc), t_start, dev, timed)
         step += 1
     t_end = _clock(dev)
-    return _results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)
+    return batch_results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -539,23 +550,23 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
     ``dec.generate(prompt_b, seed=seed_b)`` does."""
     _check_budget(max_new_tokens)
     dev, sampling = dec.device, dec.sampling
-    prompts_t = _prompts(prompts, dev, dec.max_length)
+    prompts_t = prompt_tensors(prompts, dev, dec.max_length)
     B = len(prompts_t)
     seeds = row_seeds(seed, B)
     gens = [seed_streams(s, dev)["residual"] for s in seeds]
     lens = [int(p.numel()) for p in prompts_t]
     budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
                for n in lens]
-    rows = _Rows(B)
+    rows = RowBook(B)
     for b in range(B):
         rows.stop[b] = "max_new_tokens" if budget0[b] == max_new_tokens else "context_limit"
 
     t_start = _clock(dev)
-    T = _BatchLM(dec.target, B, "target")
+    T = BatchLM(dec.target, B, "target")
     active = list(range(B))
     logits = None
     if any(n > 0 for n in budget0):
-        ids, valid = _left_pad(prompts_t, dev)
+        ids, valid = left_pad(prompts_t, dev)
         logits = T.forward(ids, valid, keep=1)[:, -1]
     t_prefill = _clock(dev)
     for b in range(B):
@@ -601,7 +612,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
     t_end = _clock(dev)
     for b in range(B):
         rows.totals[b] = {"draft": 0.0, "verify": rows.timing[b]["total"] - (t_prefill - t_start), "overhead": 0.0}
-    return _results(rows, prompts_t, seeds, t_start, t_prefill,
+    return batch_results(rows, prompts_t, seeds, t_start, t_prefill,
                     {"draft": 0.0, "verify": t_end - t_prefill, "overhead": 0.0}, t_end, dec.tokenizer, True)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from spade_lib import devices, theory
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.batch import _BatchLM, _left_pad
+from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.costs import time_in_turns
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.sampling import SamplingConfig
@@ -66,11 +66,11 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
     da = draft if isinstance(draft, CausalLMAdapter) else CausalLMAdapter(draft)
     dev = ta.device
     rows = [as_token_tensor(p, dev) for p in prompts]
-    ids, valid = _left_pad(rows, dev)
+    ids, valid = left_pad(rows, dev)
     forwards = {}
     with torch.inference_mode():
         for name, adapter, width in (("t_target_1", ta, 1), ("t_target_g", ta, gamma + 1), ("t_draft_1", da, 1)):
-            lm = _BatchLM(adapter, len(rows), name)
+            lm = BatchLM(adapter, len(rows), name)
             lm.forward(ids, valid, keep=1)
             new = ids[:, -1:].expand(-1, width).contiguous()
 

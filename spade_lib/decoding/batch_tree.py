@@ -12,12 +12,12 @@ newest committed token, not yet in the target's cache). One batched step of ``R`
    (:func:`spade_lib.decoding.tree_drafting.grow_tree`), so drafting costs ``R`` times a row's.
 2. **score** (batched): one target forward over the padded blocks ``[t_b, x_0 .. x_{N_b - 1}]``, width
    ``K = 1 + max_b N_b`` (holes past ``N_b``), with each row's tree mask over its own valid cache slots
-   (:meth:`spade_lib.decoding.batch._BatchLM.forward_tree`, positions ``l_b + depth``): block row
+   (:meth:`spade_lib.decoding.batch.BatchLM.forward_tree`, positions ``l_b + depth``): block row
    ``i + 1`` of row ``b`` gives the target's logits after the path of node ``i``.
 3. **verify and commit** (per row): :meth:`spade_lib.decoding.step.Step.verify_tree` on row ``b``'s
    ``logits_p [N_b + 1, V]``, the step single decoding runs (a row without a tree: ``Step.plain``).
 4. **keep**: the target's cache keeps the root and the accepted path of each row
-   (:meth:`~spade_lib.decoding.batch._BatchLM.keep`; every other block slot becomes a hole), each row's
+   (:meth:`~spade_lib.decoding.batch.BatchLM.keep`; every other block slot becomes a hole), each row's
    drafter keeps its accepted path (``accept_path``).
 
 Row ``b`` therefore draws exactly what ``generate(prompt_b, seed=seed_b)`` draws, from its own
@@ -35,8 +35,8 @@ from collections.abc import Sequence
 import torch
 
 from spade_lib.decoding.adapter import CausalLMAdapter
-from spade_lib.decoding.batch import (BatchGenerationResult, BatchStepInfo, _BatchLM, _left_pad, _prompts, _results,
-                                      _Rows, _timing_totals, row_seeds)
+from spade_lib.decoding.batch import (BatchGenerationResult, BatchLM, BatchStepInfo, RowBook, batch_results, close_step,
+                                      left_pad, prompt_tensors, row_seeds, timing_totals)
 from spade_lib.decoding.common import _check_budget, _clock, _truncate, seed_streams
 from spade_lib.decoding.drafters import ModelDrafter
 from spade_lib.decoding.policies import step_cap
@@ -65,7 +65,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
         raise ValueError(f"draft: batched tree decoding needs a ModelDrafter with a tree config, got "
                          f"{type(dec.drafter).__name__}")
     dev, sampling, policy = dec.device, dec.sampling, dec.policy
-    prompts_t = _prompts(prompts, dev, dec.max_length)
+    prompts_t = prompt_tensors(prompts, dev, dec.max_length)
     B = len(prompts_t)
     seeds = row_seeds(seed, B)
     gens = [seed_streams(s, dev) for s in seeds]
@@ -78,9 +78,9 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
     context = dec.target.max_length  # the single loop's cut of a tree to the target's context
 
     t_start = _clock(dev)
-    T = _BatchLM(dec.target, B, "target")
+    T = BatchLM(dec.target, B, "target")
     if max(lens) > 1:
-        ids, valid = _left_pad([p[:-1] for p in prompts_t], dev)
+        ids, valid = left_pad([p[:-1] for p in prompts_t], dev)
         T.forward(ids, valid, keep=1)
     drafters = _row_drafters(dec.drafter, B)
     for d, p in zip(drafters, prompts_t):
@@ -88,8 +88,8 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
     pending = [int(p[-1]) for p in prompts_t]  # each row's root t_b
     t_prefill = _clock(dev)
 
-    rows = _Rows(B)
-    batch_totals = _timing_totals()
+    rows = RowBook(B)
+    batch_totals = timing_totals()
     active = []
     for b in range(B):
         if budget0[b] <= 0:
@@ -184,20 +184,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
                 T.select(torch.tensor(keep, dtype=torch.long, device=dev))
             pending = [pending[i] for i in keep]
         T.tidy()
-        td = _clock(dev) if timed else 0.0
-        if timed:
-            dt = {"draft": tb - ta, "verify": tc - tb, "overhead": td - tc}
-            for k, v in dt.items():
-                batch_totals[k] += v
-            for b in active:
-                s = rows.steps[b][-1]
-                s.t_draft, s.t_verify, s.t_overhead = dt["draft"], dt["verify"], dt["overhead"]
-                for k, v in dt.items():
-                    rows.totals[b][k] += v
-        t_now = _clock(dev) if finished else 0.0
-        for i in finished:
-            rows.timing[active[i]]["total"] = t_now - t_start
-        active = [b for i, b in enumerate(active) if i not in set(finished)]
+        active = close_step(rows, active, finished, batch_totals, (ta, tb, tc), t_start, dev, timed)
         step += 1
     t_end = _clock(dev)
-    return _results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)
+    return batch_results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)
