@@ -25,15 +25,9 @@ PROB_COLUMNS = ("p_x", "q_x", "accept_prob", "tv", "p_margin", "q_top_prob", "p_
 def as_trace(trace: TraceLike, columns: Sequence[str] = ()) -> pd.DataFrame:
     """``trace`` as a DataFrame (reading a run directory or shard with :func:`spade_lib.runs.trace.read_trace`),
     checked to hold ``columns``, none of which in :data:`PROB_COLUMNS` may hold a NaN."""
-    if isinstance(trace, (str, os.PathLike)):
-        from spade_lib.runs.trace import read_trace
+    from spade_lib.runs.trace import as_frame
 
-        trace = read_trace(trace)
-    if not isinstance(trace, pd.DataFrame):
-        raise ValueError(f"trace must be a DataFrame or a run directory, got {type(trace).__name__}")
-    missing = [c for c in columns if c not in trace.columns]
-    if missing:
-        raise ValueError(f"trace is missing column(s) {missing}; see spade_lib.decoding.records (spade_lib.runs.trace.describe())")
+    trace = as_frame(trace, columns)
     for c in dict.fromkeys(columns):
         if c in PROB_COLUMNS:
             bad = int(trace[c].isna().sum())

@@ -182,6 +182,20 @@ def read_trace(run_dir_or_paths: str | os.PathLike | Iterable[str | os.PathLike]
     return df.sort_values(SORT_COLUMNS, kind="stable").reset_index(drop=True)
 
 
+def as_frame(trace, columns: Sequence[str] = (), *, arg: str = "trace") -> pd.DataFrame:
+    """``trace`` as a DataFrame: a DataFrame as it is, a run directory or shard(s) read with
+    :func:`read_trace`; checked to hold ``columns`` (a ValueError naming ``arg`` and the missing ones)."""
+    if isinstance(trace, (str, os.PathLike)):
+        trace = read_trace(trace)
+    if not isinstance(trace, pd.DataFrame):
+        raise ValueError(f"{arg} must be a DataFrame or a run directory, got {type(trace).__name__}")
+    missing = [c for c in columns if c not in trace.columns]
+    if missing:
+        raise ValueError(f"{arg} is missing column(s) {missing}; see spade_lib.decoding.records "
+                         "(spade_lib.runs.trace.describe())")
+    return trace
+
+
 @contextlib.contextmanager
 def _readable(name: str, path: str | os.PathLike) -> Iterator[None]:
     """Turn pyarrow's error on an unreadable file (which does not name it) into a ``ValueError`` that

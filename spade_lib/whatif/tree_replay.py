@@ -37,7 +37,6 @@ residuals, so no per-node fact of the wide tree decides a smaller tree's outcome
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -78,15 +77,9 @@ class SubTree:
 
 
 def _trace(trace) -> pd.DataFrame:
-    if isinstance(trace, (str, os.PathLike)):
-        from spade_lib.runs.trace import read_trace
+    from spade_lib.runs.trace import as_frame
 
-        trace = read_trace(trace)
-    if not isinstance(trace, pd.DataFrame):
-        raise ValueError(f"trace: must be a DataFrame or a run directory, got {type(trace).__name__}")
-    missing = [c for c in COLUMNS if c not in trace.columns]
-    if missing:
-        raise ValueError(f"trace: missing column(s) {missing} (spade_lib.decoding.records)")
+    trace = as_frame(trace, COLUMNS)
     return trace.sort_values(STEP_KEYS + ["node"], kind="stable").reset_index(drop=True)
 
 
