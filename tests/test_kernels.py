@@ -36,29 +36,64 @@ def test_every_candidate_computes_the_same_product(name):
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     k = kernels.Kernel(name, kernels.prepare(name, w), b)
-    rows = (1,) if name == "onednn_pad2" else (1, 5)
+    rows = (1, 5) if "many" in kernels.CANDIDATES[name][2] else (1,)
     with torch.inference_mode():
         for n in rows:
             x = torch.randn(n, 32, generator=g)
             torch.testing.assert_close(k(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_choose_keeps_the_fastest_per_row_class_and_caches_it(fresh):
-    fake = {("one", "mkl"): 3.0, ("one", "onednn"): 1.0, ("one", "onednn_pad2"): 2.0,
-            ("many", "mkl"): 1.0, ("many", "onednn"): 5.0}
+def test_choose_keeps_the_fastest_plan_per_row_class_and_caches_it(fresh):
+    # a forward of products "big" and "small": every candidate for all, then one product at a time
+    cost = {"one": {"mkl": (2.0, 1.0), "onednn": (1.0, 1.0), "onednn_pad2": (1.4, 1.0), "openblas": (2.3, 0.2),
+                    "openblas_t": (3.0, 2.0), "openblas_wx": (3.0, 2.0)},
+            "many": {"mkl": (1.0, 0.5), "onednn": (2.0, 2.0)}}
     calls = []
 
-    def timer(rows, name):
-        calls.append((rows, name))
-        return fake[(rows, name)]
+    def timer(rows, plan):
+        calls.append((rows, dict(plan)))
+        return cost[rows][plan["big"]][0] + cost[rows][plan["small"]][1]
 
-    hit = kernels.choose({"shapes": [1, 2]}, timer)
-    assert (hit["one"], hit["many"]) == ("onednn", "mkl") and sorted(calls) == sorted(fake)
-    assert hit["threads"] == torch.get_num_threads() and hit["seconds"]["one"]["mkl"] == 3.0
-    assert kernels.choices()[0]["one"] == "onednn"
+    hit = kernels.choose({"shapes": [1, 2]}, timer, ["big", "small"])
+    # uniform best: onednn for one row (2.0) -> "small" moves to openblas (1.2); openblas (2.5) and pad2 (2.4)
+    # are within PRUNE = 1.25 of it, the rest not; many: mkl everywhere (1.5), onednn (4.0) not within PRUNE
+    assert hit["plan"] == {"one": {"big": "onednn", "small": "openblas"}, "many": {"big": "mkl", "small": "mkl"}}
+    assert (hit["one"], hit["many"]) == ("big=onednn,small=openblas", "mkl")
+    assert hit["seconds"]["one"]["mkl"] == 3.0 and hit["seconds"]["one"]["small=openblas"] == pytest.approx(1.2)
+    # uniform candidates, then each product on each other candidate within PRUNE of the best (one row: pad2)
+    assert len(calls) == 6 + 2 * 2 + 2 + 0
+    assert hit["threads"] == torch.get_num_threads() and kernels.choices()[0]["one"] == hit["one"]
     kernels._CHOSEN.clear()  # another process on this machine reads the disk cache instead of timing again
-    assert kernels.choose({"shapes": [1, 2]}, lambda *a: pytest.fail("timed again"))["many"] == "mkl"
+    assert kernels.choose({"shapes": [1, 2]}, lambda *a: pytest.fail("timed again"), ["big", "small"])["many"] == "mkl"
     assert (fresh / "kernels" / "choices.json").is_file()
+
+
+def test_a_product_moves_only_for_a_gain_beyond_the_noise_margin(fresh):
+    def timer(rows, plan):  # moving "small" saves 1 % of the forward: below MIN_GAIN, so nothing moves
+        return 1.0 - (0.01 if plan["small"] == "mkl" and plan["big"] == "onednn" else 0.0) + (
+            0.5 if plan["big"] != "onednn" else 0.0)
+
+    hit = kernels.choose({"shapes": [3]}, timer, ["big", "small"], candidates={"one": ["onednn", "mkl"],
+                                                                              "many": ["onednn", "mkl"]})
+    assert hit["plan"]["one"] == {"big": "onednn", "small": "onednn"} and hit["one"] == "onednn"
+
+
+def test_solo_kernels_run_the_one_row_forward_with_torch_at_one_thread(fresh, monkeypatch):
+    model = llama()
+    lean = LeanForward(model, 64, kernels="openblas")
+    assert lean.kernel_names["one"] == "openblas" and lean._solo
+    seen = []
+    real = kernels.CANDIDATES["openblas"]
+    monkeypatch.setitem(kernels.CANDIDATES, "openblas", (real[0], lambda x, w, b: seen.append(
+        torch.get_num_threads()) or real[1](x, w, b), real[2]))
+    lean._install({"one": "openblas", "many": "mkl"})
+    threads = torch.get_num_threads()
+    ids = torch.randint(0, 96, (5,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        lean.forward(ids[:4])
+        assert not seen  # a 4-row forward uses the many-row kernels (the head too, at last_only)
+        lean.forward(ids[4:])
+    assert seen and set(seen) == {1} and torch.get_num_threads() == threads
 
 
 def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh):
@@ -66,7 +101,8 @@ def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh
     ids = torch.randint(0, 96, (7,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ref = model(ids[None], use_cache=False).logits[0]
-        for policy in ["auto", "legacy", "mkl"] + (["onednn", "onednn_pad2"] if PACKABLE else []):
+        for policy in ["auto", "legacy", "mkl", "openblas", "openblas_t", "openblas_wx"] + (
+                ["onednn", "onednn_pad2"] if PACKABLE else []):
             lean = LeanForward(model, 64, kernels=policy)
             got = torch.cat([lean.forward(ids[:4]), lean.forward(ids[4:5]), lean.forward(ids[5:])])
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
@@ -76,7 +112,10 @@ def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh
                 assert names == {"one": "mkl", "many": "onednn" if PACKABLE else "mkl"}
             if policy == "auto" and PACKABLE:
                 chosen = kernels.choices()[-1]
-                assert names == {r: min(chosen["seconds"][r], key=chosen["seconds"][r].get) for r in ("one", "many")}
+                assert lean.kernel_plan == chosen["plan"] and names == {r: chosen[r] for r in ("one", "many")}
+                for r in ("one", "many"):  # the plan kept is never slower than the best uniform plan timed
+                    uniform = min(v for n, v in chosen["seconds"][r].items() if "=" not in n)
+                    assert min(chosen["seconds"][r].values()) <= uniform
             assert not lean._prepared  # the copies not installed are freed
 
 

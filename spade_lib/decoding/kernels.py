@@ -10,17 +10,27 @@ so its time should barely depend on ``k``. Which library routine gets there depe
 picture reverses for one row. A baseline that runs its single rows on the slow kernel makes
 verification look cheaper than a decode step (``r(g) < 1``) and every speedup too large.
 
-So nothing is assumed. :func:`choose` times every candidate of :data:`CANDIDATES` that serves a row
+So nothing is assumed. :func:`choose` times the candidates of :data:`CANDIDATES` that serve a row
 class (``"one"``: ``k = 1``; ``"many"``: ``k > 1``, timed at :data:`MANY_ROWS` rows) **on the whole
 forward of the model**, back to back as decoding runs it (the autoregressive loop calls the one-row
-forward again and again, speculative verification the ``g + 1``-row one), and keeps the fastest for
-each class. Timing single products in isolation was tried first and misleads: a group of weights
-that fits the cache looks fast alone and is not within a forward that streams all of them.
-Candidates (one kernel for every product of the forward):
+forward again and again, speculative verification the ``g + 1``-row one). First every product of the
+class on one candidate; then, from the fastest of those, one pass over the products (largest first)
+that moves a product to another candidate (of those within :data:`PRUNE` of the fastest) where the
+whole forward gets faster by more than :data:`MIN_GAIN`: the best routine differs by weight shape (on the AMD EPYC machines OpenBLAS reads
+SmolLM2's ``576 x 1536`` down projection fastest as ``x W^T`` on the raw weight and its LM head
+fastest from a transposed copy). Timing single products in isolation was tried first and misleads: a
+group of weights that fits the cache looks fast alone and is not within a forward that streams all
+of them. Candidates:
 
 - ``"mkl"``: ``F.linear(x, W, b)`` (MKL's GEMV for one row, its SGEMM for more);
 - ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
-- ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept.
+- ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept;
+- ``"openblas"``, ``"openblas_t"``, ``"openblas_wx"`` (one row only): numpy's BLAS (OpenBLAS in the
+  pinned numpy wheel) on ``x @ W.T`` (a transposed view of the raw weight), ``x @ Wt`` (a transposed
+  copy made once) and ``W @ x``. OpenBLAS runs its own threads, which fight torch's OpenMP threads
+  for the cores (measured: a one-row forward 10x slower when both pools are live); so a forward whose
+  one-row plan uses one of them runs its one-row calls with torch at 1 thread (:attr:`Kernel.solo`),
+  OpenBLAS taking the machine's cores. Its timing includes that, so it is chosen only where it wins.
 
 ``policy="legacy"`` reproduces SPADE's rule before kernels were timed (MKL for one row, oneDNN for
 more), for before/after comparisons; the environment variable ``SPADE_LINEAR_KERNELS`` sets the
@@ -41,17 +51,21 @@ import json
 import platform
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from spade_lib import paths
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "cpu_model", "packing_available",
-           "prepare"]
+__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "SOLO", "Kernel", "choose", "choices", "cpu_model",
+           "packing_available", "prepare", "prepare_as", "summary"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
+MIN_GAIN = 0.02  # a product moves to another kernel only if the whole forward gets faster by more than this
+PRUNE = 1.25  # the per-product pass tries only candidates whose uniform plan was within this of the best
+PLAN_VERSION = 2  # part of the cache key: plans per product (version 1 had one kernel per row class)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
 
 
@@ -79,22 +93,40 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, 8)
 
 
-# name -> (how its weights are prepared: "raw" or "packed", apply to x [k, in], row classes it serves)
+def _blas(x: torch.Tensor, w: np.ndarray, b: torch.Tensor | None) -> torch.Tensor:
+    """``x @ w`` in numpy's BLAS (``w``: ``W.T`` as a view or a copy, ``[in, out]``)."""
+    y = torch.from_numpy(x.numpy() @ w)
+    return y if b is None else y + b
+
+
+def _blas_wx(x: torch.Tensor, w: np.ndarray, b: torch.Tensor | None) -> torch.Tensor:
+    """``W @ x`` for one row in numpy's BLAS (``w``: ``W``, ``[out, in]``)."""
+    y = torch.from_numpy(w @ x.numpy()[0])[None]
+    return y if b is None else y + b
+
+
+# name -> (how its weights are prepared, apply to x [k, in], row classes it serves); preparations: "raw" (W),
+# "packed" (oneDNN's reorder), "np_t" (numpy view of W.T), "np_tcopy" (contiguous copy of W.T), "np" (numpy W)
 CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "mkl": ("raw", F.linear, ("one", "many")),
     "onednn": ("packed", _lp, ("one", "many")),
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
+    "openblas": ("np_t", _blas, ("one",)),
+    "openblas_t": ("np_tcopy", _blas, ("one",)),
+    "openblas_wx": ("np", _blas_wx, ("one",)),
 }
+SOLO = frozenset(("openblas", "openblas_t", "openblas_wx"))  # they run with torch at 1 thread (own BLAS threads)
 POLICIES = ("auto", "legacy", *CANDIDATES)
 
 
 class Kernel:
     """One linear map on a chosen kernel: ``self(x) = x W^T + b`` (``self.name`` says which)."""
 
-    __slots__ = ("name", "fn", "w", "b")
+    __slots__ = ("name", "fn", "w", "b", "solo")
 
-    def __init__(self, name: str, w: torch.Tensor, b: torch.Tensor | None):
+    def __init__(self, name: str, w: torch.Tensor | np.ndarray, b: torch.Tensor | None):
         self.name, self.fn, self.w, self.b = name, CANDIDATES[name][1], w, b
+        self.solo = name in SOLO  # call it with torch at 1 thread: it brings its own threads
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.fn(x, self.w, self.b)
@@ -106,10 +138,20 @@ class Kernel:
         return residual + self.fn(x, self.w, self.b)
 
 
-def prepare(name: str, w: torch.Tensor) -> torch.Tensor:
-    """``w`` as candidate ``name`` reads it (the raw weight, or a oneDNN-packed copy)."""
+def prepare(name: str, w: torch.Tensor) -> torch.Tensor | np.ndarray:
+    """``w`` as candidate ``name`` reads it (the raw weight, a oneDNN-packed copy, numpy views or copies)."""
+    return prepare_as(CANDIDATES[name][0], w)
+
+
+def prepare_as(family: str, w: torch.Tensor) -> torch.Tensor | np.ndarray:
+    """``w`` prepared for a weight family of :data:`CANDIDATES` (``"raw"``, ``"packed"``, ``"np"``, ...)."""
     with torch.inference_mode():
-        return _pack(w) if CANDIDATES[name][0] == "packed" else w
+        if family == "packed":
+            return _pack(w)
+        if family.startswith("np"):
+            a = w.detach().numpy()
+            return a if family == "np" else (a.T if family == "np_t" else np.ascontiguousarray(a.T))
+        return w
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -129,9 +171,10 @@ def fixed(policy: str, packable: bool) -> dict[str, str]:
         raise ValueError(f"policy: must be one of {list(POLICIES)}, got {policy!r}")
     if policy == "legacy":
         return {"one": "mkl", "many": "onednn" if packable else "mkl"}
-    if policy != "mkl" and not packable:
+    if policy.startswith("onednn") and not packable:
         raise ValueError(f"policy: {policy!r} needs oneDNN on a CPU in float32")
-    return {"one": policy, "many": "onednn" if policy == "onednn_pad2" else policy}
+    many = policy if "many" in CANDIDATES[policy][2] else ("onednn" if packable else "mkl")
+    return {"one": policy, "many": many}
 
 
 def _disk_path():
@@ -145,20 +188,41 @@ def _read_disk() -> dict:
         return {}
 
 
-def choose(model_facts: dict, timer: Callable[[str, str], float], *, cache: bool = True) -> dict:
-    """The fastest candidate per row class for one model: ``{"one": name, "many": name, "seconds":
-    {row class: {candidate: median seconds of one forward}}, ...facts}``.
+def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], products: list[str], *,
+           cache: bool = True, candidates: dict[str, list[str]] | None = None) -> dict:
+    """The fastest plan per row class for one model: ``{"one": summary, "many": summary, "plan": {row class:
+    {product: candidate}}, "seconds": {row class: {label: median seconds of one forward}}, ...facts}``.
 
-    ``timer(row_class, candidate)`` returns the median seconds of the model's whole forward with every
-    product of that row class on ``candidate`` (back to back, as decoding runs it). ``model_facts``
-    (weight shapes, dtype, ...) plus the CPU model, torch version and thread count key the cache."""
-    facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(), **model_facts}
+    ``timer(row_class, plan)`` returns the median seconds of the model's whole forward with each product
+    of that row class on ``plan[product]`` (back to back, as decoding runs it); ``products`` names them,
+    largest first. Each class is timed with every product on one candidate, then refined one product at a
+    time (see the module docstring); a summary is the candidate's name where the plan uses one, else
+    ``"product=candidate,..."``. ``candidates`` restricts each class's candidates (default: all serving
+    it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version and thread count
+    key the cache."""
+    facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "plan_version": PLAN_VERSION, **model_facts}
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     hit = _CHOSEN.get(key) or (_read_disk().get(key) if cache else None)
     if hit is None:
-        seconds = {rows: {name: float(timer(rows, name)) for name, (_, _, classes) in CANDIDATES.items()
-                          if rows in classes} for rows in ROW_CLASSES}
-        hit = {**facts, "seconds": seconds, **{rows: min(s, key=s.get) for rows, s in seconds.items()}}
+        seconds: dict[str, dict[str, float]] = {}
+        plans: dict[str, dict[str, str]] = {}
+        for rows in ROW_CLASSES:
+            names = (candidates or {}).get(rows) or [n for n, (_, _, cls) in CANDIDATES.items() if rows in cls]
+            sec = {n: float(timer(rows, {p: n for p in products})) for n in names}
+            best = min(sec, key=sec.get)
+            plan, t_best = {p: best for p in products}, sec[best]
+            near = [n for n in names if sec[n] <= PRUNE * sec[best]]
+            for p in products:
+                for n in near:
+                    if n == plan[p]:
+                        continue
+                    trial = {**plan, p: n}
+                    t = sec[f"{p}={n}"] = float(timer(rows, trial))
+                    if t < t_best * (1 - MIN_GAIN):
+                        plan, t_best = trial, t
+            seconds[rows], plans[rows] = sec, plan
+        hit = {**facts, "seconds": seconds, "plan": plans, **{rows: summary(plans[rows]) for rows in ROW_CLASSES}}
         if cache:
             try:
                 write_json(_disk_path(), {**_read_disk(), key: hit})
@@ -166,6 +230,12 @@ def choose(model_facts: dict, timer: Callable[[str, str], float], *, cache: bool
                 pass
     _CHOSEN[key] = hit
     return hit
+
+
+def summary(plan: dict[str, str]) -> str:
+    """A plan's name: its one candidate, or ``"product=candidate,..."`` when the products differ."""
+    used = set(plan.values())
+    return next(iter(used)) if len(used) == 1 else ",".join(f"{p}={n}" for p, n in plan.items())
 
 
 def choices() -> list[dict]:

@@ -96,7 +96,8 @@ class LeanForward:
     ``kernels``: ``"auto"`` (for one row and for many, the candidate whose whole forward is fastest
     here: :mod:`spade_lib.decoding.kernels`), ``"legacy"`` (the rule before timing) or one candidate
     for every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS``
-    (default ``"auto"``). ``self.kernel_names`` says what was installed: ``{"one": ..., "many": ...}``.
+    (default ``"auto"``). ``self.kernel_names`` says what was installed: ``{"one": ..., "many": ...}`` (a
+    candidate, or ``"product=candidate,..."``), ``self.kernel_plan`` the candidate of every product.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
@@ -175,40 +176,49 @@ class LeanForward:
         if policy == "auto" and packable:
             facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse,
                      "shapes": {n: list(w.shape) for n, (w, _) in {**raw[0], **self._raw[-1]}.items()}}
-            hit = _kernels.choose(facts, self._time_plan)
-            plan = {"one": hit["one"], "many": hit["many"]}
+            hit = _kernels.choose(facts, self._time_plan, self._products())
+            plan = hit["plan"]
         else:
             plan = {"one": "mkl", "many": "mkl"} if policy == "auto" else _kernels.fixed(policy, packable)
         self._install(plan)
         self._prepared = {}  # only what the installed kernels reference stays in memory
 
+    def _products(self) -> list[str]:
+        """The products of one forward, largest weight first (the order :func:`kernels.choose` refines them)."""
+        sizes = {n: w.numel() for n, (w, _) in {**self._raw[0], **self._raw[-1]}.items()}
+        return sorted(sizes, key=lambda n: -sizes[n])
+
     def _weights(self, family: str) -> list[dict]:
-        """Every layer's ``{name: (weight as the family reads it, bias)}`` (packed copies made once)."""
+        """Every layer's ``{name: (weight as the family reads it, bias)}`` (copies made once per family)."""
         if family not in self._prepared:
-            cand = "onednn" if family == "packed" else "mkl"
-            self._prepared[family] = [{n: (_kernels.prepare(cand, w), b) for n, (w, b) in layer.items()}
+            self._prepared[family] = [{n: (_kernels.prepare_as(family, w), b) for n, (w, b) in layer.items()}
                                       for layer in self._raw]
         return self._prepared[family]
 
-    def _install(self, plan: dict[str, str]) -> None:
-        """Build every layer's ``(one-row kernel, many-row kernel)`` per projection, and the head's."""
-        per_class = [self._weights(_kernels.CANDIDATES[plan[rows]][0]) for rows in ("one", "many")]
+    def _install(self, plan: dict[str, str | dict[str, str]]) -> None:
+        """Build every layer's ``(one-row kernel, many-row kernel)`` per product, and the head's; ``plan[row
+        class]`` is one candidate for every product or ``{product: candidate}``."""
+        plan = {rows: p if isinstance(p, dict) else {n: p for n in self._products()} for rows, p in plan.items()}
         for i, layer in enumerate(self.layers + [None]):
             for name in self._raw[i]:
-                pair = tuple(_kernels.Kernel(plan[rows], *ws[i][name]) for rows, ws in zip(("one", "many"), per_class))
+                pair = tuple(_kernels.Kernel(plan[rows][name], *self._weights(
+                    _kernels.CANDIDATES[plan[rows][name]][0])[i][name]) for rows in ("one", "many"))
                 if layer is None:
                     self.head = pair
                 else:
                     layer[name] = pair
-        self.kernel_names = {"one": plan["one"], "many": plan["many"]}
+        self.kernel_plan = plan
+        self.kernel_names = {rows: _kernels.summary(p) for rows, p in plan.items()}
+        # a one-row plan on a kernel with its own threads runs one-row forwards with torch at 1 thread
+        self._solo = any(n in _kernels.SOLO for n in plan["one"].values())
 
     @torch.inference_mode()
-    def _time_plan(self, rows: str, candidate: str, reps: int = 7, warmup: int = 2) -> float:
-        """Median seconds of the whole forward with every ``rows``-class product on ``candidate``, run
-        back to back on a 32-token cache as decoding runs it (1 new token, or MANY_ROWS)."""
+    def _time_plan(self, rows: str, plan: dict[str, str], reps: int = 5, warmup: int = 2) -> float:
+        """Median seconds of the whole forward with the ``rows``-class products on ``plan`` (``{product:
+        candidate}``), run back to back on a 32-token cache as decoding runs it (1 new token, or MANY_ROWS)."""
         import time
 
-        self._install({"one": "mkl", "many": "mkl", rows: candidate})
+        self._install({"one": "mkl", "many": "mkl", rows: plan})
         k = 1 if rows == "one" else _kernels.MANY_ROWS
         ctx = min(32, max(1, self.capacity - k))
         ids = torch.randint(0, int(self.embed.shape[0]), (ctx + k,), generator=torch.Generator().manual_seed(0))
@@ -288,6 +298,17 @@ class LeanForward:
         ``hidden_layers`` also returns ``{layer: [k, d]}``, indexed as Hugging Face's
         ``output_hidden_states`` (0: embeddings, ``i``: after layer ``i``, the last after the final norm).
         Call it under ``torch.inference_mode()`` (the adapter does): it writes the KV buffers in place."""
+        if self._solo and int(ids.shape[0]) == 1:  # one-row kernels with their own threads: torch steps aside
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                return self._forward(ids, last_only, ancestors, tree_from, hidden_layers)
+            finally:
+                torch.set_num_threads(threads)
+        return self._forward(ids, last_only, ancestors, tree_from, hidden_layers)
+
+    def _forward(self, ids: torch.Tensor, last_only: bool, ancestors: torch.Tensor | None, tree_from: int | None,
+                 hidden_layers: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         k = int(ids.shape[0])
         start, end = self.length, self.length + k
         if end > self.capacity:
@@ -345,7 +366,7 @@ class LeanForward:
         elif last_only:
             x = x[-1:]
         self.length = end
-        logits = self.head[1 if x.shape[0] > 1 else 0](x if states is not None else self._rms(x, self.norm))
+        logits = self.head[sel](x if states is not None else self._rms(x, self.norm))  # k > 1: the many-row kernel
         if self.head_token_ids is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_token_ids, logits)

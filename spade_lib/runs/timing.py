@@ -198,7 +198,7 @@ def kernel_plans() -> list[dict]:
     """The linear-kernel plans the lean forwards of this process chose (:mod:`spade_lib.decoding.kernels`),
     one per model: its layer count, weight shapes, dtype, threads and the kernel per row class. It depends
     on what the process built so far, so sessions record it, not the run's identity."""
-    return [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many")} for c in kernels.choices()]
+    return [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many", "plan")} for c in kernels.choices()]
 
 
 def _cpu_flags(wanted: list[str]) -> list[str]:
