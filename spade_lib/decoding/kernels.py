@@ -16,21 +16,20 @@ forward of the model**, back to back as decoding runs it (the autoregressive loo
 forward again and again, speculative verification the ``g + 1``-row one). First every product of the
 class on one candidate; then, from the fastest of those, one pass over the products (largest first)
 that moves a product to another candidate (of those within :data:`PRUNE` of the fastest) where the
-whole forward gets faster by more than :data:`MIN_GAIN`: the best routine differs by weight shape (on the AMD EPYC machines OpenBLAS reads
-SmolLM2's ``576 x 1536`` down projection fastest as ``x W^T`` on the raw weight and its LM head
-fastest from a transposed copy). Timing single products in isolation was tried first and misleads: a
+whole forward gets faster by more than :data:`MIN_GAIN`: the best routine can differ by weight shape (a small square projection and a
+49152-row LM head are different problems for a GEMV). Timing single products in isolation was tried first and misleads: a
 group of weights that fits the cache looks fast alone and is not within a forward that streams all
 of them. Candidates:
 
 - ``"mkl"``: ``F.linear(x, W, b)`` (MKL's GEMV for one row, its SGEMM for more);
 - ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
 - ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept;
-- ``"openblas"``, ``"openblas_t"``, ``"openblas_wx"`` (one row only): numpy's BLAS (OpenBLAS in the
-  pinned numpy wheel) on ``x @ W.T`` (a transposed view of the raw weight), ``x @ Wt`` (a transposed
-  copy made once) and ``W @ x``. OpenBLAS runs its own threads, which fight torch's OpenMP threads
-  for the cores (measured: a one-row forward 10x slower when both pools are live); so a forward whose
-  one-row plan uses one of them runs its one-row calls with torch at 1 thread (:attr:`Kernel.solo`),
-  OpenBLAS taking the machine's cores. Its timing includes that, so it is chosen only where it wins.
+
+numpy's OpenBLAS was tried as a fourth family of one-row candidates and left out: on the AMD EPYC
+machines its one-row forward of SmolLM2 alone was 1.37x faster than oneDNN's (paired, in turns), but
+inside the autoregressive loop 0.90x (T = 0) and 0.82x (T = 1): its threads and torch's OpenMP threads
+fight for the two cores between the forwards (sampling, bookkeeping), and a verification forward needs
+torch's threads for the many-row kernels.
 
 ``policy="legacy"`` reproduces SPADE's rule before kernels were timed (MKL for one row, oneDNN for
 more), for before/after comparisons; the environment variable ``SPADE_LINEAR_KERNELS`` sets the
@@ -51,14 +50,13 @@ import json
 import platform
 from collections.abc import Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from spade_lib import paths
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "SOLO", "Kernel", "choose", "choices", "cpu_model",
+__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "cpu_model",
            "packing_available", "prepare", "prepare_as", "summary"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
@@ -93,40 +91,22 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, 8)
 
 
-def _blas(x: torch.Tensor, w: np.ndarray, b: torch.Tensor | None) -> torch.Tensor:
-    """``x @ w`` in numpy's BLAS (``w``: ``W.T`` as a view or a copy, ``[in, out]``)."""
-    y = torch.from_numpy(x.numpy() @ w)
-    return y if b is None else y + b
-
-
-def _blas_wx(x: torch.Tensor, w: np.ndarray, b: torch.Tensor | None) -> torch.Tensor:
-    """``W @ x`` for one row in numpy's BLAS (``w``: ``W``, ``[out, in]``)."""
-    y = torch.from_numpy(w @ x.numpy()[0])[None]
-    return y if b is None else y + b
-
-
-# name -> (how its weights are prepared, apply to x [k, in], row classes it serves); preparations: "raw" (W),
-# "packed" (oneDNN's reorder), "np_t" (numpy view of W.T), "np_tcopy" (contiguous copy of W.T), "np" (numpy W)
+# name -> (how its weights are prepared: "raw" or "packed", apply to x [k, in], row classes it serves)
 CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "mkl": ("raw", F.linear, ("one", "many")),
     "onednn": ("packed", _lp, ("one", "many")),
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
-    "openblas": ("np_t", _blas, ("one",)),
-    "openblas_t": ("np_tcopy", _blas, ("one",)),
-    "openblas_wx": ("np", _blas_wx, ("one",)),
 }
-SOLO = frozenset(("openblas", "openblas_t", "openblas_wx"))  # they run with torch at 1 thread (own BLAS threads)
 POLICIES = ("auto", "legacy", *CANDIDATES)
 
 
 class Kernel:
     """One linear map on a chosen kernel: ``self(x) = x W^T + b`` (``self.name`` says which)."""
 
-    __slots__ = ("name", "fn", "w", "b", "solo")
+    __slots__ = ("name", "fn", "w", "b")
 
-    def __init__(self, name: str, w: torch.Tensor | np.ndarray, b: torch.Tensor | None):
+    def __init__(self, name: str, w: torch.Tensor, b: torch.Tensor | None):
         self.name, self.fn, self.w, self.b = name, CANDIDATES[name][1], w, b
-        self.solo = name in SOLO  # call it with torch at 1 thread: it brings its own threads
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.fn(x, self.w, self.b)
@@ -138,20 +118,15 @@ class Kernel:
         return residual + self.fn(x, self.w, self.b)
 
 
-def prepare(name: str, w: torch.Tensor) -> torch.Tensor | np.ndarray:
-    """``w`` as candidate ``name`` reads it (the raw weight, a oneDNN-packed copy, numpy views or copies)."""
+def prepare(name: str, w: torch.Tensor) -> torch.Tensor:
+    """``w`` as candidate ``name`` reads it (the raw weight, or a oneDNN-packed copy)."""
     return prepare_as(CANDIDATES[name][0], w)
 
 
-def prepare_as(family: str, w: torch.Tensor) -> torch.Tensor | np.ndarray:
-    """``w`` prepared for a weight family of :data:`CANDIDATES` (``"raw"``, ``"packed"``, ``"np"``, ...)."""
+def prepare_as(family: str, w: torch.Tensor) -> torch.Tensor:
+    """``w`` prepared for a weight family of :data:`CANDIDATES` (``"raw"`` or ``"packed"``)."""
     with torch.inference_mode():
-        if family == "packed":
-            return _pack(w)
-        if family.startswith("np"):
-            a = w.detach().numpy()
-            return a if family == "np" else (a.T if family == "np_t" else np.ascontiguousarray(a.T))
-        return w
+        return _pack(w) if family == "packed" else w
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -209,8 +209,6 @@ class LeanForward:
                     layer[name] = pair
         self.kernel_plan = plan
         self.kernel_names = {rows: _kernels.summary(p) for rows, p in plan.items()}
-        # a one-row plan on a kernel with its own threads runs one-row forwards with torch at 1 thread
-        self._solo = any(n in _kernels.SOLO for n in plan["one"].values())
 
     @torch.inference_mode()
     def _time_plan(self, rows: str, plan: dict[str, str], reps: int = 5, warmup: int = 2) -> float:
@@ -298,17 +296,6 @@ class LeanForward:
         ``hidden_layers`` also returns ``{layer: [k, d]}``, indexed as Hugging Face's
         ``output_hidden_states`` (0: embeddings, ``i``: after layer ``i``, the last after the final norm).
         Call it under ``torch.inference_mode()`` (the adapter does): it writes the KV buffers in place."""
-        if self._solo and int(ids.shape[0]) == 1:  # one-row kernels with their own threads: torch steps aside
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                return self._forward(ids, last_only, ancestors, tree_from, hidden_layers)
-            finally:
-                torch.set_num_threads(threads)
-        return self._forward(ids, last_only, ancestors, tree_from, hidden_layers)
-
-    def _forward(self, ids: torch.Tensor, last_only: bool, ancestors: torch.Tensor | None, tree_from: int | None,
-                 hidden_layers: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         k = int(ids.shape[0])
         start, end = self.length, self.length + k
         if end > self.capacity:
@@ -366,7 +353,7 @@ class LeanForward:
         elif last_only:
             x = x[-1:]
         self.length = end
-        logits = self.head[sel](x if states is not None else self._rms(x, self.norm))  # k > 1: the many-row kernel
+        logits = self.head[1 if x.shape[0] > 1 else 0](x if states is not None else self._rms(x, self.norm))
         if self.head_token_ids is not None:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             logits = full.index_copy_(-1, self.head_token_ids, logits)
