@@ -67,6 +67,21 @@ def test_choose_keeps_the_fastest_plan_per_row_class_and_caches_it(fresh):
     assert (fresh / "kernels" / "choices.json").is_file()
 
 
+def test_a_cached_plan_naming_an_unknown_kernel_is_timed_again(fresh):
+    from spade_lib.io import write_json
+
+    facts = {"shapes": [7]}
+    kernels.choose(facts, lambda rows, plan: 1.0, ["big"])
+    path = fresh / "kernels" / "choices.json"
+    disk = __import__("json").loads(path.read_text())
+    (key, hit), = disk.items()
+    write_json(path, {key: {**hit, "plan": {"one": {"big": "gone"}, "many": {"big": "mkl"}}}})
+    kernels._CHOSEN.clear()
+    calls = []
+    hit = kernels.choose(facts, lambda rows, plan: calls.append(rows) or 1.0, ["big"])
+    assert calls and hit["plan"]["one"]["big"] in kernels.CANDIDATES
+
+
 def test_a_product_moves_only_for_a_gain_beyond_the_noise_margin(fresh):
     def timer(rows, plan):  # moving "small" saves 1 % of the forward: below MIN_GAIN, so nothing moves
         return 1.0 - (0.01 if plan["small"] == "mkl" and plan["big"] == "onednn" else 0.0) + (

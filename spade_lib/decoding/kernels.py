@@ -179,6 +179,8 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
              "plan_version": PLAN_VERSION, **model_facts}
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     hit = _CHOSEN.get(key) or (_read_disk().get(key) if cache else None)
+    if hit is not None and not _valid(hit, products):  # written by another SPADE version: time again
+        hit = None
     if hit is None:
         seconds: dict[str, dict[str, float]] = {}
         plans: dict[str, dict[str, str]] = {}
@@ -205,6 +207,14 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
                 pass
     _CHOSEN[key] = hit
     return hit
+
+
+def _valid(hit: dict, products: list[str]) -> bool:
+    """Whether a cached choice is a plan of today's candidates for these products."""
+    plan = hit.get("plan")
+    return isinstance(plan, dict) and all(
+        isinstance(plan.get(rows), dict) and set(plan[rows]) == set(products)
+        and all(n in CANDIDATES and rows in CANDIDATES[n][2] for n in plan[rows].values()) for rows in ROW_CLASSES)
 
 
 def summary(plan: dict[str, str]) -> str:
