@@ -110,3 +110,25 @@ def test_session_configs_must_pair(pair, runs_dir):
     with pytest.raises(ValueError, match="same n_samples"):
         protocol.run_interleaved(pair, mini_suite(1), [cfg(method="spade", max_new_tokens=4)], cfg(method="ar"),
                                  protocol=protocol.Protocol(warmup=0), progress=False)
+
+
+def test_warmup_generations_are_capped_at_warmup_tokens(pair, runs_dir, monkeypatch):
+    with pytest.raises(ValueError, match="warmup_tokens"):
+        protocol.Protocol(warmup_tokens=-1)
+    seen = []
+    real = protocol.make_generator
+
+    def spy(p, c):
+        g = real(p, c)
+        timed = g.timed
+        g.timed = lambda ids, n, seed: seen.append(n) or timed(ids, n, seed)
+        return g
+
+    monkeypatch.setattr(protocol, "make_generator", spy)
+    protocol.run_interleaved(pair, mini_suite(1), [], cfg(method="ar"),
+                             protocol=protocol.Protocol(warmup=1, repeats=1, warmup_tokens=3), progress=False)
+    assert seen[0] == 3 and seen[1:] == [N_NEW]  # one warm-up of 3 tokens, then the timed generation
+    seen.clear()
+    protocol.run_interleaved(pair, mini_suite(1), [], cfg(method="ar", seed=1),
+                             protocol=protocol.Protocol(warmup=1, repeats=1, warmup_tokens=0), progress=False)
+    assert seen[0] == N_NEW  # 0: the run's own length

@@ -5,7 +5,9 @@ A speedup is a ratio of two timings taken at different moments on a machine whos
 turns that drift into a fake speedup. :func:`run_interleaved` therefore times every configuration
 of a *session* on the same prompt, one after the other, before moving to the next prompt:
 
-1. **Warm-up**: ``Protocol.warmup`` untimed generations of every configuration on the first prompt.
+1. **Warm-up**: ``Protocol.warmup`` untimed generations of every configuration on the first prompt, of
+   at most ``Protocol.warmup_tokens`` new tokens each (enough to pay allocation and first-call costs;
+   the warm-up's outputs are discarded, so it is not part of a run's identity).
 2. **Interleaving**: for each prompt and sample, ``Protocol.repeats`` (>= 3) rounds; each round
    times every configuration once, in an order rotated by prompt and round (no configuration is
    always first). A generation's ``wall_time`` is the median of its repeats.
@@ -57,12 +59,15 @@ class Protocol:
 
     warmup: int = 1        # untimed generations per configuration before the first timed one
     repeats: int = 3       # timed rounds per (prompt, sample); the median is kept
+    warmup_tokens: int = 16  # new tokens of each warm-up generation at most (0: the run's max_new_tokens)
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
+        if isinstance(self.warmup_tokens, bool) or not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
+            raise ValueError(f"warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
 
     def config(self, config: RunConfig) -> RunConfig:
         """``config`` with this protocol's warm-up and repeats (both are part of its identity)."""
@@ -142,8 +147,8 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
     first = suite.rows[0]["turns"][0]
     for w in range(protocol.warmup):
         for c in session:
-            generators[c].timed(prompt_ids(pair.tokenizer, first, c), c.max_new_tokens,
-                                generation_seed(c.seed, "warmup", w))
+            n_warm = min(c.max_new_tokens, protocol.warmup_tokens) if protocol.warmup_tokens > 0 else c.max_new_tokens
+            generators[c].timed(prompt_ids(pair.tokenizer, first, c), n_warm, generation_seed(c.seed, "warmup", w))
     rows = suite.rows
     if progress:
         from tqdm.auto import tqdm

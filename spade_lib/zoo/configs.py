@@ -137,16 +137,17 @@ TINY = PairConfig(
 # The default recipe is FEASIBILITY.md's, with fewer steps: that prototype trained in bf16 on an
 # AVX-512-bf16 CPU, while these machines (AVX2, no native bf16: autocast is ~17x *slower* there, so
 # "auto" turns it off) train the 12 M target in fp32 at ~1.3 CPU-seconds per 8 x 128-token step.
-# 320 target steps + 480 steps per draft keep the build near 8 minutes on two idle cores (400 + 600 took
-# 9-10: cut for make run's budget); an undertrained target is also easier for a 1-layer draft to match.
+# 256 target steps + 360 steps per draft keep the build near 6 minutes on two idle cores (320 + 480 took
+# 7.7 on the 2-core AMD EPYC and on the Xeon, 400 + 600 took 9-10: each cut for make run's budget); an
+# undertrained target is also easier for a 1-layer draft to match.
 _DRAFT = ModelConfig(n_layers=1, hidden=128, n_heads=2, intermediate=320)
-_DRAFT_TRAIN = TrainConfig(steps=480, lr=3e-3, warmup=30, seed=1)
+_DRAFT_TRAIN = TrainConfig(steps=360, lr=3e-3, warmup=30, seed=1)
 
 DEFAULT = PairConfig(
     name="default",
     tokenizer=TokenizerConfig(vocab_size=4096),
     target=ModelConfig(n_layers=6, hidden=384, n_heads=6, intermediate=1024),
-    target_train=TrainConfig(steps=320, lr=2e-3, warmup=30),
+    target_train=TrainConfig(steps=256, lr=2e-3, warmup=30),
     drafts=(
         DraftSpec("distilled", _DRAFT, dataclasses.replace(_DRAFT_TRAIN, objective="kl")),
         DraftSpec("data_only", _DRAFT, _DRAFT_TRAIN),
