@@ -16,14 +16,15 @@ forward of the model**, back to back as decoding runs it (the autoregressive loo
 forward again and again, speculative verification the ``g + 1``-row one). First every product of the
 class on one candidate; then, from the fastest of those, one pass over the products (largest first)
 that moves a product to another candidate (of those within :data:`PRUNE` of the fastest) where the
-whole forward gets faster by more than :data:`MIN_GAIN`: the best routine can differ by weight shape (a small square projection and a
-49152-row LM head are different problems for a GEMV). Timing single products in isolation was tried first and misleads: a
-group of weights that fits the cache looks fast alone and is not within a forward that streams all
-of them. Candidates:
+whole forward gets faster by more than :data:`MIN_GAIN`: the best routine can differ by weight shape
+(a small square projection and a 49152-row LM head are different problems for a GEMV). Each plan is
+timed once, so on a host whose speed drifts a move can ride on noise. Timing single products in
+isolation was tried first and misleads: a group of weights that fits the cache looks fast alone and
+is not within a forward that streams all of them. Candidates:
 
 - ``"mkl"``: ``F.linear(x, W, b)`` (MKL's GEMV for one row, its SGEMM for more);
 - ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
-- ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept;
+- ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept.
 
 numpy's OpenBLAS was tried as a fourth family of one-row candidates and left out: on the AMD EPYC
 machines its one-row forward of SmolLM2 alone was 1.37x faster than oneDNN's (paired, in turns), but
