@@ -35,7 +35,7 @@ def test_every_candidate_computes_the_same_product(name):
         pytest.skip("oneDNN packing is not available in this torch build")
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
-    k = kernels.Kernel(name, kernels.prepare(name, w), b)
+    k = kernels.Kernel(name, kernels.prepare(kernels.CANDIDATES[name][0], w), b)
     rows = (1, 5) if "many" in kernels.CANDIDATES[name][2] else (1,)
     with torch.inference_mode():
         for n in rows:

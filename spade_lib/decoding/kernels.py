@@ -58,7 +58,7 @@ from spade_lib import paths
 from spade_lib.io import write_json
 
 __all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "cpu_model",
-           "packing_available", "prepare", "prepare_as", "summary"]
+           "packing_available", "prepare", "summary"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -119,13 +119,9 @@ class Kernel:
         return residual + self.fn(x, self.w, self.b)
 
 
-def prepare(name: str, w: torch.Tensor) -> torch.Tensor:
-    """``w`` as candidate ``name`` reads it (the raw weight, or a oneDNN-packed copy)."""
-    return prepare_as(CANDIDATES[name][0], w)
-
-
-def prepare_as(family: str, w: torch.Tensor) -> torch.Tensor:
-    """``w`` prepared for a weight family of :data:`CANDIDATES` (``"raw"`` or ``"packed"``)."""
+def prepare(family: str, w: torch.Tensor) -> torch.Tensor:
+    """``w`` as a weight family of :data:`CANDIDATES` reads it: ``"raw"`` (itself) or ``"packed"`` (a
+    oneDNN-packed copy); a candidate's family is ``CANDIDATES[name][0]``."""
     with torch.inference_mode():
         return _pack(w) if family == "packed" else w
 

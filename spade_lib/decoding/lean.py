@@ -191,7 +191,7 @@ class LeanForward:
     def _weights(self, family: str) -> list[dict]:
         """Every layer's ``{name: (weight as the family reads it, bias)}`` (copies made once per family)."""
         if family not in self._prepared:
-            self._prepared[family] = [{n: (_kernels.prepare_as(family, w), b) for n, (w, b) in layer.items()}
+            self._prepared[family] = [{n: (_kernels.prepare(family, w), b) for n, (w, b) in layer.items()}
                                       for layer in self._raw]
         return self._prepared[family]
 
