@@ -395,7 +395,7 @@ def test_records_follow_the_trace_schema_and_verify_math(tiny):
     assert emitted == out.tokens
     table = trace.records_to_table([{**r, "prompt_id": "p0", "category": "code", "sample": 0} for r in rows])
     assert table.num_rows == len(rows)
-    assert set(out.timing) == {"prefill", "draft", "verify", "overhead", "total"}
+    assert set(out.timing) == {"prefill", "draft", "verify", "overhead", "records", "total"}
     assert out.timing["total"] >= out.timing["draft"] + out.timing["verify"]
 
 
@@ -416,6 +416,27 @@ def test_light_and_unrecorded_runs_give_the_same_tokens(tiny):
     with pytest.raises(ValueError, match="record"):
         outs[1].records()
     assert math.isnan(outs[2].timing["draft"]) and outs[2].timing["total"] > 0
+
+
+def test_record_statistics_are_timed_apart(tiny, monkeypatch):
+    """record=True times the statistics on their own (timing["records"]) and takes them out of each
+    step's t_verify: a statistics pass made 30 ms slower per step moves them, not the step's time."""
+    import time
+
+    from spade_lib.decoding import records
+
+    real = records.position_stats
+    monkeypatch.setattr(records, "position_stats", lambda inputs: time.sleep(0.03) or real(inputs))
+    ids = tiny.tokenizer(SMOKE_PROMPTS[3])["input_ids"]
+    out = SpeculativeDecoder(tiny.target, tiny.draft, gamma=3, sampling=SamplingConfig(1.0), record=True
+                             ).generate(ids, 12, seed=2)
+    drafted = [s for s in out.steps if s.gamma > 0]
+    assert out.timing["records"] >= 0.03 * len(drafted) > 0
+    assert all(s.t_verify < 0.03 for s in drafted)  # a tiny pair's verify forward is far below 30 ms
+    assert out.timing["total"] >= out.timing["records"] + out.timing["verify"]
+    light = SpeculativeDecoder(tiny.target, tiny.draft, gamma=3, sampling=SamplingConfig(1.0), record="light"
+                               ).generate(ids, 12, seed=2)
+    assert light.timing["records"] == 0.0 and light.tokens == out.tokens
 
 
 def test_prompt_lookup_with_sampling_uses_one_hot_q(tiny):

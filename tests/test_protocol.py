@@ -132,3 +132,38 @@ def test_warmup_generations_are_capped_at_warmup_tokens(pair, runs_dir, monkeypa
     protocol.run_interleaved(pair, mini_suite(1), [], cfg(method="ar", seed=1),
                              protocol=protocol.Protocol(warmup=1, repeats=1, warmup_tokens=0), progress=False)
     assert seen[0] == N_NEW  # 0: the run's own length
+
+
+def test_records_come_from_the_timed_generation_itself(pair, runs_dir, monkeypatch):
+    """No second pass: every SPADE generation of a session is one of its timed rounds (or the warm-up);
+    the trace's step timings are the last round's own, and the statistics' time is taken out of the
+    wall time (a statistics pass made 40 ms slower per step leaves the timed wall time below it)."""
+    import time
+
+    from spade_lib.decoding import records
+    from spade_lib.decoding.decode import SpeculativeDecoder
+
+    calls, last = [], {}
+    real_generate, real_stats = SpeculativeDecoder.generate, records.position_stats
+
+    def spy(self, ids, n, seed=0):
+        out = real_generate(self, ids, n, seed=seed)
+        calls.append(self.record)
+        last[seed] = out
+        return out
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
+    monkeypatch.setattr(records, "position_stats", lambda inputs: time.sleep(0.04) or real_stats(inputs))
+    suite = mini_suite(2)
+    proto = protocol.Protocol(warmup=1, repeats=2)
+    sp = cfg(method="spade", temperature=1.0, gamma=2)
+    dirs = protocol.run_interleaved(pair, suite, [sp], cfg(method="ar", temperature=1.0), protocol=proto,
+                                    progress=False)
+    assert calls == [True] * (1 + 2 * len(suite.rows))
+    tr = trace.read_trace(dirs[proto.config(sp)])
+    for _, s in read_summary(dirs[proto.config(sp)]).iterrows():
+        out = last[int(s["seed"])]
+        steps = [st for st in out.steps if st.gamma > 0]
+        mine = tr[tr["prompt_id"] == str(s["question_id"])].drop_duplicates("step")
+        assert mine["t_verify"].tolist() == [st.t_verify for st in steps]
+        assert out.timing["records"] >= 0.04 * len(steps) > s["wall_time"]

@@ -44,7 +44,10 @@ Records (``record=True``): one row per drafted token with the trace columns of
 computed vectorised over the ``gamma`` positions as named tensors (one per column of
 ``spade_lib.decoding.records``' position columns, :func:`spade_lib.decoding.records.position_stats`), stacked and moved to the host with a single ``.tolist()``.
 ``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings),
-``record=False`` only the tokens and total times.
+``record=False`` only the tokens and total times. With ``record=True`` the statistics are timed on
+their own (:class:`~spade_lib.decoding.step.Verdict` ``.t_records``) and taken out of the step's
+``t_verify``; ``timing["records"]`` is their sum, which a timed run subtracts from the generation's
+wall time (``spade_lib.runs.methods``): the clock then measures what a deployed decoder would run.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ class SpeculativeDecoder(_Base):
 
         tokens: list[int] = []
         steps: list[StepInfo] = []
-        totals = {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
+        totals = {"draft": 0.0, "verify": 0.0, "overhead": 0.0, "records": 0.0}
         stop_reason = "max_new_tokens"
         # per-generation policy state (None: stateless); it caps each step from past steps (policies.step_cap)
         state = policy.start()
@@ -227,7 +230,7 @@ class SpeculativeDecoder(_Base):
                 logits_p = out.logits if layers else out
                 p = adjust(logits_p, sampling, validate=False)
                 next_token = int(step.plain(p, one_row).item())
-                n_acc, stats, topk = 0, None, None
+                n_acc, stats, topk, t_rec = 0, None, None, 0.0
                 emitted, hit_eos = _truncate([next_token], budget, self.eos)
             elif draft.parents is None:  # a chain: the shared step (spade_lib.decoding.step) with R = 1
                 x = draft.tokens[None]
@@ -239,6 +242,7 @@ class SpeculativeDecoder(_Base):
                 # one device -> host transfer per step: n, next token, the drafts (and the statistics)
                 f, = commit(v.n_accepted, v.next_token, x, [((0,), v)], (budget,), self.eos)
                 n_acc, next_token, stats, topk, emitted, hit_eos = f.n, f.next_token, f.stats, f.topk, f.emitted, f.hit_eos
+                t_rec = v.t_records
             else:  # a tree: one forward over [t, x_0 .. x_{N-1}], row i + 1 masked to the path of node i
                 parents = draft.check()
                 out = target.extend(torch.cat([pending, draft.tokens]), parents=[-1] + [j + 1 for j in parents], **hid)
@@ -246,7 +250,7 @@ class SpeculativeDecoder(_Base):
                 p = adjust(logits_p, sampling, validate=False)
                 f = step.verify_tree(logits_p, p, draft, parents, gens, budget, self.eos)
                 n_acc, next_token, stats, topk, emitted, hit_eos = f.n, f.next_token, f.stats, f.topk, f.emitted, f.hit_eos
-                path, tree = f.path, f.tree
+                path, tree, t_rec = f.path, f.tree, f.t_records
             tc = _clock(dev) if timed else 0.0
 
             if g == 0 or draft.parents is None:  # a chain, or no draft
@@ -270,7 +274,8 @@ class SpeculativeDecoder(_Base):
             if timed:
                 td = _clock(dev)
                 s = steps[-1]
-                s.t_draft, s.t_verify, s.t_overhead = tb - ta, tc - tb, td - tc
+                s.t_draft, s.t_verify, s.t_overhead = tb - ta, tc - tb - t_rec, td - tc
+                totals["records"] += t_rec
                 totals["draft"] += s.t_draft
                 totals["verify"] += s.t_verify
                 totals["overhead"] += s.t_overhead
@@ -334,7 +339,7 @@ class AutoregressiveDecoder(_Base):
                 break
         t_end = _clock(dev)
         timing = {"prefill": t_prefill - t_start, "draft": 0.0, "verify": t_end - t_prefill, "overhead": 0.0,
-                  "total": t_end - t_start}
+                  "records": 0.0, "total": t_end - t_start}
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
 
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:

@@ -11,7 +11,9 @@ that drafted the same ``g``. Given ``logits_p [R, g + 1, V]``, the target's logi
    of row ``r`` and draws its next token ``y_r`` — the residual ``norm(max(0, p_n - q_n))`` at the first
    rejection, the bonus ``~ p_g`` after ``g`` accepts (or the rule's own, :mod:`spade_lib.rules`);
    with ``record=True`` also the per-position statistics :func:`spade_lib.decoding.records.position_stats`
-   ``[R, C, g]`` and, with ``record_topk = k``, the top-``k`` of ``p`` and ``q`` at each position.
+   ``[R, C, g]`` and, with ``record_topk = k``, the top-``k`` of ``p`` and ``q`` at each position,
+   timed on their own (``t_records``: the decoder takes it out of the step's and the generation's times,
+   so a recorded generation is timed as a deployed decoder would run).
    A step with ``g = 0`` (no proposal) is a plain target step: ``y_r ~ p_0`` (:func:`sample_next`).
 2. **commit** (:func:`commit`): one device -> host transfer of every row's ``n``, ``y``, drafts and
    statistics; row ``r`` emits ``x_0 .. x_{n-1}, y`` cut after the first EOS and to its budget
@@ -43,7 +45,7 @@ import torch
 
 from spade_lib import rules
 from spade_lib.decoding import records
-from spade_lib.decoding.common import _truncate
+from spade_lib.decoding.common import _clock, _truncate
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
@@ -81,6 +83,7 @@ class Verdict:
     names: tuple[str, ...] = ()       # the position columns of ``table`` (records.position_stats)
     table: torch.Tensor | None = None  # [R, C, g] float64 statistics (record=True), else None
     topk: list[list[Any]] | None = None  # per row [p_ids, p_probs, q_ids, q_probs], each [g][k]
+    t_records: float = 0.0            # seconds spent computing table and topk (record=True), device synchronised
 
 
 @dataclass
@@ -96,6 +99,7 @@ class RowFacts:
     topk: list[list[Any]] | None = None  # [p_ids, p_probs, q_ids, q_probs] (record_topk > 0)
     path: list[int] | None = None       # a tree: the accepted nodes, root-down (None: a chain)
     tree: dict[str, list[int]] | None = None  # a tree, record=True: records.TREE_COLUMNS per node
+    t_records: float = 0.0              # a tree, record=True: seconds spent computing its statistics
 
 
 class Step:
@@ -133,12 +137,13 @@ class Step:
                          **self.mode_options)
         if not self.full:
             return Verdict(res.n_accepted, res.next_token)
+        t0 = _clock(p.device)
         names, table = records.position_stats(records.StatInputs(logits_p, p, x, q, q_logits, res))
         topk = None
         if self.topk:
             parts = topk_lists(p[:, :x.shape[1]], q, self.topk)
             topk = [[part[r] for part in parts] for r in range(len(streams))]
-        return Verdict(res.n_accepted, res.next_token, names, table, topk)
+        return Verdict(res.n_accepted, res.next_token, names, table, topk, _clock(p.device) - t0)
 
     def verify_tree(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, parents: list[int],
                     streams: Streams, budget: int, eos: frozenset[int]) -> RowFacts:
@@ -153,25 +158,28 @@ class Step:
         g = draft.gamma
         head = torch.cat([res.n_accepted, res.next_token, res.path[0], draft.tokens]).to(torch.float64)
         stats = tree = topk = None
+        t_records = 0.0
         if self.full:  # the same one transfer, with the statistics and each node's depth and sibling rank
+            t0 = _clock(p.device)
             rows = torch.tensor(parents, dtype=torch.long, device=p.device) + 1
             inputs = _tree_inputs(logits_p, p, draft, res, rows)
             names, tab = records.position_stats(inputs)
             cols = names + ("depth", "sibling_rank")
             flat = torch.cat([tab[0], torch.stack([draft.depth, draft.sibling_rank]).to(torch.float64)])
+            topk = topk_lists(inputs.p[0], inputs.q[0], self.topk) if self.topk else None
+            t_records = _clock(p.device) - t0
             host = torch.cat([head, flat.flatten()]).tolist()
             o = 2 + 2 * g
             stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
             tree = {"node": list(range(g)), "parent": parents, "depth": [int(d) for d in stats.pop("depth")],
                     "sibling_rank": [int(r) for r in stats.pop("sibling_rank")]}
-            topk = topk_lists(inputs.p[0], inputs.q[0], self.topk) if self.topk else None
         else:
             host = head.tolist()
         n, y = int(host[0]), int(host[1])
         path = [int(i) for i in host[2:2 + n]]
         drafted = [int(host[2 + g + i]) for i in path]
         emitted, hit_eos = _truncate(drafted + [y], budget, eos)
-        return RowFacts(n, y, drafted, emitted, hit_eos, stats, topk, path, tree)
+        return RowFacts(n, y, drafted, emitted, hit_eos, stats, topk, path, tree, t_records)
 
     def plain(self, p0: torch.Tensor, streams: Sequence[Streams]) -> torch.Tensor:
         """The ``g = 0`` step: ``[R]`` tokens ``~ p0 [R, V]`` from each row's ``"residual"`` stream."""

@@ -24,8 +24,9 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    (:func:`spade_lib.runs.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
    rounds, paired across the session) and the flag where they disagree.
 
-Each configuration's run folder is the runner's usual one (:func:`spade_lib.runs.store.run_dir_for`): traces,
-the untimed recorded pass and its token checks are those of :func:`spade_lib.runs.methods.timed_generation`.
+Each configuration's run folder is the runner's usual one (:func:`spade_lib.runs.store.run_dir_for`): traces
+(the last timed round's own records, their instrumentation taken out of its time) and the token checks
+across rounds are those of :func:`spade_lib.runs.methods.timed_generation`.
 ``RunConfig.repeats`` / ``.warmup`` are set to the protocol's (they are part of a run's identity),
 and ``device="auto"`` is resolved when a ``RunConfig`` is made, so the same request from two
 notebooks is the same run.
@@ -105,10 +106,10 @@ def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: st
     return identity
 
 
-def _replayer(outputs: list) -> Generator:
+def _replayer(outputs: list, token_records: bool) -> Generator:
     """A generator whose timed calls return already-timed outputs (for timed_generation's checks)."""
     it = iter(outputs)
-    return lambda ids, n, seed: next(it)
+    return Generator(lambda ids, n, seed: next(it), token_records)
 
 
 def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConfig, *,
@@ -173,14 +174,13 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                 for c in session[k:] + session[:k]:
                     t0 = devices.clock(device)
                     g = generators[c].timed(ids[c], n_new, seed)
-                    times[c].append(devices.clock(device) - t0)
+                    times[c].append(devices.clock(device) - t0 - g.untimed)  # minus its instrumentation
                     outputs[c].append(g)
             medians = {c: timing.summarize_times(times[c]) for c in session}
             checked = {}
-            for c in session:  # token checks of every member; records (untimed pass) of the written runs
-                gen, _ = timed_generation(
-                    Generator(_replayer(outputs[c]), generators[c].recorded if c in need else None),
-                    ids[c], c, seed, device)
+            for c in session:  # token checks of every member; records (built after the clock) of the written runs
+                gen, _ = timed_generation(_replayer(outputs[c], generators[c].token_records), ids[c], c, seed,
+                                          device, records=c in need)
                 checked[c] = gen
             partners_t = {c.hash: medians[c].median for c in session}
             partners_rounds = {c.hash: list(medians[c].times) for c in session}
