@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -118,8 +120,8 @@ def test_warmup_generations_are_capped_at_warmup_tokens(pair, runs_dir, monkeypa
     seen = []
     real = protocol.make_generator
 
-    def spy(p, c):
-        g = real(p, c)
+    def spy(p, c, records="separate"):
+        g = real(p, c, records)
         timed = g.timed
         g.timed = lambda ids, n, seed: seen.append(n) or timed(ids, n, seed)
         return g
@@ -134,36 +136,45 @@ def test_warmup_generations_are_capped_at_warmup_tokens(pair, runs_dir, monkeypa
     assert seen[0] == N_NEW  # 0: the run's own length
 
 
-def test_records_come_from_the_timed_generation_itself(pair, runs_dir, monkeypatch):
-    """No second pass: every SPADE generation of a session is one of its timed rounds (or the warm-up);
-    the trace's step timings are the last round's own, and the statistics' time is taken out of the
-    wall time (a statistics pass made 40 ms slower per step leaves the timed wall time below it)."""
+@pytest.mark.parametrize("records", ["timed", "separate"])
+def test_records_are_kept_off_the_clock_both_ways(pair, runs_dir, monkeypatch, records):
+    """records="timed": every SPADE generation of a session is a timed round (or the warm-up), the
+    trace's step timings are the last round's own, and the statistics' time is taken out of the wall
+    time (a statistics pass made 40 ms slower per step leaves the timed wall time below it).
+    records="separate": the timed rounds record step-level facts only, and one untimed pass per
+    generation records the tokens."""
     import time
 
-    from spade_lib.decoding import records
+    from spade_lib.decoding import records as columns
     from spade_lib.decoding.decode import SpeculativeDecoder
 
     calls, last = [], {}
-    real_generate, real_stats = SpeculativeDecoder.generate, records.position_stats
+    real_generate, real_stats = SpeculativeDecoder.generate, columns.position_stats
 
     def spy(self, ids, n, seed=0):
         out = real_generate(self, ids, n, seed=seed)
         calls.append(self.record)
-        last[seed] = out
+        last.setdefault(seed, []).append(out)
         return out
 
     monkeypatch.setattr(SpeculativeDecoder, "generate", spy)
-    monkeypatch.setattr(records, "position_stats", lambda inputs: time.sleep(0.04) or real_stats(inputs))
+    monkeypatch.setattr(columns, "position_stats", lambda inputs: time.sleep(0.04) or real_stats(inputs))
     suite = mini_suite(2)
-    proto = protocol.Protocol(warmup=1, repeats=2)
+    proto = protocol.Protocol(warmup=1, repeats=2, records=records)
     sp = cfg(method="spade", temperature=1.0, gamma=2)
     dirs = protocol.run_interleaved(pair, suite, [sp], cfg(method="ar", temperature=1.0), protocol=proto,
                                     progress=False)
-    assert calls == [True] * (1 + 2 * len(suite.rows))
+    n = len(suite.rows)
+    timed_kind = True if records == "timed" else "light"
+    assert sorted(map(str, calls)) == sorted(map(str, [timed_kind] * (1 + 2 * n) + ([True] * n if records == "separate"
+                                                                                    else [])))
     tr = trace.read_trace(dirs[proto.config(sp)])
     for _, s in read_summary(dirs[proto.config(sp)]).iterrows():
-        out = last[int(s["seed"])]
-        steps = [st for st in out.steps if st.gamma > 0]
+        timed = [o for o in last[int(s["seed"])] if (o.timing["records"] > 0) == (records == "timed")]
+        steps = [st for st in timed[-1].steps if st.gamma > 0]
         mine = tr[tr["prompt_id"] == str(s["question_id"])].drop_duplicates("step")
-        assert mine["t_verify"].tolist() == [st.t_verify for st in steps]
-        assert out.timing["records"] >= 0.04 * len(steps) > s["wall_time"]
+        assert mine["t_verify"].tolist() == [st.t_verify for st in steps]  # the last timed round's
+        assert s["wall_time"] < 0.04 * len(steps)  # the statistics' time is not in it
+    assert json.loads((dirs[proto.config(sp)] / "metadata.json").read_text())["sessions"][-1]["records"] == records
+    with pytest.raises(ValueError, match="records"):
+        protocol.Protocol(records="inline")

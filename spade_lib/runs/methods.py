@@ -16,17 +16,22 @@ first prompt, then each generation timed ``repeats`` times, median kept):
 Baselines draft nothing, so their shards hold no rows; their summaries carry the timings.
 
 **Instrumentation is not timed.** SPADE's token-level statistics (entropies, TV, KL over the
-vocabulary at every drafted position) cost what a deployed decoder would not spend. The timed SPADE
-decoder computes them in the step (``record=True``) and times them on their own
-(``GenerationResult.timing["records"]``, synchronised on an accelerator); a generation's timed wall
-time is its clock minus that (:attr:`Generation.untimed`), and its step timings already exclude it.
-The trace therefore describes the very generation that was timed (its tokens, decisions and ``t_*``
-step timings), and no second pass is run. The records (a dict per drafted token) are built after the
-clock stopped (:func:`timed_generation`). Repeated timed passes must agree token for token.
-(Measured on SmolLM2, 2 cores, T = 1, gamma 4, 6 paired rounds of 64 tokens: a recorded generation
-timed this way against a ``record="light"`` one, 1.01x / 1.02x / 0.96x for the null draft / the
-distilled draft / prompt lookup, within this host's noise; the statistics took 0.09-0.38 s of a
-2.7-4.6 s generation.)
+vocabulary at every drafted position) cost what a deployed decoder would not spend. Two ways keep them
+off the clock (``records``, :data:`RECORDS`):
+
+- ``"separate"`` (the default): the timed passes record step-level facts only (``record="light"``);
+  the statistics come from one more, untimed pass with the same seed (``record=True``), which must
+  reproduce the timed tokens exactly; the trace's ``t_*`` columns are the last timed pass's.
+- ``"timed"``: the timed pass itself records (``record=True``) and times its statistics on their own
+  (``GenerationResult.timing["records"]``); its timed wall time is the clock minus that
+  (:attr:`Generation.untimed`), its step timings already exclude it, and no second pass runs. The
+  statistics still touch memory a deployed decoder would not, so this is unbiased only where the
+  weights stream from DRAM anyway. Measured on the 2-core AMD EPYC (32 MiB L3), paired against
+  ``record="light"``, T = 1, gamma 4, 64 tokens, median ratio of the times: SmolLM2-135M (538 MB;
+  16 rounds) 0.99x / 1.00x / 1.01x for the null draft / the distilled draft / prompt lookup (quartiles
+  within 0.96-1.08); the embedded pair (48 MB, largely cache-resident; 30 rounds) 1.07x / 1.04x / 1.01x,
+  a bias against speculation. So the real pair's notebooks time this way (no second pass: about half
+  of their decoding) and the embedded pair's do not.
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ from spade_lib.runs import timing
 from spade_lib.runs.config import RunConfig, check_draft
 
 
+RECORDS = ("separate", "timed")  # how a SPADE run's token-level records stay off the clock (module docstring)
+
+
 @dataclass
 class Generation:
-    """What one generation produced, whatever the method. ``records`` stay empty until
-    :func:`timed_generation` builds them from ``result`` (after the clock)."""
+    """What one generation produced, whatever the method. With ``records="timed"`` the ``records``
+    stay empty until :func:`timed_generation` builds them from ``result`` (after the clock)."""
 
     output_ids: list[int]
     text: str
@@ -52,38 +60,56 @@ class Generation:
     stop_reason: str           # "eos", "max_new_tokens" or "context_limit"
     step_times: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (draft, verify, rest)
     untimed: float = 0.0       # seconds of instrumentation inside the clock, subtracted from its reading
-    result: Any = None         # SPADE: the decoder's GenerationResult, its records not yet built
+    result: Any = None         # records="timed": the decoder's GenerationResult, its records not yet built
 
 
 @dataclass
 class Generator:
     """How a run generates: ``timed(ids, max_new_tokens, seed)`` is what the clock measures (minus the
-    generation's ``untimed`` seconds); ``token_records``: its generations carry token-level records
-    (SPADE), built after the clock by :func:`timed_generation`."""
+    generation's ``untimed`` seconds). Token-level records (SPADE only) come from ``recorded``, the same
+    decoder with ``record=True``, run once untimed (``records="separate"``), or from the timed generation
+    itself (``token_records``, ``records="timed"``)."""
 
     timed: Callable[[list[int], int, int], Generation]
+    recorded: Callable[[list[int], int, int], Generation] | None = None
     token_records: bool = False
 
 
-def _from_result(r) -> Generation:
+def _from_result(r, records: bool = False) -> Generation:
     steps = getattr(r, "steps", [])
-    return Generation(list(r.tokens), r.text or "", [], list(r.accept_lengths) if steps else [], r.stop_reason,
+    return Generation(list(r.tokens), r.text or "", r.records() if records else [],
+                      list(r.accept_lengths) if steps else [], r.stop_reason,
                       [(s.t_draft, s.t_verify, s.t_overhead) for s in steps if s.gamma > 0],
-                      float(getattr(r, "timing", {}).get("records", 0.0)), r)
+                      float(getattr(r, "timing", {}).get("records", 0.0)))
 
 
-def make_generator(pair, config: RunConfig) -> Generator:
-    """The :class:`Generator` of ``config.method`` on ``pair``."""
+def make_generator(pair, config: RunConfig, records: str = "separate") -> Generator:
+    """The :class:`Generator` of ``config.method`` on ``pair``; ``records``: one of :data:`RECORDS`."""
     from spade_lib.decoding import baselines, decode
 
+    if records not in RECORDS:
+        raise ValueError(f"records: must be one of {RECORDS}, got {records!r}")
     sampling = config.sampling()
     check_draft(pair, config)
     if config.method == "spade":
-        dec = decode.SpeculativeDecoder(
-            pair.target, config.make_drafter(pair), policy=config.make_policy(), sampling=sampling,
-            tokenizer=pair.tokenizer, mode=None if config.mode == "auto" else config.mode, record=True,
-            record_topk=config.record_topk, **config.mode_options)
-        return Generator(lambda ids, n, seed: _from_result(dec.generate(ids, n, seed=seed)), token_records=True)
+        def decoder(record):
+            return decode.SpeculativeDecoder(
+                pair.target, config.make_drafter(pair), policy=config.make_policy(), sampling=sampling,
+                tokenizer=pair.tokenizer, mode=None if config.mode == "auto" else config.mode, record=record,
+                record_topk=config.record_topk if record is True else 0, **config.mode_options)
+
+        if records == "timed":
+            full = decoder(True)
+
+            def timed(ids, n, seed):
+                g = _from_result(r := full.generate(ids, n, seed=seed))
+                g.result = r
+                return g
+
+            return Generator(timed, token_records=True)
+        light, full = decoder("light"), decoder(True)
+        return Generator(lambda ids, n, seed: _from_result(light.generate(ids, n, seed=seed)),
+                         lambda ids, n, seed: _from_result(full.generate(ids, n, seed=seed), records=True))
     if config.method == "ar":
         ar = decode.AutoregressiveDecoder(pair.target, sampling=sampling, tokenizer=pair.tokenizer)
         return Generator(lambda ids, n, seed: _from_result(ar.generate(ids, n, seed=seed)))
@@ -96,8 +122,10 @@ def make_generator(pair, config: RunConfig) -> Generator:
 def timed_generation(generator: Generator, ids, config: RunConfig, seed: int, device, *, records: bool = True
                      ) -> tuple[Generation, timing.Timing]:
     """One generation timed ``config.repeats`` times (each reading minus its ``untimed`` seconds); the
-    passes must agree token for token. With ``records`` (and a generator that has them) the last pass's
-    token-level records are built, after the clock."""
+    passes must agree token for token. With ``records``: the recorded pass (if any) once, untimed, which
+    must agree with them too, its records keeping the last timed pass's step timings; or, for a generator
+    whose timed generations record, the last one's records, built after its clock."""
+    rec = generator.recorded(ids, config.max_new_tokens, seed) if records and generator.recorded else None
     outputs: list[Generation] = []
     times: list[float] = []
     for _ in range(config.repeats):
@@ -105,9 +133,20 @@ def timed_generation(generator: Generator, ids, config: RunConfig, seed: int, de
         g = generator.timed(ids, config.max_new_tokens, seed)
         times.append(timing.clock(device) - t0 - g.untimed)
         outputs.append(g)
-    last = outputs[-1]
-    if any(o.output_ids != last.output_ids or o.accept_lengths != last.accept_lengths for o in outputs):
-        raise RuntimeError(f"seed {seed}: repeated generations differ; decoding is not deterministic here")
+    gen, t = outputs[-1], timing.summarize_times(times)
+    ref = rec if rec is not None else gen
+    if any(o.output_ids != ref.output_ids or o.accept_lengths != ref.accept_lengths for o in outputs):
+        raise RuntimeError(f"seed {seed}: repeated generations differ (or differ from the recorded one); "
+                           "decoding is not deterministic here")
     if records and generator.token_records:
-        last.records = last.result.records()
-    return last, timing.summarize_times(times)
+        gen.records = gen.result.records()
+    gen.result = None
+    if rec is None:
+        return gen, t
+    steps_with_rows = sorted({r["step"] for r in rec.records})
+    if len(steps_with_rows) != len(gen.step_times):
+        raise RuntimeError(f"seed {seed}: recorded and timed passes drafted in different steps")
+    by_step = dict(zip(steps_with_rows, gen.step_times))
+    for r in rec.records:
+        r["t_draft"], r["t_verify"], r["t_overhead"] = by_step[r["step"]]
+    return rec, t

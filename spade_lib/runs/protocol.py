@@ -25,8 +25,9 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    rounds, paired across the session) and the flag where they disagree.
 
 Each configuration's run folder is the runner's usual one (:func:`spade_lib.runs.store.run_dir_for`): traces
-(the last timed round's own records, their instrumentation taken out of its time) and the token checks
-across rounds are those of :func:`spade_lib.runs.methods.timed_generation`.
+and the token checks are those of :func:`spade_lib.runs.methods.timed_generation`, the records taken as
+``Protocol.records`` says (:data:`spade_lib.runs.methods.RECORDS`: an untimed recorded pass, or the
+timed round's own with their statistics' time taken out of it); each session's metadata names it.
 ``RunConfig.repeats`` / ``.warmup`` are set to the protocol's (they are part of a run's identity),
 and ``device="auto"`` is resolved when a ``RunConfig`` is made, so the same request from two
 notebooks is the same run.
@@ -48,7 +49,7 @@ from spade_lib import devices, paths
 
 from spade_lib.runs import controls, metrics, timing, trace
 from spade_lib.runs.config import RunConfig, check_pair_placement, generation_seed, prompt_ids
-from spade_lib.runs.methods import Generator, make_generator, timed_generation
+from spade_lib.runs.methods import RECORDS, Generator, make_generator, timed_generation
 from spade_lib.runs.store import (check_existing, read_summary, run_dir_for, run_identity, shard_done, shard_path,
                                   suite_key, summary_row, write_summary)
 from spade_lib.io import write_json
@@ -61,6 +62,7 @@ class Protocol:
     warmup: int = 1        # untimed generations per configuration before the first timed one
     repeats: int = 3       # timed rounds per (prompt, sample); the median is kept
     warmup_tokens: int = 16  # new tokens of each warm-up generation at most (0: the run's max_new_tokens)
+    records: str = "separate"  # SPADE's token records: an untimed pass, or "timed" (spade_lib.runs.methods)
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -69,6 +71,8 @@ class Protocol:
             raise ValueError(f"repeats must be an integer >= 1, got {self.repeats!r}")
         if isinstance(self.warmup_tokens, bool) or not isinstance(self.warmup_tokens, int) or self.warmup_tokens < 0:
             raise ValueError(f"warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
+        if self.records not in RECORDS:
+            raise ValueError(f"records must be one of {RECORDS}, got {self.records!r}")
 
     def config(self, config: RunConfig) -> RunConfig:
         """``config`` with this protocol's warm-up and repeats (both are part of its identity)."""
@@ -87,7 +91,7 @@ def _session_id(configs: Sequence[RunConfig]) -> str:
     return hashlib.sha256(" ".join(sorted(c.hash for c in configs)).encode()).hexdigest()[:12]
 
 
-def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: str) -> dict:
+def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: str, records: str) -> dict:
     """Write (or extend) ``metadata.json`` as :func:`spade_lib.runs.runner.run_suite` does; return the run identity."""
     identity = run_identity(pair, suite, config)
     meta_path = run_dir / "metadata.json"
@@ -98,7 +102,8 @@ def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: st
         sessions = json.loads(meta_path.read_text(encoding="utf-8")).get("sessions", [])
     env = timing.environment_fingerprint(device)
     sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
-                     "protocol_session": session, "linear_kernels": timing.kernel_plans()})
+                     "protocol_session": session, "linear_kernels": timing.kernel_plans(),
+                     "records": records})
     write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
                            "sampling": dataclasses.asdict(config.sampling()),
                            "policy": repr(config.make_policy()) if config.method == "spade" else None,
@@ -106,10 +111,11 @@ def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: st
     return identity
 
 
-def _replayer(outputs: list, token_records: bool) -> Generator:
-    """A generator whose timed calls return already-timed outputs (for timed_generation's checks)."""
+def _replayer(outputs: list, generator: Generator, records: bool) -> Generator:
+    """``generator`` whose timed calls return already-timed outputs (for timed_generation's checks);
+    without ``records``, without its recorded pass."""
     it = iter(outputs)
-    return Generator(lambda ids, n, seed: next(it), token_records)
+    return Generator(lambda ids, n, seed: next(it), generator.recorded if records else None, generator.token_records)
 
 
 def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConfig, *,
@@ -141,8 +147,8 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
         device = check_pair_placement(pair, c)
     if session[0].threads:
         timing.fix_threads(session[0].threads)
-    generators = {c: make_generator(pair, c) for c in session}  # first: their kernels are then chosen
-    identities = {c: _open_run(pair, suite, c, dirs[c], device, sid) for c in todo}
+    generators = {c: make_generator(pair, c, protocol.records) for c in session}  # first: their kernels are then chosen
+    identities = {c: _open_run(pair, suite, c, dirs[c], device, sid, protocol.records) for c in todo}
     for c in todo:
         paths.ensure_dir(dirs[c] / "trace")
     first = suite.rows[0]["turns"][0]
@@ -178,8 +184,8 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                     outputs[c].append(g)
             medians = {c: timing.summarize_times(times[c]) for c in session}
             checked = {}
-            for c in session:  # token checks of every member; records (built after the clock) of the written runs
-                gen, _ = timed_generation(_replayer(outputs[c], generators[c].token_records), ids[c], c, seed,
+            for c in session:  # token checks of every member; records (off the clock) of the written runs
+                gen, _ = timed_generation(_replayer(outputs[c], generators[c], c in need), ids[c], c, seed,
                                           device, records=c in need)
                 checked[c] = gen
             partners_t = {c.hash: medians[c].median for c in session}
