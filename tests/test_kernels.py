@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib import paths
-from spade_lib.decoding import kernels
+from spade_lib.decoding import kernels, native
 from spade_lib.decoding.lean import LeanForward
 
 PACKABLE = kernels.packing_available(torch.device("cpu"), torch.float32)
+NATIVE = native.available()
 
 
 @pytest.fixture()
@@ -20,6 +21,12 @@ def fresh(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)
     monkeypatch.setattr(kernels, "_CHOSEN", {})
     return tmp_path
+
+
+@pytest.fixture()
+def library_only(monkeypatch):
+    """The chooser's logic on the library candidates (the fake timers below price those only)."""
+    monkeypatch.setattr(kernels, "usable", lambda name: name != "avx2")
 
 
 def llama():
@@ -31,8 +38,10 @@ def llama():
 
 @pytest.mark.parametrize("name", list(kernels.CANDIDATES))
 def test_every_candidate_computes_the_same_product(name):
-    if name != "mkl" and not PACKABLE:
+    if name.startswith("onednn") and not PACKABLE:
         pytest.skip("oneDNN packing is not available in this torch build")
+    if name == "avx2" and not NATIVE:
+        pytest.skip("SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     k = kernels.Kernel(name, kernels.prepare(kernels.CANDIDATES[name][0], w), b)
@@ -41,9 +50,17 @@ def test_every_candidate_computes_the_same_product(name):
         for n in rows:
             x = torch.randn(n, 32, generator=g)
             torch.testing.assert_close(k(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        x, r = torch.randn(1, 32, generator=g), torch.randn(1, 48, generator=g)
+        torch.testing.assert_close(k.add_to(r, x), r + F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k.normed(x, 1e-5), F.linear(F.rms_norm(x, (32,), None, 1e-5), w, b),
+                                   rtol=1e-5, atol=1e-5)
+        w2 = torch.randn(48, 16, generator=g)  # a gated MLP's down projection: u = silu(x[:16]) * x[16:]
+        k2 = kernels.Kernel(name, kernels.prepare(kernels.CANDIDATES[name][0], w2), None)
+        torch.testing.assert_close(k2.add_to(r, x, gated=True), r + F.linear(F.silu(x[:, :16]) * x[:, 16:], w2),
+                                   rtol=1e-5, atol=1e-5)
 
 
-def test_choose_keeps_the_fastest_plan_per_row_class_and_caches_it(fresh):
+def test_choose_keeps_the_fastest_plan_per_row_class_and_caches_it(fresh, library_only):
     # a forward of products "big" and "small": every candidate for all, then one product at a time
     cost = {"one": {"mkl": (2.0, 1.0), "onednn": (1.0, 1.0), "onednn_pad2": (2.3, 0.2)},
             "many": {"mkl": (1.0, 0.5), "onednn": (2.0, 2.0)}}
@@ -67,7 +84,7 @@ def test_choose_keeps_the_fastest_plan_per_row_class_and_caches_it(fresh):
     assert (fresh / "kernels" / "choices.json").is_file()
 
 
-def test_a_cached_plan_naming_an_unknown_kernel_is_timed_again(fresh):
+def test_a_cached_plan_naming_an_unknown_kernel_is_timed_again(fresh, library_only):
     from spade_lib.io import write_json
 
     facts = {"shapes": [7]}
@@ -97,7 +114,8 @@ def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh
     ids = torch.randint(0, 96, (7,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ref = model(ids[None], use_cache=False).logits[0]
-        for policy in ["auto", "legacy", "mkl"] + (["onednn", "onednn_pad2"] if PACKABLE else []):
+        for policy in ["auto", "legacy", "mkl"] + (["onednn", "onednn_pad2"] if PACKABLE else []) + (
+                ["avx2"] if NATIVE else []):
             lean = LeanForward(model, 64, kernels=policy)
             got = torch.cat([lean.forward(ids[:4]), lean.forward(ids[4:5]), lean.forward(ids[5:])])
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
@@ -121,6 +139,16 @@ def test_bad_policy_is_refused(fresh):
         kernels.fixed("onednn", packable=False)
     with pytest.raises(ValueError, match="policy: must be one of"):
         kernels.fixed("auto", packable=True)
+
+
+def test_the_native_candidate_is_offered_only_where_it_runs(fresh, monkeypatch):
+    monkeypatch.setenv("SPADE_NATIVE", "0")
+    assert not kernels.usable("avx2") and kernels.usable("mkl")
+    with pytest.raises(ValueError, match="policy: 'avx2' is not available"):
+        kernels.fixed("avx2", packable=True)
+    timed = []
+    kernels.choose({"shapes": [5]}, lambda rows, plan: timed.append(set(plan.values())) or 1.0, ["big"])
+    assert timed and all("avx2" not in names for names in timed)
 
 
 def test_sessions_record_the_chosen_kernels_and_the_identity_does_not(fresh):

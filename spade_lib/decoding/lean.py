@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from spade_lib.decoding import kernels as _kernels
+from spade_lib.decoding import native as _native
 
 __all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
 
@@ -172,6 +173,9 @@ class LeanForward:
         if policy not in _kernels.POLICIES:
             raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
         packable = _kernels.packing_available(self.device, self.dtype)
+        # the one-token path's attention in one native call (spade_lib.decoding.native), except for "legacy"
+        self._native_attention = (policy != "legacy" and self.folded and self.device.type == "cpu"
+                                  and self.dtype == torch.float32 and _native.available())
         self._prepared: dict[str, list[dict]] = {}
         if policy == "auto" and packable:
             facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse,
@@ -372,31 +376,36 @@ class LeanForward:
     def _forward_one(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """:meth:`forward` of one token on folded weights, in as few kernel calls as the math allows (the
         AR step and every draft step: here the per-call cost of the small operations between the
-        matmuls is what is left beside streaming the weights). Per layer: the rotation of the ``H + KV``
-        query and key heads is one product with the position's rotation matrix ``R`` (``x R = x cos +
-        rotate_half(x) sin``, built once per call), attention is two batched products over the cache,
-        and each residual add is fused into its projection (``x + a W^T`` in one call where the kernel
-        allows it)."""
+        matmuls is what is left beside streaming the weights). Per layer: each RMSNorm is done by the
+        product that reads it and each residual add by the product that writes it (where the kernel
+        allows: ``Kernel.normed``, ``Kernel.add_to``, the gated MLP's ``silu(gate) * up`` included); the
+        token mixing (rotation, cache write, attention) is one call of :func:`native.attend_one` where
+        SPADE's native kernels run, else the rotation of the ``H + KV`` query and key heads is one product
+        with the position's rotation matrix ``R`` (``x R = x cos + rotate_half(x) sin``, built once per
+        call) and attention two batched products over the cache."""
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        half, end = hd // 2, start + 1
+        end = start + 1
         cos, sin = self._cos[start], self._sin[start]
-        rot = torch.diag(cos)
-        rot[half:, :half] -= torch.diag(sin[:half])   # (x R)_i gets -x_{i+half} sin_i for i < half
-        rot[:half, half:] += torch.diag(sin[half:])   # and +x_{i-half} sin_i for i >= half
         x = F.embedding(ids, self.embed)  # [1, d]
-        d = x.shape[-1]
-        g = H // KV
-        for layer, kv in zip(self.layers, self._kv):
-            qkv = layer["qkv"][0](F.rms_norm(x, (d,), None, layer["ln1"][1])).view(H + 2 * KV, hd)
-            qk = torch.mm(qkv[:H + KV], rot)
-            kv[0, :, start] = qk[H:]
-            kv[1, :, start] = qkv[H + KV:]
-            scores = torch.bmm(qk[:H].view(KV, g, hd), kv[0, :, :end].transpose(1, 2))
-            att = torch.bmm(torch.softmax(scores, dim=-1), kv[1, :, :end]).view(1, H * hd)
-            x = layer["o"][0].add_to(x, att)
-            gu = layer["gate_up"][0](F.rms_norm(x, (d,), None, layer["ln2"][1]))
-            inter = gu.shape[-1] // 2
-            x = layer["down"][0].add_to(x, F.silu(gu[:, :inter]) * gu[:, inter:])
+        if self._native_attention:
+            for layer, kv in zip(self.layers, self._kv):
+                qkv = layer["qkv"][0].normed(x, layer["ln1"][1])
+                x = layer["o"][0].add_to(x, _native.attend_one(qkv, kv, start, cos, sin, H))
+                x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
+        else:
+            half, g = hd // 2, H // KV
+            rot = torch.diag(cos)
+            rot[half:, :half] -= torch.diag(sin[:half])   # (x R)_i gets -x_{i+half} sin_i for i < half
+            rot[:half, half:] += torch.diag(sin[half:])   # and +x_{i-half} sin_i for i >= half
+            for layer, kv in zip(self.layers, self._kv):
+                qkv = layer["qkv"][0].normed(x, layer["ln1"][1]).view(H + 2 * KV, hd)
+                qk = torch.mm(qkv[:H + KV], rot)
+                kv[0, :, start] = qk[H:]
+                kv[1, :, start] = qkv[H + KV:]
+                scores = torch.bmm(qk[:H].view(KV, g, hd), kv[0, :, :end].transpose(1, 2))
+                att = torch.bmm(torch.softmax(scores, dim=-1), kv[1, :, :end]).view(1, H * hd)
+                x = layer["o"][0].add_to(x, att)
+                x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
         self.length = end
         logits = self.head[0](self._rms(x, self.norm))
         if self.head_token_ids is not None:
@@ -428,10 +437,10 @@ def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
     ids = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(0)).to(lean.device)
     ref = model(ids[None], use_cache=False).logits[0].float()
     lean.reset()
-    first = lean.forward(ids[: n // 2])
-    rest = lean.forward(ids[n // 2:])
+    first = lean.forward(ids[: n // 2])  # a block of tokens, then one token at a time (the AR step's own path)
+    rest = [lean.forward(ids[i:i + 1]) for i in range(n // 2, n)]
     lean.reset()
-    got = torch.cat([first, rest]).float()
+    got = torch.cat([first, *rest]).float()
     finite = torch.isfinite(ref)  # an FR-Spec head's logits are -inf off its tokens, in both forwards
     if got.shape != ref.shape or not torch.equal(finite, torch.isfinite(got)) or not bool(finite.any()):
         return False
