@@ -147,8 +147,13 @@ def test_the_native_candidate_is_offered_only_where_it_runs(fresh, monkeypatch):
     with pytest.raises(ValueError, match="policy: 'avx2' is not available"):
         kernels.fixed("avx2", packable=True)
     timed = []
-    kernels.choose({"shapes": [5]}, lambda rows, plan: timed.append(set(plan.values())) or 1.0, ["big"])
-    assert timed and all("avx2" not in names for names in timed)
+    hit = kernels.choose({"shapes": [5]}, lambda rows, plan: timed.append(set(plan.values())) or 1.0, ["big"])
+    assert timed and all("avx2" not in names for names in timed) and hit["native"] is False
+    monkeypatch.delenv("SPADE_NATIVE")  # a plan chosen without the native kernels is not reused with them
+    if native.available():
+        again = []
+        kernels.choose({"shapes": [5]}, lambda rows, plan: again.append(set(plan.values())) or 1.0, ["big"])
+        assert {"avx2"} in again
 
 
 def test_sessions_record_the_chosen_kernels_and_the_identity_does_not(fresh):

@@ -204,10 +204,10 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
     largest first. Each class is timed with every product on one candidate, then refined one product at a
     time (see the module docstring); a summary is the candidate's name where the plan uses one, else
     ``"product=candidate,..."``. ``candidates`` restricts each class's candidates (default: all serving
-    it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version and thread count
-    key the cache."""
+    it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version, thread count and
+    whether the native kernels run (``SPADE_NATIVE``) key the cache."""
     facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "plan_version": PLAN_VERSION, **model_facts}
+             "plan_version": PLAN_VERSION, "native": native.available(), **model_facts}
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     hit = _CHOSEN.get(key) or (_read_disk().get(key) if cache else None)
     if hit is not None and not _valid(hit, products):  # written by another SPADE version: time again
