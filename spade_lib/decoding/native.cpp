@@ -142,11 +142,9 @@ torch::Tensor attend_one(torch::Tensor qkv, torch::Tensor kv, int64_t start, tor
       const float* K = keys + j * cap * hd;
       const float* V = vals + j * cap * hd;
       float mx = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        float d = 0.0f;
-        for (int64_t i = 0; i < hd; ++i) d += qr[i] * K[t * hd + i];
-        p[t] = d;
-        mx = std::max(mx, d);
+      for (int64_t t = 0; t < n; ++t) {  // the scores: AVX2 dot products (a scalar reduction would not vectorise)
+        p[t] = dot(K + t * hd, qr.data(), hd);
+        mx = std::max(mx, p[t]);
       }
       float z = 0.0f;
       for (int64_t t = 0; t < n; ++t) z += (p[t] = std::exp(p[t] - mx));
