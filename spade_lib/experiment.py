@@ -136,11 +136,13 @@ def resolve_suite(suite: str, tokenizer: Any = "default", n_per_category: int | 
 
 def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = "", device: str = "cpu",
                     dtype: str = "float32", suite: str = "embedded", *, n_per_category: int | None = None,
-                    threads: int = 0, heads: tuple[str, ...] | list[str] = ()) -> Experiment:
+                    threads: int = 0, heads: tuple[str, ...] | list[str] = (), head_profile: str = "make"
+                    ) -> Experiment:
     """Load the pair on ``device``/``dtype``, fix torch's threads (0: every CPU this process may use)
     and resolve the suite. ``target_id`` (with ``draft_id``) loads a real pair labelled ``pair``;
     ``heads`` (a named pair's feature-head kinds, e.g. ``["eagle3", "medusa"]``) are built if not cached
-    (``make`` recipe, :mod:`spade_lib.zoo.heads`) and attached, for the drafters ``"eagle"`` / ``"medusa"``."""
+    by the ``head_profile`` recipe (``"make"`` or the opt-in ``"long"``, :mod:`spade_lib.zoo.heads`) and
+    attached, for the drafters ``"eagle"`` / ``"medusa"``."""
     from spade_lib.zoo.pairs import load_pair
 
     for name, v in (("pair", pair), ("target_id", target_id), ("draft_id", draft_id), ("device", device),
@@ -155,13 +157,17 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
         raise ValueError(f"heads must be a list of head kinds such as ['eagle3', 'medusa'], got {heads!r}")
     if heads and target_id:
         raise ValueError("heads: only for a named pair; a real pair takes a head folder as draft_id")
+    from spade_lib.zoo.heads import PROFILES
+
+    if head_profile not in PROFILES:
+        raise ValueError(f"head_profile: must be one of {sorted(PROFILES)}, got {head_profile!r}")
     dev = devices.resolve_device(device)
     torch_dtype = devices.resolve_dtype(dtype)
     n_threads = timing.fix_threads(threads or None)
     if target_id:
         the_pair = load_pair(pair or None, target=target_id, draft=draft_id or None, device=dev, dtype=torch_dtype)
     else:
-        the_pair = load_pair(pair, device=dev, dtype=torch_dtype, heads=tuple(heads))
+        the_pair = load_pair(pair, device=dev, dtype=torch_dtype, heads=tuple(heads), head_profile=head_profile)
     full, cut = resolve_suite(suite, tokenizer=the_pair.tokenizer, n_per_category=n_per_category)
     return Experiment(pair=the_pair, suite=cut, full_suite=full, device=dev, dtype=dtype, threads=n_threads,
                       fingerprint=timing.environment_fingerprint(dev))
@@ -169,7 +175,8 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
 
 def from_params(params: Any) -> Experiment:
     """:func:`load_experiment` from a notebook's resolved parameters (``setup_notebook``'s result or
-    a dict): the six pair parameters, plus ``n_per_category``, ``threads`` and ``heads`` when declared; the
+    a dict): the six pair parameters, plus ``n_per_category``, ``threads``, ``heads`` and ``head_profile``
+    when declared; the
     declared :data:`RUN_PARAMETERS` become the experiment's ``run_fields`` (``chat_template`` in its
     ``RunConfig`` spelling, :func:`chat_template_value`)."""
     values = params.as_dict() if hasattr(params, "as_dict") else dict(params)
@@ -180,6 +187,7 @@ def from_params(params: Any) -> Experiment:
     if "chat_template" in run_fields:
         run_fields["chat_template"] = chat_template_value(run_fields["chat_template"])
     e = load_experiment(*(values[k] for k in PAIR_PARAMETERS), n_per_category=values.get("n_per_category"),
-                        threads=values.get("threads", 0), heads=values.get("heads", ()))
+                        threads=values.get("threads", 0), heads=values.get("heads", ()),
+                        head_profile=values.get("head_profile", "make"))
     e.run_fields = run_fields
     return e

@@ -61,6 +61,8 @@ def test_from_params_loads_the_tiny_pair():
             experiment.load_experiment("tiny", draft_id="x")
         with pytest.raises(TypeError, match="device"):
             experiment.load_experiment("tiny", device=None)
+        with pytest.raises(ValueError, match="head_profile: must be one of \\['long', 'make'\\], got 'longer'"):
+            experiment.from_params({**params, "heads": ["eagle3"], "head_profile": "longer"})
     finally:
         torch.set_num_threads(before)
 

@@ -15,8 +15,10 @@ weights and nothing else:
   writes in place, and rolling back to ``n`` tokens is setting an integer (nothing is copied or freed).
   The capacity doubles when needed, up to the context limit;
 - one new token (the AR step, every draft step) takes a path of as few kernel calls as the math allows:
-  the norms' gains and the attention scale folded into the fused weights, the query/key rotation one
-  product with the position's rotation matrix, the residual adds fused into their projections (``addmm``);
+  the norms' gains and the attention scale folded into the fused weights, each norm and residual add
+  done by the product next to it where the kernel allows; where SPADE's native kernels build
+  (:mod:`spade_lib.decoding.native`) the rotation, cache write and attention of a layer are one call,
+  else the query/key rotation is one product with the position's rotation matrix;
 - attention is ``softmax(q K^T / sqrt(d) + mask) V`` in two batched matmuls over the first ``length + k``
   cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
   needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``, or a draft tree's (row ``i``
@@ -25,9 +27,10 @@ weights and nothing else:
 - the final norm and LM head run on the last position only when only it is needed;
 - every projection and the LM head run on the linear kernel whose whole forward
   :mod:`spade_lib.decoding.kernels` timed fastest on this machine, separately for one new token and
-  for blocks of ``k > 1`` (the verification forward): MKL's GEMV, oneDNN on pre-packed weights, ... —
-  chosen by timing, never assumed (on the project's AMD EPYC machines MKL's one-row GEMV is 2-3x slower
-  than the packed oneDNN kernel; on other CPUs it is the faster one). ``kernels=`` forces one;
+  for blocks of ``k > 1`` (the verification forward): MKL's GEMV, oneDNN on pre-packed weights, SPADE's
+  AVX2 GEMV for one row, ... — chosen by timing, never assumed (on the project's AMD EPYC machines MKL's
+  one-row GEMV is 2-3x slower than the packed oneDNN kernel; on other CPUs it is the faster one).
+  ``kernels=`` forces one;
 - an FR-Spec draft (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`, a head over a subset of the
   vocabulary) computes its ``head_vocab`` logits and scatters them into ``-inf``-filled full-vocabulary
   rows, exactly as its Hugging Face forward does.
