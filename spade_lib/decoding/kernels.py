@@ -27,8 +27,9 @@ is not within a forward that streams all of them. Candidates:
 - ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept;
 - ``"avx2"`` (one row only, where it builds): SPADE's own GEMV (:mod:`spade_lib.decoding.native`), one
   sequential stream of rows per thread of torch's pool, with the RMSNorm before the product and the
-  residual add after it fused in (:meth:`Kernel.normed`, :meth:`Kernel.add_to`). On the 2-core AMD EPYC
-  machines it reads SmolLM2's weights at ~0.9 of a plain ``sum``'s rate, oneDNN's kernel at ~0.7.
+  residual add after it fused in (:meth:`Kernel.normed`, :meth:`Kernel.add_to`). On a 2-core AMD EPYC
+  SmolLM2's 121 one-row products on it read 0.91 of the copy bandwidth, and its AR step (native attention
+  included) 0.86, against 0.71 on the library kernels alone, in turns (``benchmarks/bench_native.py``).
 
 numpy's OpenBLAS was tried as a fourth family of one-row candidates and left out: on the AMD EPYC
 machines its one-row forward of SmolLM2 alone was 1.37x faster than oneDNN's (paired, in turns), but
