@@ -81,7 +81,7 @@ def main(argv=None) -> dict:
     forwards = {"library": library, "native": fast}
     print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={kernels.cpu_model()!r} "
           f"weights {nbytes / 1e6:.0f} MB; kernels: library one={library.kernel_names['one']} | native "
-          f"one={fast.kernel_names['one']} (attention native: {fast._native_attention})")
+          f"one={fast.kernel_names['one']} (attention native: {fast.native_attention})")
     vocab = int(library.embed.shape[0])
     ids = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0))
     tok = torch.tensor([int(ids[-1])])

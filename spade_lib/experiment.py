@@ -176,9 +176,8 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
 def from_params(params: Any) -> Experiment:
     """:func:`load_experiment` from a notebook's resolved parameters (``setup_notebook``'s result or
     a dict): the six pair parameters, plus ``n_per_category``, ``threads``, ``heads`` and ``head_profile``
-    when declared; the
-    declared :data:`RUN_PARAMETERS` become the experiment's ``run_fields`` (``chat_template`` in its
-    ``RunConfig`` spelling, :func:`chat_template_value`)."""
+    when declared; the declared :data:`RUN_PARAMETERS` become the experiment's ``run_fields``
+    (``chat_template`` in its ``RunConfig`` spelling, :func:`chat_template_value`)."""
     values = params.as_dict() if hasattr(params, "as_dict") else dict(params)
     missing = [k for k in PAIR_PARAMETERS if k not in values]
     if missing:

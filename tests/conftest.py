@@ -36,3 +36,19 @@ def spec_bench_questions():
     if not path.is_file():
         pytest.skip(f"Spec-Bench question.jsonl not present ({path}; set SPADE_SPEC_BENCH_QUESTIONS)")
     return path
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark(name)``: the module of ``benchmarks/<name>.py`` (benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "benchmarks"
+                                                      / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

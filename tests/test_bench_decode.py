@@ -1,21 +1,14 @@
 """benchmarks/bench_decode.py end to end on the tiny pair: it runs, greedy SPADE reproduces AR, and the
 last line carries the figures in the agreed format (physical controls included). (No timing thresholds: speed is not tested.)"""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_decode.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark("bench_decode")
 
 
 def test_runs_on_the_tiny_pair_and_prints_the_figures(bench, capsys):

@@ -1,23 +1,16 @@
 """benchmarks/bench_native.py end to end on the tiny pair: it builds both forwards, their logits agree, and
 the last line carries the figures in the agreed format. (No timing thresholds: speed is not tested.)"""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 from spade_lib.decoding import native
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_native.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_native", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def bench(load_benchmark):
+    return load_benchmark("bench_native")
 
 
 @pytest.mark.skipif(not native.available(), reason="SPADE's native kernels do not build here")

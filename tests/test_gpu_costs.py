@@ -2,21 +2,14 @@
 its CSV (c, r(gamma), predictions labelled as assumed-alpha) and runs the embedded pair end to end."""
 
 import csv
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_costs.py"
-
 
 @pytest.fixture(scope="module")
-def gpu_costs():
-    spec = importlib.util.spec_from_file_location("gpu_costs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def gpu_costs(load_benchmark):
+    return load_benchmark("gpu_costs")
 
 
 def test_real_shapes_are_the_published_sizes(gpu_costs):

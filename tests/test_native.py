@@ -86,7 +86,7 @@ def test_bad_input_is_refused_by_name():
 
 
 @needs_native
-def test_the_lean_one_token_path_is_the_same_with_and_without_native_attention():
+def test_the_lean_one_token_path_is_the_same_with_and_withoutnative_attention():
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -95,16 +95,16 @@ def test_the_lean_one_token_path_is_the_same_with_and_without_native_attention()
     with torch.inference_mode():
         ref = model(ids[None], use_cache=False).logits[0]
         lean = LeanForward(model, 64, kernels="avx2")
-        assert lean._native_attention and lean.kernel_names["one"] == "avx2"
+        assert lean.native_attention and lean.kernel_names["one"] == "avx2"
         outs = {}
         for native_attention in (True, False):
-            lean._native_attention = native_attention
+            lean.native_attention = native_attention
             lean.reset()
             outs[native_attention] = torch.cat([lean.forward(ids[:5])] + [lean.forward(ids[i:i + 1]) for i in range(5, 12)])
         for got in outs.values():
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(outs[True], outs[False], rtol=1e-5, atol=1e-5)
-        assert not LeanForward(model, 64, kernels="legacy")._native_attention  # the before/after reference
+        assert not LeanForward(model, 64, kernels="legacy").native_attention  # the before/after reference
 
 
 def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypatch):

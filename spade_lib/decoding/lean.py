@@ -101,7 +101,8 @@ class LeanForward:
     here: :mod:`spade_lib.decoding.kernels`), ``"legacy"`` (the rule before timing) or one candidate
     for every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS``
     (default ``"auto"``). ``self.kernel_names`` says what was installed: ``{"one": ..., "many": ...}`` (a
-    candidate, or ``"product=candidate,..."``), ``self.kernel_plan`` the candidate of every product.
+    candidate, or ``"product=candidate,..."``), ``self.kernel_plan`` the candidate of every product;
+    ``self.native_attention`` whether the one-token path attends with :func:`native.attend_one`.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
@@ -177,7 +178,7 @@ class LeanForward:
             raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
         packable = _kernels.packing_available(self.device, self.dtype)
         # the one-token path's attention in one native call (spade_lib.decoding.native), except for "legacy"
-        self._native_attention = (policy != "legacy" and self.folded and self.device.type == "cpu"
+        self.native_attention = (policy != "legacy" and self.folded and self.device.type == "cpu"
                                   and self.dtype == torch.float32 and _native.available())
         self._prepared: dict[str, list[dict]] = {}
         if policy == "auto" and packable:
@@ -390,7 +391,7 @@ class LeanForward:
         end = start + 1
         cos, sin = self._cos[start], self._sin[start]
         x = F.embedding(ids, self.embed)  # [1, d]
-        if self._native_attention:
+        if self.native_attention:
             for layer, kv in zip(self.layers, self._kv):
                 qkv = layer["qkv"][0].normed(x, layer["ln1"][1])
                 x = layer["o"][0].add_to(x, _native.attend_one(qkv, kv, start, cos, sin, H))

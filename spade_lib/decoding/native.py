@@ -109,8 +109,7 @@ def linear_one(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     """``[1, N]``: ``s (W u) + bias + residual`` for one row ``x`` and ``w [N, K]``, all contiguous fp32 on the
     CPU; ``u = x`` (``K`` values) or, if ``gated``, ``u = silu(x[:K]) * x[K:]`` (``2K`` values); ``s = 1 /
     sqrt(mean(u^2) + eps)`` if ``eps`` is given, else 1."""
-    m = _MODULE[0] if _MODULE and _MODULE[0] is not None else _module()  # the hot path: 150 calls an AR step
-    return m.linear_one(x, w, bias, residual, -1.0 if eps is None else eps, gated, GRAIN)
+    return _module().linear_one(x, w, bias, residual, -1.0 if eps is None else eps, gated, GRAIN)
 
 
 def attend_one(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
@@ -119,12 +118,14 @@ def attend_one(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tenso
     already scaled by ``1 / sqrt(hd)``); ``kv [2, KV, capacity, hd]``: the cache, written in place at
     position ``start`` with the rotated key and the value; ``cos, sin [hd]``: the rotation of ``start``.
     Query head ``h`` attends over positions ``0 .. start`` of KV head ``h // (H / KV)``."""
-    m = _MODULE[0] if _MODULE and _MODULE[0] is not None else _module()
-    return m.attend_one(qkv, kv, start, cos, sin, n_heads)
+    return _module().attend_one(qkv, kv, start, cos, sin, n_heads)
 
 
 def _module():
-    """The built module (building it if needed); an error where it cannot run."""
+    """The built module (building it if needed); an error where it cannot run. Once built, the kernels'
+    hot path (~150 calls an AR step of SmolLM2) reads it without checking the environment again."""
+    if _MODULE and _MODULE[0] is not None:
+        return _MODULE[0]
     if not available():
         raise RuntimeError("SPADE's native kernels are not available on this machine (see native.available())")
     return _MODULE[0]
