@@ -28,6 +28,7 @@ import torch
 from spade_lib.decoding.adapter import as_token_tensor, context_limit
 from spade_lib.decoding.common import GenerationResult, _check_budget, _clock
 from spade_lib.decoding.decode import _eos_set
+from spade_lib.decoding.drafters import HEAD_DRAFTERS, drafter_names
 from spade_lib.sampling import SamplingConfig
 
 __all__ = ["hf_generate", "hf_sampling_kwargs", "assistant_model", "check_assistant_name"]
@@ -43,9 +44,6 @@ def hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
             "top_p": float(sampling.top_p)}
 
 
-_HEAD_DRAFTERS = ("eagle", "medusa")  # registered drafters that draft with one of the pair's feature heads
-
-
 def _refuse_head(name: str, what: str):
     raise ValueError(f"draft: {name!r} is {what}; HF assisted generation (method 'hf_assisted', assistant_model=) "
                      "cannot use a feature head: it calls the assistant's own generate on tokens, and a head drafts "
@@ -56,9 +54,7 @@ def _refuse_head(name: str, what: str):
 def check_assistant_name(name: str) -> None:
     """Refuse a draft name that can never be an HF assistant, without a pair: a registered drafter (the
     feature-head drafters ``"eagle"`` / ``"medusa"`` named as such; ``"ngram"``, ``"null"``: no model)."""
-    from spade_lib.decoding.drafters import drafter_names
-
-    if name in _HEAD_DRAFTERS:
+    if name in HEAD_DRAFTERS:
         _refuse_head(name, "a feature-head drafter (EAGLE / Medusa)")
     if name in drafter_names():
         raise ValueError(f"draft: {name!r} is not available for method 'hf_assisted', which needs a draft model "
