@@ -204,7 +204,8 @@ def _read_disk() -> dict:
 def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], products: list[str], *,
            cache: bool = True, candidates: dict[str, list[str]] | None = None) -> dict:
     """The fastest plan per row class for one model: ``{"one": summary, "many": summary, "plan": {row class:
-    {product: candidate}}, "seconds": {row class: {label: median seconds of one forward}}, ...facts}``.
+    {product: candidate}}, "seconds": {row class: {label: median seconds of one forward}}, "confirmed": {row
+    class: {"uniform": s, "refined": s, "kept": "uniform" | "refined"}} (classes whose plan moved), ...facts}``.
 
     ``timer(row_class, plan)`` returns the median seconds of the model's whole forward with each product
     of that row class on ``plan[product]`` (back to back, as decoding runs it); ``products`` names them,
