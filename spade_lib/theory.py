@@ -15,8 +15,10 @@ Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.
 - total-ops overhead (Thm. 3.11): ``(1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))``
   = ``(gamma c_hat + gamma + 1) / E[tokens]``.
 - free-draft limit: as ``c -> 0`` and ``gamma -> inf`` the speedup tends to ``1 / (1 - alpha)``.
-- cost of one step (target-forward units): ``C(gamma) = gamma c + r(gamma)`` with ``r`` the verify-cost
-  ratio, a number or a callable of ``gamma`` (:func:`step_cost`); :func:`linear_verify_cost` builds
+- cost of one step (target-forward units): ``C(gamma) = gamma c + r(gamma) + o`` with ``r`` the verify-cost
+  ratio, a number or a callable of ``gamma``, and ``o`` the decoding loop's own per-step cost beyond its
+  forwards (``overhead``, default 0: the paper's model; measured once per pair by
+  :func:`spade_lib.decoding.costs.measure_loop_overhead`) (:func:`step_cost`); :func:`linear_verify_cost` builds
   ``r(g) = 1 + (ratio - 1) g / at_gamma`` through one measured point, :func:`pair_costs` reads ``(c, r)``
   from an embedded pair's build manifest. Every speedup in SPADE (``replay``, ``align``, notebooks) is
   ``tokens / C`` with this ``C``.
@@ -116,10 +118,13 @@ def verify_cost_at(verify_cost: VerifyCost, gamma: ArrayLike) -> float | np.ndar
     return _scalar(_check_nonneg("verify_cost", r, positive=True))
 
 
-def step_cost(gamma: ArrayLike, c: ArrayLike, verify_cost: VerifyCost = 1.0) -> float | np.ndarray:
-    """Cost of one step in target-forward units: ``C(gamma) = gamma c + r(gamma)``."""
+def step_cost(gamma: ArrayLike, c: ArrayLike, verify_cost: VerifyCost = 1.0,
+              overhead: ArrayLike = 0.0) -> float | np.ndarray:
+    """Cost of one step in target-forward units: ``C(gamma) = gamma c + r(gamma) + o``, ``o = overhead``
+    the loop's per-step cost beyond its forwards (>= 0; 0 is the paper's model)."""
     g = np.asarray(gamma, dtype=np.float64)
-    return _scalar(g * _check_nonneg("c", c) + np.asarray(verify_cost_at(verify_cost, gamma)))
+    return _scalar(g * _check_nonneg("c", c) + np.asarray(verify_cost_at(verify_cost, gamma))
+                   + _check_nonneg("overhead", overhead))
 
 
 def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
@@ -143,20 +148,24 @@ def pair_costs(manifest: dict, draft: str) -> tuple[float, Callable[[int], float
     return float(costs["drafts"][draft]["c"]), linear_verify_cost(float(costs["verify_cost_ratio"]), int(costs["gamma"]))
 
 
-def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: VerifyCost = 1.0) -> float | np.ndarray:
-    """Expected walltime improvement ``E[tokens] / (gamma c + r(gamma))`` over plain decoding.
+def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: VerifyCost = 1.0,
+            overhead: ArrayLike = 0.0) -> float | np.ndarray:
+    """Expected walltime improvement ``E[tokens] / (gamma c + r(gamma) + o)`` over plain decoding.
 
-    ``verify_cost = 1`` is Leviathan et al.'s Thm. 3.8; pass the measured ratio ``r`` of a
-    ``gamma+1``-token target forward to a 1-token one (a number, or a callable ``r(gamma)``) for the
-    realistic version.
+    ``verify_cost = 1`` and ``overhead = 0`` is Leviathan et al.'s Thm. 3.8; pass the measured ratio ``r``
+    of a ``gamma+1``-token target forward to a 1-token one (a number, or a callable ``r(gamma)``) and the
+    measured per-step loop cost ``o`` (in target steps, :func:`spade_lib.decoding.costs.measure_loop_overhead`)
+    for the realistic version.
     """
     tokens = expected_tokens(alpha, gamma)
     g = _check_gamma(np.shape(alpha)[-1] if (gamma is None and np.ndim(alpha) > 0) else gamma)
-    return _scalar(np.asarray(tokens) / np.asarray(step_cost(g, c, verify_cost)))
+    return _scalar(np.asarray(tokens) / np.asarray(step_cost(g, c, verify_cost, overhead)))
 
 
-def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: VerifyCost = 1.0) -> int:
-    """The draft length in ``1 .. max_gamma`` that maximises :func:`speedup` (smallest on ties).
+def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: VerifyCost = 1.0,
+                  overhead: float = 0.0) -> int:
+    """The draft length in ``1 .. max_gamma`` that maximises :func:`speedup` (smallest on ties), with the
+    per-step loop cost ``overhead`` in every step's cost.
 
     ``verify_cost`` is a number, a callable ``r(gamma)``, or an array of ``max_gamma`` values, the cost
     ratio for ``gamma = 1 .. max_gamma``. With position-wise ``alpha``, ``max_gamma`` is capped at its length.
@@ -183,7 +192,10 @@ def optimal_gamma(alpha: ArrayLike, c: float, max_gamma: int = 32, verify_cost: 
         tokens = 1.0 + np.cumsum(np.cumprod(a[: gammas.size]))
     c_arr = _check_nonneg("c", c)
     r = _check_nonneg("verify_cost", r, positive=True)
-    return int(gammas[int(np.argmax(tokens / (gammas * c_arr + r)))])
+    if np.ndim(overhead) != 0:
+        raise ValueError(f"overhead must be a single number, got {overhead!r}")
+    o = _check_nonneg("overhead", overhead)
+    return int(gammas[int(np.argmax(tokens / (gammas * c_arr + r + o)))])
 
 
 def ops_overhead(alpha: ArrayLike, gamma: ArrayLike | None, c_hat: ArrayLike) -> float | np.ndarray:

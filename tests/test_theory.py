@@ -136,3 +136,19 @@ def test_cost_model_takes_a_number_or_a_callable():
     assert c == 0.05 and rr(4) == pytest.approx(1.2)
     with pytest.raises(ValueError, match="verify_cost"):
         step_cost(2, 0.1, lambda g: 0.0)
+
+
+def test_overhead_is_one_more_cost_per_step():
+    from spade_lib.theory import step_cost
+
+    # tau / (gamma c + r(gamma) + o): the default o = 0 is the unchanged model
+    assert speedup(0.8, 4, 0.1, verify_cost=1.2) == speedup(0.8, 4, 0.1, verify_cost=1.2, overhead=0.0)
+    assert speedup(0.8, 4, 0.1, verify_cost=1.2, overhead=0.3) == pytest.approx(expected_tokens(0.8, 4) / (0.4 + 1.2 + 0.3))
+    assert step_cost(4, 0.1, lambda g: 1 + 0.1 * g, overhead=0.25) == pytest.approx(0.4 + 1.4 + 0.25)
+    np.testing.assert_allclose(step_cost(np.array([1, 2]), 0.5, 1.0, overhead=0.5), [2.0, 2.5])
+    with pytest.raises(ValueError, match="overhead"):
+        speedup(0.8, 4, 0.1, overhead=-0.1)
+    # a per-step cost favours longer blocks: the optimum moves up (alpha 0.7, c 0.2: 3 without, 4 with o = 1)
+    assert optimal_gamma(0.7, 0.2) < optimal_gamma(0.7, 0.2, overhead=1.0)
+    with pytest.raises(ValueError, match="overhead"):
+        optimal_gamma(0.7, 0.2, overhead=[1.0, 2.0])
