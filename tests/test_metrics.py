@@ -141,6 +141,29 @@ def test_predicted_speedup_with_verify_cost_and_drafted_counts():
     # prompt lookup: half the steps draft nothing (1 token for cost 1), half draft 4
     tok4 = (1 - 0.8 ** 5) / 0.2
     assert metrics.predicted_speedup(0.8, [0, 4], 0.0, 1.5) == pytest.approx((1 + tok4) / (1 + 1.5))
+    # the loop's per-step cost o: every step pays it, the ones that drafted nothing too
+    assert metrics.predicted_speedup(0.8, [0, 4], 0.0, 1.5, overhead=0.25) == pytest.approx(
+        (1 + tok4) / (1.25 + 1.75))
+    assert metrics.predicted_speedup(0.8, 4, 0.1, 1.6, overhead=0.3) == pytest.approx(
+        theory.speedup(0.8, 4, 0.1, verify_cost=1.6, overhead=0.3))
+    with pytest.raises(ValueError, match="overhead"):
+        metrics.predicted_speedup(0.8, 4, 0.1, overhead=float("nan"))
+
+
+def test_run_metrics_prices_steps_with_the_cost_tables_overhead():
+    t = trace_from_blocks([("a", 2, 3), ("a", 3, 3), ("b", 0, 3)], t_draft=0.003)
+    s = summary(["a", "b"], [7, 1], [0.5, 0.1], [[3, 4], [1]])
+    ar = summary(["a", "b"], [7, 1], [1.0, 0.2])
+    costs = {"c": 0.1, "r": {1: 1.1, 2: 1.2, 3: 1.3}}
+    plain = metrics.run_metrics(t, s, ar, gamma=3, costs=costs)
+    loaded = metrics.run_metrics(t, s, ar, gamma=3, costs={**costs, "overhead": 0.4})
+    assert plain["overhead"] == 0.0 and loaded["overhead"] == 0.4
+    g = metrics.drafted_per_step(t, s)
+    assert loaded["predicted"] == pytest.approx(metrics.predicted_speedup(loaded["alpha"], g, 0.1, [1.3] * len(g), 0.4))
+    assert loaded["predicted"] < plain["predicted"]
+    assert loaded["predicted_thm38"] == plain["predicted_thm38"]  # the paper's formula has no loop cost
+    assert plain["stalls"] == 0.0
+    assert metrics.run_metrics(t, s.assign(stalls=[1, 0]), ar, gamma=3)["stalls"] == 1.0
 
 
 def test_drafted_per_step_counts_steps_without_drafts():

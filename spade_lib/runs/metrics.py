@@ -53,10 +53,11 @@ figures):
                                 autoregressive target step, both measured.
 ``verify_cost_ratio``           ``r_hat = mean t_verify per step / (sum wall_time_AR / sum
                                 new_tokens_AR)``: one verification forward relative to one AR step.
-``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost, ``(1 -
-                                alpha^(gamma+1)) / ((1 - alpha) (gamma c + r))``, from measured
-                                alpha, c and r; with per-step drafted counts (prompt lookup drafts
-                                fewer than gamma) the ratio of expected totals over the steps.
+``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost and the loop's
+                                per-step cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r +
+                                o))``, from measured alpha, c, r and o; with per-step drafted counts
+                                (prompt lookup drafts fewer than gamma) the ratio of expected totals
+                                over the steps.
 ==============================  =================================================================
 
 **Truncated final block.** A generation stops at ``max_new_tokens`` (or a stop token) possibly in
@@ -426,23 +427,26 @@ def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
 
 
 def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: float,
-                      verify_cost: float | Sequence[float] | np.ndarray = 1.0) -> float:
-    """Predicted walltime speedup from measured ``alpha``, ``c`` and verify cost ``r``.
+                      verify_cost: float | Sequence[float] | np.ndarray = 1.0, overhead: float = 0.0) -> float:
+    """Predicted walltime speedup from measured ``alpha``, ``c``, verify cost ``r`` and loop overhead ``o``.
 
-    Scalar ``gamma``: Leviathan et al. (2023), Theorem 3.8 with a verify cost,
-    ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r))`` (``r = 1`` is the theorem as stated),
-    via :func:`spade_lib.theory.speedup`.
+    Scalar ``gamma``: Leviathan et al. (2023), Theorem 3.8 with a verify cost and the loop's per-step
+    cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r + o))`` (``r = 1``, ``o = 0`` is the
+    theorem as stated), via :func:`spade_lib.theory.speedup`.
 
     Array ``gamma`` (the number ``g_s`` drafted at each step ``s``, e.g. :func:`drafted_per_step`,
     for drafters that propose fewer than gamma tokens, such as prompt lookup): the ratio of expected
-    totals ``sum_s E[tokens | g_s] / sum_s (g_s c + r_s)`` with ``E[tokens | g] =
+    totals ``sum_s E[tokens | g_s] / sum_s (g_s c + r_s + o)`` with ``E[tokens | g] =
     (1 - alpha^(g+1)) / (1 - alpha)`` (1 when ``g = 0``) and ``r_s`` the step's verify cost (a
-    number, or one per step; a step that drafted nothing costs one plain target forward, 1).
+    number, or one per step; a step that drafted nothing costs one plain target forward, 1, plus ``o``:
+    it is a step of the same loop).
     """
     from spade_lib.theory import expected_tokens, speedup
 
+    if not (np.ndim(overhead) == 0 and np.isfinite(overhead) and overhead >= 0):
+        raise ValueError(f"overhead: must be a finite number >= 0, got {overhead!r}")
     if np.ndim(gamma) == 0:
-        return float(speedup(alpha, gamma, c, verify_cost=verify_cost))
+        return float(speedup(alpha, gamma, c, verify_cost=verify_cost, overhead=overhead))
     g = np.asarray(gamma, dtype=np.int64)
     _nonempty(g.size, "predicted_speedup")
     if (g < 0).any():
@@ -452,7 +456,7 @@ def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: 
     drafted = g > 0
     if drafted.any():
         tokens[drafted] = expected_tokens(alpha, g[drafted])
-    cost = np.where(drafted, g * float(c) + r, 1.0)
+    cost = np.where(drafted, g * float(c) + r, 1.0) + float(overhead)
     return float(tokens.sum() / cost.sum())
 
 
@@ -470,15 +474,22 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     the gaps ``fraction_of_prediction = speedup / predicted`` and ``gap = predicted - speedup``.
     Trace-based entries are NaN for runs that drafted nothing (baselines).
 
-    ``costs`` (the draft's :func:`spade_lib.runs.costs.measure_costs` table, paired micro-benchmarks)
-    supplies ``c`` and ``r = r(gamma)`` and prices each step at ``g_s c + r(g_s)``; the ratios from the
-    run's own step timings are then reported as ``c_trace`` and ``r_trace`` (they are normalised by the
-    AR run's time per token, prefill included, so they run low on short generations).
+    ``costs`` (the draft's :func:`spade_lib.runs.costs.pair_costs` table, paired micro-benchmarks)
+    supplies ``c``, ``r = r(gamma)`` and the loop's per-step cost ``overhead`` (``o``, 0 when the table
+    has none) and prices each step at ``g_s c + r(g_s) + o``; the ratios from the run's own step timings
+    are then reported as ``c_trace`` and ``r_trace`` (they are normalised by the AR run's time per token,
+    prefill included, so they run low on short generations). ``overhead`` is in the result (0 without
+    ``costs``: the model then has no loop cost).
+
+    ``stalls`` is the number of timed readings of the run's generations that
+    :mod:`spade_lib.runs.protocol` re-timed as stalls (:func:`spade_lib.runs.timing.find_stalls`; the
+    summary's ``stalls`` column, 0 for runs timed before it existed).
     """
     nan = float("nan")
     out: dict[str, float] = {
         "generations": float(len(summary)), "new_tokens": float(summary["new_tokens"].sum()),
         "tokens_per_s": tokens_per_second(summary),
+        "stalls": float(summary["stalls"].fillna(0).sum()) if "stalls" in summary.columns else 0.0,
     }
     drafted = len(trace) > 0 and bool(trace["reached"].any())
     out["alpha"] = acceptance_rate(trace) if drafted else nan
@@ -508,13 +519,15 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["speedup_prompts"], out["speedup_rounds"] = boot["units"], boot["rounds"]
         out["c"] = cost_ratio(trace, baseline) if drafted else nan
         out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
-        r_fn = None
+        r_fn, overhead = None, 0.0
         if costs is not None and drafted and gamma is not None:
             from spade_lib.decoding.costs import verify_cost_fn
 
             r_fn = verify_cost_fn(costs)
             out["c_trace"], out["r_trace"] = out["c"], out["r"]
             out["c"], out["r"] = float(costs["c"]), r_fn(gamma)
+            overhead = float(costs.get("overhead") or 0.0)
+        out["overhead"] = overhead
         if drafted and gamma is not None:
             out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, out["c"])
             g = drafted_per_step(trace, summary)
@@ -522,7 +535,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
                 r = np.array([r_fn(x) for x in g])
             else:
                 r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
-            out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r)
+            out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r, overhead=overhead)
             out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
             out["gap"] = out["predicted"] - out["speedup"]
         else:
