@@ -83,3 +83,27 @@ def test_streaming_vs_copy_pairs_each_round():
     assert set(out) == {"rate", "copy", "ratio", "ratio_q1", "ratio_q3", "step_s"}
     assert out["copy"] > 0 and out["step_s"] > 0
     assert out["ratio_q1"] <= out["ratio"] <= out["ratio_q3"]
+
+
+def test_stall_rule_flags_a_reading_far_above_the_configurations_others():
+    import numpy as np
+
+    rule = timing.StallRule()
+    # twelve prompts at ~17-22 ms per token (0.17-0.22 s for 10 tokens); one of them stalled to 198 ms per token
+    u = np.array([0.017, 0.019, 0.022, 0.018, 0.020, 0.021, 0.198, 0.019, 0.018, 0.022, 0.017, 0.020])
+    assert timing.find_stalls(u, rule).tolist() == [i == 6 for i in range(12)]
+    med = float(np.median(u))
+    assert rule.threshold(u) >= 1.5 * med  # never below 1.5x the median ...
+    clean = np.delete(u, 6)
+    assert not timing.find_stalls(clean * np.linspace(1, 1.4, 11), rule, reference=u).any()  # ... nor normal spread
+    # a wide but honest spread (prompt lookup: some prompts copy, some do not) raises the threshold with the MAD
+    wide = np.array([0.006, 0.009, 0.015, 0.02, 0.011, 0.008, 0.03, 0.012])
+    assert not timing.find_stalls(wide, rule).any()
+    assert timing.find_stalls(np.append(wide, 0.2), rule)[-1]
+    # too few readings: nothing is judged
+    assert not timing.find_stalls([0.01, 0.01, 1.0], rule).any()
+    assert timing.find_stalls([0.01, 0.01, 1.0], timing.StallRule(min_reference=3)).tolist() == [False, False, True]
+    for bad in (dict(k=-1.0), dict(min_excess=float("nan")), dict(min_reference=1), dict(max_retimes=-1),
+                dict(max_retimes=True)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            timing.StallRule(**bad)

@@ -10,6 +10,17 @@ A speedup is a ratio of two timings, so both must be taken the same way:
 - **Repeats, median and spread.** ``measure`` times ``repeats`` calls and reports the median (robust
   to a stray slow repeat) with min, max and the interquartile range; the relative spread is
   ``(q75 - q25) / median``.
+- **Stalls.** A machine shared with other processes sometimes stops a generation for seconds (one
+  2.5 s stall in one ~0.2 s generation of a 12-prompt run moved a speedup from 0.59x to 0.28x). A timed
+  reading is a *stall* (:class:`StallRule`, :func:`find_stalls`) when its seconds per new token
+  ``u = t / N`` lie far above the same configuration's readings in the session:
+  ``u > median(U) + max(k * 1.4826 * MAD(U), e * median(U))`` with ``U`` every reading of that
+  configuration so far (all prompts, all rounds; ``MAD`` the median absolute deviation, ``1.4826 MAD``
+  the normal-consistent spread), ``k = 5`` and ``e = 0.5`` (at least 1.5x the median, so a run whose
+  prompts all cost alike does not re-time its normal spread). Per token, because prompts emit
+  different numbers of tokens; across the session, because with one round per prompt a prompt has no
+  other reading to compare with. :mod:`spade_lib.runs.protocol` re-times a stall (up to
+  ``max_retimes`` times) and reports it.
 - **Device synchronisation.** CUDA kernels run asynchronously; every clock read on a CUDA device
   is preceded by ``torch.cuda.synchronize``, otherwise a timer measures only the kernel launches.
 - **Same token counting.** Throughput is ``new_tokens / seconds`` with ``new_tokens`` the tokens
@@ -99,6 +110,46 @@ def measure(fn: Callable[[], T], *, warmup: int = 1, repeats: int = 3,
         result = fn()
         times.append(clock(device) - t0)
     return result, summarize_times(times)
+
+
+@dataclass(frozen=True)
+class StallRule:
+    """When a timed reading is a stall (module docstring, **Stalls**): seconds per new token above
+    ``median + max(k * 1.4826 * MAD, min_excess * median)`` of the configuration's readings."""
+
+    k: float = 5.0           # scaled MADs above the median (a robust z-score)
+    min_excess: float = 0.5  # and at least this fraction above the median (0.5: 1.5x)
+    min_reference: int = 4   # readings of the configuration needed before one is judged (fewer: none is)
+    max_retimes: int = 2     # re-timings of a stalled reading before it is kept as the prompt's own time (0: report only)
+
+    def __post_init__(self) -> None:
+        for name in ("k", "min_excess"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        for name, low in (("min_reference", 2), ("max_retimes", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+
+    def threshold(self, reference) -> float:
+        """Seconds per token above which a reading is a stall, from the ``reference`` readings (seconds per
+        token); ``inf`` when there are fewer than ``min_reference`` of them."""
+        u = np.asarray(reference, dtype=np.float64).ravel()
+        u = u[np.isfinite(u)]
+        if u.size < self.min_reference:
+            return float("inf")
+        med = float(np.median(u))
+        mad = 1.4826 * float(np.median(np.abs(u - med)))
+        return med + max(self.k * mad, self.min_excess * med)
+
+
+def find_stalls(per_token, rule: StallRule = StallRule(), reference=None) -> np.ndarray:
+    """Which of ``per_token`` (seconds per new token of timed readings) are stalls under ``rule``, judged
+    against ``reference`` (default: ``per_token`` itself, the median and MAD being robust to the few
+    stalls among them). A bool array of ``per_token``'s shape; all False with too few references."""
+    u = np.asarray(per_token, dtype=np.float64)
+    return u > rule.threshold(u if reference is None else reference)
 
 
 COPY_BYTES = 256 << 20  # a copy far larger than any last-level cache
