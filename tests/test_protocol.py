@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -178,3 +179,78 @@ def test_records_are_kept_off_the_clock_both_ways(pair, runs_dir, monkeypatch, r
     assert json.loads((dirs[proto.config(sp)] / "metadata.json").read_text())["sessions"][-1]["records"] == records
     with pytest.raises(ValueError, match="records"):
         protocol.Protocol(records="inline")
+
+
+class _VirtualTime:
+    """A clock that only the fake generations below advance: every timing of a session is then exactly known."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self, device=None):
+        return self.now
+
+
+def _session_with_stall(pair, root, monkeypatch, *, stall_on, rule):
+    """A 6-prompt, one-round session (AR and SPADE gamma 2) timed on a virtual clock: AR costs ~10 ms a
+    token, SPADE ~6 ms (each reading its prompt's cost times a seeded +-5 % jitter); with ``stall_on`` =
+    (method, question_id), that configuration's first timing of that prompt takes 2.5 s more. Returns
+    the SPADE row of speedup_table, the SPADE run's summary and its session's stall report."""
+    from spade_lib.runs.config import generation_seed
+
+    monkeypatch.setattr(paths, "RUNS_DIR", root)
+    clock = _VirtualTime()
+    monkeypatch.setattr(protocol.devices, "clock", clock)
+    real, seen = protocol.make_generator, {}
+    prompt_cost = {generation_seed(0, q, 0): 1.0 + 0.15 * (q % 3) for q in range(6)}
+
+    def virtual(p, c, records="separate"):
+        gen = real(p, c, records)
+        timed = gen.timed
+
+        def run(ids, n, seed):
+            g = timed(ids, n, seed)
+            g.untimed = 0.0
+            if seed not in prompt_cost:  # the warm-up: untimed anyway
+                return g
+            k = seen[(c.method, seed)] = seen.get((c.method, seed), 0) + 1
+            jitter = 1.0 + 0.05 * (2 * np.random.default_rng([c.method == "ar", seed, k]).random() - 1)
+            clock.now += (0.010 if c.method == "ar" else 0.006) * len(g.output_ids) * prompt_cost[seed] * jitter
+            if stall_on is not None and (c.method, generation_seed(0, stall_on[1], 0)) == (stall_on[0], seed) \
+                    and k == 1:
+                clock.now += 2.5
+            return g
+
+        gen.timed = run
+        return gen
+
+    monkeypatch.setattr(protocol, "make_generator", virtual)
+    proto = protocol.Protocol(warmup=1, repeats=1, stalls=rule)
+    ar, sp = cfg(method="ar"), cfg(method="spade", draft="distilled", gamma=2)
+    dirs = protocol.run_interleaved(pair, mini_suite(6), [sp], ar, protocol=proto, progress=False)
+    table = protocol.speedup_table(dirs, ar, protocol=proto).set_index("method")
+    return table.loc["spade"], read_summary(dirs[proto.config(sp)]), protocol.session_stalls(dirs[proto.config(sp)])
+
+
+@pytest.mark.parametrize("question", [1, 4])  # judged once 4 readings exist (prompt 1), or as it comes (prompt 4)
+def test_one_stall_is_retimed_reported_and_cannot_move_the_speedup(pair, tmp_path, monkeypatch, question):
+    clean, clean_summary, clean_report = _session_with_stall(pair, tmp_path / "clean", monkeypatch, stall_on=None,
+                                                             rule=protocol.timing.StallRule())
+    assert clean_summary["stalls"].sum() == 0 and clean_report[-1]["count"] == 0  # no false alarm
+    s0 = clean["speedup"]
+    assert 1.4 < s0 < 2.0  # ~10 / 6 by construction
+
+    got, summary, report = _session_with_stall(pair, tmp_path / "stall", monkeypatch, stall_on=("spade", question),
+                                               rule=protocol.timing.StallRule())
+    assert 0.85 * s0 <= got["speedup_low"] <= got["speedup"] <= got["speedup_high"] <= 1.15 * s0
+    assert got["stalls"] == 1 and summary["stalls"].tolist() == [int(q == question) for q in range(6)]
+    stalled = summary.set_index("question_id").loc[question]
+    assert stalled["stall_readings"][0] > 2.5  # the spoiled reading is kept in the record, not in wall_time
+    assert report[-1]["count"] == 1 and report[-1]["prompts"] == [str(question)]
+    assert report[-1]["readings"][0]["config"] == got["label"] and not report[-1]["readings"][0]["persistent"]
+
+    # the old protocol (no re-timing; the ratio of totals over the stalled reading) is moved far outside
+    old, old_summary, old_report = _session_with_stall(pair, tmp_path / "old", monkeypatch, stall_on=("spade", question),
+                                                       rule=protocol.timing.StallRule(max_retimes=0))
+    assert old_report[-1]["count"] == 1  # still reported ...
+    assert old["speedup"] < 0.5 * s0 and old["speedup_low"] < 0.85 * s0  # ... and it moves the speedup

@@ -252,6 +252,18 @@ def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: i
     resamples and an "interval" that is only the gap between two prompts' ratios. ``rounds`` in the
     result is ``R`` (0 when only prompts were resampled).
 
+    **Which estimator, and why one stall cannot move it.** The headline speedup is ``ratio_of_totals``:
+    the same work (every generation, the same tokens for method and baseline) over the time it took,
+    so it answers "how much faster is this suite", and a long generation weighs what it costs. Its
+    weakness is that one spoiled reading is a large share of a short run's total (a 2.5 s stall in a
+    12-prompt run of 0.2 s generations is half of it). The protocol therefore re-times every stalled
+    reading before it reaches this function (:mod:`spade_lib.runs.protocol`, 2b;
+    :class:`spade_lib.runs.timing.StallRule`): the totals are then sums over clean readings of the same
+    generations, still a ratio of the same work, not a trimmed or re-weighted one, and the summary's
+    ``stalls`` says how many readings were taken again. A median of per-prompt ratios would also resist
+    one stall, but it answers another question (the typical prompt, not the suite) and is not the
+    ratio of the work done; ``mean_of_ratios`` is kept beside the headline as the per-prompt view.
+
     ``disagree`` is True when the two intervals do not overlap: the estimators then answer different
     questions on these data (a few generations with unusual timings dominate one of them), and a
     single number should not be reported without saying which.

@@ -11,6 +11,16 @@ of a *session* on the same prompt, one after the other, before moving to the nex
 2. **Interleaving**: for each prompt and sample, ``Protocol.repeats`` (>= 3) rounds; each round
    times every configuration once, in an order rotated by prompt and round (no configuration is
    always first). A generation's ``wall_time`` is the median of its repeats.
+2b. **Stalls are re-timed**: every timed reading is judged against the same configuration's readings of
+   the session (all prompts and rounds so far) by :class:`spade_lib.runs.timing.StallRule` (seconds per
+   token above ``median + max(5 scaled MADs, 0.5 median)``; the first prompts wait until
+   ``min_reference`` readings exist). A stall is timed again, at once, up to ``max_retimes`` times; the
+   first re-timing that is not a stall replaces it (if every re-timing is one, the prompt is slow, not
+   stalled, and the median of all its readings is kept). Each summary row says how many of its readings
+   were re-timed (``stalls``) and what they read (``stall_readings``, seconds); each session's entry in
+   ``metadata.json`` counts them and names the prompts (``stalls``). The speedup stays the ratio of
+   totals over the same generations (:func:`spade_lib.runs.metrics.bootstrap_speedup`): the work is
+   unchanged, only a reading the machine spoiled is taken again.
 3. **One baseline per session**: the baseline (autoregressive decoding) is a member of every
    session. When its run already exists (another notebook made it), it is re-timed in the new
    session and those times are kept with the new runs only; its own run folder is not touched.
@@ -43,6 +53,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from spade_lib import devices, paths
@@ -63,6 +74,7 @@ class Protocol:
     repeats: int = 3       # timed rounds per (prompt, sample); the median is kept
     warmup_tokens: int = 16  # new tokens of each warm-up generation at most (0: the run's max_new_tokens)
     records: str = "separate"  # SPADE's token records: an untimed pass, or "timed" (spade_lib.runs.methods)
+    stalls: timing.StallRule = timing.StallRule()  # which timed readings are stalls, re-timed (module docstring, 2b)
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -73,6 +85,8 @@ class Protocol:
             raise ValueError(f"warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
         if self.records not in RECORDS:
             raise ValueError(f"records must be one of {RECORDS}, got {self.records!r}")
+        if not isinstance(self.stalls, timing.StallRule):
+            raise ValueError(f"stalls: must be a spade_lib.runs.timing.StallRule, got {self.stalls!r}")
 
     def config(self, config: RunConfig) -> RunConfig:
         """``config`` with this protocol's warm-up and repeats (both are part of its identity)."""
@@ -163,29 +177,55 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
         rows = tqdm(rows, desc=f"{pair.name}/{suite.name} {len(session)} configs interleaved", unit="prompt",
                     leave=False)
     n_samples, seed0, n_new = session[0].n_samples, session[0].seed, session[0].max_new_tokens
-    for i, row in enumerate(rows):
-        shards = {c: shard_path(dirs[c], row["question_id"]) for c in todo}
-        need = [c for c in todo if not (resume and shard_done(shards[c], identities[c]))]
-        if not need:
-            continue
-        ids = {c: prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}
+    rule = protocol.stalls
+    pool: dict[RunConfig, list[float]] = {c: [] for c in session}  # seconds per token of every reading
+    pending: list[dict] = []  # prompts timed, not yet judged for stalls (too few readings) nor written
+    log: list[dict] = []      # every stalled reading: prompt, sample, config, round, seconds, re-timings
+
+    def time_one(c, ids_c, seed):
+        t0 = devices.clock(device)
+        g = generators[c].timed(ids_c, n_new, seed)
+        return devices.clock(device) - t0 - g.untimed, g  # minus its instrumentation
+
+    def judge(p):
+        """Re-time the stalled readings of prompt ``p`` (module docstring, 2b), in place."""
+        for smp in p["samples"]:
+            for c in session:
+                limit = rule.threshold(pool[c])
+                for k, (t, g) in enumerate(zip(smp["times"][c], smp["outputs"][c])):
+                    n = max(1, len(g.output_ids))
+                    if not t / n > limit:
+                        continue
+                    readings, kept = [], None
+                    for _ in range(rule.max_retimes):
+                        t2, g2 = time_one(c, p["ids"][c], smp["seed"])
+                        readings.append(t2)
+                        if g2.output_ids != g.output_ids:
+                            raise RuntimeError(f"seed {smp['seed']}: a re-timed generation differs from the first; "
+                                               "decoding is not deterministic here")
+                        if not t2 / n > limit:
+                            kept, smp["outputs"][c][k] = t2, g2
+                            break
+                    if kept is None and readings:  # slow every time: the prompt's own cost, not a stall
+                        kept = float(np.median([t, *readings]))
+                    if kept is not None:
+                        smp["times"][c][k] = kept
+                    smp["stalls"][c].append(t)
+                    log.append({"question_id": p["row"]["question_id"], "sample": smp["sample"], "config": c.label,
+                                "hash": c.hash, "round": k, "seconds": t, "limit_per_token": limit,
+                                "retimes": readings, "kept": kept if kept is not None else t,
+                                "persistent": bool(readings) and not any(r / n <= limit for r in readings)})
+
+    def write(p):
+        row, need = p["row"], p["need"]
         records = {c: [] for c in need}
         summaries = {c: [] for c in need}
-        for sample in range(n_samples):
-            seed = generation_seed(seed0, row["question_id"], sample)
-            times = {c: [] for c in session}
-            outputs = {c: [] for c in session}
-            for rep in range(protocol.repeats):
-                k = (i + sample + rep) % len(session)
-                for c in session[k:] + session[:k]:
-                    t0 = devices.clock(device)
-                    g = generators[c].timed(ids[c], n_new, seed)
-                    times[c].append(devices.clock(device) - t0 - g.untimed)  # minus its instrumentation
-                    outputs[c].append(g)
+        for smp in p["samples"]:
+            sample, seed, times, outputs = smp["sample"], smp["seed"], smp["times"], smp["outputs"]
             medians = {c: timing.summarize_times(times[c]) for c in session}
             checked = {}
             for c in session:  # token checks of every member; records (off the clock) of the written runs
-                gen, _ = timed_generation(_replayer(outputs[c], generators[c], c in need), ids[c], c, seed,
+                gen, _ = timed_generation(_replayer(outputs[c], generators[c], c in need), p["ids"][c], c, seed,
                                           device, records=c in need)
                 checked[c] = gen
             partners_t = {c.hash: medians[c].median for c in session}
@@ -196,15 +236,81 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                 for r in gen.records:
                     records[c].append({"prompt_id": str(row["question_id"]), "category": row["category"],
                                        "sample": sample, **r})
-                s = summary_row(row, sample, seed, ids[c], gen, medians[c])
+                s = summary_row(row, sample, seed, p["ids"][c], gen, medians[c])
                 s.update(session=sid, session_wall_time=partners_t, session_wall_times=partners_rounds,
-                         session_new_tokens=partners_n)
+                         session_new_tokens=partners_n, stalls=len(smp["stalls"][c]),
+                         stall_readings=list(smp["stalls"][c]))
                 summaries[c].append(s)
         for c in need:
-            trace.write_shard(records[c], shards[c], {**identities[c], "summary": summaries[c]})
+            trace.write_shard(records[c], p["shards"][c], {**identities[c], "summary": summaries[c]})
+
+    def flush():
+        for p in pending:
+            judge(p)
+            write(p)
+        pending.clear()
+
+    for i, row in enumerate(rows):
+        shards = {c: shard_path(dirs[c], row["question_id"]) for c in todo}
+        need = [c for c in todo if not (resume and shard_done(shards[c], identities[c]))]
+        if not need:
+            continue
+        ids = {c: prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}
+        samples = []
+        for sample in range(n_samples):
+            seed = generation_seed(seed0, row["question_id"], sample)
+            times = {c: [] for c in session}
+            outputs = {c: [] for c in session}
+            for rep in range(protocol.repeats):
+                k = (i + sample + rep) % len(session)
+                for c in session[k:] + session[:k]:
+                    t, g = time_one(c, ids[c], seed)
+                    times[c].append(t)
+                    outputs[c].append(g)
+                    pool[c].append(t / max(1, len(g.output_ids)))
+            samples.append({"sample": sample, "seed": seed, "times": times, "outputs": outputs,
+                            "stalls": {c: [] for c in session}})
+        pending.append({"row": row, "shards": shards, "need": need, "ids": ids, "samples": samples})
+        if min(len(v) for v in pool.values()) >= rule.min_reference:
+            flush()
+    flush()
+    _record_stalls(dirs, todo, log, rule, sid)
+    if log and progress:
+        print(stall_summary(log))
     for c in todo:
         write_summary(dirs[c], suite)
     return dirs
+
+
+def stall_summary(log: list[dict]) -> str:
+    """One line on a session's stalled readings (the ``stalls`` entries of :func:`run_interleaved`)."""
+    if not log:
+        return "timing: no stalled reading"
+    persistent = sum(e["persistent"] for e in log)
+    where = ", ".join(f"{e['config']} on {e['question_id']} ({e['seconds']:.3f} s -> {e['kept']:.3f} s)" for e in log[:8])
+    return (f"timing: {len(log)} stalled reading(s) re-timed ({persistent} slow on every re-timing, kept as the "
+            f"median of its readings): {where}" + (" ..." if len(log) > 8 else ""))
+
+
+def _record_stalls(dirs: dict, todo: list[RunConfig], log: list[dict], rule, sid: str) -> None:
+    """The session's stall report in each written run's ``metadata.json`` (its last session entry): the rule,
+    the readings re-timed (every member's: a baseline stall changes the runs' ratios too), their prompts."""
+    report = {"rule": dataclasses.asdict(rule), "count": len(log), "persistent": sum(e["persistent"] for e in log),
+              "prompts": sorted({str(e["question_id"]) for e in log}), "readings": log}
+    for c in todo:
+        meta_path = dirs[c] / "metadata.json"
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        sessions = meta.get("sessions") or []
+        if sessions and sessions[-1].get("protocol_session") == sid:
+            sessions[-1]["stalls"] = report
+            write_json(meta_path, meta)
+
+
+def session_stalls(run_dir: str | Path) -> list[dict]:
+    """The stall report of every session of a run (``metadata.json``; sessions timed before stalls were
+    detected have none and are left out)."""
+    meta = json.loads((Path(run_dir) / "metadata.json").read_text(encoding="utf-8"))
+    return [s["stalls"] for s in meta.get("sessions") or [] if isinstance(s.get("stalls"), dict)]
 
 
 def interleaved_with(summary: pd.DataFrame, baseline: RunConfig) -> bool:
