@@ -64,3 +64,23 @@ def test_cost_warnings():
     assert len(controls.cost_warnings(costs, tol=0.0)) == 1
     with pytest.raises(ValueError, match="tol"):
         controls.cost_warnings(costs, tol=1.5)
+
+
+def test_prediction_outside_the_interval_is_a_warning_either_way():
+    t = table().assign(predicted=[math.nan, math.nan, 1.8, 4.0, 0.9])  # inside every interval (hf/ar not checked)
+    assert controls.speedup_warnings(t) == [] and controls.prediction_warnings(t) == []
+    # the embedded null control: measured 0.28x [0.15, 0.51] against 1 / (r + o) = 0.59
+    low = table(r4=dict(speedup=0.28, speedup_low=0.15, speedup_high=0.51)).assign(
+        predicted=[math.nan, math.nan, 1.8, math.nan, 0.59], overhead=0.2)
+    w = controls.speedup_warnings(low)
+    assert len(w) == 1 and w[0].startswith(controls.MODEL_PREFIX + ":") and "spade-null-g4-T0" in w[0]
+    assert "0.590x" in w[0] and "measured / predicted = 0.47" in w[0] and "per-step cost" in w[0]
+    assert "overhead 0.200" in w[0]
+    assert controls.speedup_warnings(low, model=False) == []  # not physics: the run is no defect
+    high = t.assign(predicted=[math.nan, math.nan, 1.2, math.nan, 0.9])  # SPADE measured above its prediction
+    w = controls.prediction_warnings(high)
+    assert len(w) == 1 and "spade-distilled-g4-T0" in w[0] and "over-prices" in w[0]
+    # the physics first: a run above tau gets both lines, the physical one first
+    both = high.assign(speedup_low=[1.0, 2.5, 2.3, 4.0, 0.7])
+    w = controls.speedup_warnings(both)
+    assert [x.split(":")[0] for x in w] == [controls.PREFIX, controls.MODEL_PREFIX]

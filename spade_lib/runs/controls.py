@@ -27,6 +27,17 @@ The physics, with ``t_1`` the time of a one-token target forward on the cache:
     at least 1 by the argument of (a); a measured ``r(g) < 1 - tol`` is a defective micro-benchmark
     (frequency scaling or other load between the paired forwards, an unequal cache), and every
     prediction priced with it is too optimistic.
+
+(d) **The cost model, two-sided.** Every speculative run (the null draft included, whose prediction is
+    ``1 / (r(g) + o)``) is measured beside its prediction ``tau / (gamma c + r(gamma) + o)``
+    (:func:`spade_lib.runs.metrics.run_metrics`' ``predicted``, with ``o`` the loop's per-step cost,
+    :func:`spade_lib.decoding.costs.measure_loop_overhead`). A prediction outside the measured 95 %
+    interval (``predicted < speedup_low`` or ``> speedup_high``) is a warning, either way: measured
+    below, the loop pays a cost the model does not price (or the run was disturbed); measured above,
+    the model over-prices a step (or the baseline is slow). This is not physics -- the run is not a
+    defect and stays in the figures -- so its lines start with :data:`MODEL_PREFIX` and
+    :func:`spade_lib.runs.protocol.speedup_table` puts them in ``model_control``, not
+    ``physical_control``.
 """
 
 from __future__ import annotations
@@ -35,9 +46,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "cost_warnings", "speedup_warnings"]
+__all__ = ["MODEL_PREFIX", "NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "cost_warnings", "prediction_warnings",
+           "speedup_warnings"]
 
 PREFIX = "physical control"
+MODEL_PREFIX = "cost-model control"    # control (d): measured vs predicted, two-sided
 NULL_DRAFT = "null"                    # the control drafter: its tokens are always rejected
 NON_SPECULATIVE = ("ar", "hf")         # the autoregressive baseline and plain HF generate
 
@@ -76,14 +89,43 @@ def _interval(row: Mapping[str, Any]) -> str:
             f"{_num(row.get('speedup_high')):.3f}]")
 
 
-def speedup_warnings(table) -> list[str]:
-    """Controls (a) and (b) of the module docstring on a speedup table (one row per configuration,
-    with ``method``, ``draft``, ``tau``, ``speedup_low``; ``pair``, ``label``, ``T`` name it).
+def speedup_warnings(table, *, model: bool = True) -> list[str]:
+    """Controls (a), (b) and, with ``model``, (d) of the module docstring on a speedup table (one row
+    per configuration, with ``method``, ``draft``, ``tau``, ``speedup_low``, ``predicted``; ``pair``,
+    ``label``, ``T`` name it): the physics first, then :func:`prediction_warnings`.
 
     (a) a speculative configuration (``method`` not in :data:`NON_SPECULATIVE`) with
     ``speedup_low > tau``; (b) the null-draft control (``draft == "null"``) with ``speedup_low > 1``.
     A null-draft row flagged by (b) is not flagged again by (a). Rows with a missing ``tau`` (HF
     assisted generation hides its steps) or a missing interval are skipped by (a)."""
+    out = _physics_warnings(table)
+    return out + prediction_warnings(table) if model else out
+
+
+def prediction_warnings(table) -> list[str]:
+    """Control (d) of the module docstring: one warning per speculative row whose ``predicted`` lies
+    outside ``[speedup_low, speedup_high]``, naming both, their ratio and which way it misses. Rows
+    without a prediction (HF assisted generation, a table without the column) or an interval are skipped."""
+    out = []
+    for row in _rows(table):
+        if row.get("method", "spade") in NON_SPECULATIVE:
+            continue
+        pred, low, high = _num(row.get("predicted")), _num(row.get("speedup_low")), _num(row.get("speedup_high"))
+        if not (math.isfinite(pred) and pred > 0 and math.isfinite(low) and math.isfinite(high)):
+            continue
+        if low <= pred <= high:
+            continue
+        ratio = _num(row.get("speedup")) / pred
+        o = _num(row.get("overhead"))
+        priced = "tau / (gamma c + r(gamma)" + (f" + overhead {o:.3f})" if math.isfinite(o) and o > 0 else ")")
+        why = ("the loop pays a per-step cost the model does not price (or the run was disturbed)" if pred > high
+               else "the model over-prices a step (or the baseline is slow)")
+        out.append(f"{MODEL_PREFIX}: {_name(row)}: measured {_interval(row)} excludes the cost-model prediction "
+                   f"{pred:.3f}x ({priced}; measured / predicted = {ratio:.2f}): {why}")
+    return out
+
+
+def _physics_warnings(table) -> list[str]:
     out = []
     for row in _rows(table):
         method = row.get("method", "spade")

@@ -356,8 +356,10 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
     :func:`spade_lib.runs.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
     intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``. ``costs`` (draft name ->
     :func:`spade_lib.runs.costs.pair_costs` entry) prices the predictions of SPADE runs with those
-    micro-benchmarked costs instead of the runs' step timings. ``physical_control`` holds the
-    :func:`spade_lib.runs.controls.speedup_warnings` of the row (empty when the physics holds)."""
+    micro-benchmarked costs (and the pair's loop overhead) instead of the runs' step timings.
+    ``physical_control`` holds the physical controls of the row (:func:`spade_lib.runs.controls.speedup_warnings`
+    with ``model=False``; empty when the physics holds), ``model_control`` the two-sided cost-model control
+    (:func:`spade_lib.runs.controls.prediction_warnings`: the prediction outside the measured interval)."""
     base = protocol.config(baseline)
     base_summary = read_summary(run_dirs[base]) if base in run_dirs else None
     rows = []
@@ -382,7 +384,10 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
     table = pd.DataFrame(rows)
     # physics before ratios (spade_lib.runs.controls): a speculative speedup above tau, or a null draft
     # faster than AR, is a defect of the baseline; the column names it for every row that shows one
-    table["physical_control"] = ["; ".join(controls.speedup_warnings(table.loc[[i]])) for i in table.index] \
+    table["physical_control"] = ["; ".join(controls.speedup_warnings(table.loc[[i]], model=False))
+                                 for i in table.index] if len(table) else []
+    # the cost model, two-sided (controls (d)): measured vs predicted beyond the interval; no defect
+    table["model_control"] = ["; ".join(controls.prediction_warnings(table.loc[[i]])) for i in table.index] \
         if len(table) else []
     return table
 
