@@ -101,6 +101,53 @@ def test_model_free_drafters_reuse_a_model_drafts_target_measurement(tmp_path, m
     assert got["ngram"]["c"] == got["null"]["c"] == 0.0 and got["ngram"]["t_draft"] == 0.0 and got["d"]["c"] > 0
 
 
+
+def test_with_overhead_meets_the_null_loop_at_gamma_1():
+    from spade_lib import theory
+
+    t = costs_mod.with_overhead({"c": 0.0, "r": {1: 1.2, 2: 1.3}}, {"null_step": 1.5})
+    assert t["overhead"] == pytest.approx(0.3) and t["null_step"] == 1.5
+    # the null draft's prediction at gamma 1, 1 / (r(1) + o), is the measured loop ratio
+    assert theory.speedup(0.0, 1, 0.0, verify_cost=1.2, overhead=t["overhead"]) == pytest.approx(1 / 1.5)
+    low = costs_mod.with_overhead({"r": {1: 1.2}}, {"null_step": 1.1})  # noise below r(1): clipped at 0
+    assert low["overhead"] == 0.0 and low["overhead_raw"] == pytest.approx(-0.1)
+
+
+def test_loop_overhead_is_measured_once_per_pair_and_priced_into_every_table(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={"d": llama(layers=1, seed=2)})
+    calls = []
+    real = costs_mod.measure_loop_overhead
+    monkeypatch.setattr(costs_mod, "measure_loop_overhead", lambda *a, **k: calls.append(k) or real(*a, **k))
+    got = pair_costs(pair, ["d", "ngram"], 2, context=16, reps=2)
+    assert len(calls) == 1 and calls[0]["context"] == 16  # once for the pair, at the tables' context
+    loop = json.loads(next((tmp_path / "costs" / "mini" / "loop").glob("*.json")).read_text())
+    assert loop["null_step"] > 0 and loop["s_ar"] > 0 and loop["steps"] == 32 and loop["context"] == 16
+    for t in got.values():
+        assert t["null_step"] == loop["null_step"]
+        assert t["overhead"] == pytest.approx(max(0.0, loop["null_step"] - t["r"][1])) and t["overhead"] >= 0
+    # a table cached before the overhead existed gets it from the loop's cache, nothing measured again
+    path = next((tmp_path / "costs" / "mini").glob("d-*.json"))
+    old = json.loads(path.read_text())
+    for k in ("overhead", "overhead_raw", "null_step"):
+        old.pop(k)
+    path.write_text(json.dumps(old))
+    monkeypatch.setattr(costs_mod, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
+    again = pair_costs(pair, ["d"], 2, context=16, reps=2)
+    assert len(calls) == 1 and again["d"]["overhead"] == pytest.approx(got["d"]["overhead"])
+    assert "overhead" in json.loads(path.read_text())  # and the file now carries it
+
+
+def test_measure_loop_overhead_checks_its_arguments():
+    from spade_lib.decoding.costs import measure_loop_overhead
+
+    for bad in (dict(steps=1), dict(reps=0), dict(context=True)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            measure_loop_overhead(llama(layers=1), **bad)
+
+
 # ---------------------------------------------------------------- feature heads: c is the head's drafting step
 
 def _heads_of(target):

@@ -46,7 +46,8 @@ import torch
 
 from spade_lib.devices import clock as device_clock, synchronize
 
-__all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "verify_cost_fn", "HeadStep", "is_head"]
+__all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "measure_loop_overhead", "verify_cost_fn",
+           "HeadStep", "is_head"]
 
 
 def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
@@ -236,6 +237,57 @@ def measure_tree_cost(target, parents, context: int = 128, clock: Callable[[], f
     t1 = np.maximum(times["t1"], 1e-9)
     return {"r": float(np.median(times["tree"] / t1)), "n_nodes": n, "t_target": float(np.median(times["t1"])),
             "t_verify": float(np.median(times["tree"])), "context": ctx_len, "reps": reps}
+
+
+@torch.inference_mode()
+def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: int = 8, device=None) -> dict:
+    """The speculative loop's cost per step in autoregressive steps, for the cost model's ``overhead``.
+
+    Two decode loops of ``steps`` greedy tokens on one seeded ``context``-token prompt, timed in turns
+    (:func:`time_in_turns`: rotated, ``reps`` rounds after one warm-up): autoregressive decoding and
+    speculative decoding with the null draft at ``gamma = 1`` (each step a 2-token target forward, the
+    draft always rejected, one token out), both with step-level records only, as a timed run has them.
+    Each loop's time is its generation's own minus its prefill (``GenerationResult.timing``), so per
+    round ``s_AR`` is seconds per autoregressive token and ``s_null`` seconds per null step. Returns
+    ``{"null_step": median over rounds of s_null / s_AR, "s_ar", "s_null" (medians, seconds), "steps",
+    "context", "reps"}``.
+
+    The model's loop cost is then ``o = null_step - r(1)`` (:func:`spade_lib.runs.costs.pair_costs`
+    does this with each draft's ``r(1)``): a speculative step costs ``g c + r(g) + o`` AR steps, and the
+    null draft's prediction at ``gamma = 1``, ``1 / (r(1) + o)``, is what this loop measured. ``o`` holds
+    what the forwards do not: drafting calls, the verification's sampling and bookkeeping, rollback, less
+    the AR loop's own per-token work (to first order ``(o_spec - o_AR) / t_1``); it is measured once per
+    pair and taken as the same at every ``gamma``."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.drafters import NullDrafter
+    from spade_lib.sampling import SamplingConfig
+
+    for name, v, low in (("steps", steps, 2), ("reps", reps, 1), ("context", context, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+    adapter = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
+    limit = adapter.max_length
+    n_ctx = max(1, min(context, limit - steps - 2) if limit is not None else context)
+    prompt = torch.randint(0, adapter.vocab_size, (n_ctx,), generator=torch.Generator().manual_seed(0))
+    greedy = SamplingConfig(temperature=0.0)
+    ar = AutoregressiveDecoder(adapter, sampling=greedy, eos_token_id=[])
+    null = SpeculativeDecoder(adapter, NullDrafter(adapter.device), gamma=1, sampling=greedy, eos_token_id=[],
+                              record="light")
+    loops: dict[str, list[float]] = {"ar": [], "null": []}
+
+    def loop(name, decoder, forwards):
+        def run():
+            t = decoder.generate(prompt, steps, seed=0).timing
+            loops[name].append((t["total"] - t["prefill"]) / forwards)
+        return run
+
+    # the AR loop's first token comes from its prefill: steps - 1 forwards; the null loop's every step is one
+    time_in_turns({"ar": loop("ar", ar, steps - 1), "null": loop("null", null, steps)}, reps=reps, warmup=1,
+                  device=device)
+    s_ar, s_null = np.asarray(loops["ar"][-reps:]), np.asarray(loops["null"][-reps:])
+    return {"null_step": float(np.median(s_null / np.maximum(s_ar, 1e-12))), "s_ar": float(np.median(s_ar)),
+            "s_null": float(np.median(s_null)), "steps": steps, "context": n_ctx, "reps": reps}
 
 
 def verify_cost_fn(costs: dict) -> Callable[[int], float]:

@@ -6,6 +6,15 @@ micro-benchmarks; the method is :mod:`spade_lib.decoding.costs`) and caches the 
 ``context``), so every notebook of one ``make run`` predicts from the same numbers;
 :func:`read_costs` reads a cached table back.
 
+Every table also carries the pair's **loop overhead** ``o`` (:func:`loop_overhead`): the speculative
+loop's per-step cost beyond its forwards, in target steps, ``o = max(0, null_step - r(1))`` with
+``null_step`` one null-draft step at ``gamma = 1`` over one autoregressive step, measured once per pair
+(:func:`spade_lib.decoding.costs.measure_loop_overhead`, cached under ``runs/costs/<pair>/loop/``) and
+``r(1)`` the table's own, so the cost model ``tau / (gamma c + r(gamma) + o)`` meets the null draft's
+loop at ``gamma = 1`` exactly and every other configuration is a test of it
+(:func:`spade_lib.runs.controls.prediction_warnings`). The table's ``overhead_raw`` is the difference
+before the clip at 0 (a negative one is noise: the speculative loop does all the AR loop does).
+
 A draft is a draft model of the pair (``pair.drafts``), a feature head (``pair.heads[name]``, or a
 registered drafter that drafts with one, ``"eagle"`` / ``"medusa"``: its ``c`` is the head's drafting
 step, :class:`spade_lib.decoding.costs.HeadStep`, and the key names the head's build) or a model-free
@@ -23,9 +32,9 @@ import torch
 
 from spade_lib import paths
 from spade_lib.io import write_json
-from spade_lib.decoding.costs import measure_costs
+from spade_lib.decoding.costs import measure_costs, measure_loop_overhead
 
-__all__ = ["MIN_GAMMA", "pair_costs", "read_costs"]
+__all__ = ["MIN_GAMMA", "loop_overhead", "pair_costs", "read_costs", "with_overhead"]
 
 MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
@@ -38,13 +47,47 @@ def read_costs(path) -> dict:
     return saved
 
 
+def _device_dtype(pair) -> tuple[str, str]:
+    p = next(pair.target.parameters())
+    return str(p.device), str(p.dtype).replace("torch.", "")
+
+
+def loop_overhead(pair, *, context: int = 128, cache: bool = True, progress: bool = False) -> dict:
+    """:func:`spade_lib.decoding.costs.measure_loop_overhead` of ``pair``'s target, cached as JSON under
+    ``runs/costs/<pair>/loop/`` (keyed by pair and its folder, device, dtype, threads and ``context``)."""
+    device, dtype = _device_dtype(pair)
+    key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=device, dtype=dtype,
+               threads=torch.get_num_threads(), context=int(context), what="loop_overhead")
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    path = paths.RUNS_DIR / "costs" / pair.name / "loop" / f"loop-{digest}.json"
+    if cache and path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    got = {**measure_loop_overhead(pair.target, context=int(context), device=next(pair.target.parameters()).device),
+           "key": key}
+    if progress:
+        print(f"loop of {pair.name}: a null-draft step at gamma 1 costs {got['null_step']:.3f} AR steps "
+              f"({1e3 * got['s_null']:.2f} vs {1e3 * got['s_ar']:.2f} ms)")
+    if cache:
+        write_json(path, got)
+    return got
+
+
+def with_overhead(table: dict, loop: dict) -> dict:
+    """``table`` (one draft's costs) with the loop's ``overhead = max(0, null_step - r(1))`` (module
+    docstring), ``overhead_raw`` and ``null_step``."""
+    raw = float(loop["null_step"]) - float(table["r"][1])
+    return {**table, "overhead": max(0.0, raw), "overhead_raw": raw, "null_step": float(loop["null_step"])}
+
+
 def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 128, reps: int = 20,
-               cache: bool = True, progress: bool = False) -> dict[str, dict]:
+               cache: bool = True, progress: bool = False, overhead: bool = True) -> dict[str, dict]:
     """:func:`measure_costs` for each draft of ``pair`` (a draft model, a feature head, or a registered
     drafter: a head's for ``"eagle"`` / ``"medusa"``, ``c = 0`` for a model-free one such as ``"ngram"``),
     cached under ``runs/costs/`` (see the module docstring).
     ``r(g)`` is measured for ``g = 1 .. max(max_gamma, MIN_GAMMA)``, so notebooks asking for different
-    ``max_gamma`` below that share one measurement (and one prediction per configuration)."""
+    ``max_gamma`` below that share one measurement (and one prediction per configuration). With
+    ``overhead`` (the default) every table carries the pair's loop overhead (:func:`loop_overhead`,
+    :func:`with_overhead`; a table cached before it existed gets it added, and is rewritten with it)."""
     from spade_lib.decoding.adapter import CausalLMAdapter
 
     max_gamma = max(int(max_gamma), MIN_GAMMA)
@@ -67,6 +110,9 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
         path = paths.RUNS_DIR / "costs" / pair.name / f"{name}-{digest}.json"
         if cache and path.is_file():
             out[name] = read_costs(path)
+            if overhead and "overhead" not in out[name]:
+                out[name] = with_overhead(out[name], loop_overhead(pair, context=context, cache=cache, progress=progress))
+                write_json(path, out[name])
             continue
         target = target or CausalLMAdapter(pair.target)
         if model is None and no_draft is not None:
@@ -77,9 +123,12 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
             if no_draft is None:
                 no_draft = {**got, "c": 0.0, "t_draft": 0.0}
         got = {**got, "key": key}
+        if overhead:
+            got = with_overhead(got, loop_overhead(pair, context=context, cache=cache, progress=progress))
         if progress:
             print(f"costs of {pair.name}/{name}: c = {got['c']:.3f}, r(1..{max_gamma}) = "
-                  + " ".join(f"{v:.2f}" for v in got["r"].values()))
+                  + " ".join(f"{v:.2f}" for v in got["r"].values())
+                  + (f", loop overhead o = {got['overhead']:.3f}" if "overhead" in got else ""))
         if cache:
             write_json(path, got)
         out[name] = got
