@@ -1,6 +1,8 @@
-"""spade_lib.decoding.native: the one-token kernels equal their torch formulation (products with and
-without the RMSNorm prologue, gate, bias and residual; attention with rotation and cache write, grouped
-and not), refuse bad input by name, and step aside where they cannot be built."""
+"""spade_lib.decoding.native: the kernels equal their torch formulation for every row count (products with
+and without the RMSNorm prologue, gain, gate, bias and residual; attention with rotation and cache write
+under the causal and a tree's ancestor mask, grouped and not, K and head-dim tails), a row's result does not
+depend on the rows beside it (bit for bit), bad input is refused by name, and the kernels step aside where
+they cannot be built (or fail loudly where SPADE_NATIVE_REQUIRED=1)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from spade_lib.decoding.lean import LeanForward
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason="SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
+ROWS = [1, 2, 3, 4, 5, 6, 7, 9, 13, 17]  # every tile shape: 4 x 1..3 weight rows, 2 x 1..6, several row groups
 
 
 def rope(x, cos, sin):
@@ -24,87 +27,177 @@ def rope(x, cos, sin):
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n,k", [(1, 8), (70, 150), (576, 576), (1000, 37)])  # K % 32, K % 8 tails; N over grains
-def test_linear_one_equals_its_torch_formulation(n, k, threads):
+@pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (576, 576), (1001, 37)])  # K % 16, K % 8 tails; odd N
+def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads):
     g = torch.Generator().manual_seed(n + k)
-    w, b, r = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(1, n, generator=g)
-    x, xx = torch.randn(1, k, generator=g), torch.randn(1, 2 * k, generator=g)
-    u = F.silu(xx[:, :k]) * xx[:, k:]
+    w, b, gain = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(k, generator=g)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        close = lambda got, ref: torch.testing.assert_close(got, ref, rtol=2e-5, atol=2e-5)  # noqa: E731
-        close(native.linear_one(x, w), F.linear(x, w))
-        close(native.linear_one(x[0], w, b, r), r + F.linear(x, w, b))
-        close(native.linear_one(x, w, eps=1e-5), F.linear(F.rms_norm(x, (k,), None, 1e-5), w))
-        close(native.linear_one(xx, w, b, r, eps=1e-6, gated=True),
-              r + F.linear(F.rms_norm(u, (k,), None, 1e-6), w, b))
+        close = lambda got, ref: torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)  # noqa: E731
+        for rows in ROWS:
+            x, xx, r = (torch.randn(rows, k, generator=g), torch.randn(rows, 2 * k, generator=g),
+                        torch.randn(rows, n, generator=g))
+            u = F.silu(xx[:, :k]) * xx[:, k:]
+            close(native.linear(x, w), F.linear(x, w))
+            close(native.linear(x, w, b, r), r + F.linear(x, w, b))
+            close(native.linear(x, w, eps=1e-5), F.linear(F.rms_norm(x, (k,), None, 1e-5), w))
+            close(native.linear(x, w, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), w, b))
+            close(native.linear(xx, w, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), w, b))
     finally:
         torch.set_num_threads(before)
 
 
 @needs_native
-@pytest.mark.parametrize("heads,kv_heads,start", [(9, 3, 200), (4, 4, 0), (8, 2, 37)])
-def test_attend_one_rotates_writes_the_cache_and_attends(heads, kv_heads, start):
-    g = torch.Generator().manual_seed(heads * 100 + start)
-    hd, cap = 16, 256
-    qkv = torch.randn((heads + 2 * kv_heads) * hd, generator=g)
-    kv = torch.randn(2, kv_heads, cap, hd, generator=g)
-    ang = torch.rand(hd // 2, generator=g) * 6
-    cos, sin = torch.cat([ang.cos(), ang.cos()]), torch.cat([ang.sin(), ang.sin()])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(333, 576, generator=g), torch.randn(333, generator=g)
+    for rows in ROWS:
+        x, r = torch.randn(rows, 1152, generator=g), torch.randn(rows, 333, generator=g)
+        block = native.linear(x, w, b, r, eps=1e-5, gated=True)
+        for i in range(rows):
+            assert torch.equal(native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5, gated=True), block[i:i + 1])
+
+
+def _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors):
+    """``(out [k, H hd], cache after)`` of the torch formulation."""
+    k, kv_heads, hd = qkv.shape[0], kv.shape[1], kv.shape[3]
+    x = qkv.view(k, heads + 2 * kv_heads, hd)
     ref_kv = kv.clone()
-    out = native.attend_one(qkv, kv, start, cos, sin, heads)
-    x = qkv.view(heads + 2 * kv_heads, hd)
-    ref_kv[0, :, start] = rope(x[heads:heads + kv_heads], cos, sin)
-    ref_kv[1, :, start] = x[heads + kv_heads:]
-    grp = heads // kv_heads
-    q = rope(x[:heads], cos, sin)
-    ref = torch.cat([torch.softmax(q[h] @ ref_kv[0, h // grp, :start + 1].T, -1) @ ref_kv[1, h // grp, :start + 1]
-                     for h in range(heads)])[None]
-    torch.testing.assert_close(kv, ref_kv, rtol=0, atol=1e-6)  # only position `start` changed
+    ref_kv[0, :, start:start + k] = rope(x[:, heads:heads + kv_heads], cos[:, None], sin[:, None]).transpose(0, 1)
+    ref_kv[1, :, start:start + k] = x[:, heads + kv_heads:].transpose(0, 1)
+    q = rope(x[:, :heads], cos[:, None], sin[:, None])
+    end, grp = start + k, heads // kv_heads
+    seen = torch.zeros(k, end, dtype=torch.bool)
+    for i in range(k):
+        if ancestors is None:
+            seen[i, :start + i + 1] = True
+        else:
+            seen[i, :tree_from], seen[i, tree_from:] = True, ancestors[i]
+    out = torch.empty(k, heads, hd)
+    for i in range(k):
+        for h in range(heads):
+            s = (ref_kv[0, h // grp, :end] @ q[i, h]).masked_fill(~seen[i], float("-inf")).softmax(-1)
+            out[i, h] = s @ ref_kv[1, h // grp, :end]
+    return out.reshape(k, heads * hd), ref_kv
+
+
+@needs_native
+@pytest.mark.parametrize("heads,kv_heads,hd,start,k,tree", [
+    (9, 3, 64, 200, 1, False), (4, 4, 16, 0, 1, False), (8, 2, 32, 37, 5, False), (9, 3, 64, 0, 6, False),
+    (8, 2, 32, 100, 17, True), (6, 1, 256, 20, 4, True), (4, 4, 16, 9, 1, True), (4, 2, 20, 30, 9, True)])
+def test_attend_rotates_writes_the_cache_and_attends_under_either_mask(heads, kv_heads, hd, start, k, tree):
+    g = torch.Generator().manual_seed(heads * 100 + start + k)
+    cap = 256
+    qkv = torch.randn(k, (heads + 2 * kv_heads) * hd, generator=g)
+    kv = torch.randn(2, kv_heads, cap, hd, generator=g)
+    ang = torch.rand(k, hd // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    tree_from, ancestors = start, None
+    if tree:  # earlier tree rows already cached from tree_from; each row sees itself and a random subset
+        tree_from = max(0, start - 3)
+        ancestors = torch.rand(k, start + k - tree_from, generator=g) < 0.5
+        ancestors[torch.arange(k), start - tree_from + torch.arange(k)] = True
+    ref, ref_kv = _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors)
+    out = native.attend(qkv, kv, start, cos, sin, heads, tree_from, ancestors)
+    torch.testing.assert_close(kv, ref_kv, rtol=0, atol=1e-6)  # only the new slots changed
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_a_causal_rows_attention_is_the_one_token_attention_bit_for_bit():
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, hd, start, k = 9, 3, 64, 40, 6
+    qkv = torch.randn(k, (heads + 2 * kv_heads) * hd, generator=g)
+    kv = torch.randn(2, kv_heads, 128, hd, generator=g)
+    ang = torch.rand(k, hd // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    alone = kv.clone()
+    block = native.attend(qkv, kv, start, cos, sin, heads)
+    for i in range(k):  # one token at a time, as the autoregressive loop feeds them
+        one = native.attend(qkv[i:i + 1].contiguous(), alone, start + i, cos[i:i + 1].contiguous(),
+                            sin[i:i + 1].contiguous(), heads)
+        assert torch.equal(one[0], block[i])
+    assert torch.equal(alone, kv)
 
 
 @needs_native
 def test_bad_input_is_refused_by_name():
     w = torch.randn(8, 16)
-    with pytest.raises(RuntimeError, match="x: must hold one row of 16"):
-        native.linear_one(torch.randn(1, 15), w)
-    with pytest.raises(RuntimeError, match="x: must hold one row of 32"):
-        native.linear_one(torch.randn(1, 16), w, gated=True)
+    with pytest.raises(RuntimeError, match="x: must hold rows of 16"):
+        native.linear(torch.randn(1, 15), w)
+    with pytest.raises(RuntimeError, match="x: must hold rows of 32"):
+        native.linear(torch.randn(1, 16), w, gated=True)
     with pytest.raises(RuntimeError, match="w: must be a contiguous float32"):
-        native.linear_one(torch.randn(1, 8), w.t())
-    with pytest.raises(RuntimeError, match="residual: must hold 8"):
-        native.linear_one(torch.randn(1, 16), w, residual=torch.randn(1, 9))
+        native.linear(torch.randn(1, 8), w.t())
+    with pytest.raises(RuntimeError, match="residual: must hold 2 x 8"):
+        native.linear(torch.randn(2, 16), w, residual=torch.randn(1, 8))
+    with pytest.raises(RuntimeError, match="gain: must hold 16"):
+        native.linear(torch.randn(2, 16), w, eps=1e-5, gain=torch.randn(15))
     with pytest.raises(RuntimeError, match="x: must be a contiguous float32"):
-        native.linear_one(torch.randn(1, 16, dtype=torch.float64), w)
+        native.linear(torch.randn(1, 16, dtype=torch.float64), w)
     kv = torch.zeros(2, 2, 8, 4)
-    with pytest.raises(RuntimeError, match="start: must be in"):
-        native.attend_one(torch.zeros(6 * 4), kv, 8, torch.ones(4), torch.zeros(4), 2)
-    with pytest.raises(RuntimeError, match="qkv: must hold"):
-        native.attend_one(torch.zeros(5 * 4), kv, 0, torch.ones(4), torch.zeros(4), 2)
+    with pytest.raises(RuntimeError, match="must fit the capacity 8"):
+        native.attend(torch.zeros(2, 6 * 4), kv, 7, torch.ones(2, 4), torch.zeros(2, 4), 2)
+    with pytest.raises(RuntimeError, match="qkv: must hold rows of"):
+        native.attend(torch.zeros(5 * 4), kv, 0, torch.ones(1, 4), torch.zeros(1, 4), 2)
+    with pytest.raises(RuntimeError, match="cos, sin: must hold 2 x head_dim"):
+        native.attend(torch.zeros(2, 6 * 4), kv, 0, torch.ones(1, 4), torch.zeros(1, 4), 2)
+    with pytest.raises(RuntimeError, match="tree_from: the tree's 3 rows must end at slot 4"):
+        native.attend(torch.zeros(2, 6 * 4), kv, 2, torch.ones(2, 4), torch.zeros(2, 4), 2, 0,
+                      torch.ones(2, 3, dtype=torch.bool))
+
+
+def _tiny(heads=4, kv_heads=2):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                        max_position_embeddings=64, initializer_range=0.2)).eval()
 
 
 @needs_native
-def test_the_lean_one_token_path_is_the_same_with_and_withoutnative_attention():
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                         initializer_range=0.2)).eval()
+@pytest.mark.parametrize("kv_heads", [2, 4])  # grouped-query and multi-head attention
+def test_the_lean_forward_on_native_kernels_equals_hf_and_its_blocks_equal_its_single_steps(kv_heads):
+    model = _tiny(kv_heads=kv_heads)
     ids = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ref = model(ids[None], use_cache=False).logits[0]
         lean = LeanForward(model, 64, kernels="avx2")
-        assert lean.native_attention and lean.kernel_names["one"] == "avx2"
-        outs = {}
-        for native_attention in (True, False):
-            lean.native_attention = native_attention
-            lean.reset()
-            outs[native_attention] = torch.cat([lean.forward(ids[:5])] + [lean.forward(ids[i:i + 1]) for i in range(5, 12)])
-        for got in outs.values():
-            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(outs[True], outs[False], rtol=1e-5, atol=1e-5)
+        assert lean.native_attention and lean.kernel_names == {"one": "avx2", "many": "avx2"}
+        steps = torch.cat([lean.forward(ids[:1])] + [lean.forward(ids[i:i + 1]) for i in range(1, 12)])
+        torch.testing.assert_close(steps, ref, rtol=1e-4, atol=1e-4)
+        lean.reset()
+        block = torch.cat([lean.forward(ids[:5]), lean.forward(ids[5:9]), lean.forward(ids[9:])])
+        assert torch.equal(block, steps)  # verification sees exactly the autoregressive loop's logits
+        lean.reset()
+        lean.forward(ids[:5])
+        lean.native_attention = False  # the torch formulation of the same forward, on the same cache
+        torch.testing.assert_close(lean.forward(ids[5:9]), ref[5:9], rtol=1e-4, atol=1e-4)
         assert not LeanForward(model, 64, kernels="legacy").native_attention  # the before/after reference
+
+
+@needs_native
+def test_a_tree_on_native_kernels_scores_each_path_as_the_chain_would():
+    model = _tiny()
+    g = torch.Generator().manual_seed(2)
+    prefix, tree = torch.randint(0, 96, (6,), generator=g), torch.randint(0, 96, (5,), generator=g)
+    parents = [-1, 0, 0, 1, 2]  # node i's parent; its path is the chain of its ancestors
+    anc = torch.zeros(5, 5, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        anc[i, i] = True
+        while p >= 0:
+            anc[i, p], p = True, parents[p]
+    with torch.inference_mode():
+        lean = LeanForward(model, 64, kernels="avx2")
+        lean.forward(prefix)
+        got = lean.forward(tree, ancestors=anc)
+        hidden = lean.forward(tree[:1], hidden_layers=(2,))  # after the tree; only checks the call works
+        assert hidden[0].shape == (1, 96) and hidden[1][2].shape == (1, 32)
+        for i in range(5):
+            path = [j for j in range(5) if anc[i, j]]
+            lean.rollback(6)
+            chain = lean.forward(tree[path])
+            assert torch.equal(chain[-1], got[i])  # bit for bit: the tree's row is its path's last row
 
 
 def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypatch):
@@ -115,7 +208,7 @@ def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypa
     monkeypatch.delenv("SPADE_NATIVE")
     monkeypatch.setattr(native, "_MODULE", [None])  # tried before and not built: the kernels refuse, by name
     with pytest.raises(RuntimeError, match="not available on this machine"):
-        native.linear_one(torch.randn(1, 4), torch.randn(2, 4))
+        native.linear(torch.randn(1, 4), torch.randn(2, 4))
     if not {"avx2", "fma"} <= native.cpu_flags():
         pytest.skip("not an AVX2 CPU: the build is not even tried")
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)  # nothing built there yet, and the compiler fails
@@ -124,5 +217,15 @@ def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypa
         raise OSError("no compiler here")
 
     monkeypatch.setattr(cpp_extension, "load", fail)
+    monkeypatch.setenv("SPADE_NATIVE_REQUIRED", "0")
     with pytest.warns(RuntimeWarning, match="could not be built .*no compiler here"):
         assert native._build() is None
+    monkeypatch.setenv("SPADE_NATIVE_REQUIRED", "1")  # make test sets it: a broken build fails the tests
+    with pytest.raises(RuntimeError, match="SPADE_NATIVE_REQUIRED=1"):
+        native._build()
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= native.cpu_flags(), reason="not an AVX2/FMA CPU: nothing to build")
+def test_the_native_kernels_build_on_an_avx2_machine():
+    """Where the CPU has AVX2 and FMA a failed build is a defect, not a skip (the tests above would all skip)."""
+    assert native.available(), "SPADE's native kernels did not build on an AVX2/FMA machine"

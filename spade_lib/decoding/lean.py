@@ -102,7 +102,8 @@ class LeanForward:
     for every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS``
     (default ``"auto"``). ``self.kernel_names`` says what was installed: ``{"one": ..., "many": ...}`` (a
     candidate, or ``"product=candidate,..."``), ``self.kernel_plan`` the candidate of every product;
-    ``self.native_attention`` whether the one-token path attends with :func:`native.attend_one`.
+    ``self.native_attention`` whether the forward runs on SPADE's native kernels' attention
+    (:meth:`_forward_native`, every row count: the products on whatever the plan chose).
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
@@ -219,23 +220,27 @@ class LeanForward:
         self.kernel_names = {rows: _kernels.summary(p) for rows, p in plan.items()}
 
     @torch.inference_mode()
-    def _time_plan(self, rows: str, plan: dict[str, str], reps: int = 5, warmup: int = 2) -> float:
-        """Median seconds of the whole forward with the ``rows``-class products on ``plan`` (``{product:
-        candidate}``), run back to back on a 32-token cache as decoding runs it (1 new token, or MANY_ROWS)."""
+    def _time_plan(self, rows: str, plan: dict[str, str], reps: int = 3, warmup: int = 1, steps: int = 4,
+                   context: int = 128) -> float:
+        """Median seconds of one forward with the ``rows``-class products on ``plan`` (``{product: candidate}``),
+        timed as decoding runs it: ``steps`` forwards in a row (1 new token each, or MANY_ROWS) on a cache of
+        ``context`` tokens that grows as they go, then rolled back; the median over ``reps`` such loops."""
         import time
 
         self._install({"one": "mkl", "many": "mkl", rows: plan})
         k = 1 if rows == "one" else _kernels.MANY_ROWS
-        ctx = min(32, max(1, self.capacity - k))
-        ids = torch.randint(0, int(self.embed.shape[0]), (ctx + k,), generator=torch.Generator().manual_seed(0))
-        ids = ids.to(self.device)
+        ctx = min(context, max(1, self.capacity - steps * k))
+        steps = max(1, min(steps, (self.capacity - ctx) // k))
+        ids = torch.randint(0, int(self.embed.shape[0]), (ctx + steps * k,),
+                            generator=torch.Generator().manual_seed(0)).to(self.device)
         self.reset()
         self.forward(ids[:ctx])
         times = []
-        for r in range(warmup + reps):
+        for _ in range(warmup + reps):
             t0 = time.perf_counter()
-            self.forward(ids[ctx:], last_only=k == 1)
-            times.append(time.perf_counter() - t0)
+            for i in range(steps):
+                self.forward(ids[ctx + i * k:ctx + (i + 1) * k], last_only=k == 1)
+            times.append((time.perf_counter() - t0) / steps)
             self.rollback(ctx)
         self.reset()
         return sorted(times[warmup:])[reps // 2]
@@ -311,13 +316,16 @@ class LeanForward:
         if end > self._size:
             self._alloc(max(2 * self._size, end))
         tree_from = start if tree_from is None or ancestors is None else tree_from
-        if k == 1 and tree_from == start and self.folded and self.dtype == torch.float32 and not hidden_layers:
-            return self._forward_one(ids, start)
         if ancestors is None:
-            cos, sin = self._cos[start:end][None], self._sin[start:end][None]  # [1, k, hd]
+            cos, sin = self._cos[start:end], self._sin[start:end]  # [k, hd]
         else:  # a tree: row i at position tree_from + depth[i]
             pos = tree_from - 1 + ancestors.sum(dim=-1)
-            cos, sin = self._cos[pos][None], self._sin[pos][None]
+            cos, sin = self._cos[pos], self._sin[pos]
+        if self.native_attention:
+            return self._forward_native(ids, start, cos, sin, tree_from, ancestors, last_only, hidden_layers)
+        if k == 1 and tree_from == start and self.folded and self.dtype == torch.float32 and not hidden_layers:
+            return self._forward_one(ids, start)
+        cos, sin = cos[None], sin[None]  # [1, k, hd]
         mask = None
         if k > 1 or tree_from < start:  # additive mask: causal (query i sees keys j <= start + i), or a tree's
             mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
@@ -361,10 +369,8 @@ class LeanForward:
         elif last_only:
             x = x[-1:]
         self.length = end
-        logits = self.head[1 if x.shape[0] > 1 else 0](x if states is not None else self._rms(x, self.norm))
-        if self.head_token_ids is not None:
-            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-            logits = full.index_copy_(-1, self.head_token_ids, logits)
+        logits = self._full_vocab(self.head[1 if x.shape[0] > 1 else 0](
+            x if states is not None else self._rms(x, self.norm)))
         if states is not None:
             return logits, {i: states[i] for i in hidden_layers}
         return logits
@@ -377,45 +383,70 @@ class LeanForward:
             kv[:, :, start:start + m] = kv[:, :, rows]
         self.length = start + m
 
+    def _forward_native(self, ids: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, tree_from: int,
+                        ancestors: torch.Tensor | None, last_only: bool, hidden_layers: tuple[int, ...]
+                        ) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """:meth:`forward` of ``k >= 1`` tokens on SPADE's native kernels (:mod:`spade_lib.decoding.native`), in
+        four calls a layer: the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
+        attention under the causal or the tree's ancestor mask); the output projection with the residual
+        added; the normed gate/up product and the gated down projection with the residual added. The final
+        norm (its gain as the product's prologue) and the LM head are one more call. On the native product
+        kernel a row's result does not depend on the rows beside it, so a verification block or a tree
+        level computes bit for bit the logits the one-token path computes for the same prefix."""
+        k = int(ids.shape[0])
+        sel = 0 if k == 1 else 1
+        H = self.n_heads
+        x = F.embedding(ids, self.embed)  # [k, d]
+        states = [x] if hidden_layers else None
+        for layer, kv in zip(self.layers, self._kv):
+            qkv = layer["qkv"][sel].normed(x, layer["ln1"][1])
+            att = _native.attend(qkv, kv, start, cos, sin, H, tree_from, ancestors)
+            x = layer["o"][sel].add_to(x, att)
+            x = layer["down"][sel].add_to(x, layer["gate_up"][sel].normed(x, layer["ln2"][1]), gated=True)
+            if states is not None:
+                states.append(x)
+        self.length = start + k
+        h = x[-1:] if last_only else x
+        logits = self._full_vocab(self.head[1 if h.shape[0] > 1 else 0].normed(h, self.norm[1], gain=self.norm[0]))
+        if states is not None:  # the last hidden state is after the final norm, as in Hugging Face's output
+            states[-1] = self._rms(x, self.norm)
+            return logits, {i: states[i] for i in hidden_layers}
+        return logits
+
     def _forward_one(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        """:meth:`forward` of one token on folded weights, in as few kernel calls as the math allows (the
-        AR step and every draft step: here the per-call cost of the small operations between the
-        matmuls is what is left beside streaming the weights). Per layer: each RMSNorm is done by the
-        product that reads it and each residual add by the product that writes it (where the kernel
-        allows: ``Kernel.normed``, ``Kernel.add_to``, the gated MLP's ``silu(gate) * up`` included); the
-        token mixing (rotation, cache write, attention) is one call of :func:`native.attend_one` where
-        SPADE's native kernels run, else the rotation of the ``H + KV`` query and key heads is one product
-        with the position's rotation matrix ``R`` (``x R = x cos + rotate_half(x) sin``, built once per
-        call) and attention two batched products over the cache."""
+        """:meth:`forward` of one token on folded weights where SPADE's native kernels do not run (the AR step
+        and every draft step), in as few library calls as the math allows: each RMSNorm is done by the
+        product that reads it and each residual add by the product that writes it where the kernel allows
+        (``Kernel.normed``, ``Kernel.add_to``); the rotation of the ``H + KV`` query and key heads is one
+        product with the position's rotation matrix ``R`` (``x R = x cos + rotate_half(x) sin``, built once
+        per call) and attention two batched products over the cache."""
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         end = start + 1
         cos, sin = self._cos[start], self._sin[start]
         x = F.embedding(ids, self.embed)  # [1, d]
-        if self.native_attention:
-            for layer, kv in zip(self.layers, self._kv):
-                qkv = layer["qkv"][0].normed(x, layer["ln1"][1])
-                x = layer["o"][0].add_to(x, _native.attend_one(qkv, kv, start, cos, sin, H))
-                x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
-        else:
-            half, g = hd // 2, H // KV
-            rot = torch.diag(cos)
-            rot[half:, :half] -= torch.diag(sin[:half])   # (x R)_i gets -x_{i+half} sin_i for i < half
-            rot[:half, half:] += torch.diag(sin[half:])   # and +x_{i-half} sin_i for i >= half
-            for layer, kv in zip(self.layers, self._kv):
-                qkv = layer["qkv"][0].normed(x, layer["ln1"][1]).view(H + 2 * KV, hd)
-                qk = torch.mm(qkv[:H + KV], rot)
-                kv[0, :, start] = qk[H:]
-                kv[1, :, start] = qkv[H + KV:]
-                scores = torch.bmm(qk[:H].view(KV, g, hd), kv[0, :, :end].transpose(1, 2))
-                att = torch.bmm(torch.softmax(scores, dim=-1), kv[1, :, :end]).view(1, H * hd)
-                x = layer["o"][0].add_to(x, att)
-                x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
+        half, g = hd // 2, H // KV
+        rot = torch.diag(cos)
+        rot[half:, :half] -= torch.diag(sin[:half])   # (x R)_i gets -x_{i+half} sin_i for i < half
+        rot[:half, half:] += torch.diag(sin[half:])   # and +x_{i-half} sin_i for i >= half
+        for layer, kv in zip(self.layers, self._kv):
+            qkv = layer["qkv"][0].normed(x, layer["ln1"][1]).view(H + 2 * KV, hd)
+            qk = torch.mm(qkv[:H + KV], rot)
+            kv[0, :, start] = qk[H:]
+            kv[1, :, start] = qkv[H + KV:]
+            scores = torch.bmm(qk[:H].view(KV, g, hd), kv[0, :, :end].transpose(1, 2))
+            att = torch.bmm(torch.softmax(scores, dim=-1), kv[1, :, :end]).view(1, H * hd)
+            x = layer["o"][0].add_to(x, att)
+            x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
         self.length = end
-        logits = self.head[0](self._rms(x, self.norm))
-        if self.head_token_ids is not None:
-            full = logits.new_full((1, self.vocab_size), float("-inf"))
-            logits = full.index_copy_(-1, self.head_token_ids, logits)
-        return logits
+        return self._full_vocab(self.head[0](self._rms(x, self.norm)))
+
+    def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """An FR-Spec draft's ``head_vocab`` logits scattered into ``-inf``-filled full-vocabulary rows, exactly
+        as its Hugging Face forward does (other models' logits unchanged)."""
+        if self.head_token_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.head_token_ids, logits)
 
 
 def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:

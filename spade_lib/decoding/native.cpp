@@ -1,16 +1,23 @@
-// One-token decoding on the CPU, streamed at the machine's read bandwidth (spade_lib.decoding.native).
+// Decoding on the CPU, streamed at the machine's read bandwidth (spade_lib.decoding.native).
 //
-// linear_one:  y = s * (W u) + b + r,   u = x, or u = silu(x[:K]) * x[K:] if gated (a gated MLP's input);
-//              s = 1 / sqrt(mean(u^2) + eps) if eps >= 0 (an RMSNorm without gain), else 1
-// attend_one:  one new token's attention over a KV cache, rotary embedding and cache write included
+// linear:  Y[r] = s_r * (W u_r) + b + R[r] for each of k rows,
+//          u_r = x_r (or g * x_r with a gain g), or u_r = silu(x_r[:K]) * x_r[K:] if gated (a gated MLP's input);
+//          s_r = 1 / sqrt(mean(x_r^2) + eps) if eps >= 0 (an RMSNorm; mean over u_r when gated), else 1
+// attend:  k new tokens' attention over a KV cache, rotary embedding and cache write included, under the
+//          causal mask or a draft tree's ancestor mask
 //
-// W is [N, K] row-major fp32 and contiguous, so each thread of torch's pool (at::parallel_for) reads one
-// contiguous block of rows front to back: a single sequential stream per core, which the hardware
-// prefetcher follows at full speed. Each row is a dot product with x (held in L1) over four independent
-// AVX2 FMA accumulators (8 floats each), reduced once at the end of the row; a scalar loop covers K % 8.
-// Each 128-byte step also prefetches the stream PREFETCH floats (8 KiB) ahead, into the next rows: on the
-// project's AMD EPYC machines that reads one-row products 10-40 % faster than the hardware prefetcher alone
-// (a prefetch past the block's end is harmless: prefetches do not fault).
+// One summation order for every output, whatever k is: acc = sum over the 8-float chunks of K, in order, of
+// w[c] * u[c] (one AVX2 FMA chain), then a fixed horizontal sum of its 8 lanes, then the K % 8 tail in
+// order. A row's result is therefore the same bit for bit whether it is computed alone (an autoregressive
+// step) or among k rows (a verification block, a tree level): verification sees exactly the logits the
+// autoregressive loop would compute, so greedy speculative decoding reproduces greedy decoding exactly.
+//
+// W is [N, K] row-major fp32 and contiguous; each thread of torch's pool (at::parallel_for) reads one
+// contiguous block of rows front to back (one sequential stream per core, prefetched PREFETCH floats ahead).
+// Each weight row is read from memory once for all k rows: a tile of NW weight rows x RB input rows keeps
+// NW * RB accumulators in registers (NW = 4, RB = 1 for one row: four independent chains; NW = 2, RB <= 6
+// for more), input rows beyond RB reuse the tile's weight rows from L1. Bandwidth-bound up to k ~ 6-10 on two
+// AVX2 cores; compute-bound beyond (2 flops per weight and row).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -22,6 +29,7 @@
 namespace {
 
 constexpr int64_t PREFETCH = 2048;
+constexpr int RB_MAX = 6;
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -30,21 +38,66 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehl_ps(sh, s)));
 }
 
+// The canonical dot product (see the header): one chain over the 8-float chunks, hsum, scalar tail.
 inline float dot(const float* w, const float* x, int64_t K) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m256 a = _mm256_setzero_ps();
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + k + PREFETCH), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(w + k + PREFETCH + 16), _MM_HINT_T0);
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
-  }
-  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-  float r = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  for (; k + 8 <= K; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a);
+  float r = hsum(a);
   for (; k < K; ++k) r += w[k] * x[k];
   return r;
+}
+
+// out[i * RB + j] = dot(w + i * K, xs[j], K) for NW weight rows and RB input rows, in the canonical order.
+template <int NW, int RB>
+inline void tile(const float* w, int64_t K, const float* const* xs, float* out) {
+  __m256 acc[NW][RB];
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + PREFETCH), _MM_HINT_T0);
+    for (int h = 0; h < 16; h += 8) {
+      __m256 wv[NW];
+      for (int i = 0; i < NW; ++i) wv[i] = _mm256_loadu_ps(w + i * K + k + h);
+      for (int j = 0; j < RB; ++j) {
+        const __m256 xv = _mm256_loadu_ps(xs[j] + k + h);
+        for (int i = 0; i < NW; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+      }
+    }
+  }
+  for (; k + 8 <= K; k += 8) {
+    for (int j = 0; j < RB; ++j) {
+      const __m256 xv = _mm256_loadu_ps(xs[j] + k);
+      for (int i = 0; i < NW; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i * K + k), xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < RB; ++j) {
+      float r = hsum(acc[i][j]);
+      for (int64_t t = k; t < K; ++t) r += w[i * K + t] * xs[j][t];
+      out[i * RB + j] = r;
+    }
+}
+
+template <int NW>
+inline void tile_rows(const float* w, int64_t K, const float* const* xs, int rb, float* out) {
+  if constexpr (NW == 4) {  // at most 3 rows: 12 accumulators
+    switch (rb) {
+      case 1: tile<4, 1>(w, K, xs, out); break;
+      case 2: tile<4, 2>(w, K, xs, out); break;
+      default: tile<4, 3>(w, K, xs, out); break;
+    }
+    return;
+  }
+  switch (rb) {
+    case 1: tile<NW, 1>(w, K, xs, out); break;
+    case 2: tile<NW, 2>(w, K, xs, out); break;
+    case 3: tile<NW, 3>(w, K, xs, out); break;
+    case 4: tile<NW, 4>(w, K, xs, out); break;
+    case 5: tile<NW, 5>(w, K, xs, out); break;
+    default: tile<NW, 6>(w, K, xs, out); break;
+  }
 }
 
 void check(const torch::Tensor& t, const char* name) {
@@ -54,16 +107,19 @@ void check(const torch::Tensor& t, const char* name) {
 
 }  // namespace
 
-torch::Tensor linear_one(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
-                         c10::optional<torch::Tensor> residual, double eps, bool gated, int64_t grain) {
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
+                     c10::optional<torch::Tensor> residual, c10::optional<torch::Tensor> gain, double eps, bool gated,
+                     int64_t grain) {
   check(x, "x");
   check(w, "w");
   TORCH_CHECK(w.dim() == 2, "w: must be [N, K], got ", w.dim(), " dims");
-  const int64_t N = w.size(0), K = w.size(1);
-  TORCH_CHECK(x.numel() == (gated ? 2 * K : K), "x: must hold one row of ", gated ? 2 * K : K, " values, got ",
-              x.numel());
+  const int64_t N = w.size(0), K = w.size(1), width = gated ? 2 * K : K;
+  TORCH_CHECK(x.numel() > 0 && x.numel() % width == 0, "x: must hold rows of ", width, " values, got ", x.numel(),
+              " values");
+  const int64_t rows = x.numel() / width;
   const float* bp = nullptr;
   const float* rp = nullptr;
+  const float* gp = nullptr;
   if (bias.has_value()) {
     check(*bias, "bias");
     TORCH_CHECK(bias->numel() == N, "bias: must hold ", N, " values, got ", bias->numel());
@@ -71,88 +127,172 @@ torch::Tensor linear_one(torch::Tensor x, torch::Tensor w, c10::optional<torch::
   }
   if (residual.has_value()) {
     check(*residual, "residual");
-    TORCH_CHECK(residual->numel() == N, "residual: must hold ", N, " values, got ", residual->numel());
+    TORCH_CHECK(residual->numel() == rows * N, "residual: must hold ", rows, " x ", N, " values, got ",
+                residual->numel());
     rp = residual->data_ptr<float>();
+  }
+  if (gain.has_value()) {
+    check(*gain, "gain");
+    TORCH_CHECK(!gated && gain->numel() == K, "gain: must hold ", K, " values (and the product not be gated)");
+    gp = gain->data_ptr<float>();
   }
   const float* xp = x.data_ptr<float>();
   std::vector<float> u;
-  if (gated) {  // silu(g) * up, silu(g) = g / (1 + exp(-g))
-    u.resize(K);
-    for (int64_t k = 0; k < K; ++k) u[k] = xp[k] / (1.0f + std::exp(-xp[k])) * xp[K + k];
-    xp = u.data();
+  if (gated || gp) {  // silu(g) * up with silu(g) = g / (1 + exp(-g)); or g * x
+    u.resize(rows * K);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = xp + r * width;
+      float* ur = u.data() + r * K;
+      if (gated) {
+        for (int64_t k = 0; k < K; ++k) ur[k] = xr[k] / (1.0f + std::exp(-xr[k])) * xr[K + k];
+      } else {
+        for (int64_t k = 0; k < K; ++k) ur[k] = xr[k] * gp[k];
+      }
+    }
   }
-  const float* wp = w.data_ptr<float>();
-  float s = 1.0f;
+  const float* up = u.empty() ? xp : u.data();
+  const float* sp = gated ? up : xp;  // the norm's statistic reads the product's input before any gain
+  const int64_t sstride = gated ? K : width;
+  std::vector<float> s(rows, 1.0f);
   if (eps >= 0) {  // the RMSNorm statistic in fp32, as torch's rms_norm computes it for fp32 inputs
-    float ss = 0.0f;
-    for (int64_t k = 0; k < K; ++k) ss += xp[k] * xp[k];
-    s = 1.0f / std::sqrt(ss / static_cast<float>(K) + static_cast<float>(eps));
+    for (int64_t r = 0; r < rows; ++r) {
+      float ss = 0.0f;
+      const float* v = sp + r * sstride;
+      for (int64_t k = 0; k < K; ++k) ss += v[k] * v[k];
+      s[r] = 1.0f / std::sqrt(ss / static_cast<float>(K) + static_cast<float>(eps));
+    }
   }
-  auto y = torch::empty({1, N}, x.options());
+  std::vector<const float*> xs(rows);
+  for (int64_t r = 0; r < rows; ++r) xs[r] = up + r * K;
+  auto y = torch::empty({rows, N}, x.options());
   float* yp = y.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  auto emit = [&](int64_t n, int64_t r, float d) {
+    float v = d * s[r];
+    if (bp) v += bp[n];
+    if (rp) v += rp[r * N + n];
+    yp[r * N + n] = v;
+  };
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      float v = dot(wp + n * K, xp, K) * s;
-      if (bp) v += bp[n];
-      if (rp) v += rp[n];
-      yp[n] = v;
+    float out[4 * RB_MAX];
+    int64_t n = begin;
+    if (rows == 1) {
+      for (; n + 4 <= end; n += 4) {
+        tile<4, 1>(wp + n * K, K, xs.data(), out);
+        for (int i = 0; i < 4; ++i) emit(n + i, 0, out[i]);
+      }
+      for (; n < end; ++n) {
+        tile<1, 1>(wp + n * K, K, xs.data(), out);
+        emit(n, 0, out[0]);
+      }
+      return;
+    }
+    if (rows <= 3) {  // four weight rows at once while their accumulators fit: 4 x 3 registers
+      const int rb = static_cast<int>(rows);
+      for (; n + 4 <= end; n += 4) {
+        tile_rows<4>(wp + n * K, K, xs.data(), rb, out);
+        for (int i = 0; i < 4; ++i)
+          for (int j = 0; j < rb; ++j) emit(n + i, j, out[i * rb + j]);
+      }
+    }
+    for (; n < end; n += 2) {
+      const int nw = n + 2 <= end ? 2 : 1;
+      for (int64_t r0 = 0; r0 < rows; r0 += RB_MAX) {
+        const int rb = static_cast<int>(std::min<int64_t>(RB_MAX, rows - r0));
+        if (nw == 2) {
+          tile_rows<2>(wp + n * K, K, xs.data() + r0, rb, out);
+        } else {
+          tile_rows<1>(wp + n * K, K, xs.data() + r0, rb, out);
+        }
+        for (int i = 0; i < nw; ++i)
+          for (int j = 0; j < rb; ++j) emit(n + i, r0 + j, out[i * rb + j]);
+      }
     }
   });
   return y;
 }
 
-// qkv [(H + 2 KV) * hd] (the fused projection of the new token, queries pre-scaled by 1/sqrt(hd)), kv [2, KV,
-// cap, hd] (keys, values), cos/sin [hd] of the new position `start`. Rotates the query and key heads
-// (x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]), writes the key and value at `start`, and returns
-// [1, H * hd]: per query head h of group j = h / (H / KV), softmax_t(q_h . K_j[t]) V_j[t] over t <= start.
-torch::Tensor attend_one(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::Tensor cos,
-                         torch::Tensor sin, int64_t n_heads) {
+// qkv [k, (H + 2 KV) * hd] (the fused projection of the k new tokens, queries pre-scaled by 1/sqrt(hd)), kv
+// [2, KV, cap, hd] (keys, values), cos/sin [k, hd] (the rotation of each new token's position). Rotates the
+// query and key heads (x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]), writes new token i's key and
+// value at cache slot start + i, and returns [k, H * hd]: per query head h of group j = h / (H / KV),
+// softmax_t(q_h . K_j[t]) V_j[t] over the slots t that row i sees: t <= start + i (causal), or, with
+// ancestors [k, M] (bool, M = start + k - tree_from), t < tree_from and tree_from + m for ancestors[i, m].
+torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::Tensor cos, torch::Tensor sin,
+                     int64_t n_heads, int64_t tree_from, c10::optional<torch::Tensor> ancestors) {
   check(qkv, "qkv");
   check(kv, "kv");
   check(cos, "cos");
   check(sin, "sin");
   TORCH_CHECK(kv.dim() == 4 && kv.size(0) == 2, "kv: must be [2, KV, capacity, head_dim]");
   const int64_t KV = kv.size(1), cap = kv.size(2), hd = kv.size(3), H = n_heads, half = hd / 2;
-  TORCH_CHECK(hd % 2 == 0 && H % KV == 0, "n_heads: must be a multiple of the KV heads, head_dim even");
-  TORCH_CHECK(qkv.numel() == (H + 2 * KV) * hd, "qkv: must hold (H + 2 KV) * head_dim = ", (H + 2 * KV) * hd,
-              " values, got ", qkv.numel());
-  TORCH_CHECK(cos.numel() == hd && sin.numel() == hd, "cos, sin: must hold head_dim values");
-  TORCH_CHECK(start >= 0 && start < cap, "start: must be in [0, capacity), got ", start);
+  TORCH_CHECK(hd % 2 == 0 && H > 0 && H % KV == 0, "n_heads: must be a multiple of the KV heads, head_dim even");
+  const int64_t width = (H + 2 * KV) * hd;
+  TORCH_CHECK(qkv.numel() > 0 && qkv.numel() % width == 0, "qkv: must hold rows of (H + 2 KV) * head_dim = ",
+              width, " values, got ", qkv.numel());
+  const int64_t k = qkv.numel() / width, end = start + k;
+  TORCH_CHECK(cos.numel() == k * hd && sin.numel() == k * hd, "cos, sin: must hold ", k, " x head_dim values");
+  TORCH_CHECK(start >= 0 && end <= cap, "start: ", start, " + ", k, " new tokens must fit the capacity ", cap);
+  const bool* anc = nullptr;
+  int64_t M = 0;
+  if (ancestors.has_value()) {
+    TORCH_CHECK(ancestors->device().is_cpu() && ancestors->scalar_type() == torch::kBool && ancestors->is_contiguous()
+                && ancestors->dim() == 2 && ancestors->size(0) == k, "ancestors: must be a contiguous bool [k, M] tensor");
+    M = ancestors->size(1);
+    TORCH_CHECK(tree_from >= 0 && tree_from + M == end, "tree_from: the tree's ", M, " rows must end at slot ", end,
+                ", got tree_from ", tree_from);
+    anc = ancestors->data_ptr<bool>();
+  }
   const float* q = qkv.data_ptr<float>();
   const float* c = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
   float* keys = kv.data_ptr<float>();
   float* vals = keys + KV * cap * hd;
-  auto rope = [&](const float* x, float* out) {
-    for (int64_t i = 0; i < half; ++i) out[i] = x[i] * c[i] - x[i + half] * sn[i];
-    for (int64_t i = half; i < hd; ++i) out[i] = x[i] * c[i] + x[i - half] * sn[i];
+  auto rope = [&](const float* x, int64_t i, float* out) {
+    const float* ci = c + i * hd;
+    const float* si = sn + i * hd;
+    for (int64_t d = 0; d < half; ++d) out[d] = x[d] * ci[d] - x[d + half] * si[d];
+    for (int64_t d = half; d < hd; ++d) out[d] = x[d] * ci[d] + x[d - half] * si[d];
   };
-  for (int64_t j = 0; j < KV; ++j) {
-    rope(q + (H + j) * hd, keys + (j * cap + start) * hd);
-    std::copy(q + (H + KV + j) * hd, q + (H + KV + j + 1) * hd, vals + (j * cap + start) * hd);
+  for (int64_t i = 0; i < k; ++i) {
+    const float* qi = q + i * width;
+    for (int64_t j = 0; j < KV; ++j) {
+      rope(qi + (H + j) * hd, i, keys + (j * cap + start + i) * hd);
+      std::copy(qi + (H + KV + j) * hd, qi + (H + KV + j + 1) * hd, vals + (j * cap + start + i) * hd);
+    }
   }
-  const int64_t n = start + 1, g = H / KV;
-  auto out = torch::empty({1, H * hd}, qkv.options());
+  const int64_t g = H / KV;
+  auto out = torch::empty({k, H * hd}, qkv.options());
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, H, 1, [&](int64_t h0, int64_t h1) {
-    std::vector<float> qr(hd), p(n);
-    for (int64_t h = h0; h < h1; ++h) {
-      const int64_t j = h / g;
-      rope(q + h * hd, qr.data());
-      const float* K = keys + j * cap * hd;
-      const float* V = vals + j * cap * hd;
+  at::parallel_for(0, H * k, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> qr(hd), p(end);
+    std::vector<int64_t> seen(end);
+    for (int64_t task = b; task < e; ++task) {
+      const int64_t i = task / H, h = task % H, j = h / g;
+      int64_t n = 0;  // the slots row i sees, in increasing order
+      if (anc == nullptr) {
+        for (int64_t t = 0; t <= start + i; ++t) seen[n++] = t;
+      } else {
+        for (int64_t t = 0; t < tree_from; ++t) seen[n++] = t;
+        for (int64_t m = 0; m < M; ++m)
+          if (anc[i * M + m]) seen[n++] = tree_from + m;
+      }
+      rope(q + i * width + h * hd, i, qr.data());
+      const float* Kj = keys + j * cap * hd;
+      const float* Vj = vals + j * cap * hd;
       float mx = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {  // the scores: AVX2 dot products (a scalar reduction would not vectorise)
-        p[t] = dot(K + t * hd, qr.data(), hd);
+      for (int64_t t = 0; t < n; ++t) {
+        p[t] = dot(Kj + seen[t] * hd, qr.data(), hd);
         mx = std::max(mx, p[t]);
       }
       float z = 0.0f;
       for (int64_t t = 0; t < n; ++t) z += (p[t] = std::exp(p[t] - mx));
-      float* o = op + h * hd;
+      float* o = op + i * H * hd + h * hd;
       std::fill(o, o + hd, 0.0f);
       for (int64_t t = 0; t < n; ++t) {
         const float a = p[t] / z;
-        for (int64_t i = 0; i < hd; ++i) o[i] += a * V[t * hd + i];
+        const float* v = Vj + seen[t] * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] += a * v[d];
       }
     }
   });
@@ -160,6 +300,6 @@ torch::Tensor attend_one(torch::Tensor qkv, torch::Tensor kv, int64_t start, tor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_one", &linear_one, "y = s (W u) + b + r for one row (see the file's header)");
-  m.def("attend_one", &attend_one, "one new token's attention over a KV cache (see the file's header)");
+  m.def("linear", &linear, "Y = s (W u) + b + R for k rows (see the file's header)");
+  m.def("attend", &attend, "k new tokens' attention over a KV cache, causal or tree mask (see the file's header)");
 }

@@ -1,31 +1,39 @@
-"""SPADE's own kernels for one new token on the CPU (``native.cpp``), compiled once per machine.
+"""SPADE's own decoding kernels on the CPU (``native.cpp``), compiled once per machine.
 
-An autoregressive step (and every draft step) multiplies one row ``x`` by each weight matrix ``W`` of
-the model: ``y = x W^T``. On a CPU that is bound by reading ``W`` from memory, so the best a kernel can
-do is to read it at the machine's bandwidth. On the project's 2-core AMD EPYC machines neither library
-kernel torch offers gets there for one row: MKL's GEMV (``F.linear``) reads SmolLM2's weights at ~12
-GB/s, oneDNN's packed kernel at 20-30 GB/s, while a plain ``sum`` over the same bytes reads 35-40 GB/s.
-:func:`linear_one` computes
+Every decoding forward multiplies ``k`` rows ``x`` by each weight matrix ``W`` of the model: ``Y = x W^T``,
+``k = 1`` for an autoregressive step or a draft step, ``k = g + 1`` for verifying ``g`` drafted tokens (or
+a tree's nodes). On a CPU at these sizes that is bound by reading ``W`` from memory, so the best a kernel
+can do is to read ``W`` once, at the machine's bandwidth, for all ``k`` rows: the cost of a verification
+forward should then barely exceed an autoregressive step's (``r(g)`` near 1) until the ``2 k`` flops per
+weight catch up with the bandwidth. :func:`linear` computes, for each row ``r``,
 
-    ``y = s (W u) + b + r``,   ``u = x`` or ``u = silu(x_1) * x_2`` (``gated``: a gated MLP's input),
-    ``s = 1 / sqrt(mean(u^2) + eps)`` when ``eps`` is given (an RMSNorm without gain), else ``s = 1``
+    ``Y_r = s_r (W u_r) + b + R_r``,   ``u_r = x_r`` (or ``gain * x_r``) or ``u_r = silu(x_r1) * x_r2``
+    (``gated``: a gated MLP's input), ``s_r = 1 / sqrt(mean(x_r^2) + eps)`` when ``eps`` is given (an
+    RMSNorm, its gain folded into ``W`` by the lean forward or passed as ``gain``), else ``s_r = 1``
 
-with each thread of torch's own pool reading one contiguous block of rows front to back (one
-sequential stream per core, prefetched 8 KiB ahead) through four AVX2 FMA accumulators per row. The
-prologues (the lean forward folds the norms' gains into the weights) and the residual epilogue save
-the small kernel calls around the products that an AR step is otherwise full of. :func:`attend_one`
-does the rest of a layer's token mixing in one call: the rotary embedding of the new token's query
-and key heads, its key and value written into the cache, and ``softmax(q K^T) V`` per query head over
-the cached positions (grouped-query heads read their group's KV head). Both equal their torch
-formulation up to fp32 summation order (~1e-6 relative; ``tests/test_native.py``).
+with each thread of torch's own pool reading one contiguous block of weight rows front to back (one
+sequential stream per core, prefetched 8 KiB ahead), a tile of weight rows times input rows held in AVX2
+registers so each weight is read from memory once for all ``k`` rows. The norm prologue and the residual
+epilogue save the small kernel calls around the products that a forward is otherwise full of.
+:func:`attend` does the rest of a layer's token mixing in one call: the rotary embedding of the new
+tokens' query and key heads, their keys and values written into the cache, and ``softmax(q K^T) V`` per
+query head over the cache slots each row sees (causal, or a draft tree's ancestors; grouped-query heads
+read their group's KV head).
 
-:func:`linear_one` is one candidate among the library kernels of :mod:`spade_lib.decoding.kernels`,
-used only where timing the whole forward says it is faster; the lean forward's one-token path then
-also attends with :func:`attend_one`. It exists only where it can be built: an x86-64 CPU with
-AVX2 and FMA, a C++ compiler and ``ninja`` (the project's machines have both). The build (~45 s on two
-cores) goes to ``<CACHE_DIR>/ext/<key>`` (keyed by the source, torch version and flags), under a file
-lock so concurrent processes build it once; anywhere it cannot be built :func:`available` is ``False``
-(one warning says why) and the library kernels remain; ``SPADE_NATIVE=0`` turns it off.
+**One summation order.** Every output of both kernels is summed in one order whatever ``k`` is (see
+``native.cpp``), so a row's result is the same bit for bit alone or among ``k`` rows: a verification
+forward sees exactly the logits the autoregressive loop computes for the same prefix, and greedy
+speculative decoding on these kernels reproduces greedy decoding exactly, not just up to near-ties. Both
+equal their torch formulation up to fp32 summation order (~1e-6 relative; ``tests/test_native.py``).
+
+:func:`linear` is one candidate (``"avx2"``) among the library kernels of
+:mod:`spade_lib.decoding.kernels`, used where timing says it is not slower; the lean forward then also
+attends with :func:`attend`. It exists only where it can be built: an x86-64 CPU with AVX2 and FMA, a
+C++ compiler and ``ninja`` (the project's machines have both). The build (~45 s on two cores) goes to
+``<CACHE_DIR>/ext/<key>`` (keyed by the source, torch version and flags), under a file lock so concurrent
+processes build it once; anywhere it cannot be built :func:`available` is ``False`` (one warning says why)
+and the library kernels remain; ``SPADE_NATIVE=0`` turns it off. ``SPADE_NATIVE_REQUIRED=1`` (set by
+``make test``) makes a failed build on a machine with the compiler an error instead of a warning.
 """
 
 from __future__ import annotations
@@ -41,10 +49,13 @@ import torch
 
 from spade_lib import paths
 
-__all__ = ["attend_one", "available", "linear_one", "cpu_flags"]
+__all__ = ["attend", "available", "linear", "cpu_flags"]
 
 SOURCE = Path(__file__).with_name("native.cpp")
-FLAGS = ("-O3", "-mavx2", "-mfma")
+# -fopenmp: at::parallel_for is inline code that runs on torch's OpenMP pool only when compiled with OpenMP (without
+# it every product ran on one core); -ffp-contract=off: one rounding per scalar operation, so a row's result cannot
+# depend on how the code around it was inlined (the FMAs of the products are explicit intrinsics).
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")
 GRAIN = 64  # rows per task of torch's pool: a 576-row product still splits over two threads
 _MODULE: list = []  # [] before the first try; then [module] or [None]
 
@@ -88,8 +99,10 @@ def _build():
             return cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(FLAGS), build_directory=str(folder),
                                       verbose=False)
     except Exception as exc:  # noqa: BLE001  (no compiler, no ninja, a failed build: the library kernels remain)
-        warnings.warn(f"SPADE's native one-token kernels could not be built ({type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0] if str(exc) else ''}); using the library kernels only",
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        if os.environ.get("SPADE_NATIVE_REQUIRED", "0") == "1":
+            raise RuntimeError(f"SPADE's native kernels could not be built ({why}) and SPADE_NATIVE_REQUIRED=1") from exc
+        warnings.warn(f"SPADE's native kernels could not be built ({why}); using the library kernels only",
                       RuntimeWarning, stacklevel=3)
         return None
 
@@ -104,21 +117,30 @@ def available() -> bool:
     return _MODULE[0] is not None
 
 
-def linear_one(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-               residual: torch.Tensor | None = None, eps: float | None = None, gated: bool = False) -> torch.Tensor:
-    """``[1, N]``: ``s (W u) + bias + residual`` for one row ``x`` and ``w [N, K]``, all contiguous fp32 on the
-    CPU; ``u = x`` (``K`` values) or, if ``gated``, ``u = silu(x[:K]) * x[K:]`` (``2K`` values); ``s = 1 /
-    sqrt(mean(u^2) + eps)`` if ``eps`` is given, else 1."""
-    return _module().linear_one(x, w, bias, residual, -1.0 if eps is None else eps, gated, GRAIN)
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, eps: float | None = None, gated: bool = False,
+           gain: torch.Tensor | None = None) -> torch.Tensor:
+    """``[k, N]``: row ``r`` is ``s_r (W u_r) + bias + residual_r`` for ``k`` rows of ``x`` and ``w [N, K]``, all
+    contiguous fp32 on the CPU; ``u_r = x_r`` (``K`` values a row; ``gain * x_r`` with a ``gain [K]``) or, if
+    ``gated``, ``u_r = silu(x_r[:K]) * x_r[K:]`` (``2K`` values a row); ``s_r = 1 / sqrt(mean(x_r^2) + eps)``
+    (over ``u_r`` when gated) if ``eps`` is given, else 1: with a gain, an RMSNorm with that gain before the
+    product. Every output is summed in one order whatever ``k`` is, so a row's result does not depend on
+    the rows beside it."""
+    return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN)
 
 
-def attend_one(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor,
-               n_heads: int) -> torch.Tensor:
-    """One new token's attention, ``[1, H hd]``. ``qkv [(H + 2 KV) hd]``: its fused projection (queries
-    already scaled by ``1 / sqrt(hd)``); ``kv [2, KV, capacity, hd]``: the cache, written in place at
-    position ``start`` with the rotated key and the value; ``cos, sin [hd]``: the rotation of ``start``.
-    Query head ``h`` attends over positions ``0 .. start`` of KV head ``h // (H / KV)``."""
-    return _module().attend_one(qkv, kv, start, cos, sin, n_heads)
+def attend(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
+           tree_from: int | None = None, ancestors: torch.Tensor | None = None) -> torch.Tensor:
+    """``k`` new tokens' attention, ``[k, H hd]``. ``qkv [k, (H + 2 KV) hd]``: their fused projections (queries
+    already scaled by ``1 / sqrt(hd)``); ``kv [2, KV, capacity, hd]``: the cache, written in place at slots
+    ``start .. start + k - 1`` with the rotated keys and the values; ``cos, sin [k, hd]``: each token's rotation.
+    Query head ``h`` of row ``i`` attends over KV head ``h // (H / KV)`` at the slots ``<= start + i`` (causal), or,
+    given ``ancestors [k, M]`` (bool, a draft tree's rows at slots ``tree_from .. start + k - 1``), at the slots
+    before ``tree_from`` and ``tree_from + m`` for each ``ancestors[i, m]``."""
+    if ancestors is None:
+        return _module().attend(qkv, kv, start, cos, sin, n_heads, -1, None)
+    return _module().attend(qkv, kv, start, cos, sin, n_heads, start if tree_from is None else tree_from,
+                            ancestors.contiguous())
 
 
 def _module():
