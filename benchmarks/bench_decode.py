@@ -37,7 +37,11 @@ are printed, with a warning when the machine was busy.
 interleaved micro-benchmarks of the adapters used for decoding (a ``--context``-token KV cache);
 ``alpha`` is SPADE's acceptance rate over its own trace (one recorded, untimed pass per prompt). Then
 ``prediction = E[tokens](alpha, gamma) / (gamma c + 1)`` (Leviathan et al. 2023, Thm 3.8) and the
-r-aware ``E[tokens] / (gamma c + r(gamma))`` (:func:`spade_lib.theory.speedup`). The last line is exactly::
+r-aware ``E[tokens] / (gamma c + r(gamma))`` (:func:`spade_lib.theory.speedup`); a line after them adds the
+loop's per-step cost ``o`` (:func:`spade_lib.decoding.costs.measure_loop_overhead`, ``o = null step / AR step
+- r(1)``), ``E[tokens] / (gamma c + r(gamma) + o)``, and the two-sided cost-model control
+(:func:`spade_lib.runs.controls.prediction_warnings`, SPADE and the null draft, against their IQRs: printed
+with ``!!!``, not an exit status). The last line is exactly::
 
     spade_vs_ar=<x> spade_vs_hf_assisted=<x> fraction_of_prediction=<x> fraction_of_r_aware=<x> tau=<x> r_min=<x> null_vs_ar=<x>
 
@@ -82,7 +86,7 @@ from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib import devices  # noqa: E402
 from spade_lib.runs import metrics, timing  # noqa: E402
 from spade_lib.runs.config import RunConfig, generation_seed, prompt_ids  # noqa: E402
-from spade_lib.decoding.costs import measure_costs, measure_tree_cost  # noqa: E402
+from spade_lib.decoding.costs import measure_costs, measure_loop_overhead, measure_tree_cost  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
@@ -388,12 +392,13 @@ def main(argv=None) -> None:
     per_wall = df.pivot(index="round", columns="method", values="wall_per_tok")
     print(f"\n{'method':<15} {'tok/s':>8} {'wall tok/s':>10} {'vs':>4} {'speedup':>8} {'IQR':>15} "
           f"{'wall speedup':>12} {'ratio of totals':>15}")
-    sp = {}
+    sp, iqr = {}, {}
     for m in names:
         b = base_of(m)
         ratios = per[b] / per[m]
         q25, q50, q75 = np.percentile(ratios, [25, 50, 75])
         sp[m] = float(q50)
+        iqr[m] = (float(q25), float(q75))
         wall = float(np.median(per_wall[b] / per_wall[m]))
         sel = df[df["method"] == m]
         tot = (sel["new_tokens"].sum() / sel["sec_per_tok"].mul(sel["new_tokens"]).sum())
@@ -429,6 +434,20 @@ def main(argv=None) -> None:
     print(f"\nSPADE: alpha={alpha:.3f} tau={tau:.3f} (iid E[tokens] {e_tokens:.3f}) c={c:.4f} r({g})={r:.3f}")
     print(f"Thm 3.8 prediction {predicted:.3f} (r=1); r-aware E/(gamma c + r) {predicted_r:.3f}; "
           f"measured {sp['spade']:.3f}; with the measured tau instead of alpha: {tau / (g * c + r):.3f}")
+    # the loop's own per-step cost (spade_lib.runs.costs: o = null step at gamma 1 - r(1)) and the two-sided
+    # cost-model control: a prediction outside the measured IQR is a warning, not a physics violation
+    loop = measure_loop_overhead(tgt_ad, context=args.context, device=device)
+    o = max(0.0, loop["null_step"] - costs["r"][1])
+    predicted_o = float(theory_speedup(alpha, g, c, verify_cost=r, overhead=o))
+    print(f"loop overhead o = {o:.3f} target steps (a null-draft step at gamma 1 costs {loop['null_step']:.3f} AR "
+          f"steps, in turns); prediction tau-model E/(gamma c + r + o) {predicted_o:.3f} "
+          f"(measured / predicted {sp['spade'] / predicted_o:.3f})")
+    model_rows = [{"pair": pair.name, "label": f"{m}-{draft_name if m == 'spade' else 'null'}-g{g}", "method": "spade",
+                   "draft": draft_name if m == "spade" else "null", "T": args.temperature, "speedup": sp[m],
+                   "speedup_low": iqr[m][0], "speedup_high": iqr[m][1], "predicted": pred, "overhead": o}
+                  for m, pred in (("spade", predicted_o), ("null", 1.0 / (r + o))) if m in sp]
+    for line in controls.prediction_warnings(model_rows):
+        print("!!! " + line + " [interval: IQR of the per-round ratios]")
 
     problems_tree = []
     if args.tree is not None:

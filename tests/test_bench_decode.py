@@ -31,6 +31,7 @@ def test_runs_on_the_tiny_pair_and_prints_the_figures(bench, capsys):
     n = int(re.search(r"(\d+) prompts x", equal).group(1))
     assert f"spade {n}," in equal and f"null {n}," in equal  # greedy: SPADE and the null draft reproduce AR
     assert any(line.startswith("costs (") for line in out) and any("load average before" in line for line in out)
+    assert any(line.startswith("loop overhead o = ") and "E/(gamma c + r + o)" in line for line in out)
 
 
 def test_tree_flag_times_the_tree_beside_the_chain(bench, capsys):
