@@ -222,3 +222,26 @@ def test_pair_costs_time_the_pairs_heads_and_key_them_by_weights(tmp_path, monke
     assert len(calls) == 1 and again["e3"]["key"]["head"]["weights_sha256"] != got["e3"]["key"]["head"]["weights_sha256"]
     with pytest.raises(ValueError, match="heads"):
         pair_costs(pair, ["no_such_draft"], 2, context=16, reps=2)
+
+
+def test_select_costs_reads_the_tables_of_the_runs_machine_newest_first(tmp_path):
+    import json
+    import os
+
+    def table(name, draft, t, **key):
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps({"c": 0.1, "r": {"1": 1.1}, "t_verify": {"1": 0.01},
+                                 "key": {"draft": draft, "device": "cpu", "dtype": "float32", "threads": 2, **key}}))
+        os.utime(f, (t, t))
+
+    table("d-old", "d", 100)
+    table("d-new", "d", 200)
+    table("d-4threads", "d", 300, threads=4)
+    table("d-cuda", "d", 400, device="cuda:0")
+    table("n", "ngram", 100)
+    (tmp_path / "broken.json").write_text("{")
+    got = costs_mod.select_costs(tmp_path, device="cpu", dtype="float32", threads=2)
+    assert sorted(got) == ["d", "ngram"] and got["d"]["file"].endswith("d-new.json") and got["d"]["r"] == {1: 1.1}
+    assert costs_mod.select_costs(tmp_path, threads=0)["d"]["file"].endswith("d-cuda.json")  # 0: threads left as set
+    assert costs_mod.select_costs(tmp_path, device="cuda")["d"]["file"].endswith("d-cuda.json")
+    assert costs_mod.select_costs(tmp_path, dtype="bfloat16") == {}

@@ -25,22 +25,21 @@ import pandas as pd
 from spade_lib.runs import protocol
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
-from spade_lib.runs.costs import read_costs
+from spade_lib.runs.costs import select_costs
 
 __all__ = ["compare", "main", "speedups"]
 
 KEYS = ["pair", "suite", "run", "baseline"]
 
 
-def _costs(folder: Path) -> dict[str, dict]:
-    tables = (read_costs(f) for f in sorted(folder.glob("*.json")))
-    return {t["key"]["draft"]: t for t in tables}
 
 
 def speedups(runs: str | Path) -> pd.DataFrame:
     """One row per (configuration, AR baseline it was interleaved with) of every finished run in
-    ``runs``: :func:`spade_lib.runs.protocol.speedup_table`'s columns plus ``pair``, ``suite`` and
-    ``baseline``; HF assisted runs also get ``vs_hf`` (and its interval) over plain HF generate."""
+    ``runs``: :func:`spade_lib.runs.protocol.speedup_table`'s columns plus ``pair``, ``suite``,
+    ``baseline`` and ``costs_file`` (the cost table that priced a SPADE row's prediction,
+    :func:`spade_lib.runs.costs.select_costs`); HF assisted runs also get ``vs_hf`` (and its interval)
+    over plain HF generate."""
     runs = Path(runs)
     if not (runs / "traces").is_dir():
         raise FileNotFoundError(f"runs: no traces/ folder in {runs}")
@@ -51,15 +50,19 @@ def speedups(runs: str | Path) -> pd.DataFrame:
             if (meta.parent / "summary.jsonl").is_file():
                 config = json.loads(meta.read_text(encoding="utf-8"))["config"]
                 dirs[RunConfig(**config)] = meta.parent
-        costs = _costs(runs / "costs" / suite_dir.parent.name)
         summaries = {c: read_summary(d) for c, d in dirs.items()}
         for ar in (c for c in dirs if c.method == "ar"):
+            # the tables measured where the baseline ran (device, dtype, threads): the predictions' costs
+            costs = select_costs(runs / "costs" / suite_dir.parent.name, device=ar.device, dtype=ar.dtype,
+                                 threads=ar.threads)
             members = {c: d for c, d in dirs.items() if c == ar or (
                 c.method != "ar" and c.temperature == ar.temperature and protocol.interleaved_with(summaries[c], ar))}
             proto = protocol.Protocol(warmup=ar.warmup, repeats=ar.repeats)
             t = protocol.speedup_table(members, ar, protocol=proto, costs=costs)
             t = t.assign(pair=suite_dir.parent.name, suite=suite_dir.name, baseline=ar.label,
-                         run=[members[c].name for c in t["config"]])
+                         run=[members[c].name for c in t["config"]],
+                         costs_file=[(costs.get(c.draft) or {}).get("file") if c.method == "spade" else None
+                                     for c in t["config"]])
             hf = [c for c in members if c.method == "hf"]
             for i in t.index[t["method"] == "hf_assisted"]:
                 if hf and protocol.interleaved_with(summaries[t.at[i, "config"]], hf[0]):

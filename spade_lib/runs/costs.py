@@ -34,7 +34,7 @@ from spade_lib import paths
 from spade_lib.io import write_json
 from spade_lib.decoding.costs import measure_costs, measure_loop_overhead
 
-__all__ = ["MIN_GAMMA", "loop_overhead", "pair_costs", "read_costs", "with_overhead"]
+__all__ = ["MIN_GAMMA", "loop_overhead", "pair_costs", "read_costs", "select_costs", "with_overhead"]
 
 MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
@@ -45,6 +45,35 @@ def read_costs(path) -> dict:
     saved["r"] = {int(g): v for g, v in saved["r"].items()}
     saved["t_verify"] = {int(g): v for g, v in saved["t_verify"].items()}
     return saved
+
+
+def select_costs(folder, *, device: str | None = None, dtype: str | None = None,
+                 threads: int | None = None) -> dict[str, dict]:
+    """The cost table per draft that predictions read from a pair's cost folder (``runs/costs/<pair>/``):
+    among the cached tables measured on ``device``, in ``dtype``, at ``threads`` (each filter skipped when
+    ``None``, ``threads`` also when 0: "left as set"), the newest per draft (by file time, then name).
+    Each table gets ``"file"``, its path, so a report can show the very table a prediction used
+    (:func:`spade_lib.runs.compare.speedups`, :mod:`spade_lib.report`). Unreadable files are skipped."""
+    folder = Path(folder)
+    best: dict[str, tuple[tuple, dict]] = {}
+    for f in sorted(folder.glob("*.json")):
+        try:
+            t = read_costs(f)
+            key = t["key"]
+            draft = key["draft"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if device is not None and not (str(key.get("device")) == str(device)
+                                       or str(key.get("device")).split(":")[0] == str(device)):
+            continue
+        if dtype is not None and str(key.get("dtype")) != str(dtype):
+            continue
+        if threads and key.get("threads") != threads:
+            continue
+        rank = (f.stat().st_mtime, f.name)
+        if draft not in best or rank >= best[draft][0]:
+            best[draft] = (rank, {**t, "file": str(f)})
+    return {d: t for d, (_, t) in sorted(best.items())}
 
 
 def _device_dtype(pair) -> tuple[str, str]:
