@@ -36,17 +36,29 @@ table, the run's commit, date and machine) and copies the teaser figure of that 
                         "seconds", "commit"}]},
      "machine": {"cpu_model", "cpu_count", "threads", "torch", "python", "platform"},
      "notebooks": [{"part", "name", "file", "seconds", "status", "html"}],
-     "configurations": [{"pair", "suite", "run", "baseline", "label", "configuration", "method", "draft",
-                         "policy", "gamma", "T", "role": "baseline"|"hf"|"speculative"|"control",
-                         "control": bool, "tokens_per_s", "alpha", "alpha_low", "alpha_high", "tau",
-                         "tau_low", "tau_high", "speedup", "speedup_low", "speedup_high", "predicted",
-                         "vs_hf", "vs_hf_low", "vs_hf_high", "warnings": [str]}],
+     "builds": [{"part", "name", "seconds", "status"}],
+     "configurations": [{"pair", "suite", "run", "baseline", "label", "run_label", "configuration", "method",
+                         "draft", "policy", "gamma", "T", "role": "baseline"|"hf"|"speculative"|"control",
+                         "control": bool, "notebooks": [str], "tokens_per_s", "alpha", "alpha_low",
+                         "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
+                         "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf",
+                         "vs_hf_low", "vs_hf_high", "warnings": [str]}],
      "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "passed"}],
-     "costs": {pair: {draft: {"c", "r": {g: r(g)}, "threads", "device", "dtype", "file"}}},
+     "costs": {pair: {draft: {"c", "r": {g: r(g)}, "overhead", "threads", "device", "dtype", "file",
+                              "used"}}},
      "warnings": [str], "figures": [paths relative to the run folder], "report": "report/index.html",
      "errors": [str]}
 
 Numbers missing from the table (say ``alpha_low`` before the table has it) are ``null``.
+
+**Labels are unique per pair**: ``label`` is the run's label (``run_label``), with, where two rows of a
+pair would share it, what tells them apart in brackets (``spade-distilled-g12-T1 [max_new_tokens=128]``;
+:func:`_unique_labels`); ``notebooks`` names the executed notebooks that printed the run. **The cost
+table is the one the predictions used**: ``costs_file`` of each row (:func:`spade_lib.runs.compare.speedups`
+picks it, :func:`spade_lib.runs.costs.select_costs`), and ``costs`` lists exactly those files (``used``).
+**The wall time includes the pair builds**: ``builds`` (the runbook's ``--build`` record) are counted in
+``run.seconds`` beside the notebooks. The warnings are the physical controls and the two-sided
+cost-model control (:mod:`spade_lib.runs.controls`).
 """
 
 from __future__ import annotations
@@ -77,7 +89,7 @@ TEASER = "m2_speedup_runs-smollm2"
 REPORT_DIR = "report"
 COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "policy", "gamma", "T", "tokens_per_s",
            "alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
-           "speedup_high", "predicted", "vs_hf", "vs_hf_low", "vs_hf_high"]
+           "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf", "vs_hf_low", "vs_hf_high"]
 METHOD_ORDER = {"ar": 0, "hf": 1, "spade": 2, "hf_assisted": 3}
 _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
 
@@ -185,7 +197,7 @@ def _role(method: str, draft: str) -> str:
     return "control" if draft == NULL_DRAFT else "speculative"
 
 
-def _configurations(runs_dir: Path, referenced: dict[tuple[str, str, str], None],
+def _configurations(runs_dir: Path, referenced: dict[tuple[str, str, str], dict[str, None]],
                     errors: list[str]) -> tuple[list, str]:
     """Rows of :func:`spade_lib.runs.compare.speedups` (the referenced runs, else all), as JSON dicts,
     pairs in the order the notebooks name them."""
@@ -206,40 +218,88 @@ def _configurations(runs_dir: Path, referenced: dict[tuple[str, str, str], None]
     for rec in table.to_dict("records"):
         row = {k: _plain(v) for k, v in rec.items()}
         row["gamma"] = int(row["gamma"]) if row.get("gamma") is not None else None
-        row["configuration"] = re.sub(r"-T[^-]*$", "", str(row["label"]))
+        row["run_label"] = row["label"]
         row["role"] = _role(row["method"], row["draft"])
         row["control"] = row["role"] == "control"
-        row["warnings"] = controls.speedup_warnings([rec])
+        row["notebooks"] = list(referenced.get((row["pair"], row["suite"], row["run"])) or [])
         rows.append(row)
+    _unique_labels(rows, runs_dir)
+    for row, rec in zip(rows, table.to_dict("records")):
+        row["configuration"] = re.sub(r"-T[^-]*$", "", str(row["run_label"])) + str(row["label"])[len(str(row["run_label"])):]
+        row["warnings"] = controls.speedup_warnings([{**rec, "label": row["label"]}])
     order = {p: i for i, p in enumerate(dict.fromkeys(p for p, _, _ in referenced))}
     rows.sort(key=lambda r: (order.get(r["pair"], len(order)), r["pair"], r["suite"], r["T"], METHOD_ORDER.get(r["method"], 9), r["draft"] or "",
                              r["gamma"] or 0, r["label"], r["baseline"]))
     return rows, selection
 
 
-def _costs(runs_dir: Path, pairs: list[str], errors: list[str]) -> dict[str, dict]:
-    """The newest cost table per pair and draft under ``runs/costs/<pair>/``."""
-    from spade_lib.runs.costs import read_costs
+def _unique_labels(rows: list[dict], runs_dir: Path) -> None:
+    """Give every row of a pair a label no other row of that pair has (two runs of one configuration
+    label, e.g. notebook 03's and 05's ``spade-distilled-g12-T1`` over other prompts or lengths): a
+    label shared by several rows gets, in brackets, what tells them apart -- the run settings that
+    differ (from each run's ``metadata.json``: config fields, the number of prompts), else the suite,
+    else the baseline, else the run folder's hash."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["pair"], r["label"]), []).append(r)
+    for (pair, label), group in groups.items():
+        if len(group) < 2:
+            continue
+        facts = []
+        for r in group:
+            meta = _read_json(runs_dir / "traces" / str(pair).replace("/", "--") / str(r["suite"]) / str(r["run"])
+                              / "metadata.json")
+            f = {k: v for k, v in (meta.get("config") or {}).items() if k not in ("warmup", "repeats")}
+            if isinstance(meta.get("suite"), dict) and "n_prompts" in meta["suite"]:
+                f["prompts"] = meta["suite"]["n_prompts"]
+            facts.append(f)
+        keys = sorted({k for f in facts for k in f if len({json.dumps(g.get(k), sort_keys=True) for g in facts}) > 1})
+        for r, f in zip(group, facts):
+            if keys:
+                tag = ", ".join(f"{k}={f.get(k)}" for k in keys[:3])
+            elif len({x["suite"] for x in group}) > 1:
+                tag = f"suite {r['suite']}"
+            elif len({x["baseline"] for x in group}) > 1:
+                tag = f"vs {r['baseline']}"
+            else:
+                tag = f"run {str(r['run']).rsplit('-', 1)[-1]}"
+            r["label"] = f"{label} [{tag}]"
+        if len({r["label"] for r in group}) < len(group):  # still shared: the run folders tell them apart
+            for r in group:
+                r["label"] = f"{r['label'][:-1]}; run {str(r['run']).rsplit('-', 1)[-1]}]"
+
+
+def _cost_entry(t: dict, f: Path, runs_dir: Path, used: bool) -> dict:
+    return {"c": _num(t.get("c")), "r": {int(g): _num(v) for g, v in sorted(t["r"].items())},
+            "overhead": _num(t.get("overhead")), "threads": t["key"].get("threads"), "device": t["key"].get("device"),
+            "dtype": t["key"].get("dtype"), "file": _relative(f, runs_dir), "used": used}
+
+
+def _costs(runs_dir: Path, rows: list[dict], errors: list[str]) -> dict[str, dict]:
+    """The cost tables per pair and draft: those that priced the rows' predictions (``costs_file`` of
+    :func:`spade_lib.runs.compare.speedups`, ``used``), and for a pair whose rows name none, the newest
+    per draft under ``runs/costs/<pair>/`` (:func:`spade_lib.runs.costs.select_costs`, ``used`` False)."""
+    from spade_lib.runs.costs import read_costs, select_costs
 
     out: dict[str, dict] = {}
-    for pair in pairs:
-        folder = runs_dir / "costs" / pair.replace("/", "--")
-        newest: dict[str, tuple[float, Path, dict]] = {}
-        for f in sorted(folder.glob("*.json")):
+    for pair in dict.fromkeys(r["pair"] for r in rows):
+        files = list(dict.fromkeys(r["costs_file"] for r in rows if r["pair"] == pair and r.get("costs_file")))
+        entries: dict[str, dict] = {}
+        for name in files:
+            f = Path(name)
             try:
                 t = read_costs(f)
                 draft = t["key"]["draft"]
             except (OSError, ValueError, KeyError, TypeError) as e:
                 errors.append(f"cost table {f}: unreadable ({e})")
                 continue
-            mtime = f.stat().st_mtime
-            if draft not in newest or mtime >= newest[draft][0]:
-                newest[draft] = (mtime, f, t)
-        if newest:
-            out[pair] = {d: {"c": _num(t.get("c")), "r": {int(g): _num(v) for g, v in sorted(t["r"].items())},
-                             "threads": t["key"].get("threads"), "device": t["key"].get("device"),
-                             "dtype": t["key"].get("dtype"), "file": _relative(f, runs_dir)}
-                         for d, (_, f, t) in sorted(newest.items())}
+            key = draft if draft not in entries else f"{draft} [{f.stem}]"
+            entries[key] = _cost_entry(t, f, runs_dir, True)
+        if not files:
+            for draft, t in select_costs(runs_dir / "costs" / str(pair).replace("/", "--")).items():
+                entries[draft] = _cost_entry(t, Path(t["file"]), runs_dir, False)
+        if entries:
+            out[pair] = dict(sorted(entries.items()))
     return out
 
 
@@ -264,9 +324,11 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     runs_dir = Path(runs_dir) if runs_dir is not None else paths.RUNS_DIR
     figures_dir = Path(figures_dir) if figures_dir is not None else paths.FIGURES_DIR
     errors: list[str] = []
-    parts_meta, notebooks, referenced, nb_warnings, nb_started = [], [], {}, [], []
+    parts_meta, notebooks, referenced, nb_warnings, nb_started, builds = [], [], {}, [], [], []
     for name, folder in _parts(run_dirs):
         record = _read_json(folder / RUNBOOK_RECORD)
+        builds += [{"part": name, "name": str(b.get("name")), "seconds": _num(b.get("seconds")),
+                    "status": b.get("status") or "?"} for b in record.get("builds") or [] if isinstance(b, dict)]
         seconds = {n.get("name"): n for n in record.get("notebooks", []) if isinstance(n, dict)}
         parts_meta.append({"name": name, "folder": _relative(folder, run_dirs[0].resolve()),
                            **{k: record.get(k) for k in ("profile", "params", "only", "status", "started",
@@ -288,20 +350,20 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
                 except ValueError:
                     pass
             text = _outputs_text(nb)
-            referenced.update(dict.fromkeys(_RUN_REF.findall(text)))
+            for ref in _RUN_REF.findall(text):
+                referenced.setdefault(ref, {})[f"{name + '/' if name else ''}{path.stem}"] = None
             for line in text.splitlines():
-                # a warning is "physical control: ..." (a notebook may mark it, e.g. "!!! physical control: ...");
-                # a tally such as "physical controls: 0 violation(s)" is not one
+                # a warning is "physical control: ..." or "cost-model control: ..." (a notebook may mark it, e.g.
+                # "!!! physical control: ..."); a tally such as "physical controls: 0 violation(s)" is not one
                 warning = line.strip().lstrip("!").strip()
-                if warning.startswith(controls.PREFIX + ":"):
+                if warning.startswith((controls.PREFIX + ":", controls.MODEL_PREFIX + ":")):
                     nb_warnings.append(f"{warning} (printed by {name + '/' if name else ''}{path.stem})")
             html_name = f"{REPORT_DIR}/{name + '/' if name else ''}{path.stem}.html"
             notebooks.append({"part": name, "name": path.stem, "file": _relative(path, run_dirs[0].resolve()),
                               "seconds": _num(secs), "status": status, "html": html_name})
 
     rows, selection = _configurations(runs_dir, referenced, errors)
-    pairs = list(dict.fromkeys(r["pair"] for r in rows))
-    costs = _costs(runs_dir, pairs, errors)
+    costs = _costs(runs_dir, rows, errors)
     warnings = [w for r in rows for w in r["warnings"]]
     for pair, by_draft in costs.items():
         warnings += controls.cost_warnings(by_draft, pair=pair)
@@ -314,7 +376,7 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     first = next((p for p in parts_meta if p.get("commit")), None)
     commit = ({"commit": first["commit"], "dirty": first.get("dirty")} if first else _git_commit())
     machine = next((p["machine"] for p in parts_meta if p.get("machine")), None) or machine_info()
-    secs = [n["seconds"] for n in notebooks if n["seconds"] is not None]
+    secs = [n["seconds"] for n in notebooks + builds if n["seconds"] is not None]  # the pair builds count too
     for p in parts_meta:
         p.pop("machine")
     return {
@@ -327,6 +389,7 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
                 "seconds": sum(secs) if secs else None, "parts": parts_meta},
         "machine": machine,
         "notebooks": notebooks,
+        "builds": builds,
         "configurations": rows,
         "controls": control_rows,
         "costs": costs,
@@ -387,20 +450,26 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in esc)]
 
 
+COST_HEADER = ["pair", "draft", "c", "r(g)", "loop overhead o", "threads", "file"]
+
+
 def _cost_lines(summary: dict) -> list[list[str]]:
     out = []
     for pair, by_draft in summary["costs"].items():
         for draft, t in by_draft.items():
-            r = t["r"]
+            r = {int(g): v for g, v in t["r"].items()}
             out.append([pair, draft, _fmt(t["c"], 3),
                         " ".join(f"{_fmt(v)}" for v in r.values()) + (f" (g = 1..{max(r)})" if r else ""),
-                        str(t.get("threads"))])
+                        _fmt(t.get("overhead"), 3), str(t.get("threads")),
+                        str(t.get("file")) + ("" if t.get("used", True) else " (no prediction used it)")])
     return out
 
 
 def _notebook_lines(summary: dict) -> list[list[str]]:
-    return [[(n["part"] + "/" if n["part"] else "") + n["name"], _fmt(n["seconds"], 0), n["status"]]
-            for n in summary["notebooks"]]
+    builds = [[(b["part"] + "/" if b["part"] else "") + f"build {b['name']}", _fmt(b["seconds"], 0), b["status"]]
+              for b in summary.get("builds") or []]
+    return builds + [[(n["part"] + "/" if n["part"] else "") + n["name"], _fmt(n["seconds"], 0), n["status"]]
+                     for n in summary["notebooks"]]
 
 
 def render_markdown(summary: dict) -> str:
@@ -425,15 +494,15 @@ def render_markdown(summary: dict) -> str:
                   for c in summary["controls"]]
     else:
         lines.append("No null-draft configuration in this run.")
-    lines += ["", "## Costs: c and r(g) (paired micro-benchmarks, `runs/costs/`)", ""]
-    lines += _md_table(["pair", "draft", "c", "r(g)", "threads"], _cost_lines(summary)) if summary["costs"] else [
-        "No cost tables."]
-    lines += ["", "## Physical-control warnings", ""]
+    lines += ["", "## Costs: c, r(g) and the loop overhead (paired micro-benchmarks, `runs/costs/`)", "",
+              "The tables that priced the predictions above (`predicted` = tau / (gamma c + r(gamma) + o)).", ""]
+    lines += _md_table(COST_HEADER, _cost_lines(summary)) if summary["costs"] else ["No cost tables."]
+    lines += ["", "## Physical-control and cost-model warnings", ""]
     lines += [f"- {w}" for w in summary["warnings"]] or ["None."]
-    lines += ["", "## Notebooks (wall time)", ""]
+    lines += ["", "## Notebooks and pair builds (wall time)", ""]
     lines += _md_table(["notebook", "seconds", "status"], _notebook_lines(summary))
     if summary["run"].get("seconds") is not None:
-        lines += ["", f"Total: {summary['run']['seconds']:.0f} s of notebooks."]
+        lines += ["", f"Total: {summary['run']['seconds']:.0f} s of notebooks and pair builds."]
     if summary["errors"]:
         lines += ["", "## Problems reading the run", "", *(f"- {e}" for e in summary["errors"])]
     lines += ["", f"HTML report: `{summary['report']}`.", ""]
@@ -454,11 +523,12 @@ def render_text(summary: dict) -> str:
     keys = ["pair", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
     lines += _text_table(header, [[r[k] for k in keys] for r in rows]) if rows else ["(no speedups)"]
     if summary["costs"]:
-        lines += ["", *_text_table(["pair", "draft", "c", "r(g)", "threads"], _cost_lines(summary))]
+        lines += ["", *_text_table(COST_HEADER, _cost_lines(summary))]
     lines += ["", *_text_table(["notebook", "seconds", "status"], _notebook_lines(summary))]
     if not summary["controls"]:
         lines += ["", "null-draft control: not in this run"]
-    lines += ["", f"physical-control warnings: {len(summary['warnings'])}", *(f"  {w}" for w in summary["warnings"])]
+    lines += ["", f"physical-control and cost-model warnings: {len(summary['warnings'])}",
+              *(f"  {w}" for w in summary["warnings"])]
     lines += [f"problem: {e}" for e in summary["errors"]]
     return "\n".join(lines)
 
@@ -484,12 +554,15 @@ def render_index(summary: dict, figures: list[str]) -> str:
         name = e((n["part"] + "/" if n["part"] else "") + n["name"])
         return f"<a href=\"{e(n['html'].removeprefix(REPORT_DIR + '/'))}\">{name}</a>" if n["html"] else name
 
-    nb_rows = "".join(f"<tr><td>{link(n)}</td><td>{e(_fmt(n['seconds'], 0))}</td><td>{e(n['status'])}</td></tr>"
-                      for n in summary["notebooks"])
+    nb_rows = "".join(f"<tr><td>{e((b['part'] + '/' if b['part'] else '') + 'build ' + b['name'])}</td>"
+                      f"<td>{e(_fmt(b['seconds'], 0))}</td><td>{e(b['status'])}</td></tr>"
+                      for b in summary.get("builds") or [])
+    nb_rows += "".join(f"<tr><td>{link(n)}</td><td>{e(_fmt(n['seconds'], 0))}</td><td>{e(n['status'])}</td></tr>"
+                       for n in summary["notebooks"])
     warnings = "".join(f"<li class=\"warn\">{e(w)}</li>" for w in summary["warnings"]) or "<li>None.</li>"
     figs = "".join(f"<div class=\"fig\"><a href=\"{e(f)}\"><img src=\"{e(f)}\" alt=\"{e(Path(f).stem)}\"></a>"
                    f"<br>{e(Path(f).stem)}</div>" for f in figures) or "<p>No figures.</p>"
-    costs = _html_table(["pair", "draft", "c", "r(g)", "threads"], _cost_lines(summary)) if summary["costs"] else (
+    costs = _html_table(COST_HEADER, _cost_lines(summary)) if summary["costs"] else (
         "<p>No cost tables.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>SPADE run {e(summary['run_dir'])}</title>
@@ -497,13 +570,13 @@ def render_index(summary: dict, figures: list[str]) -> str:
 <h1>SPADE run <code>{e(summary['run_dir'])}</code></h1>
 <p>{e(_run_line(summary))}. Machine-readable: <a href="../summary.json">summary.json</a>,
 <a href="../summary.md">summary.md</a>.</p>
-<h2>Notebooks</h2>
+<h2>Notebooks and pair builds</h2>
 <table><thead><tr><th>notebook</th><th>seconds</th><th>status</th></tr></thead><tbody>{nb_rows}</tbody></table>
 <h2>Speedup over autoregressive decoding (95 % intervals)</h2>
 {_html_table(header, [[r[h] for h in header] for r in rows]) if rows else '<p>No speedups.</p>'}
-<h2>Costs: c and r(g)</h2>
+<h2>Costs: c, r(g) and the loop overhead (the tables the predictions used)</h2>
 {costs}
-<h2>Physical-control warnings</h2>
+<h2>Physical-control and cost-model warnings</h2>
 <ul>{warnings}</ul>
 <h2>Figures</h2>
 {figs}

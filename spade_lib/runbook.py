@@ -8,7 +8,12 @@ notebook and exits non-zero, naming it and the executed copy that holds the trac
 Options::
 
     python -m spade_lib.runbook [--only 03 04] [--profile smoke] [--params params/<name>] [-p NAME VALUE]
-                                [--out DIR] [--no-report]
+                                [--out DIR] [--no-report] [--build PAIR [PAIR ...]]
+
+``--build default smollm2`` first builds (or verifies) those pairs, each with ``python -m spade_lib.zoo
+NAME`` in a child process, alone, before any notebook starts (a build sharing the cores with a notebook
+is much slower); each build's wall time and status go into ``runbook.json`` (``builds``), so the run's
+wall time in the summary counts them (``make run`` builds this way).
 
 ``--profile NAME`` sets ``SPADE_PROFILE`` (read by each notebook's ``setup_notebook``: values from
 ``params/NAME/<notebook>.yaml`` fill in whatever papermill does not pass). ``--params DIR`` passes
@@ -113,7 +118,7 @@ def _new_record(profile, params_dir, only, extra) -> dict:
     record = {"profile": profile or os.environ.get("SPADE_PROFILE") or "default",
               "params": str(params_dir) if params_dir is not None else None, "only": only or None,
               "parameters": json.loads(json.dumps(extra or {}, default=str)), "started": _now(), "finished": None, "seconds": None,
-              "status": "running", "commit": None, "dirty": None, "machine": None, "notebooks": []}
+              "status": "running", "commit": None, "dirty": None, "machine": None, "builds": [], "notebooks": []}
     try:
         record.update(timing.git_commit())
         record["machine"] = report.machine_info()
@@ -122,14 +127,39 @@ def _new_record(profile, params_dir, only, extra) -> dict:
     return record
 
 
+def _build_pairs(names: list[str], out_dir: Path, record: dict, t_run: float) -> None:
+    """``python -m spade_lib.zoo NAME`` for each pair, timed into ``record["builds"]``; a failed build ends
+    the run (exit 1) after the record says so."""
+    import subprocess
+
+    for name in names:
+        entry = {"name": name, "started": _now(), "seconds": None, "status": "running"}
+        record["builds"].append(entry)
+        _write_record(out_dir, record)
+        print(f"==> building pair {name}", flush=True)
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "spade_lib.zoo", name], cwd=str(paths.REPO_ROOT), check=False)
+        entry.update(seconds=round(time.perf_counter() - start, 3), status="ok" if done.returncode == 0 else "failed")
+        _write_record(out_dir, record)
+        if done.returncode != 0:
+            record.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 3), status="failed")
+            _write_record(out_dir, record)
+            print(f"\nFAILED: building pair {name} (python -m spade_lib.zoo {name}, exit {done.returncode})",
+                  file=sys.stderr)
+            raise SystemExit(1)
+        print(f"    pair {name} ready in {entry['seconds']:.0f} s", flush=True)
+
+
 def run_notebooks(
     only: list[str] | None = None,
     profile: str | None = None,
     params_dir: Path | None = None,
     extra: dict | None = None,
     out_dir: Path | None = None,
+    builds: list[str] | None = None,
 ) -> Path:
-    """Execute the selected notebooks in order; return the run folder. Raises on the first failure."""
+    """Build the pairs in ``builds`` (each alone, timed), then execute the selected notebooks in order;
+    return the run folder. Raises on the first failure."""
     import papermill as pm
 
     notebooks = numbered_notebooks()
@@ -138,6 +168,13 @@ def run_notebooks(
         if not notebooks:
             raise SystemExit(f"no notebook matches {only}; known: {[n.name for n in numbered_notebooks()]}")
     parameters = check_parameters(notebooks, profile, params_dir, extra or {})
+    if builds:
+        from spade_lib.zoo.pairs import REAL_PAIRS, pair_names
+
+        known = pair_names() + list(REAL_PAIRS)
+        unknown = [b for b in builds if b not in known]
+        if unknown:
+            raise ValueError(f"builds: unknown pair(s) {unknown}; known: {known}")
     if profile:
         os.environ["SPADE_PROFILE"] = profile
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -147,6 +184,7 @@ def run_notebooks(
     record = _new_record(profile, params_dir, only, extra)
     _write_record(out_dir, record)
     t_run = time.perf_counter()
+    _build_pairs(list(builds or []), out_dir, record, t_run)
     print(f"executing {len(notebooks)} notebook(s) into {out_dir} (profile={profile or 'default'})", flush=True)
     for nb in notebooks:
         output = out_dir / nb.name
@@ -205,13 +243,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="one parameter for every notebook (value parsed as YAML)")
     parser.add_argument("--out", type=Path, help="folder for the executed notebooks (default runs/notebooks/<timestamp>)")
     parser.add_argument("--no-report", action="store_true", help="skip the summary and HTML report at the end")
+    parser.add_argument("--build", nargs="+", default=[], metavar="PAIR",
+                        help="build (or verify) these pairs first, each alone and timed (e.g. default smollm2)")
     args = parser.parse_args(argv)
     try:
         extra = {name: yaml.safe_load(value) for name, value in args.parameter}
     except yaml.YAMLError as e:
         parser.error(f"-p: a value is not valid YAML: {e}")
     try:
-        out_dir = run_notebooks(args.only, args.profile, args.params, extra, out_dir=args.out)
+        out_dir = run_notebooks(args.only, args.profile, args.params, extra, out_dir=args.out, builds=args.build)
     except ValueError as e:  # bad options: nothing was run or written
         parser.error(str(e))
     if not args.no_report:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from spade_lib.runs import compare
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = {"tiny": "embedded-0123abcd", "smollm2": "humaneval-89abcdef"}
+COSTS = {d: f"/elsewhere/runs/costs/smollm2/{d}-abc.json" for d in ("distilled", "ngram")}  # set by the fixture
+DUP = ("spade-distilled-g12-T1-aaaaaaaaaaaa", "spade-distilled-g12-T1-bbbbbbbbbbbb")
 
 
 def png_bytes(color: str = "red") -> bytes:
@@ -51,19 +54,20 @@ def fake_table() -> pd.DataFrame:
     return pd.DataFrame([
         row("tiny", "ar-T0", "ar"),
         row("tiny", "spade-distilled-g2-T0", "spade", "distilled", 2, alpha=0.61, tau=2.1, speedup=1.31,
-            speedup_low=1.20, speedup_high=1.42, predicted=1.5),
+            speedup_low=1.20, speedup_high=1.42, predicted=1.35),
         row("tiny", "spade-null-g2-T0", "spade", "null", 2, alpha=0.0, tau=1.0, speedup=0.91, speedup_low=0.85,
-            speedup_high=0.97, predicted=0.8),
+            speedup_high=0.97, predicted=0.9),
         row("tiny", "spade-stale-g9-T0", "spade", "distilled", 9, alpha=0.5, tau=2.0, speedup=9.0,
             speedup_low=8.0, speedup_high=10.0),  # a run of an older make run: not named by the notebooks
         row("smollm2", "ar-T0", "ar"),
         row("smollm2", "hf-T0", "hf", speedup=0.7, speedup_low=0.6, speedup_high=0.8),
         row("smollm2", "spade-ngram-g4-T0", "spade", "ngram", 4, alpha=0.4, tau=1.9, speedup=2.55,
-            speedup_low=2.31, speedup_high=2.80, predicted=1.8),  # above tau: a baseline defect
+            speedup_low=2.31, speedup_high=2.80, predicted=1.8, costs_file=COSTS["ngram"]),  # above tau: a defect
         row("smollm2", "spade-distilled-g1-T0", "spade", "distilled", 1, alpha=0.12, tau=1.1, speedup=0.61,
-            speedup_low=0.55, speedup_high=0.66, predicted=0.7),
+            speedup_low=0.55, speedup_high=0.66, predicted=0.7, overhead=0.2,  # measured below its prediction
+            costs_file=COSTS["distilled"]),
         row("smollm2", "spade-distilled-g2-T0", "spade", "distilled", 2, alpha=0.13, tau=1.2, speedup=0.52,
-            speedup_low=0.47, speedup_high=0.58, predicted=0.6),
+            speedup_low=0.47, speedup_high=0.58, predicted=0.55, costs_file=COSTS["distilled"]),
         row("smollm2", "hf_assisted-distilled-g4-T0", "hf_assisted", "distilled", 4, speedup=0.4,
             speedup_low=0.35, speedup_high=0.45, vs_hf=0.54, vs_hf_low=0.5, vs_hf_high=0.6),
         row("smollm2", "ar-T1", "ar", T=1.0),
@@ -71,6 +75,11 @@ def fake_table() -> pd.DataFrame:
             speedup_low=1.2, speedup_high=1.45, predicted=1.4),
         row("smollm2", "spade-null-g4-T1", "spade", "null", 4, T=1.0, alpha=0.0, tau=1.0, speedup=1.2,
             speedup_low=1.1, speedup_high=1.3),  # the control faster than AR: flagged
+        # two runs with one label (notebook 03's and 05's gamma 12 at T = 1, of other lengths)
+        row("smollm2", "spade-distilled-g12-T1", "spade", "distilled", 12, T=1.0, alpha=0.3, tau=1.4, speedup=0.8,
+            speedup_low=0.7, speedup_high=0.9, run=DUP[0]),
+        row("smollm2", "spade-distilled-g12-T1", "spade", "distilled", 12, T=1.0, alpha=0.3, tau=1.4, speedup=0.6,
+            speedup_low=0.5, speedup_high=0.7, run=DUP[1]),
     ])
 
 
@@ -93,6 +102,8 @@ def run(tmp_path, monkeypatch):
     runs, figures, root = tmp_path / "runs", tmp_path / "figures", tmp_path / "runs" / "notebooks" / "20000101-000000"
     monkeypatch.setattr(paths, "RUNS_DIR", runs)
     monkeypatch.setattr(paths, "FIGURES_DIR", figures)
+    for d in COSTS:
+        monkeypatch.setitem(COSTS, d, str(runs / "costs" / "smollm2" / f"{d}-abc.json"))
     monkeypatch.setattr(compare, "speedups", lambda runs_dir: fake_table())
     png = png_bytes()
     started = time.time() - 60
@@ -105,18 +116,37 @@ def run(tmp_path, monkeypatch):
                                 "physical controls: 0 violation(s) (a tally, not a warning)\n"
                                 if part == "smollm2" else ""), folder / "03_m2_speedup_runs.ipynb")
         nbformat.write(notebook(pair, [], png), folder / "04_m3_rejection_diagnostics.ipynb")
+        if part == "smollm2":  # notebooks 03 and 05 each name one of the two runs labelled alike
+            for nb_name, run_name in (("03_m2_speedup_runs", DUP[0]), ("05_whatif_replay", DUP[1])):
+                nb = nbformat.read(folder / f"{nb_name}.ipynb", as_version=4) if nb_name.startswith("03") else \
+                    notebook(pair, [], png)
+                nb.cells.append(new_code_cell("print(run)", outputs=[new_output(
+                    "stream", name="stdout", text=f"spade-distilled-g12-T1 -> traces/{pair}/{SUITE[pair]}/{run_name}\n")]))
+                nbformat.write(nb, folder / f"{nb_name}.ipynb")
+            for run_name, n_new in zip(DUP, (64, 128)):
+                write_json(runs / "traces" / pair / SUITE[pair] / run_name / "metadata.json", {
+                    "config": {"method": "spade", "draft": "distilled", "gamma": 12, "temperature": 1.0,
+                               "max_new_tokens": n_new, "repeats": 1}, "suite": {"n_prompts": 10}})
         write_json(folder / "runbook.json", {
             "profile": "default", "params": f"params/{part}" if part == "smollm2" else None, "status": "ok",
             "started": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(started)), "finished": None,
             "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False,
             "machine": {"cpu_model": "Test CPU 9000", "cpu_count": 2, "threads": 2, "torch": "2.x", "python": "3.x"},
             "notebooks": [{"name": "03_m2_speedup_runs", "seconds": 154.2, "status": "ok"},
-                          {"name": "04_m3_rejection_diagnostics", "seconds": 35.0, "status": "ok"}]})
+                          {"name": "04_m3_rejection_diagnostics", "seconds": 35.0, "status": "ok"}],
+            **({"builds": [{"name": "default", "seconds": 120.0, "status": "ok"},
+                           {"name": "smollm2", "seconds": 180.0, "status": "ok"}]} if part == "embedded" else {})})
     for pair, r in (("tiny", {1: 1.02, 2: 1.05}), ("smollm2", {1: 1.01, 2: 0.90, 3: 1.1})):
         for draft, c in (("distilled", 0.3), ("ngram", 0.0)):
             write_json(runs / "costs" / pair / f"{draft}-abc.json", {
                 "c": c, "r": r, "t_verify": {g: 0.01 for g in r}, "t_target": 0.01, "t_draft": 0.0,
-                "key": {"pair": pair, "draft": draft, "threads": 2, "device": "cpu", "dtype": "float32"}})
+                "overhead": 0.25, "key": {"pair": pair, "draft": draft, "threads": 2, "device": "cpu", "dtype": "float32"}})
+    # a newer table no prediction read (another notebook's measurement): not the one the summary shows
+    write_json(runs / "costs" / "smollm2" / "distilled-new.json", {
+        "c": 0.9, "r": {1: 1.5}, "t_verify": {1: 0.01}, "t_target": 0.01, "t_draft": 0.0,
+        "key": {"pair": "smollm2", "draft": "distilled", "threads": 2, "device": "cpu", "dtype": "float32"}})
+    future = time.time() + 100
+    os.utime(runs / "costs" / "smollm2" / "distilled-new.json", (future, future))
     figures.mkdir()
     for name in ("m2_speedup_runs", "m2_speedup_runs-smollm2", "old_figure", "teaser"):
         (figures / f"{name}.png").write_bytes(png)
@@ -134,10 +164,32 @@ def test_summary_files(run, capsys):
     assert ("tiny", "spade-stale-g9-T0") not in labels and ("smollm2", "spade-ngram-g4-T1") in labels
     ngram = next(r for r in saved["configurations"] if r["label"] == "spade-ngram-g4-T0")
     assert ngram["configuration"] == "spade-ngram-g4" and ngram["role"] == "speculative"
-    assert ngram["speedup_low"] == 2.31 and ngram["alpha_low"] is None and len(ngram["warnings"]) == 1
+    assert ngram["speedup_low"] == 2.31 and ngram["alpha_low"] is None and len(ngram["warnings"]) == 2
+    assert ngram["warnings"][0].startswith("physical control:") and ngram["warnings"][1].startswith(
+        "cost-model control: smollm2/spade-ngram-g4-T0")  # the physics first, then measured vs predicted
+    g1 = next(r for r in saved["configurations"] if r["label"] == "spade-distilled-g1-T0")
+    assert len(g1["warnings"]) == 1 and "excludes the cost-model prediction 0.700x" in g1["warnings"][0]
+    assert "overhead 0.200" in g1["warnings"][0]
+    # every label unique per pair: the two gamma-12 runs say what tells them apart, and who printed them
+    for pair in ("tiny", "smollm2"):
+        ls = [r["label"] for r in saved["configurations"] if r["pair"] == pair]
+        assert len(ls) == len(set(ls)), ls
+    dup = {r["run"]: r for r in saved["configurations"] if r["run_label"] == "spade-distilled-g12-T1"}
+    assert dup[DUP[0]]["label"] == "spade-distilled-g12-T1 [max_new_tokens=64]"
+    assert dup[DUP[1]]["configuration"] == "spade-distilled-g12 [max_new_tokens=128]"
+    assert dup[DUP[0]]["notebooks"] == ["smollm2/03_m2_speedup_runs"] and dup[DUP[1]]["notebooks"] == [
+        "smollm2/05_whatif_replay"]
     assert [(c["label"], c["passed"]) for c in saved["controls"]] == [("spade-null-g2-T0", True),
                                                                     ("spade-null-g4-T1", False)]
+    # the cost tables are the files the predictions used, not the newest file of the folder
     assert saved["costs"]["smollm2"]["distilled"]["r"] == {"1": 1.01, "2": 0.9, "3": 1.1}
+    assert set(saved["costs"]["smollm2"]) == {"distilled", "ngram"} and saved["costs"]["smollm2"]["distilled"]["used"]
+    assert saved["costs"]["smollm2"]["distilled"]["file"].endswith("costs/smollm2/distilled-abc.json")
+    assert saved["costs"]["smollm2"]["distilled"]["overhead"] == 0.25
+    assert not saved["costs"]["tiny"]["distilled"]["used"]  # no tiny row names a file: the newest, marked unused
+    # the wall time includes the pair builds
+    assert [(b["name"], b["seconds"]) for b in saved["builds"]] == [("default", 120.0), ("smollm2", 180.0)]
+    assert saved["run"]["seconds"] == pytest.approx(2 * 154.2 + 2 * 35.0 + 12.5 + 300.0)  # 05: papermill's 12.5 s
     w = saved["warnings"]
     assert any("smollm2/spade-ngram-g4-T0" in x and "tau" in x for x in w)
     assert any("smollm2/spade-null-g4-T1" in x and "null-draft control" in x for x in w)
@@ -154,6 +206,8 @@ def test_summary_files(run, capsys):
     assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] |" in md
     assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
     assert "control (null draft" in md and "FAILS" in md and "Test CPU 9000" in md
+    assert "| embedded/build default | 120 | ok |" in md and "of notebooks and pair builds" in md
+    assert "distilled-new.json" not in md and "0.250" in md
     assert "spade-ngram-g4" in out and "2.55x [2.31, 2.80]" in out and "154" in out
     assert f"HTML report: {(run / 'report' / 'index.html').resolve()}" in out
     assert not (paths.RUNS_DIR / "summary.json").exists() and not (run / "embedded" / "summary.json").exists()
@@ -249,3 +303,41 @@ def test_runbook_record_and_report(tmp_path, monkeypatch, capsys):
     assert "REPORT FAILED" in err and "reporting broke" in err and "python -m spade_lib.report" in err
     runbook.main(["--only", "02", "--out", str(tmp_path / "quiet"), "--no-report"])
     assert not (tmp_path / "quiet" / "summary.json").exists()
+
+
+def test_runbook_builds_the_pairs_first_and_the_summary_counts_them(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    import papermill
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.setattr(paths, "FIGURES_DIR", tmp_path / "figures")
+    order = []
+    monkeypatch.setattr(papermill, "execute_notebook", lambda i, o, **kw: order.append(Path(i).stem) or fake_papermill(i, o))
+    monkeypatch.delenv("SPADE_PROFILE", raising=False)
+
+    real_run = subprocess.run
+
+    def fake_build(cmd, **kw):
+        if cmd[:3] != [sys.executable, "-m", "spade_lib.zoo"]:
+            return real_run(cmd, **kw)  # git and the like
+        order.append(f"build {cmd[-1]}")
+        time.sleep(0.05)
+        return subprocess.CompletedProcess(cmd, 0 if cmd[-1] == "tiny" else 3)
+
+    monkeypatch.setattr(subprocess, "run", fake_build)
+    out = tmp_path / "out"
+    runbook.main(["--only", "02", "--build", "tiny", "--out", str(out)])
+    record = json.loads((out / "runbook.json").read_text())
+    assert order == ["build tiny", "02_m2_acceptance_math"]  # the build first, alone
+    assert [(b["name"], b["status"]) for b in record["builds"]] == [("tiny", "ok")] and record["builds"][0]["seconds"] >= 0.05
+    s = json.loads((out / "summary.json").read_text())
+    assert s["builds"][0]["name"] == "tiny"
+    assert s["run"]["seconds"] == pytest.approx(record["builds"][0]["seconds"] + record["notebooks"][0]["seconds"])
+    with pytest.raises(SystemExit):  # a failed build stops the run before any notebook
+        runbook.main(["--only", "02", "--build", "smollm2", "--out", str(tmp_path / "failed"), "--no-report"])
+    assert order[-1] == "build smollm2"
+    assert json.loads((tmp_path / "failed" / "runbook.json").read_text())["status"] == "failed"
+    with pytest.raises(SystemExit):  # an unknown pair: refused before anything runs
+        runbook.main(["--only", "02", "--build", "no_such_pair", "--out", str(tmp_path / "bad")])
+    assert not (tmp_path / "bad").exists()
