@@ -698,8 +698,14 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
         if c["pair"] == pair:
             sentences.append(f"the null-draft control (T = {c['T']:g}) runs at {_x(c)}"
                              + ("" if c["passed"] else ", faster than autoregressive: a defect of the baseline"))
+    from spade_lib.runs.controls import MODEL_PREFIX
+
     warned = [w for w in summary["warnings"] if f" {pair}/" in w or f": {pair}/" in w]
-    sentences.append(f"{len(warned)} physical-control warning{'s' * (len(warned) != 1)} for this pair")
+    model = [w for w in warned if w.startswith(MODEL_PREFIX + ":")]
+    n_phys = len(warned) - len(model)
+    sentences.append(f"{n_phys} physical-control warning{'s' * (n_phys != 1)} and {len(model)} run"
+                     f"{'s' * (len(model) != 1)} whose measured interval excludes the cost-model prediction "
+                     f"for this pair")
     sentences = [s for s in sentences if s]
     by_cfg: dict[str, dict] = {}
     for r in rows:

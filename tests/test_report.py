@@ -263,6 +263,7 @@ def test_readme_block(run, tmp_path):
     assert "the `distilled` draft at T = 0 (alpha 0.12–0.13) is faster than autoregressive beyond its interval " \
            "at 0 of 2 draft lengths and slower at 2" in block
     assert "commit `0123456`" in block and "Test CPU 9000" in block and "tiny" not in block
+    assert "5 physical-control warnings and 2 runs whose measured interval excludes the cost-model prediction" in block
     assert "| `spade-ngram-g4` | 0.40 | 2.55× [2.31, 2.80] | 0.30 | 1.32× [1.20, 1.45] |" in block
     assert (readme.parent / "figures" / "teaser.png").read_bytes() == png_bytes()
     assert report.main(["readme", str(run), "--readme", str(readme)]) == 0 and readme.read_text() == after  # stable
