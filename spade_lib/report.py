@@ -43,7 +43,8 @@ table, the run's commit, date and machine) and copies the teaser figure of that 
                          "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
                          "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf",
                          "vs_hf_low", "vs_hf_high", "warnings": [str]}],
-     "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "passed"}],
+     "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "predicted",
+                   "passed", "matches_prediction"}],
      "costs": {pair: {draft: {"c", "r": {g: r(g)}, "overhead", "threads", "device", "dtype", "file",
                               "used"}}},
      "warnings": [str], "figures": [paths relative to the run folder], "report": "report/index.html",
@@ -368,8 +369,13 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     for pair, by_draft in costs.items():
         warnings += controls.cost_warnings(by_draft, pair=pair)
     warnings += [w for w in nb_warnings if not any(w.startswith(c) for c in warnings)]
-    control_rows = [{k: r[k] for k in ("pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high")}
-                    | {"passed": not r["warnings"]} for r in rows if r["control"]]
+    # passed: the physics (<= 1x); matches_prediction: the cost model's 1 / (r(g) + o) inside the interval
+    control_rows = [{k: r.get(k) for k in ("pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high",
+                                            "predicted")}
+                    | {"passed": not any(w.startswith(controls.PREFIX + ":") for w in r["warnings"]),
+                       "matches_prediction": None if r.get("predicted") is None else
+                       not any(w.startswith(controls.MODEL_PREFIX + ":") for w in r["warnings"])}
+                    for r in rows if r["control"]]
 
     started = [p["started"] for p in parts_meta if p.get("started")]
     finished = [p["finished"] for p in parts_meta if p.get("finished")]
@@ -491,6 +497,9 @@ def render_markdown(summary: dict) -> str:
     if summary["controls"]:
         lines += [f"- {c['pair']} `{c['label']}`: {_with_interval(c, 'speedup', suffix='x')} — "
                   + ("passes (not faster than autoregressive)" if c["passed"] else "FAILS (faster than autoregressive)")
+                  + ("" if c.get("matches_prediction") is None else
+                     f"; predicted 1 / (r(g) + o) = {_fmt(c.get('predicted'), 3)}x, "
+                     + ("inside the interval" if c["matches_prediction"] else "OUTSIDE the interval"))
                   for c in summary["controls"]]
     else:
         lines.append("No null-draft configuration in this run.")

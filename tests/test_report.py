@@ -179,8 +179,8 @@ def test_summary_files(run, capsys):
     assert dup[DUP[1]]["configuration"] == "spade-distilled-g12 [max_new_tokens=128]"
     assert dup[DUP[0]]["notebooks"] == ["smollm2/03_m2_speedup_runs"] and dup[DUP[1]]["notebooks"] == [
         "smollm2/05_whatif_replay"]
-    assert [(c["label"], c["passed"]) for c in saved["controls"]] == [("spade-null-g2-T0", True),
-                                                                    ("spade-null-g4-T1", False)]
+    assert [(c["label"], c["passed"], c["matches_prediction"]) for c in saved["controls"]] == [
+        ("spade-null-g2-T0", True, True), ("spade-null-g4-T1", False, None)]
     # the cost tables are the files the predictions used, not the newest file of the folder
     assert saved["costs"]["smollm2"]["distilled"]["r"] == {"1": 1.01, "2": 0.9, "3": 1.1}
     assert set(saved["costs"]["smollm2"]) == {"distilled", "ngram"} and saved["costs"]["smollm2"]["distilled"]["used"]
@@ -206,6 +206,7 @@ def test_summary_files(run, capsys):
     assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] |" in md
     assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
     assert "control (null draft" in md and "FAILS" in md and "Test CPU 9000" in md
+    assert "passes (not faster than autoregressive); predicted 1 / (r(g) + o) = 0.900x, inside the interval" in md
     assert "| embedded/build default | 120 | ok |" in md and "of notebooks and pair builds" in md
     assert "distilled-new.json" not in md and "0.250" in md
     assert "spade-ngram-g4" in out and "2.55x [2.31, 2.80]" in out and "154" in out
