@@ -48,6 +48,54 @@ inline float dot(const float* w, const float* x, int64_t K) {
   return r;
 }
 
+// dot(k_i, x, K) for four vectors k_0..k_3 at once: four independent chains (a lone chain waits on the FMA
+// latency), each in the canonical order, so each result equals dot(k_i, x, K) bit for bit.
+inline void dot4(const float* k0, const float* k1, const float* k2, const float* k3, const float* x, int64_t K,
+                 float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 xv = _mm256_loadu_ps(x + k);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(k0 + k), xv, a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(k1 + k), xv, a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(k2 + k), xv, a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(k3 + k), xv, a3);
+  }
+  float r0 = hsum(a0), r1 = hsum(a1), r2 = hsum(a2), r3 = hsum(a3);
+  for (; k < K; ++k) {
+    r0 += k0[k] * x[k];
+    r1 += k1[k] * x[k];
+    r2 += k2[k] * x[k];
+    r3 += k3[k] * x[k];
+  }
+  out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
+}
+
+// exp(x) for 8 lanes (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-5 polynomial for e^r, 2^n by the
+// exponent bits; ~1 ulp on [-87, 88], 0 below). Each lane's result depends on that lane only, so the tail of
+// a score row (padded) gets exactly the values a longer row would.
+inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 fx = _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(0.693359375f)));
+  x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(-2.12194440e-4f)));
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, z), x), _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(underflow, y);
+}
+
+// out[i * RB + j] = dot(w + i * K, xs[j], K) for NW weight rows and RB input rows, in the canonical order.
 // out[i * RB + j] = dot(w + i * K, xs[j], K) for NW weight rows and RB input rows, in the canonical order.
 template <int NW, int RB>
 inline void tile(const float* w, int64_t K, const float* const* xs, float* out) {
@@ -265,7 +313,7 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
   auto out = torch::empty({k, H * hd}, qkv.options());
   float* op = out.data_ptr<float>();
   at::parallel_for(0, H * k, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> qr(hd), p(end);
+    std::vector<float> qr(hd), p(end + 8);
     std::vector<int64_t> seen(end);
     for (int64_t task = b; task < e; ++task) {
       const int64_t i = task / H, h = task % H, j = h / g;
@@ -280,19 +328,40 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
       rope(q + i * width + h * hd, i, qr.data());
       const float* Kj = keys + j * cap * hd;
       const float* Vj = vals + j * cap * hd;
+      int64_t t = 0;  // the scores, four keys at a time (each in the canonical order)
+      for (; t + 4 <= n; t += 4)
+        dot4(Kj + seen[t] * hd, Kj + seen[t + 1] * hd, Kj + seen[t + 2] * hd, Kj + seen[t + 3] * hd, qr.data(), hd,
+             p.data() + t);
+      for (; t < n; ++t) p[t] = dot(Kj + seen[t] * hd, qr.data(), hd);
       float mx = -INFINITY;
-      for (int64_t t = 0; t < n; ++t) {
-        p[t] = dot(Kj + seen[t] * hd, qr.data(), hd);
-        mx = std::max(mx, p[t]);
+      for (t = 0; t < n; ++t) mx = std::max(mx, p[t]);
+      const __m256 mv = _mm256_set1_ps(mx);
+      for (t = 0; t < n; t += 8) {  // p is padded to a multiple of 8: the tail lanes are computed and ignored
+        _mm256_storeu_ps(p.data() + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p.data() + t), mv)));
       }
       float z = 0.0f;
-      for (int64_t t = 0; t < n; ++t) z += (p[t] = std::exp(p[t] - mx));
+      for (t = 0; t < n; ++t) z += p[t];
+      const float inv = 1.0f / z;
       float* o = op + i * H * hd + h * hd;
-      std::fill(o, o + hd, 0.0f);
-      for (int64_t t = 0; t < n; ++t) {
-        const float a = p[t] / z;
-        const float* v = Vj + seen[t] * hd;
-        for (int64_t d = 0; d < hd; ++d) o[d] += a * v[d];
+      for (int64_t d0 = 0; d0 < hd; d0 += 64) {  // o[d] = sum_t (p_t / z) V_t[d], in order of t, 8 registers at a time
+        const int64_t w = std::min<int64_t>(64, hd - d0);
+        if (w == 64) {
+          __m256 acc[8];
+          for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+          for (t = 0; t < n; ++t) {
+            const __m256 a = _mm256_set1_ps(p[t] * inv);
+            const float* v = Vj + seen[t] * hd + d0;
+            for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 8 * r), acc[r]);
+          }
+          for (int r = 0; r < 8; ++r) _mm256_storeu_ps(o + d0 + 8 * r, acc[r]);
+        } else {
+          std::fill(o + d0, o + d0 + w, 0.0f);
+          for (t = 0; t < n; ++t) {
+            const float a = p[t] * inv;
+            const float* v = Vj + seen[t] * hd + d0;
+            for (int64_t d = 0; d < w; ++d) o[d0 + d] = std::fma(a, v[d], o[d0 + d]);
+          }
+        }
       }
     }
   });
