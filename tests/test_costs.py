@@ -245,3 +245,8 @@ def test_select_costs_reads_the_tables_of_the_runs_machine_newest_first(tmp_path
     assert costs_mod.select_costs(tmp_path, threads=0)["d"]["file"].endswith("d-cuda.json")  # 0: threads left as set
     assert costs_mod.select_costs(tmp_path, device="cuda")["d"]["file"].endswith("d-cuda.json")
     assert costs_mod.select_costs(tmp_path, dtype="bfloat16") == {}
+
+
+def test_a_hub_ids_tables_sit_where_the_run_folders_are_named():
+    assert costs_mod.cost_folder("Qwen/Qwen2.5-7B") == paths.RUNS_DIR / "costs" / "Qwen--Qwen2.5-7B"
+    assert costs_mod.cost_folder("smollm2") == paths.RUNS_DIR / "costs" / "smollm2"

@@ -3,7 +3,8 @@
 :func:`pair_costs` measures each draft of a pair once (``c`` and ``r(g)`` from paired
 micro-benchmarks; the method is :mod:`spade_lib.decoding.costs`) and caches the result as JSON under
 ``runs/costs/`` (keyed by pair and its folder, draft, device, dtype, threads, ``max_gamma`` and
-``context``), so every notebook of one ``make run`` predicts from the same numbers;
+``context``; the folder is :func:`cost_folder`), so every notebook of one ``make run`` predicts from the
+same numbers;
 :func:`read_costs` reads a cached table back.
 
 Every table also carries the pair's **loop overhead** ``o`` (:func:`loop_overhead`): the speculative
@@ -34,7 +35,7 @@ from spade_lib import paths
 from spade_lib.io import write_json
 from spade_lib.decoding.costs import measure_costs, measure_loop_overhead
 
-__all__ = ["MIN_GAMMA", "loop_overhead", "pair_costs", "read_costs", "select_costs", "with_overhead"]
+__all__ = ["MIN_GAMMA", "cost_folder", "loop_overhead", "pair_costs", "read_costs", "select_costs", "with_overhead"]
 
 MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
@@ -76,6 +77,12 @@ def select_costs(folder, *, device: str | None = None, dtype: str | None = None,
     return {d: t for d, (_, t) in sorted(best.items())}
 
 
+def cost_folder(pair_name: str) -> Path:
+    """``RUNS_DIR/costs/<pair>``, a ``/`` in the name (a hub id) as ``--``, as the run folders have it
+    (:func:`spade_lib.runs.store.run_dir_for`), so :func:`spade_lib.runs.compare.speedups` finds the tables."""
+    return paths.RUNS_DIR / "costs" / pair_name.strip("/").replace("/", "--")
+
+
 def _device_dtype(pair) -> tuple[str, str]:
     p = next(pair.target.parameters())
     return str(p.device), str(p.dtype).replace("torch.", "")
@@ -88,7 +95,7 @@ def loop_overhead(pair, *, context: int = 128, cache: bool = True, progress: boo
     key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=device, dtype=dtype,
                threads=torch.get_num_threads(), context=int(context), what="loop_overhead")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    path = paths.RUNS_DIR / "costs" / pair.name / "loop" / f"loop-{digest}.json"
+    path = cost_folder(pair.name) / "loop" / f"loop-{digest}.json"
     if cache and path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
     got = {**measure_loop_overhead(pair.target, context=int(context), device=next(pair.target.parameters()).device),
@@ -136,7 +143,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
         if head_key is not None:
             key["head"] = head_key
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-        path = paths.RUNS_DIR / "costs" / pair.name / f"{name}-{digest}.json"
+        path = cost_folder(pair.name) / f"{name}-{digest}.json"
         if cache and path.is_file():
             out[name] = read_costs(path)
             if overhead and "overhead" not in out[name]:
