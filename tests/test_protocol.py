@@ -101,7 +101,10 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     from spade_lib.runs import controls
 
     assert table["physical_control"].tolist() == [
-        "; ".join(controls.speedup_warnings(table.loc[[i]])) for i in table.index]
+        "; ".join(controls.speedup_warnings(table.loc[[i]], model=False)) for i in table.index]
+    # and the two-sided cost-model control apart from the physics (measured vs predicted; no defect)
+    assert table["model_control"].tolist() == [
+        "; ".join(controls.prediction_warnings(table.loc[[i]])) for i in table.index]
     forged = table.assign(speedup_low=table["tau"].fillna(1.0) + 1.0)
     assert all(controls.speedup_warnings(forged.loc[[i]]) for i in forged.index[forged.method == "spade"])
     # greedy SPADE emits the target's greedy tokens: same text as AR (tiny pair, float32)
