@@ -83,3 +83,35 @@ def test_m2_figures_draw_intervals_and_colours(tmp_path):
     plt.close(m2.predicted_vs_measured(table))
     with pytest.raises(ValueError, match="missing"):
         m2.speedup_vs_gamma(table.drop(columns=["speedup_low"]))
+
+
+def test_figures_appear_inline_in_a_kernel_under_agg_and_save_the_same_bytes(tmp_path, monkeypatch):
+    """A notebook executed by a Jupyter kernel with ``MPLBACKEND=Agg`` (as ``make run`` exports) shows
+    its figures as ``image/png`` outputs (an open one at the end of its cell, a closed one through
+    ``save_figure(close=True)``), and the files it saves are the bytes this Agg process saves."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from spade_lib import paths
+
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("PYTHONPATH", str(paths.REPO_ROOT))
+    body = ("from spade_lib.plots import figure, save_figure, use_style\n"
+            "use_style()\n"
+            "fig, ax = figure()\n"
+            "ax.plot([1, 2, 4, 8], [0.9, 0.8, 0.6, 0.5], marker='o', label='alpha')\n"
+            "ax.set_xlabel('gamma'); ax.set_ylabel('acceptance'); ax.legend()\n")
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(body + f"_ = save_figure(fig, 'k', directory={str(tmp_path / 'k')!r})"),
+        nbformat.v4.new_code_cell(body + f"_ = save_figure(fig, 'c', directory={str(tmp_path / 'c')!r}, close=True)"),
+        nbformat.v4.new_code_cell("import matplotlib; print(matplotlib.get_backend())"),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    for cell in nb.cells[:2]:
+        pngs = [o for o in cell.outputs if "image/png" in o.get("data", {})]
+        assert len(pngs) == 1, cell.outputs
+    assert "inline" in nb.cells[2].outputs[0]["text"]
+    here = save_figure(_make_figure(), "h", directory=tmp_path / "h", close=True)
+    for ext in ("pdf", "png"):
+        assert (tmp_path / "k" / f"k.{ext}").read_bytes() == here[ext].read_bytes(), ext
+        assert (tmp_path / "c" / f"c.{ext}").read_bytes() == here[ext].read_bytes(), ext

@@ -4,6 +4,12 @@
 sizes). ``save_figure(fig, name)`` writes ``figures/<name>.pdf`` and ``figures/<name>.png`` with
 metadata stripped of dates and versions, so two saves of the same figure are byte-identical, and
 each file is written atomically.
+
+Under a Jupyter kernel (papermill, nbval, JupyterLab) ``use_style()`` first selects the inline
+backend (IPython's ``%matplotlib inline``, from ``matplotlib_inline``), even where ``MPLBACKEND=Agg``
+is exported (``make run`` does): every figure a cell leaves open is then the cell's ``image/png``
+output, so executed notebooks and their HTML pages show their figures. The saved files do not depend
+on the backend: ``savefig`` renders PDF and PNG with its own canvases.
 """
 
 from __future__ import annotations
@@ -33,8 +39,31 @@ _PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creat
 _PNG_METADATA = {"Software": None}
 
 
+def use_inline_backend() -> bool:
+    """Select the inline backend when running under a Jupyter kernel; return whether it did.
+
+    Outside a kernel (plain Python, pytest, an IPython terminal) nothing changes.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency of the notebooks
+        return False
+    shell = get_ipython()
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    if "inline" not in matplotlib.get_backend():
+        shell.run_line_magic("matplotlib", "inline")
+    return True
+
+
+def _inline() -> bool:
+    return "inline" in matplotlib.get_backend()
+
+
 def use_style() -> None:
-    """Apply seaborn's paper context and the SPADE style file (idempotent)."""
+    """Select the inline backend under a kernel, then apply seaborn's paper context and the SPADE
+    style file (idempotent)."""
+    use_inline_backend()
     sns.set_theme(context="paper", style="ticks")
     plt.style.use(STYLE_FILE)
 
@@ -48,6 +77,8 @@ def save_figure(fig, name: str, *, directory: str | Path | None = None, close: b
     """Write ``<directory>/<name>.pdf`` and ``.png`` deterministically; return both paths.
 
     ``directory`` defaults to :data:`spade_lib.paths.FIGURES_DIR`. ``name`` must be a plain file stem.
+    With ``close`` under the inline backend the figure is displayed before it is closed (so a closed
+    figure still appears in the notebook).
     """
     if not name or Path(name).name != name or name.endswith((".pdf", ".png")):
         raise ValueError(f"figure name must be a plain stem like 'm3_acceptance_by_position', got {name!r}")
@@ -59,5 +90,9 @@ def save_figure(fig, name: str, *, directory: str | Path | None = None, close: b
             fig.savefig(tmp, format=ext, metadata=metadata)
         out[ext] = path
     if close:
+        if _inline():
+            from IPython.display import display
+
+            display(fig)
         plt.close(fig)
     return out
