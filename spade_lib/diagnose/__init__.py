@@ -26,7 +26,7 @@ module                      what it answers
 
 from spade_lib.diagnose.calibration import calibration_error, calibration_table
 from spade_lib.diagnose.correlates import LogitFit, acceptance_by_bins, acceptance_logit, entropy_by_outcome
-from spade_lib.diagnose.expected import expected_vs_realised
+from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, wrong_q_power
 from spade_lib.diagnose.frame import as_trace, categorize, combine_runs
 from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
 from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
@@ -40,7 +40,7 @@ __all__ = [
     "LogitFit", "accept_length_hist", "acceptance_by_bins", "acceptance_heatmap", "acceptance_logit",
     "all_tables", "as_trace", "auc", "binomial_ci", "calibration_error", "calibration_table",
     "categorize", "category_summary", "combine_runs", "decode_tokens", "depth_acceptance", "entropy_by_outcome",
-    "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z",
+    "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z", "rejudge_wrong_q", "wrong_q_power",
     "position_acceptance", "sibling_acceptance", "synthetic_trace", "token_class", "token_class_acceptance",
     "token_table", "tree_accept_length_hist", "tree_summary",
 ]

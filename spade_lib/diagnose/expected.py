@@ -13,6 +13,27 @@ standard normal; a significant gap means the sampler, or what it recorded, is wr
 ``q``, a wrong warper, an off-by-one in the draft positions). The ``accept_prob`` basis has the
 smaller variance and is the sharper test; the ``tv`` basis also checks the residual bookkeeping of
 the distributions. Greedy (deterministic) traces have ``pi`` in {0, 1}: any mismatch gives p = 0.
+
+**Is z biased?** No: with the verifier's own flags, ``S - E S`` is a martingale over the reached
+positions (whether a position is reached is decided before its flag is drawn), so ``E z = 0`` up to the
+``O(n^-1/2)`` effect of the random normaliser; ``tests/test_expected.py`` runs the real ``verify`` on
+exact ``(p, q, x ~ q)`` blocks 1,000 times and the real decoder on a tiny pair, and a one-sample
+t-test finds the mean of z indistinguishable from 0 on both bases. A run of positive z values across a
+notebook's tests is not evidence of bias: its two bases judge the same flags (their z values are
+almost equal), its per-position and per-category rows are parts of one trace, and a single +2.4 is a
+two-sided p of 0.016, which Bonferroni over the table does not reject.
+
+**The planted bug on a recorded trace.** :func:`rejudge_wrong_q` re-decides a sampled trace's
+recorded uniforms against ``pi' = min(1, p(x) / ((1 + w) q(x)))`` (a stale or mis-scaled ``q``),
+keeping the block structure (a position after a new rejection is no longer reached), while the
+expectation keeps the recorded ``pi``. The bug lowers acceptance only where ``p(x)/q(x) < 1 + w``, so
+on a real pair whose accepted tokens mostly have ``p(x) >= (1 + w) q(x)`` it moves z little:
+:func:`wrong_q_power` states by how much (``shift``, in standard deviations) and the test's power to
+flag it at a level, from the normal approximation: with ``mu_0 = sum pi``, ``s_0^2 = sum pi (1 - pi)``,
+``mu_1 = sum pi'``, ``s_1^2 = sum pi' (1 - pi')`` over the positions reached under the bug,
+``power = Phi((-c s_0 - (mu_1 - mu_0)) / s_1) + 1 - Phi((c s_0 - (mu_1 - mu_0)) / s_1)``,
+``c = Phi^-1(1 - level / 2)`` (with ``s_0 = 0``, as in :func:`poisson_binomial_z`: power 1 if the
+bug moves the expectation by half a token or more, else 0).
 """
 
 from __future__ import annotations
@@ -23,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
+from scipy import stats
 from spade_lib.diagnose.stats import poisson_binomial_z
 
 BASES = {"accept_prob": "min(1, p(x)/q(x))", "tv": "1 - TV(p, q)"}
@@ -62,3 +84,69 @@ def expected_vs_realised(trace: TraceLike, by: By = None, *,
     out["z"], out["p_value"] = poisson_binomial_z(out["realised"], out["expected"], out["variance"])
     out["p_bonferroni"] = np.minimum(1.0, out["p_value"] * len(out))
     return out
+
+
+# the columns that identify one verification step (a block) of a trace, where present
+STEP_COLUMNS = ("run", "draft", "prompt_id", "sample", "step")
+
+
+def rejudge_wrong_q(trace: TraceLike, wrong_q: float) -> pd.DataFrame:
+    """The reached, sampled positions of a chain trace re-decided by a verifier that divides by
+    ``(1 + wrong_q) q(x)`` (module docstring): ``accepted`` and ``reached`` as that verifier would have
+    left them with the recorded uniforms, ``accept_prob`` (the expectation) as recorded, and the
+    column ``accept_prob_wrong`` (``pi'``). Rows no longer reached are dropped."""
+    if isinstance(wrong_q, bool) or not isinstance(wrong_q, (int, float)) or not wrong_q > 0:
+        raise ValueError(f"wrong_q: must be a number > 0, got {wrong_q!r}")
+    df = as_trace(trace, ("pos", "reached", "accepted", "uniform", "p_x", "q_x", "accept_prob"))
+    if "depth" in df.columns and (df["depth"].to_numpy() != df["pos"].to_numpy()).any():
+        raise ValueError("trace: rejudge_wrong_q needs chain traces (depth == pos); this one holds a tree")
+    df = df[df["reached"].to_numpy(dtype=bool) & df["uniform"].notna().to_numpy()]
+    if df.empty:
+        raise ValueError("trace: no reached position with a recorded uniform (a greedy trace draws none)")
+    keys = [c for c in STEP_COLUMNS if c in df.columns]
+    df = df.sort_values([*keys, "pos"], kind="stable").copy()
+    ratio = df["p_x"].to_numpy(np.float64) / df["q_x"].to_numpy(np.float64)
+    df["accept_prob_wrong"] = np.minimum(1.0, ratio / (1.0 + wrong_q)).astype(np.float32)
+    flag = df["uniform"].to_numpy() < df["accept_prob_wrong"].to_numpy()
+    # reached' = every earlier position of the block accepted by the wrong verifier
+    fail = pd.Series((~flag).astype(np.int64), index=df.index)
+    before = fail.groupby([df[k] for k in keys], observed=True, sort=False).cumsum() - fail if keys else fail.cumsum() - fail
+    reached = before.to_numpy() == 0
+    df["accepted"] = flag
+    df["reached"] = True
+    return df[reached]
+
+
+def wrong_q_power(rejudged: pd.DataFrame, by: By = None, *, level: float = 1e-3) -> pd.DataFrame:
+    """Per ``by`` group of a :func:`rejudge_wrong_q` frame: ``n``, the expected ``shift`` of z under the
+    bug, ``(mu_1 - mu_0) / s_0``, and the ``power`` of the two-sided level-``level`` test to flag it
+    (module docstring), beside the realised ``z`` of :func:`expected_vs_realised`."""
+    if not 0 < level < 1:
+        raise ValueError(f"level: must lie in (0, 1), got {level!r}")
+    if "accept_prob_wrong" not in rejudged.columns:
+        raise ValueError("rejudged: needs the accept_prob_wrong column of rejudge_wrong_q")
+    keys = group_keys(by, rejudged)
+    pi = rejudged["accept_prob"].to_numpy(np.float64)
+    pw = rejudged["accept_prob_wrong"].to_numpy(np.float64)
+    parts = pd.DataFrame({"mu0": pi, "v0": pi * (1 - pi), "mu1": pw, "v1": pw * (1 - pw)}, index=rejudged.index)
+    if keys:
+        g = parts.groupby([rejudged[k] for k in keys], observed=True).sum().reset_index()
+        n = rejudged.groupby(keys, observed=True).size().to_numpy()
+    else:
+        g, n = parts.sum().to_frame().T, np.array([len(parts)])
+    c = stats.norm.isf(level / 2)
+    s0, s1, d = np.sqrt(g["v0"]), np.sqrt(g["v1"]), g["mu1"] - g["mu0"]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        g["shift"] = d / s0
+        g["power"] = stats.norm.cdf((-c * s0 - d) / s1) + stats.norm.sf((c * s0 - d) / s1)
+    # zero variance (every pi in {0, 1}): z is 0 or infinite, so the bug is flagged iff it changes pi
+    flat = (s0 <= 1e-12).to_numpy()
+    moved = (np.abs(d) > 0.5).to_numpy()
+    g.loc[flat, "shift"] = np.where(moved[flat], np.sign(d[flat]) * np.inf, 0.0)
+    g.loc[flat, "power"] = moved[flat].astype(float)
+    g.insert(len(keys), "n", n)
+    g["level"] = level
+    z = expected_vs_realised(rejudged, by=keys or None, bases=("accept_prob",))
+    g["z"] = z["z"].to_numpy()
+    g["p_value"] = z["p_value"].to_numpy()
+    return g[[*keys, "n", "shift", "power", "level", "z", "p_value"]]
