@@ -188,7 +188,7 @@ def test_the_timed_head_step_is_the_drafters_first_step(name):
         logits = step.extend(torch.tensor(seq[n + 1:]))
     torch.testing.assert_close(logits, draft.logits[:1], rtol=1e-5, atol=1e-5)
     step.rollback(n)
-    assert step.length == n and (step._cache is None or step._cache.get_seq_length() == n)
+    assert step.length == n and (step._run is None or step._run.length == n)
 
 
 def test_measure_costs_times_a_head_not_zero():

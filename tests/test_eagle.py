@@ -320,3 +320,47 @@ def test_speculative_decoder_with_the_head_equals_autoregressive(target, head, b
     res = dec.generate(prompt, 24)
     assert res.tokens == ar.tokens
     assert sum(res.accept_lengths) > 0
+
+
+@pytest.mark.parametrize("variant,options", [("eagle3", {}), ("eagle1", {}),
+                                             ("eagle3", {"norm_before_residual": True, "norm_output": True})])
+def test_the_native_runner_is_the_hf_layer_for_chains_steps_and_trees(target, variant, options):
+    """The drafter's engine on SPADE's native kernels computes what the Hugging Face modules compute (fp32
+    summation order apart): a block of committed positions, single drafted steps, a tree level under its
+    ancestor mask, and the same again after a crop back to the committed positions."""
+    from spade_lib.decoding import native
+    from spade_lib.decoding.eagle import NativeRunner, _HFRunner
+
+    if not native.available():
+        pytest.skip("SPADE's native kernels do not build here")
+    torch.manual_seed(3)
+    head = EagleHead.from_target(target, variant=variant, **options)
+    with torch.no_grad():  # a trained head's layer is not the target's: perturb every weight
+        for prm in head.parameters():
+            if prm.requires_grad:
+                prm.add_(0.05 * torch.randn_like(prm))
+    assert isinstance(head.runner(), NativeRunner)
+    g = torch.Generator().manual_seed(4)
+    feats = torch.randn(7, head.fc.in_features, generator=g)
+    toks = torch.randint(0, V, (7,), generator=g)
+    parents = torch.tensor([-1, -1, 0, 0, 1])
+    anc = torch.zeros(5, 5, dtype=torch.bool)
+    for i, p in enumerate(parents.tolist()):
+        anc[i, i] = True
+        while p >= 0:
+            anc[i, p], p = True, int(parents[p])
+    outs = {}
+    with torch.inference_mode():
+        for name, run in (("hf", _HFRunner(head)), ("native", NativeRunner(head, capacity=4))):  # 4: it must grow
+            o = run.feed(run.fuse(feats), toks, torch.arange(1, 8))
+            step = run.feed(run.feedback(o[-1:]), toks[:1], torch.tensor([8]))
+            logits = run.draft_logits(step)
+            run.crop(7)
+            level1 = run.feed(run.feedback(o[-1:]).expand(2, -1), toks[:2], torch.tensor([8, 8]), tree_from=7,
+                              ancestors=anc[:2, :2].contiguous())
+            level2 = run.feed(run.feedback(level1[[0, 0, 1]]), toks[2:5], torch.tensor([9, 9, 9]), tree_from=7,
+                              ancestors=anc[2:5].contiguous())
+            assert run.length == 12
+            outs[name] = (o, step, logits, level1, level2, run.draft_logits(level2))
+    for got, ref in zip(outs["native"], outs["hf"]):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)

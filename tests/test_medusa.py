@@ -139,3 +139,25 @@ def test_speculative_decoder_with_the_heads_equals_autoregressive(target):
     res = SpeculativeDecoder(CausalLMAdapter(target), MedusaDrafter(make_head(target)), gamma=3,
                              sampling=greedy, eos_token_id=[]).generate(prompt, 24)
     assert res.tokens == ar.tokens
+
+
+def test_the_native_forward_is_the_module_forward():
+    """Without gradients on the CPU the heads run on SPADE's native kernels; with gradients (training) on the
+    modules: the same logits, fp32 summation order apart, for one row and for a batch of rows."""
+    from spade_lib.decoding import native
+
+    if not native.available():
+        pytest.skip("SPADE's native kernels do not build here")
+    torch.manual_seed(0)
+    head = MedusaHead(MedusaConfig(hidden_size=24, vocab_size=50, feature_layer=2, num_heads=3, num_layers=2))
+    with torch.no_grad():
+        for prm in head.parameters():
+            prm.add_(0.1 * torch.randn_like(prm))
+    h = torch.randn(2, 5, 24)
+    ref = head(h)  # gradients on: the modules
+    with torch.no_grad():
+        got = head(h)
+        one = head(h[0, :1], n_heads=2)
+    assert ref.requires_grad and not got.requires_grad and got.shape == (2, 5, 3, 50) and one.shape == (1, 2, 50)
+    torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one, ref.detach()[0, :1, :2], rtol=1e-5, atol=1e-5)

@@ -115,7 +115,7 @@ class HeadStep:
             raise ValueError(f"features: expected [m, {width}], got {list(features.shape)}")
         self._features = features
         self._gen = torch.Generator().manual_seed(seed)
-        self._width, self._cache, self.length = width, None, 0
+        self._width, self._run, self.length = width, None, 0
 
     def _feature(self, j: int, n: int = 1) -> torch.Tensor:
         if self._features is not None:
@@ -125,35 +125,31 @@ class HeadStep:
         return torch.randn(n, self._width, generator=self._gen).to(self.device)
 
     def prefill(self, ids: torch.Tensor) -> None:
-        from transformers import DynamicCache
-
-        from spade_lib.decoding.eagle import _causal_mask
-
         n = int(ids.numel())
         self.length = n
         if not self.eagle:
             self._h = self._feature(n)[0]
             return
-        g = self.head.fuse(self._feature(0, n))[None]
-        self._cache = DynamicCache()
-        self.head.layer(g, ids.reshape(1, n).to(self.device), torch.arange(1, n + 1, device=self.device)[None],
-                        _causal_mask(n, 0, g.dtype, self.device), self._cache)
+        self._run = self.head.runner()  # the engine the drafter runs on (native kernels where they run)
+        self._run.feed(self._run.fuse(self._feature(0, n)), ids.reshape(n).to(self.device),
+                         torch.arange(1, n + 1, device=self.device))
         self._next = self._feature(n)  # the fresh feature the timed step fuses (the same one every time)
 
     def extend(self, ids: torch.Tensor, last_only: bool = True) -> torch.Tensor:
         """The timed step: ``[1, V]`` logits (``-inf`` off the draft vocabulary)."""
         if self.eagle:
-            o = self.head.layer(self.head.fuse(self._next)[None], ids.reshape(-1)[:1].reshape(1, 1).to(self.device),
-                                torch.tensor([[self.length + 1]], device=self.device), cache=self._cache)
-            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)
+            run = self._run
+            o = run.feed(run.fuse(self._next), ids.reshape(-1)[:1].to(self.device),
+                         torch.tensor([self.length + 1], device=self.device))
+            logits = self.head.target_logits(run.draft_logits(o), self.vocab_size)
         else:
             logits = self.head.target_logits(self.head(self._h, n_heads=1), self.vocab_size)
         self.length += 1
         return logits
 
     def rollback(self, length: int) -> None:
-        if self._cache is not None and self.length > length:
-            self._cache.crop(-(self.length - length))
+        if self._run is not None and self.length > length:
+            self._run.crop(length)
         self.length = length
 
 

@@ -55,6 +55,7 @@ import itertools
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -65,7 +66,8 @@ from spade_lib.decoding.tree import DraftTree, ancestor_mask
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
-__all__ = ["EagleConfig", "EagleHead", "EagleDrafter", "default_feature_layers", "step_weights", "VARIANTS"]
+__all__ = ["EagleConfig", "EagleHead", "EagleDrafter", "NativeRunner", "default_feature_layers", "step_weights",
+           "VARIANTS"]
 
 VARIANTS = ("eagle3", "eagle1")
 STEP_DECAY = 0.8  # weight of unrolled step i is STEP_DECAY ** i (EAGLE-3's training-time test)
@@ -204,6 +206,147 @@ def _causal_mask(m: int, past: int, dtype, device) -> torch.Tensor | None:
         return None
     keep = torch.arange(past + m, device=device)[None, :] <= past + torch.arange(m, device=device)[:, None]
     return torch.zeros(m, past + m, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))[None, None]
+
+
+class _HFRunner:
+    """The head's drafting passes on its Hugging Face modules: :meth:`EagleHead.layer` over a ``DynamicCache``
+    (every device and dtype). Rows are appended at cache slot :attr:`length`; see :class:`NativeRunner`."""
+
+    def __init__(self, head: "EagleHead"):
+        self.head, self.cache, self.device = head, DynamicCache(), next(head.parameters()).device
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head.fuse(features)
+
+    def feedback(self, o: torch.Tensor) -> torch.Tensor:
+        return self.head.feedback(o)
+
+    def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
+        return self.head.draft_logits(o)
+
+    def feed(self, g: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, tree_from: int | None = None,
+             ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        m, past = int(tokens.numel()), self.length
+        if ancestors is None:
+            mask = _causal_mask(m, past, g.dtype, self.device)
+        else:
+            mask = torch.zeros(1, 1, m, past + m, dtype=g.dtype, device=self.device)
+            mask[0, 0, :, tree_from:] = torch.where(ancestors, 0.0, float("-inf"))
+        o = self.head.layer(g[None], tokens.reshape(1, m), positions.reshape(1, m), attention_mask=mask,
+                            cache=self.cache)
+        return o[0]
+
+    def crop(self, length: int) -> None:
+        extra = self.length - int(length)
+        if extra > 0:
+            self.cache.crop(-extra)
+
+
+class NativeRunner:
+    """The head's drafting passes on SPADE's native kernels (:mod:`spade_lib.decoding.native`), the same
+    function as :class:`_HFRunner` (fp32 summation order apart): the head's own KV cache is one buffer
+    ``[2, KV, capacity, hd]`` (rolling back is setting an integer), each product streams its weights once
+    for all rows with the norms and residual adds fused in, and a pass is
+
+    ``hidden = hidden_norm(g)``, ``u = [input_layernorm(E x) ; hidden]``, ``qkv = W_qkv u`` (query rows
+    scaled by ``1 / sqrt(hd)``), ``att = attend(qkv)`` (rotation, cache write, causal or tree mask),
+    ``a = residual + W_o att``, ``o = a + W_down (silu * up)(W_gu rmsnorm(a))`` (the post-attention gain folded
+    into ``W_gu``); ``draft_logits(o) = W_lm rmsnorm(o)`` with the final norm's gain as the product's prologue.
+    :meth:`usable` says where it runs (fp32 on the CPU, a SiLU MLP without bias, the native kernels built)."""
+
+    def __init__(self, head: "EagleHead", capacity: int = 256):
+        layer, lc = head.layers[0], head.layer_config
+        a, m = layer.self_attn, layer.mlp
+        self.head, self.device = head, next(head.parameters()).device
+        self.n_heads, self.n_kv = int(lc.num_attention_heads), int(lc.num_key_value_heads)
+        self.head_dim, self.hidden = int(lc.head_dim), int(lc.hidden_size)
+        self.eps = float(lc.rms_norm_eps)
+        q_rows = self.n_heads * self.head_dim
+        with torch.inference_mode():
+            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).clone()
+            wqkv[:q_rows] *= self.head_dim ** -0.5
+            self.w_qkv = wqkv.contiguous()
+            self.b_qkv = None
+            if a.q_proj.bias is not None:
+                b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).clone()
+                b[:q_rows] *= self.head_dim ** -0.5
+                self.b_qkv = b.contiguous()
+            self.w_o = a.o_proj.weight.contiguous()
+            self.b_o = None if a.o_proj.bias is None else a.o_proj.bias.contiguous()
+            self.w_gu = (torch.cat([m.gate_proj.weight, m.up_proj.weight])
+                         * layer.post_attention_layernorm.weight[None, :]).contiguous()
+            self.w_down = m.down_proj.weight.contiguous()
+            self.w_fc = head.fc.weight.contiguous()
+            self.w_lm = head.lm_head.weight.contiguous()
+        self.g_in, self.g_hidden, self.g_norm = (layer.input_layernorm.weight, layer.hidden_norm.weight,
+                                                 head.norm.weight)
+        self.post_eps = float(layer.post_attention_layernorm.variance_epsilon)
+        self.norm_before_residual = layer.norm_before_residual
+        self.length, self._size = 0, 0
+        self.kv = torch.empty(0)
+        self._grow(capacity)
+
+    @staticmethod
+    def usable(head: "EagleHead") -> bool:
+        from spade_lib.decoding import native
+
+        first = next(head.parameters())
+        lc = head.layer_config
+        return (first.device.type == "cpu" and first.dtype == torch.float32 and getattr(lc, "hidden_act", "silu") == "silu"
+                and not getattr(lc, "mlp_bias", False) and head.fc.bias is None and native.available())
+
+    def _grow(self, size: int) -> None:
+        kv = torch.zeros(2, self.n_kv, size, self.head_dim)
+        kv[:, :, :self.length] = self.kv[:, :, :self.length] if self.length else 0
+        with torch.inference_mode():
+            cos, sin = self.head.rotary_emb(self.w_o[:1][None], torch.arange(size + 1)[None])
+        self.kv, self._cos, self._sin, self._size = kv, cos[0].contiguous(), sin[0].contiguous(), size
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        from spade_lib.decoding import native
+
+        return native.linear(features.to(torch.float32).contiguous(), self.w_fc)
+
+    def feedback(self, o: torch.Tensor) -> torch.Tensor:
+        from spade_lib.decoding import native
+
+        if self.head.config.variant == "eagle1":
+            return native.linear(o.contiguous(), self.w_fc)
+        return F.rms_norm(o, (self.hidden,), self.g_norm, self.eps) if self.head.config.norm_output else o
+
+    def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
+        from spade_lib.decoding import native
+
+        return native.linear(o.contiguous(), self.w_lm, eps=self.eps, gain=self.g_norm)
+
+    def feed(self, g: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, tree_from: int | None = None,
+             ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """``g [m, H]``, ``tokens [m]`` (the token after each feature), ``positions [m]`` (RoPE positions) ->
+        ``o [m, H]``; the rows go to cache slots ``length .. length + m - 1``; with ``ancestors [m, M]`` (a
+        draft tree's rows from slot ``tree_from``) each row sees the slots before ``tree_from`` and its ancestors."""
+        from spade_lib.decoding import native
+
+        m, start = int(tokens.numel()), self.length
+        if start + m > self._size:
+            self._grow(max(2 * self._size, start + m))
+        positions = positions.reshape(-1).cpu()
+        hidden = F.rms_norm(g, (self.hidden,), self.g_hidden, self.eps)
+        u = torch.cat([F.rms_norm(F.embedding(tokens.reshape(-1), self.head.embed_tokens.weight), (self.hidden,),
+                                  self.g_in, self.eps), hidden], dim=-1)
+        qkv = native.linear(u, self.w_qkv, self.b_qkv)
+        att = native.attend(qkv, self.kv, start, self._cos[positions], self._sin[positions], self.n_heads,
+                            tree_from, ancestors)
+        a = native.linear(att, self.w_o, self.b_o, (hidden if self.norm_before_residual else g).contiguous())
+        o = native.linear(native.linear(a, self.w_gu, eps=self.post_eps), self.w_down, residual=a, gated=True)
+        self.length = start + m
+        return o
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, int(length))
 
 
 class EagleHead(nn.Module):
@@ -385,6 +528,11 @@ class EagleHead(nn.Module):
     def drafter(self, **options) -> "EagleDrafter":
         return EagleDrafter(self, **options)
 
+    def runner(self) -> "NativeRunner | _HFRunner":
+        """The engine of its drafting passes, with its own KV cache: :class:`NativeRunner` where it runs (fp32
+        on the CPU with SPADE's native kernels), else the Hugging Face modules (:class:`_HFRunner`)."""
+        return NativeRunner(self) if NativeRunner.usable(self) else _HFRunner(self)
+
 
 class EagleDrafter(Drafter):
     """Drafts a chain (or the tree ``tree`` names) with an :class:`EagleHead` from the target's hidden
@@ -403,7 +551,7 @@ class EagleDrafter(Drafter):
         self._reset_state()
 
     def _reset_state(self) -> None:
-        self._cache = DynamicCache()
+        self._run = self.head.runner()            # the head's passes and its own KV cache
         self._committed = 0                       # draft positions whose keys/values are in the cache
         self._feats: list[torch.Tensor] = []      # pending [n, k H] features of committed positions ...
         self._toks: list[torch.Tensor] = []       # ... and the token after each ([n] long)
@@ -437,17 +585,15 @@ class EagleDrafter(Drafter):
         feats, toks = torch.cat(self._feats), torch.cat(self._toks)
         self._feats, self._toks = [], []
         m = int(toks.shape[0])
-        g = self.head.fuse(feats)[None]
-        positions = torch.arange(self._committed + 1, self._committed + 1 + m, device=self.device)[None]
-        mask = _causal_mask(m, self._committed, g.dtype, self.device)
-        o = self.head.layer(g, toks[None], positions, attention_mask=mask, cache=self._cache)
+        positions = torch.arange(self._committed + 1, self._committed + 1 + m, device=self.device)
+        o = self._run.feed(self._run.fuse(feats), toks, positions)
         self._committed += m
-        return o[:, -1:]
+        return o[-1:]
 
     def _step(self, o: torch.Tensor, token: torch.Tensor, position: int) -> torch.Tensor:
-        """One drafted position: ``(feedback(o), token)`` at ``position`` -> the next ``o [1, 1, H]``."""
-        pos = torch.tensor([[position]], device=self.device)
-        return self.head.layer(self.head.feedback(o), token.reshape(1, 1), pos, cache=self._cache)
+        """One drafted position: ``(feedback(o), token)`` at ``position`` -> the next ``o [1, H]``."""
+        pos = torch.tensor([position], device=self.device)
+        return self._run.feed(self._run.feedback(o), token.reshape(1), pos)
 
     @torch.inference_mode()
     def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
@@ -464,7 +610,7 @@ class EagleDrafter(Drafter):
         tokens, logits_rows, qs = [], [], []
         stop = "max_gamma"
         for i in range(max_gamma):
-            logits = self.head.target_logits(self.head.draft_logits(o)[0], self.vocab_size)  # [1, V]
+            logits = self.head.target_logits(self._run.draft_logits(o), self.vocab_size)  # [1, V]
             x, q = draw_token(logits, sampling, generator)
             if q is not None:
                 qs.append(q)
@@ -490,21 +636,19 @@ class EagleDrafter(Drafter):
         if o is None:
             return empty_tree(self.device, "no_match")
         base, v = self._committed, self.vocab_size
-        outs: list[torch.Tensor] = []  # o [1, 1, H] of each fed tree row
+        outs: list[torch.Tensor] = []  # o [1, H] of each fed tree row
 
         def feed(tokens: list[int], parents: list[int], depths: list[int]) -> torch.Tensor:
-            n, m = len(tokens), len(parents)
-            g = self.head.feedback(torch.cat([o if p < 0 else outs[p] for p in parents[-n:]], dim=1))
+            n = len(tokens)
+            g = self._run.feedback(torch.cat([o if p < 0 else outs[p] for p in parents[-n:]]))
             anc = ancestor_mask(torch.tensor(parents, dtype=torch.long, device=self.device))[-n:]  # [n, m]
-            mask = torch.zeros(1, 1, n, base + m, dtype=g.dtype, device=self.device)
-            mask[0, 0, :, base:] = torch.where(anc, 0.0, float("-inf"))
-            pos = torch.tensor([[base + 1 + d for d in depths]], device=self.device)
-            toks = torch.tensor([tokens], dtype=torch.long, device=self.device)
-            out = self.head.layer(g, toks, pos, attention_mask=mask, cache=self._cache)  # [1, n, H]
-            outs.extend(out[:, j:j + 1] for j in range(n))
-            return self.head.target_logits(self.head.draft_logits(out)[0], v)
+            pos = torch.tensor([base + 1 + d for d in depths], device=self.device)
+            toks = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            out = self._run.feed(g, toks, pos, tree_from=base, ancestors=anc.contiguous())  # [n, H]
+            outs.extend(out[j:j + 1] for j in range(n))
+            return self.head.target_logits(self._run.draft_logits(out), v)
 
-        root = self.head.target_logits(self.head.draft_logits(o)[0, -1], v)
+        root = self.head.target_logits(self._run.draft_logits(o)[-1], v)
         self._tokens = torch.empty(0, dtype=torch.long, device=self.device)
         return grow_tree(tree, root, feed, sampling, generator, max_depth=max_depth)[0]
 
@@ -531,7 +675,5 @@ class EagleDrafter(Drafter):
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Drop the drafted positions from the cache (the committed ones come back through ``observe``)."""
-        extra = self._cache.get_seq_length() - self._committed
-        if extra > 0:
-            self._cache.crop(-extra)
+        self._run.crop(self._committed)
         self._tokens = None

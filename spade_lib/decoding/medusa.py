@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
@@ -141,8 +142,28 @@ class MedusaHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         """``h [..., H]`` -> draft-vocabulary logits of the first ``n_heads`` heads (all ``k`` when ``None``)
-        ``[..., n_heads, Vd]``."""
+        ``[..., n_heads, Vd]``. Without gradients, in fp32 on the CPU, each product runs on SPADE's native
+        kernel (:mod:`spade_lib.decoding.native`: every weight streamed once for all rows; the same function,
+        fp32 summation order apart): drafting reads ~all of the heads' bytes per step, so a GEMV that streams
+        them at the machine's bandwidth is what the head's cost ``c`` is made of."""
+        if not torch.is_grad_enabled() and self._native():
+            from spade_lib.decoding import native
+
+            x0 = hidden.reshape(-1, hidden.shape[-1]).to(torch.float32).contiguous()
+            outs = []
+            for h in self.heads[:n_heads]:
+                x = x0
+                for block in h[:-1]:
+                    x = x + F.silu(native.linear(x, block.linear.weight, block.linear.bias))
+                outs.append(native.linear(x.contiguous(), h[-1].weight))
+            return torch.stack(outs, dim=-2).reshape(*hidden.shape[:-1], len(outs), -1)
         return torch.stack([h(hidden) for h in self.heads[:n_heads]], dim=-2)
+
+    def _native(self) -> bool:
+        from spade_lib.decoding import native
+
+        first = self.heads[0][-1].weight
+        return first.device.type == "cpu" and first.dtype == torch.float32 and native.available()
 
     def target_logits(self, draft_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
         """``[..., Vd]`` -> ``[..., V]`` with ``-inf`` off the draft vocabulary (cut/padded to ``vocab_size``)."""
