@@ -15,6 +15,7 @@ module                      what it answers
                             H(q), TV, KL; a logistic model with held-out AUC
 ``calibration``             reliability of q(x) and min(1, p/q) as acceptance predictors; ECE
 ``expected``                realised accepts vs the exactly known expectation: a sampler test
+``repetition``              repeated n-grams of generations (is greedy text a loop?), per run
 ``tokens``                  per-token and per-token-class acceptance, decoded
 ``tree``                    draft trees (and chains): acceptance by depth and sibling rank,
                             accepted-length histogram, per-run summary (tau, nodes per step)
@@ -30,6 +31,7 @@ from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, w
 from spade_lib.diagnose.frame import as_trace, categorize, combine_runs
 from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
 from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
+from spade_lib.diagnose.repetition import attractor, repetition_rate, repetition_table
 from spade_lib.diagnose.summary import all_tables, category_summary
 from spade_lib.diagnose.synthetic import expected_position_acceptance, synthetic_trace
 from spade_lib.diagnose.tokens import decode_tokens, token_class, token_class_acceptance, token_table
@@ -41,6 +43,6 @@ __all__ = [
     "all_tables", "as_trace", "auc", "binomial_ci", "calibration_error", "calibration_table",
     "categorize", "category_summary", "combine_runs", "decode_tokens", "depth_acceptance", "entropy_by_outcome",
     "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z", "rejudge_wrong_q", "wrong_q_power",
-    "position_acceptance", "sibling_acceptance", "synthetic_trace", "token_class", "token_class_acceptance",
+    "position_acceptance", "sibling_acceptance", "attractor", "repetition_rate", "repetition_table", "synthetic_trace", "token_class", "token_class_acceptance",
     "token_table", "tree_accept_length_hist", "tree_summary",
 ]
