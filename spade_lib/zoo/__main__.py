@@ -3,6 +3,7 @@
     python -m spade_lib.zoo default        # what `make run` does before the notebooks
     python -m spade_lib.zoo tiny default
     python -m spade_lib.zoo smollm2        # the real pair: converts the target, distils its drafts
+    python -m spade_lib.zoo gemma3         # Gemma-3-270M: assembles and converts the target (~1.5 min)
 
 For ``smollm2`` it prints a table per draft: teacher-forced alpha at T=0 (greedy top-1 agreement)
 and T=1 on held-out target generations, the cost ratio c, the verify-cost ratio r, the predicted
@@ -32,6 +33,9 @@ def main(argv: list[str] | None = None) -> None:
         m = pair.manifest
         if m.get("kind") == "smollm2":
             print(draft_table(m))
+            continue
+        if m.get("kind") == "gemma3":
+            print(gemma3_summary(m))
             continue
         summary = {
             "build_seconds": m.get("seconds"),
@@ -63,6 +67,14 @@ def draft_table(m: dict) -> str:
             lines.append(f"{'':10s} alpha on held-out target generations only: T=0 {g['0']:.3f}, T=1 {g['1.0']:.3f}")
     lines.append("ngram      prompt lookup (a runner draft, no model): alpha depends on the prompt; see notebook 03")
     return "\n".join(lines)
+
+
+def gemma3_summary(m: dict) -> str:
+    """The Gemma-3 pair's target facts, build time and drafts (from its manifest)."""
+    t = m["target"]
+    return (f"target {t['n_parameters'] / 1e6:.1f} M params, {t['n_layers']} layers, vocabulary {t['vocab_size']}, "
+            f"sliding window {t['sliding_window']}; assembled and converted in {t['seconds']['total']:.0f} s\n"
+            f"drafts: {', '.join(m['drafts'])} (default {m['default_draft']}); {m['drafts_note']}")
 
 
 if __name__ == "__main__":
