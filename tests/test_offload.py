@@ -65,14 +65,18 @@ def test_greedy_on_the_offloaded_target_equals_autoregressive(pairs, tmp_path):
 
 
 def test_sampled_trace_on_the_offloaded_target_is_identical(pairs, tmp_path):
-    """The tiny target's greedy continuation is degenerate (one token repeated); at T = 1 every
-    drafted position's p_x, TV, KL, ... must still match the ordinary target's bit for bit."""
+    """The tiny target's greedy continuation is degenerate (one token repeated); at T = 1 every drafted
+    token, uniform and accept/reject decision must match the ordinary target's exactly, and every
+    statistic (p_x, TV, KL, ...) to fp32 summation order: the offloaded target runs the Hugging Face
+    forward, the ordinary one SPADE's lean forward on the native kernels, which sum in another order."""
     big, plain = pairs
     runs = [runner.run_suite(pair, SUITE, cfg(temperature=1.0), tmp_path / name, progress=False)
             for name, pair in (("big", big), ("plain", plain))]
     a, b = (trace.read_trace(d).drop(columns=trace.TIMING_COLUMNS) for d in runs)
     assert len(a) > 0 and a["accepted"].any()
-    pd.testing.assert_frame_equal(a, b)
+    floats = [c for c in a.columns if pd.api.types.is_float_dtype(a[c])]
+    pd.testing.assert_frame_equal(a.drop(columns=floats), b.drop(columns=floats))
+    pd.testing.assert_frame_equal(a[floats], b[floats], check_exact=False, rtol=1e-4, atol=1e-5)
 
 
 def test_first_device_of_a_device_map():
