@@ -60,6 +60,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from spade_lib.decoding import native
 from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, draw_token
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree, ancestor_mask
@@ -292,8 +293,6 @@ class NativeRunner:
 
     @staticmethod
     def usable(head: "EagleHead") -> bool:
-        from spade_lib.decoding import native
-
         first = next(head.parameters())
         lc = head.layer_config
         return (first.device.type == "cpu" and first.dtype == torch.float32 and getattr(lc, "hidden_act", "silu") == "silu"
@@ -301,26 +300,21 @@ class NativeRunner:
 
     def _grow(self, size: int) -> None:
         kv = torch.zeros(2, self.n_kv, size, self.head_dim)
-        kv[:, :, :self.length] = self.kv[:, :, :self.length] if self.length else 0
+        if self.length:
+            kv[:, :, :self.length] = self.kv[:, :, :self.length]
         with torch.inference_mode():
             cos, sin = self.head.rotary_emb(self.w_o[:1][None], torch.arange(size + 1)[None])
         self.kv, self._cos, self._sin, self._size = kv, cos[0].contiguous(), sin[0].contiguous(), size
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        from spade_lib.decoding import native
-
         return native.linear(features.to(torch.float32).contiguous(), self.w_fc)
 
     def feedback(self, o: torch.Tensor) -> torch.Tensor:
-        from spade_lib.decoding import native
-
         if self.head.config.variant == "eagle1":
             return native.linear(o.contiguous(), self.w_fc)
         return F.rms_norm(o, (self.hidden,), self.g_norm, self.eps) if self.head.config.norm_output else o
 
     def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
-        from spade_lib.decoding import native
-
         return native.linear(o.contiguous(), self.w_lm, eps=self.eps, gain=self.g_norm)
 
     def feed(self, g: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, tree_from: int | None = None,
@@ -328,8 +322,6 @@ class NativeRunner:
         """``g [m, H]``, ``tokens [m]`` (the token after each feature), ``positions [m]`` (RoPE positions) ->
         ``o [m, H]``; the rows go to cache slots ``length .. length + m - 1``; with ``ancestors [m, M]`` (a
         draft tree's rows from slot ``tree_from``) each row sees the slots before ``tree_from`` and its ancestors."""
-        from spade_lib.decoding import native
-
         m, start = int(tokens.numel()), self.length
         if start + m > self._size:
             self._grow(max(2 * self._size, start + m))

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spade_lib.decoding import native
 from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
@@ -147,8 +148,6 @@ class MedusaHead(nn.Module):
         fp32 summation order apart): drafting reads ~all of the heads' bytes per step, so a GEMV that streams
         them at the machine's bandwidth is what the head's cost ``c`` is made of."""
         if not torch.is_grad_enabled() and self._native():
-            from spade_lib.decoding import native
-
             x0 = hidden.reshape(-1, hidden.shape[-1]).to(torch.float32).contiguous()
             outs = []
             for h in self.heads[:n_heads]:
@@ -160,8 +159,6 @@ class MedusaHead(nn.Module):
         return torch.stack([h(hidden) for h in self.heads[:n_heads]], dim=-2)
 
     def _native(self) -> bool:
-        from spade_lib.decoding import native
-
         first = self.heads[0][-1].weight
         return first.device.type == "cpu" and first.dtype == torch.float32 and native.available()
 
