@@ -180,3 +180,56 @@ def test_replay_vs_run_equals_the_notebooks_comparison():
                "within_tolerance": abs(replayed["tau"] - tau_run) < 4 * np.hypot(se, se_pred) + 0.05}
         got = stoprules.replay_vs_run(s.front, s.chosen, policy, run, m)
         assert list(got) == list(ref) and got == ref
+
+
+def _run_of(trace, policy):
+    """What the decoder would have recorded drafting with ``policy`` on ``trace``'s blocks: each step cut
+    to the policy's draft length, ``abs_pos`` counted along each prompt's steps."""
+    df = trace.sort_values(["prompt_id", "sample", "step", "pos"]).reset_index(drop=True)
+    g = policy.replay_gamma(df)
+    step_g = dict(zip(df.groupby(["prompt_id", "sample", "step"]).size().index, g))
+    df["gamma"] = [step_g[k] for k in zip(df["prompt_id"], df["sample"], df["step"])]
+    df = df[df.pos < df.gamma].copy()
+    df["n_accepted"] = np.minimum(df["n_accepted"], df["gamma"])
+    firsts = df.groupby(["prompt_id", "sample", "step"]).first().reset_index()
+    firsts["start"] = firsts.groupby(["prompt_id", "sample"])["n_accepted"].transform(
+        lambda n: np.concatenate([[0], np.cumsum(n.to_numpy() + 1)[:-1]]))
+    df = df.merge(firsts[["prompt_id", "sample", "step", "start"]], on=["prompt_id", "sample", "step"])
+    df["abs_pos"] = df["start"] + df["pos"]
+    return df.drop(columns="start")
+
+
+def test_decisions_replayed_gives_back_the_runs_own_decisions_and_catches_a_wrong_reading():
+    from spade_lib.decoding.policies import get_policy
+
+    t = planted_trace(200, seed=8)
+    rule = get_policy("entropy", max_gamma=6, threshold=2.0)
+    run = _run_of(t, rule)
+    assert (run.groupby(["prompt_id", "sample", "step"])["gamma"].first() < 6).mean() > 0.5  # the rule does stop
+    assert stoprules.decisions_replayed(run, rule) == 1.0
+    # a decoder that read the signal differently (another threshold) is caught, whichever way it errs
+    assert stoprules.decisions_replayed(run, get_policy("entropy", max_gamma=6, threshold=1.5)) < 0.9
+    assert stoprules.decisions_replayed(run, get_policy("entropy", max_gamma=6, threshold=2.5)) < 0.9
+    # and so is one that stopped a block one token early with the signal still passing
+    early = run.copy()
+    first = early.groupby(["prompt_id", "sample", "step"])["gamma"].transform("first")
+    cut = (first >= 2) & (early.step % 3 == 0)
+    early.loc[cut, "gamma"] -= 1
+    early = early[early.pos < early.gamma]
+    assert stoprules.decisions_replayed(early, rule) < 0.95
+
+
+def test_replay_prices_the_loop_overhead_in_every_step():
+    from spade_lib.decoding.policies import get_policy
+
+    t = planted_trace(120, seed=9)
+    rule = get_policy("entropy", max_gamma=6, threshold=2.0)
+    base = replay.replay_stop_rule(t, rule, 0.1, 1.2)
+    with_o = replay.replay_stop_rule(t, rule, 0.1, 1.2, overhead=0.3)
+    assert np.isclose(float(with_o["cost"].iloc[0]), float(base["cost"].iloc[0]) + 0.3)
+    assert float(with_o["speedup"].iloc[0]) < float(base["speedup"].iloc[0])
+    s = stoprules.study(t, 0.1, 1.2, stoprules.StudyConfig(max_gamma=6, grid_points=6), overhead=0.3)
+    fixed1 = s.front[(s.front.policy == "fixed") & (s.front.gamma == 1)].iloc[0]
+    assert np.isclose(fixed1["cost"], 0.1 + 1.2 + 0.3)
+    with pytest.raises(ValueError, match="overhead"):
+        replay.replay_stop_rule(t, rule, 0.1, 1.2, overhead=-0.1)

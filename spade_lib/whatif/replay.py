@@ -328,15 +328,18 @@ def blocks_used(trace: pd.DataFrame, rule: _policies.Policy) -> tuple[pd.DataFra
 
 
 def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
-                     verify_cost: float | Callable[[int], float] = 1.0, by: Sequence[str] = ()) -> pd.DataFrame:
+                     verify_cost: float | Callable[[int], float] = 1.0, by: Sequence[str] = (),
+                     overhead: float = 0.0) -> pd.DataFrame:
     """Tokens and cost per step of ``rule`` replayed on ``trace`` (recorded with fixed max gamma).
 
     Per step: ``g`` drafted, ``n = min(n_recorded, g)`` accepted (pathwise, exact), ``tokens = n + 1``,
-    ``tokens_expected = sum_{k<=g} prod_{i<k} accept_prob_i``, ``cost = g c + r(g)``. Aggregates
+    ``tokens_expected = sum_{k<=g} prod_{i<k} accept_prob_i``, ``cost = g c + r(g) + o`` (``o``:
+    ``overhead``, the pair's measured per-step loop cost in target steps; 0 is the paper's model). Aggregates
     (optionally by ``by``): mean ``g``, ``tau`` (tokens per step), ``tau_expected``, ``cost`` per step,
     ``speedup = sum tokens / sum cost`` (ratio of totals) and ``speedup_expected``.
     """
     c = check_float("c", c, min=0.0)
+    overhead = check_float("overhead", overhead, min=0.0)
     if not isinstance(rule, _policies.Policy):
         raise ArgumentTypeError(f"rule: must be a spade_lib.decoding.policies.Policy, got {type(rule).__name__}")
     if not callable(verify_cost):
@@ -351,7 +354,7 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
     per["n"] = np.minimum(per["n_accepted"].to_numpy(), g)
     per["tokens"] = per["n"] + 1
     per["tokens_expected"] = _expected_tokens(a, step_id, df["pos"].to_numpy().astype(int), limit=g)
-    per["cost"] = np.broadcast_to(step_cost(g, float(c), verify_cost), g.shape)
+    per["cost"] = np.broadcast_to(step_cost(g, float(c), verify_cost, overhead), g.shape)
     rows = []
     groups = per.groupby(list(by), sort=True) if by else [((), per)]
     for key, grp in groups:
@@ -377,15 +380,15 @@ def stop_rule_frontier(trace: pd.DataFrame, c: float, verify_cost: float | Calla
                        gammas: Iterable[int] | None = None,
                        confidence_thresholds: Iterable[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
                        entropy_thresholds: Iterable[float] = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
-                       by: Sequence[str] = ()) -> pd.DataFrame:
+                       by: Sequence[str] = (), overhead: float = 0.0) -> pd.DataFrame:
     """:func:`replay_stop_rule` over a grid: every fixed gamma up to the trace's, and each threshold
-    of the confidence and entropy policies (capped at the trace's gamma)."""
+    of the confidence and entropy policies (capped at the trace's gamma); ``overhead`` as there."""
     max_gamma = int(_blocks(trace)["gamma"].max())
     gammas = range(1, max_gamma + 1) if gammas is None else gammas
     rules = [_policies.get_policy("fixed", gamma=int(gm)) for gm in gammas]
     rules += [_policies.get_policy("confidence", max_gamma=max_gamma, threshold=float(t)) for t in confidence_thresholds]
     rules += [_policies.get_policy("entropy", max_gamma=max_gamma, threshold=float(t)) for t in entropy_thresholds]
-    return pd.concat([replay_stop_rule(trace, r, c, verify_cost, by) for r in rules], ignore_index=True)
+    return pd.concat([replay_stop_rule(trace, r, c, verify_cost, by, overhead) for r in rules], ignore_index=True)
 
 
 def best_rules(frontier: pd.DataFrame, by: Sequence[str] = (), column: str = "speedup") -> pd.DataFrame:

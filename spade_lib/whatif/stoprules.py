@@ -25,7 +25,19 @@ and scored on the held-out ones (:func:`split_prompts`), for every rule alike.
 **The study** of one trace (:func:`study`, settings :class:`StudyConfig`) does all of it: split,
 classifier, grids, the chosen rules and their held-out scores, every grid point on the whole trace.
 **For real:** :func:`chosen_configs` turns the chosen rules into the ``RunConfig`` the decoder runs, and
-:func:`replay_vs_run` compares a rule's replay with its run (``tau`` within a stated tolerance, speedup).
+:func:`replay_vs_run` compares a rule's replay with its run: the run's own decisions replayed exactly
+(the decoder's policy and its replay form agree on the same signals, a check that must hold), ``tau``
+against a stated tolerance and the speedup against the run's interval.
+
+**What the replay cannot see.** It keeps the trace's block boundaries: a rule's step ``k`` starts where
+the ``max_gamma`` run's step ``k`` started. The real run starts each block where its last one stopped,
+so when the signal is autocorrelated along the text (a stretch of high-entropy positions) a stopping
+rule meets that stretch at the start of several short blocks in a row, and its run drafts fewer tokens
+per step than its replay. ``tau`` then falls below the replay by more than the tolerance even though
+every decision is made right; the comparison reports that gap rather than hiding it.
+
+**Costs.** A step costs ``g c + r(g) + o`` target steps (:func:`spade_lib.theory.step_cost`), ``o`` the
+pair's measured per-step loop overhead (``overhead``, default 0: the paper's model).
 """
 
 from __future__ import annotations
@@ -168,13 +180,13 @@ def _policy(policy: str, gamma: int, threshold: float) -> Policy:
     return get_policy(policy, max_gamma=int(gamma), threshold=float(threshold))
 
 
-def _replay(trace, policy, gamma, threshold, c, verify_cost, by, *, name=None, shown=None):
+def _replay(trace, policy, gamma, threshold, c, verify_cost, by, *, name=None, shown=None, overhead=0.0):
     lo, hi = _RANGE.get(policy, (-math.inf, math.inf))
     if lo <= threshold <= hi:
-        out = replay.replay_stop_rule(trace, _policy(policy, gamma, threshold), c, verify_cost, by)
+        out = replay.replay_stop_rule(trace, _policy(policy, gamma, threshold), c, verify_cost, by, overhead=overhead)
         out["threshold"] = float(threshold)  # fixed: the 0.0 it was called with (a Policy has none)
     else:  # the degenerate "always stop after one token" end: exactly fixed gamma 1
-        out = replay.replay_stop_rule(trace, _policy("fixed", 1, 0.0), c, verify_cost, by)
+        out = replay.replay_stop_rule(trace, _policy("fixed", 1, 0.0), c, verify_cost, by, overhead=overhead)
         out["policy"], out["gamma"], out["threshold"] = policy, int(gamma), float(threshold)
         out["label"] = f"{policy} {threshold:.3g} (<= {gamma})"
     if name is not None:
@@ -186,20 +198,23 @@ def _replay(trace, policy, gamma, threshold, c, verify_cost, by, *, name=None, s
 
 def frontier(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], float], *, max_gamma: int,
              grids: dict[str, Sequence[float]], learned: LearnedStop | None = None, gamma_c: float = 1.0,
-             by: Sequence[str] = ()) -> pd.DataFrame:
+             by: Sequence[str] = (), overhead: float = 0.0) -> pd.DataFrame:
     """Every rule of the study replayed on ``trace``: fixed ``1..max_gamma`` and each threshold of
-    ``grids`` (keys ``"confidence"``, ``"entropy"``, ``"adaedl"`` (lambdas), ``"learned"``)."""
-    rows = [_replay(trace, "fixed", g, 0.0, c, verify_cost, by) for g in range(1, max_gamma + 1)]
+    ``grids`` (keys ``"confidence"``, ``"entropy"``, ``"adaedl"`` (lambdas), ``"learned"``); a step
+    costs ``g c + r(g) + overhead``."""
+    kw = dict(overhead=overhead)
+    rows = [_replay(trace, "fixed", g, 0.0, c, verify_cost, by, **kw) for g in range(1, max_gamma + 1)]
     for policy in ("confidence", "entropy"):
-        rows += [_replay(trace, policy, max_gamma, t, c, verify_cost, by) for t in grids.get(policy, ())]
+        rows += [_replay(trace, policy, max_gamma, t, c, verify_cost, by, **kw) for t in grids.get(policy, ())]
     for lam in grids.get("adaedl", ()):
         rows.append(_replay(trace, "entropy", max_gamma, adaedl_threshold(lam, gamma_c), c, verify_cost, by,
-                            name="adaedl", shown=float(lam)))
+                            name="adaedl", shown=float(lam), **kw))
     if learned is not None and grids.get("learned"):
         t = trace.copy()
         t["q_top_prob"] = learned.signal(trace)  # the learned signal, read by the confidence replay
         for th in grids["learned"]:
-            rows.append(_replay(t, "confidence", max_gamma, th, c, verify_cost, by, name="learned", shown=float(th)))
+            rows.append(_replay(t, "confidence", max_gamma, th, c, verify_cost, by, name="learned", shown=float(th),
+                                **kw))
     return pd.concat(rows, ignore_index=True)
 
 
@@ -235,17 +250,18 @@ def edge_check(front: pd.DataFrame, chosen: pd.DataFrame, max_gamma: int) -> pd.
 
 
 def evaluate(front_train: pd.DataFrame, test: pd.DataFrame, c: float, verify_cost, *, max_gamma: int,
-             learned: LearnedStop | None = None, gamma_c: float = 1.0) -> pd.DataFrame:
+             learned: LearnedStop | None = None, gamma_c: float = 1.0, overhead: float = 0.0) -> pd.DataFrame:
     """The best rule of each policy on the training prompts, replayed on the held-out ``test`` trace."""
     chosen = best(front_train)
     rows = []
     for _, r in chosen.iterrows():
         grids = {}
         if r["policy"] == "fixed":
-            one = _replay(test, "fixed", int(r["gamma"]), 0.0, c, verify_cost, ())
+            one = _replay(test, "fixed", int(r["gamma"]), 0.0, c, verify_cost, (), overhead=overhead)
         else:
             grids[r["policy"]] = [float(r["threshold"])]
-            one = frontier(test, c, verify_cost, max_gamma=max_gamma, grids=grids, learned=learned, gamma_c=gamma_c)
+            one = frontier(test, c, verify_cost, max_gamma=max_gamma, grids=grids, learned=learned, gamma_c=gamma_c,
+                           overhead=overhead)
             one = one[one["policy"] == r["policy"]]
         rows.append(one.assign(speedup_train=float(r["speedup"])))
     return pd.concat(rows, ignore_index=True)
@@ -291,12 +307,12 @@ def learned_grid(model: LearnedStop, train: pd.DataFrame, points: int) -> list[f
 
 
 def study(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], float],
-          config: StudyConfig) -> StopStudy:
+          config: StudyConfig, overhead: float = 0.0) -> StopStudy:
     """The stop-rule study of one ``max_gamma`` trace (module docstring): split its prompts
     (:func:`split_prompts`), fit the learned rule on the training half, build every policy's grid from
     the training half, choose each policy's best rule there (:func:`best`, :func:`edge_check`), score
     the chosen rules on the held-out half (:func:`evaluate`), and replay every grid point on the whole
-    trace. ``c`` and ``verify_cost`` (``r(g)``) price a step ``g c + r(g)``."""
+    trace. ``c``, ``verify_cost`` (``r(g)``) and the loop ``overhead`` ``o`` price a step ``g c + r(g) + o``."""
     train, test = split_prompts(trace, config.train_frac, seed=config.seed)
     try:
         model, no_model = LearnedStop.fit(train), None
@@ -306,7 +322,7 @@ def study(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], fl
     grids = {"confidence": signal_grid(train, "confidence", config.grid_points),
              "entropy": signal_grid(train, "entropy", config.grid_points),
              "adaedl": list(config.adaedl_lambdas), "learned": grid}
-    kw = dict(max_gamma=config.max_gamma, learned=model, gamma_c=config.gamma_c)
+    kw = dict(max_gamma=config.max_gamma, learned=model, gamma_c=config.gamma_c, overhead=overhead)
     front_train = frontier(train, c, verify_cost, grids=grids, **kw)
     chosen = best(front_train)
     return StopStudy(train=train, test=test, model=model, no_model=no_model, grids=grids, front_train=front_train,
@@ -339,20 +355,48 @@ def chosen_configs(chosen: pd.DataFrame, base, *, max_gamma: int, gamma_c: float
 
 
 def replay_vs_run(front: pd.DataFrame, chosen: pd.DataFrame, policy: str, run_trace: pd.DataFrame,
-                  measured: pd.Series) -> dict:
+                  measured: pd.Series, run_policy: Policy | None = None) -> dict:
     """A chosen rule's replay on the whole trace against its real run: ``tau`` replayed vs measured
     (full-length blocks, :func:`spade_lib.whatif.align.measured_tau`) and the speedup replayed vs
     measured (``measured``: the run's row of ``spade_lib.runs.protocol.speedup_table``).
     ``within_tolerance``: ``|tau_replayed - tau_run| < 4 sqrt(se_run^2 + se_pred^2) + 0.05``, with the
-    replay's rough standard error ``se_pred = (g + 1) / sqrt(12 steps)`` (tokens per step in ``[1, g + 1]``)."""
+    replay's rough standard error ``se_pred = (g + 1) / sqrt(12 steps)`` (tokens per step in ``[1, g + 1]``);
+    it can fail without a bug where the replay's fixed block boundaries meet an autocorrelated signal
+    (module docstring). ``decisions_replayed`` (with ``run_policy``, the policy the run drafted with):
+    the share of the run's steps whose draft length the policy's replay form gives back from the run's
+    own signals, :meth:`~spade_lib.decoding.policies.Policy.replay_gamma`; anything below 1 is a bug
+    (the decoder and the replay read the signals differently)."""
     row = chosen[chosen.policy == policy].iloc[0]
     same = (front.policy == policy) & (front.gamma == row["gamma"]) & (front.threshold == row["threshold"])
     replayed = front[same].iloc[0]  # the chosen grid point (labels round thresholds), on every prompt
     tau_run, se, _ = measured_tau(run_trace)
     n_rep = int(replayed["steps"])
     se_pred = float(np.sqrt((replayed["g_mean"] + 1) ** 2 / 12 / max(n_rep, 1)))
-    return {"policy": policy, "rule": row["label"], "tau_replayed": replayed["tau"], "tau_run": tau_run,
-            "se_run": se, "g_replayed": replayed["g_mean"], "g_run": measured["mean_drafted"],
-            "speedup_replayed": replayed["speedup"], "speedup_run": measured["speedup"],
-            "speedup_low": measured["speedup_low"], "speedup_high": measured["speedup_high"],
-            "within_tolerance": abs(replayed["tau"] - tau_run) < 4 * np.hypot(se, se_pred) + 0.05}
+    out = {"policy": policy, "rule": row["label"], "tau_replayed": replayed["tau"], "tau_run": tau_run,
+           "se_run": se, "g_replayed": replayed["g_mean"], "g_run": measured["mean_drafted"],
+           "speedup_replayed": replayed["speedup"], "speedup_run": measured["speedup"],
+           "speedup_low": measured["speedup_low"], "speedup_high": measured["speedup_high"],
+           "within_tolerance": abs(replayed["tau"] - tau_run) < 4 * np.hypot(se, se_pred) + 0.05}
+    if run_policy is not None:
+        out["decisions_replayed"] = decisions_replayed(run_trace, run_policy)
+    return out
+
+
+def decisions_replayed(run_trace: pd.DataFrame, run_policy: Policy) -> float:
+    """The share of ``run_trace``'s steps (a run drafted with ``run_policy``) whose draft length the
+    run's own signals give back: every drafted position but the last kept drafting
+    (:meth:`~spade_lib.decoding.policies.Policy.replay_gamma` equals the recorded ``gamma``) and the
+    last one stopped, unless the block reached ``max_gamma`` or the token budget (a block whose end
+    ``abs_pos + gamma + 1`` is its generation's furthest is taken as capped by the budget).
+    1.0: the decoder's decisions and the replay's agree everywhere."""
+    df = run_trace.sort_values([*STEP_KEYS, "pos"], kind="stable")
+    if not len(df):
+        return 1.0
+    steps = df.groupby(STEP_KEYS, sort=False).agg(gamma=("gamma", "first"), start=("abs_pos", "first"))
+    steps["keep_last"] = pd.Series(run_policy.keep_mask(df), index=df.index).groupby(
+        [df[k] for k in STEP_KEYS], sort=False).last().to_numpy()
+    end = steps["start"] + steps["gamma"] + 1
+    capped = end == end.groupby(level=[k for k in STEP_KEYS if k != "step"], sort=False).transform("max")
+    recorded = steps["gamma"].to_numpy().astype(int)
+    stopped = ~steps["keep_last"].to_numpy(bool) | (recorded >= run_policy.max_gamma) | capped.to_numpy(bool)
+    return float(np.mean((run_policy.replay_gamma(df) == recorded) & stopped))
