@@ -136,9 +136,20 @@ def test_verify_refuses(kwargs, exc, name):
 
 
 def test_nan_uniforms_are_fine_where_no_uniform_is_used():
-    p, q, x = _pq()
-    verify(p, q, x, mode="greedy", uniforms=torch.full((1, 2), math.nan, dtype=torch.float64),
-           next_uniforms=torch.tensor([math.nan], dtype=torch.float64))
+    """Greedy verification reads no uniform: NaN ones (what a greedy trace records) are accepted by the
+    checks and change nothing -- the outcome is the plain greedy reference (accept while ``x_i = argmax
+    p_i``, then emit ``argmax p`` at the first mismatch) and the same as with no uniforms at all."""
+    p, q, _ = _pq()
+    top = p.argmax(-1)[0].tolist()
+    x = torch.tensor([[top[0], (top[1] + 1) % p.shape[-1]]])  # position 0 matches, position 1 does not
+    nan = verify(p, q, x, mode="greedy", uniforms=torch.full((1, 2), math.nan, dtype=torch.float64),
+                 next_uniforms=torch.tensor([math.nan], dtype=torch.float64))
+    assert nan.n_accepted.tolist() == [1] and nan.next_token.tolist() == [top[1]]
+    assert nan.accepted.tolist() == [[True, False]] and nan.accept_prob.tolist() == [[1.0, 0.0]]
+    assert torch.equal(nan.next_dist, torch.nn.functional.one_hot(torch.tensor([top[1]]), p.shape[-1]).double())
+    none = verify(p, q, x, mode="greedy")
+    for field in ("n_accepted", "next_token", "accept_prob", "accepted", "reached", "p_x", "q_x", "next_dist"):
+        assert torch.equal(getattr(nan, field), getattr(none, field)), field
 
 
 @pytest.mark.parametrize("fn, exc, name", [
