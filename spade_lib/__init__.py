@@ -23,6 +23,64 @@ Every module has one import path; import names from the module that defines them
 
 Heavy modules (torch, transformers) are imported by the modules that need them: ``import spade_lib``
 is cheap.
+
+**The front door.** The names a newcomer needs first are importable from the package top in one line,
+``from spade_lib import load_pair, SpeculativeDecoder, SamplingConfig``, lazily (as ``transformers``
+does): :data:`_FRONT_DOOR` maps each name to ``"module:attribute"`` of the module that *defines* it,
+and the module-level :func:`__getattr__` imports that module on first access (PEP 562), so
+``import spade_lib`` alone imports neither torch nor any submodule. These are not second import
+paths: ``spade_lib.load_pair is spade_lib.zoo.pairs.load_pair``, the same object, and the defining
+module stays where the rest of the package imports it from. The table names modules as strings for
+:func:`importlib.import_module` rather than importing them: every ``import spade_lib.<module>`` runs this
+file first, so a plain import here would load torch (and every layer) for ``spade_lib.paths`` too. The
+``[tool.importlinter]`` contract does not cover this file (the package top is the contract's container,
+not a layer), so ``tests/test_front_door.py`` checks the other direction itself: no module of the
+package imports a front-door name from the package top (that would be an upward import the contract
+cannot see).
 """
 
+import importlib
+
 __version__ = "0.1.0"
+
+_FRONT_DOOR: dict[str, str] = {
+    # pairs and suites (M1)
+    "load_pair": "spade_lib.zoo.pairs:load_pair",                # embedded ("tiny", "default"), "smollm2", or target=/draft=
+    "default_suite": "spade_lib.bench.build:default_suite",      # the embedded prompt suite, built offline
+    "load_suite": "spade_lib.bench.format:load_suite",           # a suite JSONL + manifest, hash-checked
+    # decoding (M2)
+    "SamplingConfig": "spade_lib.sampling:SamplingConfig",       # temperature, top_k, top_p (p and q alike)
+    "SpeculativeDecoder": "spade_lib.decoding.decode:SpeculativeDecoder",
+    "AutoregressiveDecoder": "spade_lib.decoding.decode:AutoregressiveDecoder",  # the speedup baseline
+    "GenerationResult": "spade_lib.decoding.common:GenerationResult",            # tokens, steps, records()
+    "make_drafter": "spade_lib.decoding.drafters:make_drafter",  # "ngram", "null", a pair's draft or head
+    "get_policy": "spade_lib.decoding.policies:get_policy",      # when to stop drafting ("fixed", "entropy", ...)
+    # runs and traces
+    "RunConfig": "spade_lib.runs.config:RunConfig",              # everything that determines a run
+    "run_suite": "spade_lib.runs.runner:run_suite",              # one config over a suite -> a run folder
+    "read_trace": "spade_lib.runs.trace:read_trace",             # a run folder's token-level trace
+    # diagnostics (M3): trace (DataFrame or run folder) in, tidy table out
+    "position_acceptance": "spade_lib.diagnose.position:position_acceptance",
+    "expected_vs_realised": "spade_lib.diagnose.expected:expected_vs_realised",
+    "calibration_table": "spade_lib.diagnose.calibration:calibration_table",
+    "category_summary": "spade_lib.diagnose.summary:category_summary",
+    "all_tables": "spade_lib.diagnose.summary:all_tables",
+}
+
+__all__ = ["__version__", *_FRONT_DOOR]
+
+
+def __getattr__(name: str):
+    """``spade_lib.<name>`` for a front-door name: its defining module's attribute (imported on first use)."""
+    target = _FRONT_DOOR.get(name)
+    if target is None:
+        raise AttributeError(f"module 'spade_lib' has no attribute {name!r} (front-door names: "
+                             f"{', '.join(sorted(_FRONT_DOOR))})")
+    module, attr = target.split(":")
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_FRONT_DOOR))
