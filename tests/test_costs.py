@@ -250,3 +250,61 @@ def test_select_costs_reads_the_tables_of_the_runs_machine_newest_first(tmp_path
 def test_a_hub_ids_tables_sit_where_the_run_folders_are_named():
     assert costs_mod.cost_folder("Qwen/Qwen2.5-7B") == paths.RUNS_DIR / "costs" / "Qwen--Qwen2.5-7B"
     assert costs_mod.cost_folder("smollm2") == paths.RUNS_DIR / "costs" / "smollm2"
+
+
+# ---------------------------------------------------------------- the c = 0 trap: a registered drafter is priced by what it runs
+
+class _HiddenModelDrafter:
+    """A drafter that runs a model it holds outside a ModelDrafter (pair_costs cannot time it)."""
+
+    def __init__(self, model):
+        self.parts = {"net": model}
+
+
+def test_a_registered_model_drafter_is_timed_not_costed_zero(tmp_path, monkeypatch):
+    """A registered drafter that drafts with a model (a distilled draft through a ModelDrafter) gets its
+    model's one-token forward as c, keyed by its weights; before the fix it was costed c = 0 like ngram."""
+    from spade_lib.decoding import drafters
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    distilled = {"model": llama(layers=1, seed=3)}
+    monkeypatch.setitem(drafters._REGISTRY, "distilled",
+                        lambda pair, *, device: drafters.ModelDrafter(distilled["model"]))
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
+    calls = []
+    real = costs_mod.measure_costs
+    monkeypatch.setattr(costs_mod, "measure_costs", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    got = pair_costs(pair, ["distilled", "ngram"], 2, context=16, reps=2)
+    assert isinstance(calls[0], CausalLMAdapter) and calls[0].model is distilled["model"]
+    assert got["distilled"]["c"] > 0 and got["distilled"]["t_draft"] > 0 and got["ngram"]["c"] == 0.0
+    assert got["distilled"]["key"]["model"]["class"] == "LlamaForCausalLM"
+    distilled["model"] = llama(layers=1, seed=4)  # another model under the same name: measured again
+    calls.clear()
+    again = pair_costs(pair, ["distilled"], 2, context=16, reps=2)
+    assert len(calls) == 1 and calls[0].model is distilled["model"]
+    assert again["distilled"]["key"]["model"]["weights_sha256"] != got["distilled"]["key"]["model"]["weights_sha256"]
+
+
+def test_a_registered_drafter_holding_a_model_it_cannot_time_is_refused(tmp_path, monkeypatch):
+    from spade_lib.decoding import drafters
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    monkeypatch.setitem(drafters._REGISTRY, "hidden", lambda pair, *, device: _HiddenModelDrafter(llama(layers=1)))
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
+    with pytest.raises(ValueError, match=r"draft: registered drafter 'hidden' .*parts\.net: LlamaForCausalLM"):
+        pair_costs(pair, ["hidden"], 2, context=16, reps=2)
+    assert not (tmp_path / "costs").exists() or not list((tmp_path / "costs").rglob("hidden-*.json"))
+
+
+def test_the_model_free_registered_drafters_hold_no_model_and_cost_zero(tmp_path, monkeypatch):
+    """The stated rule: a drafter holding no torch module and no adapter runs no forward, so c = 0 --
+    every registered drafter but the head ones is such a drafter (a new one with a model would fail here)."""
+    from spade_lib.decoding import drafters
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
+    free = [n for n in drafters.drafter_names() if n not in drafters.HEAD_DRAFTERS]
+    assert {"ngram", "ngram_tree", "suffix", "null"} <= set(free)
+    assert all(costs_mod._draft_of(pair, n) == (None, "none", None) for n in free)
+    got = pair_costs(pair, free, 2, context=16, reps=2)
+    assert all(got[n]["c"] == 0.0 and got[n]["t_draft"] == 0.0 for n in free)

@@ -16,10 +16,20 @@ loop at ``gamma = 1`` exactly and every other configuration is a test of it
 (:func:`spade_lib.runs.controls.prediction_warnings`). The table's ``overhead_raw`` is the difference
 before the clip at 0 (a negative one is noise: the speculative loop does all the AR loop does).
 
-A draft is a draft model of the pair (``pair.drafts``), a feature head (``pair.heads[name]``, or a
-registered drafter that drafts with one, ``"eagle"`` / ``"medusa"``: its ``c`` is the head's drafting
-step, :class:`spade_lib.decoding.costs.HeadStep`, and the key names the head's build) or a model-free
-drafter (``"ngram"``, ``"null"``: ``c = 0``).
+A draft is priced by what it runs (:func:`_draft_of`), never by its name:
+
+- a draft model of the pair (``pair.drafts[name]``): its one-token forward;
+- a feature head (``pair.heads[name]``, or a registered drafter that drafts with one, ``"eagle"`` /
+  ``"medusa"``): the head's drafting step, :class:`spade_lib.decoding.costs.HeadStep`; the key names the
+  head's build;
+- any other registered drafter (:func:`spade_lib.decoding.drafters.register_drafter`) is built and
+  inspected: one that drafts with a model through a :class:`~spade_lib.decoding.drafters.ModelDrafter`
+  (a distilled draft, say) is timed on that drafter's own adapter, and the key names the model (class
+  and a sha256 of its weights); one that holds any other ``torch.nn.Module`` or decoding adapter is
+  **refused** (``ValueError``: its forward cannot be timed here, and ``c = 0`` would be a silent lie);
+- a drafter holding no model at all (``"ngram"``, ``"ngram_tree"``, ``"suffix"``, ``"null"``) runs no
+  forward: ``c = 0`` by rule. Its host-side lookup is no forward of the cost model; that time is in the
+  runs' measured step times, and the null-draft control prices the loop around it (``o``).
 """
 
 from __future__ import annotations
@@ -118,8 +128,8 @@ def with_overhead(table: dict, loop: dict) -> dict:
 def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 128, reps: int = 20,
                cache: bool = True, progress: bool = False, overhead: bool = True) -> dict[str, dict]:
     """:func:`measure_costs` for each draft of ``pair`` (a draft model, a feature head, or a registered
-    drafter: a head's for ``"eagle"`` / ``"medusa"``, ``c = 0`` for a model-free one such as ``"ngram"``),
-    cached under ``runs/costs/`` (see the module docstring).
+    drafter: timed by what it runs, ``c = 0`` only for one that holds no model, a drafter with a model
+    that cannot be timed refused; :func:`_draft_of`), cached under ``runs/costs/`` (module docstring).
     ``r(g)`` is measured for ``g = 1 .. max(max_gamma, MIN_GAMMA)``, so notebooks asking for different
     ``max_gamma`` below that share one measurement (and one prediction per configuration). With
     ``overhead`` (the default) every table carries the pair's loop overhead (:func:`loop_overhead`,
@@ -135,13 +145,11 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     # alone, so the first model draft's measurement (in turns with its draft) gives it too
     no_draft = None
     for name in dict.fromkeys(drafts):
-        model = (getattr(pair, "drafts", {}) or {}).get(name)
-        head, head_key = (None, None) if model is not None else _head_of(pair, name)
-        model = model if head is None else head
+        model, what, identity = _draft_of(pair, name)
         key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), draft=name, device=str(device), dtype=dtype,
                    threads=torch.get_num_threads(), max_gamma=int(max_gamma), context=int(context), reps=int(reps))
-        if head_key is not None:
-            key["head"] = head_key
+        if identity is not None:
+            key[what] = identity  # "head" or "model": another build under the same name is measured again
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         path = cost_folder(pair.name) / f"{name}-{digest}.json"
         if cache and path.is_file():
@@ -154,7 +162,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
         if model is None and no_draft is not None:
             got = dict(no_draft)
         else:
-            draft = None if model is None else model if head is not None else CausalLMAdapter(model)
+            draft = CausalLMAdapter(model) if what == "draft" else model
             got = measure_costs(target, draft, int(max_gamma), context, reps=reps, device=device)
             if no_draft is None:
                 no_draft = {**got, "c": 0.0, "t_draft": 0.0}
@@ -171,27 +179,84 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     return out
 
 
-def _head_of(pair, name: str):
-    """``(head, identity)`` of the draft ``name`` when a feature head drafts it (``pair.heads[name]``, or the
-    head a registered drafter such as ``"eagle"`` picks), else ``(None, None)``. The identity (the head's
-    name, kind, build id from the pair's manifest when it came from a cached build, and a sha256 of its
-    weights) keys the cost cache, so another head under the same name is measured again."""
-    import hashlib
+def _draft_of(pair, name: str):
+    """``(timed, what, identity)`` of the draft ``name`` (module docstring): what :func:`measure_costs` times
+    for it and how the cache key names it.
 
-    from spade_lib.decoding.drafters import make_drafter
+    - ``pair.drafts[name]``: ``(model, "draft", None)`` (the key's ``draft`` and ``path`` name it);
+    - a feature head (``pair.heads[name]`` or the head of a registered drafter such as ``"eagle"``):
+      ``(head, "head", identity)`` (:func:`_head_identity`);
+    - a registered drafter that drafts through a :class:`~spade_lib.decoding.drafters.ModelDrafter`:
+      ``(its adapter, "model", {"class", "weights_sha256"})``;
+    - a registered drafter holding no ``torch.nn.Module`` and no decoding adapter: ``(None, "none", None)``,
+      ``c = 0``.
 
+    Raises ``ValueError`` (naming ``draft``) for a registered drafter that holds a model some other way,
+    and (from :func:`~spade_lib.decoding.drafters.make_drafter`) for an unknown name."""
+    from spade_lib.decoding.drafters import ModelDrafter, make_drafter
+
+    model = (getattr(pair, "drafts", {}) or {}).get(name)
+    if model is not None:
+        return model, "draft", None
     heads = getattr(pair, "heads", {}) or {}
+    drafter = None
     head = heads.get(name)
     if head is None:
-        head = getattr(make_drafter(name, pair), "head", None)  # a registered drafter (unknown names refused)
-    if head is None:
-        return None, None
-    head_name = next(n for n, h in heads.items() if h is head)
+        drafter = make_drafter(name, pair)  # a registered drafter (unknown names refused)
+        head = getattr(drafter, "head", None)
+    if head is not None:
+        return head, "head", _head_identity(pair, head)
+    if isinstance(drafter, ModelDrafter):
+        return drafter.adapter, "model", {"class": type(drafter.adapter.model).__name__,
+                                          "weights_sha256": _weights_sha256(drafter.adapter.model)}
+    held = _held_model(drafter)
+    if held is not None:
+        raise ValueError(f"draft: registered drafter {name!r} ({type(drafter).__name__}) runs a model "
+                         f"({held}) that pair_costs cannot time; draft through a ModelDrafter (or a feature "
+                         "head) so its forward is measured -- pricing it at c = 0 would be wrong")
+    return None, "none", None
+
+
+def _held_model(obj, depth: int = 3, _seen: set | None = None) -> str | None:
+    """Where ``obj`` (a drafter) holds a ``torch.nn.Module`` or a decoding adapter, searched through its
+    attributes and containers ``depth`` levels deep (``"attr.attr"``), else ``None``."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+
+    _seen = set() if _seen is None else _seen
+    if id(obj) in _seen or depth < 0 or isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+        return None
+    _seen.add(id(obj))
+    if isinstance(obj, (torch.nn.Module, CausalLMAdapter)):
+        return type(obj).__name__
+    if isinstance(obj, dict):
+        items = list(obj.items())[:64]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(enumerate(obj))[:64]
+    else:
+        items = list(getattr(obj, "__dict__", {}).items())
+    for k, v in items:
+        got = _held_model(v, depth - 1, _seen)
+        if got is not None:
+            return f"{k}: {got}" if got == type(v).__name__ else f"{k}.{got}"
+    return None
+
+
+def _weights_sha256(module, skip: tuple[str, ...] = ()) -> str:
+    """16 hex digits of a sha256 over ``module``'s state dict (names and fp32 bytes, sorted by name)."""
     digest = hashlib.sha256()
-    for k, v in sorted(head.state_dict().items()):
-        if k != "embed_tokens.weight":  # tied to the target's embedding
+    for k, v in sorted(module.state_dict().items()):
+        if k not in skip:
             digest.update(k.encode())
             digest.update(v.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _head_identity(pair, head) -> dict:
+    """The identity of a feature head of ``pair`` (the head's name, kind, build id from the pair's manifest
+    when it came from a cached build, and a sha256 of its weights), which keys the cost cache, so another
+    head under the same name is measured again."""
+    heads = getattr(pair, "heads", {}) or {}
+    head_name = next(n for n, h in heads.items() if h is head)
     built = ((getattr(pair, "manifest", {}) or {}).get("heads") or {}).get(head_name) or {}
-    return head, {"name": head_name, "kind": head.kind, "build_id": built.get("build_id"),
-                  "weights_sha256": digest.hexdigest()[:16]}
+    return {"name": head_name, "kind": head.kind, "build_id": built.get("build_id"),
+            "weights_sha256": _weights_sha256(head, skip=("embed_tokens.weight",))}  # embedding tied to the target's
