@@ -34,3 +34,152 @@ def test_naive_rule_is_lossy():
 def test_no_intersection_refused():
     with pytest.raises(ValueError, match="draft_vocab"):
         intersection_map({"x": 0}, {"y": 0})
+
+
+# ------------------------------------------------------------------------------------------------
+# string-level drafting (TextDrafter): alignment, then exactness by enumeration through the real verify
+
+import itertools
+import zlib
+
+from spade_lib.decoding.crossvocab import (appended_text, continuation, proposal_law_error, retokenize,
+                                           text_proposal)
+
+
+class GreedyTokenizer:
+    """Longest match first over a string vocabulary (``encode``/``decode`` as a HF tokenizer's)."""
+
+    def __init__(self, strings):
+        self.strings = list(strings)
+        self.ids = {s: i for i, s in enumerate(self.strings)}
+        self.longest = max(map(len, self.strings))
+
+    def encode(self, text, add_special_tokens=False):
+        out, i = [], 0
+        while i < len(text):
+            for n in range(min(self.longest, len(text) - i), 0, -1):
+                if text[i:i + n] in self.ids:
+                    out.append(self.ids[text[i:i + n]])
+                    i += n
+                    break
+            else:
+                raise ValueError(f"text: {text[i]!r} is not in the vocabulary")
+        return out
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.strings[i] for i in ids)
+
+
+# "ab" and "da" are one target token but two draft tokens (merges); the draft's "cd" and "bc" split
+# into two target tokens, "bc" across a target boundary ("abc" = [ab, c] vs [a, bc])
+TARGET_TOK = GreedyTokenizer(["a", "b", "c", "d", "ab", "da"])
+DRAFT_TOK = GreedyTokenizer(["a", "b", "c", "d", "cd", "bc"])
+
+
+def t_ids(*strings):
+    return [TARGET_TOK.ids[s] for s in strings]
+
+
+def test_continuation_handles_splits_merges_and_a_differently_segmented_boundary():
+    # plain: the re-encoding extends the committed tokens
+    assert continuation(t_ids("ab"), "cd", TARGET_TOK) == t_ids("c", "d")     # a draft "cd" splits
+    assert continuation(t_ids("c"), "ab", TARGET_TOK) == t_ids("ab")          # draft a, b merge
+    assert continuation(t_ids("c"), "da", TARGET_TOK) == t_ids("da")
+    # committed [a, b] re-encodes as [ab]: the boundary after "ab" still exists, propose what follows it
+    assert continuation(t_ids("a", "b"), "cd", TARGET_TOK) == t_ids("c", "d")
+    # committed [a], the draft wrote "b": re-encoded [ab] straddles the boundary; encode the new text alone
+    assert continuation(t_ids("a"), "bc", TARGET_TOK) == t_ids("b", "c")
+    # committed [d], new "a" -> "da" straddles the boundary
+    assert continuation(t_ids("d"), "ab", TARGET_TOK) == t_ids("ab")
+    assert continuation(t_ids("ab"), "", TARGET_TOK) == []
+    # the proposal holds back the last token (it may still merge), or ends with EOS
+    assert text_proposal(t_ids("c"), "dab", TARGET_TOK, 3) == t_ids("da")
+    assert text_proposal(t_ids("c"), "dab", TARGET_TOK, 3, hold_last=False) == t_ids("da", "b")
+    assert text_proposal(t_ids("c"), "dab", TARGET_TOK, 3, ended=True, eos=5) == t_ids("da", "b") + [5]
+    assert text_proposal(t_ids("c"), "dabcd", TARGET_TOK, 2, hold_last=False) == t_ids("da", "b")
+    # the draft side: the boundary re-tokenised as the draft's tokenizer would ("c" + "d" -> "cd")
+    d = [DRAFT_TOK.ids[s] for s in ("a", "b", "c")]
+    assert retokenize(d, "da", DRAFT_TOK, window=2) == [DRAFT_TOK.ids[s] for s in ("a", "bc", "d", "a")]
+    assert retokenize(d, "d", DRAFT_TOK, window=1) == [DRAFT_TOK.ids[s] for s in ("a", "b", "cd")]
+    assert appended_text(t_ids("a"), t_ids("b", "da"), TARGET_TOK) == "bda"
+    with pytest.raises(ValueError, match="window"):
+        retokenize(d, "a", DRAFT_TOK, window=0)
+
+
+def _table(vocab, seed, tag, scale=2.0):
+    """A random autoregressive model as a table: prefix -> fp64 distribution over ``vocab`` ids."""
+    cache = {}
+
+    def law(prefix):
+        key = tuple(prefix)
+        if key not in cache:
+            g = torch.Generator().manual_seed(zlib.crc32(repr((tag, seed, key)).encode()))
+            cache[key] = (scale * torch.randn(vocab, generator=g, dtype=torch.float64)).softmax(-1)
+        return cache[key]
+
+    return law
+
+
+COMMITTED = [("ab",), ("a",), ("a", "b"), ("d",), ("c", "da")]  # target-token contexts (three align badly)
+
+
+def _draft_proposals(committed, k=3, gamma=3, seed=0):
+    """Every draft continuation of ``k`` draft tokens, its probability under a random draft table, and
+    the target block the string-level drafter proposes for it (``text_proposal``, as ``TextDrafter``)."""
+    c = t_ids(*committed)
+    text = TARGET_TOK.decode(c)
+    d_ctx = DRAFT_TOK.encode(text)
+    q_draft = _table(len(DRAFT_TOK.strings), seed, "draft")
+    out = []
+    for seq in itertools.product(range(len(DRAFT_TOK.strings)), repeat=k):
+        w = 1.0
+        for i in range(k):
+            w *= float(q_draft(d_ctx + list(seq[:i]))[seq[i]])
+        new_text = appended_text(d_ctx, list(seq), DRAFT_TOK)
+        x = text_proposal(c, new_text, TARGET_TOK, gamma)
+        # the block continues the committed text with the draft's text (a prefix of it)
+        assert new_text.startswith(TARGET_TOK.decode(x))
+        out.append((tuple(x), w))
+    return c, out
+
+
+@pytest.mark.parametrize("committed", COMMITTED)
+def test_string_level_proposals_are_lossless_under_one_hot_q(committed):
+    c, rows = _draft_proposals(committed)
+    proposals, weights = [x for x, _ in rows], [w for _, w in rows]
+    assert abs(sum(weights) - 1) < 1e-12
+    assert max(map(len, proposals)) == 3 and min(map(len, proposals)) < 3  # full and short blocks
+    p = _table(len(TARGET_TOK.strings), 0, "target")
+    p_of = lambda prefix: p(c + list(prefix))  # noqa: E731
+    assert proposal_law_error(proposals, weights, p_of, mode="one_hot_q") < 1e-12
+    # temperature 0: p one-hot at the argmax, the greedy rule emits the argmax chain whatever is proposed
+    argmax = lambda prefix: torch.nn.functional.one_hot(p_of(prefix).argmax(), len(TARGET_TOK.strings)).double()  # noqa: E731
+    assert proposal_law_error(proposals, weights, argmax, mode="greedy") == 0.0
+
+
+def _conditional_q(proposals, weights, V, marginal=False):
+    """q_i(. | x_<i) of the proposals' law (``marginal``: ignoring x_<i, the naive mapping), per proposal."""
+    mass = {}
+    for x, w in zip(proposals, weights):
+        for i in range(len(x)):
+            key = (i, None if marginal else x[:i])
+            mass.setdefault(key, torch.zeros(V, dtype=torch.float64))[x[i]] += w
+    rows = lambda x: [mass[(i, None if marginal else x[:i])] for i in range(len(x))]  # noqa: E731
+    return lambda k: torch.stack([m / m.sum() for m in rows(proposals[k])])
+
+
+@pytest.mark.parametrize("committed", COMMITTED[:3])
+def test_exact_rule_needs_the_proposal_law_itself(committed):
+    """The exact rule is lossless with q = the true law of the proposed target tokens (here known by
+    enumeration) and lossy with the draft's q mapped naively (ignoring what the block's prefix was)."""
+    c, rows = _draft_proposals(committed)
+    proposals, weights = [x for x, _ in rows], [w for _, w in rows]
+    p = _table(len(TARGET_TOK.strings), 0, "target")
+    p_of = lambda prefix: p(c + list(prefix))  # noqa: E731
+    keep = [k for k, x in enumerate(proposals) if x]  # an empty block is a plain step under any rule
+    props, ws = [proposals[k] for k in keep], [weights[k] for k in keep]
+    V = len(TARGET_TOK.strings)
+    exact = proposal_law_error(props, ws, p_of, mode="exact", q_of=_conditional_q(props, ws, V))
+    naive = proposal_law_error(props, ws, p_of, mode="exact", q_of=_conditional_q(props, ws, V, marginal=True))
+    assert exact < 1e-12
+    assert naive > 1e-3  # rounding is 1e-16; the gap is the rule's
