@@ -59,7 +59,8 @@ table is the one the predictions used**: ``costs_file`` of each row (:func:`spad
 picks it, :func:`spade_lib.runs.costs.select_costs`), and ``costs`` lists exactly those files (``used``).
 **The wall time includes the pair builds**: ``builds`` (the runbook's ``--build`` record) are counted in
 ``run.seconds`` beside the notebooks. The warnings are the physical controls and the two-sided
-cost-model control (:mod:`spade_lib.runs.controls`).
+cost-model control (:mod:`spade_lib.runs.controls`), and every printed verdict without a measured interval
+(:mod:`spade_lib.runs.verdicts`).
 """
 
 from __future__ import annotations
@@ -319,7 +320,7 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     entry holds absolute paths of the source figures here; :func:`write_report` rewrites it."""
     import nbformat
 
-    from spade_lib.runs import controls
+    from spade_lib.runs import controls, verdicts
 
     run_dirs = [Path(d) for d in ([run_dirs] if isinstance(run_dirs, (str, os.PathLike)) else run_dirs)]
     runs_dir = Path(runs_dir) if runs_dir is not None else paths.RUNS_DIR
@@ -359,6 +360,8 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
                 warning = line.strip().lstrip("!").strip()
                 if warning.startswith((controls.PREFIX + ":", controls.MODEL_PREFIX + ":")):
                     nb_warnings.append(f"{warning} (printed by {name + '/' if name else ''}{path.stem})")
+            # a printed verdict ("beats", "flat", "worth timing", ...) needs a measured interval on its line
+            nb_warnings += verdicts.warnings(text, f"{name + '/' if name else ''}{path.stem}")
             html_name = f"{REPORT_DIR}/{name + '/' if name else ''}{path.stem}.html"
             notebooks.append({"part": name, "name": path.stem, "file": _relative(path, run_dirs[0].resolve()),
                               "seconds": _num(secs), "status": status, "html": html_name})
@@ -707,11 +710,11 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
         if c["pair"] == pair:
             sentences.append(f"the null-draft control (T = {c['T']:g}) runs at {_x(c)}"
                              + ("" if c["passed"] else ", faster than autoregressive: a defect of the baseline"))
-    from spade_lib.runs.controls import MODEL_PREFIX
+    from spade_lib.runs.controls import MODEL_PREFIX, PREFIX
 
     warned = [w for w in summary["warnings"] if f" {pair}/" in w or f": {pair}/" in w]
     model = [w for w in warned if w.startswith(MODEL_PREFIX + ":")]
-    n_phys = len(warned) - len(model)
+    n_phys = len([w for w in warned if w.startswith(PREFIX + ":")])
     sentences.append(f"{n_phys} physical-control warning{'s' * (n_phys != 1)} and {len(model)} run"
                      f"{'s' * (len(model) != 1)} whose measured interval excludes the cost-model prediction "
                      f"for this pair")

@@ -114,6 +114,8 @@ def run(tmp_path, monkeypatch):
         folder.mkdir(parents=True)
         nbformat.write(notebook(pair, labels, png, "!!! physical control: printed by the notebook itself\n"
                                 "physical controls: 0 violation(s) (a tally, not a warning)\n"
+                                "the adaptive rule beats the best fixed gamma (by 19.5 %)\n"
+                                "the rule beats it: 1.21x [1.05, 1.40]\n"
                                 if part == "smollm2" else ""), folder / "03_m2_speedup_runs.ipynb")
         nbformat.write(notebook(pair, [], png), folder / "04_m3_rejection_diagnostics.ipynb")
         if part == "smollm2":  # notebooks 03 and 05 each name one of the two runs labelled alike
@@ -196,6 +198,9 @@ def test_summary_files(run, capsys):
     assert any(x.startswith("physical control: smollm2/distilled: r(g)") for x in w)
     assert any(x == "physical control: printed by the notebook itself (printed by smollm2/03_m2_speedup_runs)" for x in w)
     assert not any("a tally" in x for x in w)
+    # a printed verdict without an interval is a verdict-control warning; one with its interval is not
+    verdict = [x for x in w if x.startswith("verdict control:")]
+    assert len(verdict) == 1 and "by 19.5 %" in verdict[0] and "smollm2/03_m2_speedup_runs" in verdict[0]
     assert not any("tiny/" in x for x in w)
     nbs = {(n["part"], n["name"]): n for n in saved["notebooks"]}
     assert nbs[("smollm2", "03_m2_speedup_runs")]["seconds"] == 154.2
