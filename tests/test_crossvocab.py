@@ -183,3 +183,106 @@ def test_exact_rule_needs_the_proposal_law_itself(committed):
     naive = proposal_law_error(props, ws, p_of, mode="exact", q_of=_conditional_q(props, ws, V, marginal=True))
     assert exact < 1e-12
     assert naive > 1e-3  # rounding is 1e-16; the gap is the rule's
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end: two byte-level BPE tokenizers trained on different text, tiny models, SpeculativeDecoder
+
+import numpy as np
+
+from spade_lib.decoding.crossvocab import TextDraftConfig, TextDrafter
+from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
+from spade_lib.sampling import SamplingConfig
+from tests.test_decode import CheckedAdapter, ToyLM
+
+# logit bonuses by string: the target favours "dd" (one target token, two draft tokens "d" "d"), the draft
+# "d"; the draft's "ca" splits into target "c" "a"; the target's "an" is two draft tokens
+TARGET_BONUS = {"dd": 6, "d": 4, "a": 4, "n": 4, "an": 4.5, "c": 3}
+DRAFT_BONUS = {"d": 6, "a": 4, "n": 4, "ca": 4, "c": 3}
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    from spade_lib.zoo.configs import TokenizerConfig
+    from spade_lib.zoo.corpus import source_files
+    from spade_lib.zoo.tokenizer import train_tokenizer
+
+    files = dict(source_files()[0])
+    target_text = files["transformers/models/llama/modeling_llama.py"].decode()[:8000]
+    draft_text = files["transformers/models/gpt2/modeling_gpt2.py"].decode()[:8000]
+    ttok = train_tokenizer([target_text], TokenizerConfig(vocab_size=320, min_frequency=2))
+    dtok = train_tokenizer([draft_text], TokenizerConfig(vocab_size=300, min_frequency=2))
+    tv, dv = ttok.get_vocab(), dtok.get_vocab()
+    assert {"dd", "an"} <= set(tv) - set(dv) and "ca" in set(dv) - set(tv)  # the merges the bonuses rely on
+    return ttok, dtok
+
+
+class BiasedToyLM(ToyLM):
+    """:class:`ToyLM` plus a fixed logit bonus per token (what makes a random draft agree sometimes)."""
+
+    def __init__(self, tokenizer, bonus, seed, scale):
+        super().__init__(len(tokenizer), seed, scale=scale, max_pos=96)
+        bias = torch.tensor([float(bonus.get(tokenizer.decode([i]), 0.0)) for i in range(len(tokenizer))])
+        self.register_buffer("logit_bias", bias)
+
+    def forward(self, input_ids, cache=None, use_cache=False, position_ids=None, logits_to_keep=0):
+        out = super().forward(input_ids, cache=cache, use_cache=use_cache, position_ids=position_ids,
+                              logits_to_keep=logits_to_keep)
+        out.logits = out.logits + self.logit_bias
+        return out
+
+
+def _pair(tokenizers, scale):
+    ttok, dtok = tokenizers
+    return BiasedToyLM(ttok, TARGET_BONUS, 0, scale), BiasedToyLM(dtok, DRAFT_BONUS, 1, scale)
+
+
+PROMPTS = ["def f(x", "import os\n", "The return value is"]
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0])  # long accepted blocks; mostly rejections
+def test_greedy_text_drafting_equals_target_greedy(tokenizers, scale):
+    ttok, dtok = tokenizers
+    target, draft = _pair(tokenizers, scale)
+    greedy = SamplingConfig(temperature=0)
+    accepted = rejected = crops = 0
+    for prompt in PROMPTS:
+        ids = ttok.encode(prompt, add_special_tokens=False)
+        drafter = TextDrafter(CheckedAdapter(draft), dtok, ttok)  # every draft extend == a fresh forward
+        ref = AutoregressiveDecoder(target, sampling=greedy).generate(ids, 40)
+        out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy).generate(ids, 40)
+        assert out.tokens == ref.tokens
+        accepted += sum(s.n_accepted for s in out.steps)
+        rejected += sum(s.n_accepted < s.gamma for s in out.steps)
+        # the drafter's own tokens spell the committed text; its cache was checked at every extend
+        assert dtok.decode(drafter._draft_ids) == ttok.decode(ids + out.tokens)
+        crops += drafter.adapter.crops
+    print(f"scale {scale}: {accepted} drafts accepted, {rejected} blocks rejected, {crops} draft-cache rollbacks")
+    assert accepted > 0 and rejected > 0 and crops > 0
+
+
+@pytest.mark.slow
+def test_sampled_text_drafting_has_the_target_law(tokenizers, record_property):
+    """Chi-square of the first two emitted target tokens (1,000 seeded generations) against their exact law
+    under plain target sampling (``sequence_law``): the draft samples its own text at temperature 1 from
+    the decoder's draft stream, the verifier's uniforms come from the other two."""
+    ttok, dtok = tokenizers
+    target, draft = _pair(tokenizers, 0.3)
+    sampling = SamplingConfig(temperature=1.0)
+    ids = ttok.encode(PROMPTS[0], add_special_tokens=False)
+    dec = SpeculativeDecoder(target, TextDrafter(draft, dtok, ttok, TextDraftConfig(temperature=1.0)), gamma=3,
+                             sampling=sampling, record="light")
+    V = len(ttok)
+    counts = np.zeros(V * V, dtype=np.int64)
+    first = []
+    for seed in range(1000):
+        out = dec.generate(ids, 4, seed=seed)
+        counts[out.tokens[0] * V + out.tokens[1]] += 1
+        first.append(out.steps[0].n_accepted)
+    p_value = counts_chi_square_pvalue(counts, sequence_law(target, ids, sampling, 2))
+    record_property("p_value_text_drafter", p_value)
+    print(f"chi-square of the first two tokens vs the target's law: p = {p_value:.4f}; first-step accepted "
+          f"counts {np.bincount(first).tolist()}")
+    assert {0, 1, 2} <= set(first)  # rejections at the first token, and blocks accepted past it
+    assert p_value > 1e-3
