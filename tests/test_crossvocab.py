@@ -153,7 +153,9 @@ def test_string_level_proposals_are_lossless_under_one_hot_q(committed):
     p_of = lambda prefix: p(c + list(prefix))  # noqa: E731
     assert proposal_law_error(proposals, weights, p_of, mode="one_hot_q") < 1e-12
     # temperature 0: p one-hot at the argmax, the greedy rule emits the argmax chain whatever is proposed
-    argmax = lambda prefix: torch.nn.functional.one_hot(p_of(prefix).argmax(), len(TARGET_TOK.strings)).double()  # noqa: E731
+    def argmax(prefix):
+        return torch.nn.functional.one_hot(p_of(prefix).argmax(), len(TARGET_TOK.strings)).double()
+
     assert proposal_law_error(proposals, weights, argmax, mode="greedy") == 0.0
 
 
@@ -286,3 +288,31 @@ def test_sampled_text_drafting_has_the_target_law(tokenizers, record_property):
           f"counts {np.bincount(first).tolist()}")
     assert {0, 1, 2} <= set(first)  # rejections at the first token, and blocks accepted past it
     assert p_value > 1e-3
+
+
+def test_greedy_text_drafting_on_random_llamas(tokenizers):
+    """The same on two random Llamas (the lean forward, its own cache rollback): equal to target greedy."""
+    from tests.tiny_models import llama
+
+    ttok, dtok = tokenizers
+    target, draft = llama(vocab=len(ttok), seed=0), llama(vocab=len(dtok), seed=1)
+    greedy = SamplingConfig(temperature=0)
+    ids = ttok.encode(PROMPTS[1], add_special_tokens=False)
+    drafter = TextDrafter(draft, dtok, ttok, TextDraftConfig(window=4))
+    out = SpeculativeDecoder(target, drafter, gamma=2, sampling=greedy).generate(ids, 30)
+    assert out.tokens == AutoregressiveDecoder(target, sampling=greedy).generate(ids, 30).tokens
+    assert sum(s.gamma for s in out.steps) > 0
+    # (random Llamas emit bytes that are not UTF-8: the draft sees them as U+FFFD, so its text differs there)
+
+
+def test_text_drafter_bad_arguments(tokenizers):
+    ttok, dtok = tokenizers
+    _, draft = _pair(tokenizers, 0.3)
+    with pytest.raises(ValueError, match="target_tokenizer"):
+        TextDrafter(draft, dtok, object())
+    with pytest.raises(ValueError, match="temperature"):
+        TextDraftConfig(temperature=-1.0)
+    with pytest.raises(ValueError, match="max_draft_tokens"):
+        TextDraftConfig(max_draft_tokens=0)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        TextDrafter(draft, dtok, ttok).reset([], len(ttok))

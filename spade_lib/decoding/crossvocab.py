@@ -272,6 +272,11 @@ class TextDrafter(Drafter):
     Greedy (``temperature == 0`` of the *target*): the greedy rule emits the target's argmax chain.
     What the draft's ``q`` over *its* tokens cannot be is the ``q`` of the exact rule over target
     tokens: mapped naively it is lossy (:func:`naive_emitted_law`; the tests).
+
+    The two sides meet as text (``decode(..., skip_special_tokens=True)``): bytes the target emits that
+    are not valid UTF-8 reach the draft as U+FFFD, and special tokens not at all. That can only lower
+    acceptance, never change the output. Cost per step: a few encode/decode calls of ``window`` tokens
+    per drafted token, and one draft forward per drafted token.
     """
 
     deterministic = True
