@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.drafters import Drafter, sample_categorical
+from spade_lib.decoding.drafters import Drafter, one_hot_proposal, sample_categorical
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig
@@ -355,19 +355,9 @@ class TextDrafter(Drafter):
                                          eos=self._target_eos)
                 if ended or len(proposal) >= max_gamma:
                     break
-        stop = "max_gamma" if len(proposal) == max_gamma else "no_match"
-        if policy.needs_signals:  # one-hot q: confidence 1, entropy 0 (host values, no sync)
-            for i in range(len(proposal) - 1):
-                if not policy.keep_drafting(1.0, 0.0):
-                    proposal, stop = proposal[:i + 1], "policy"
-                    break
-        self._proposed = proposal
-        device = a.device
-        tokens = torch.tensor(proposal, dtype=torch.long, device=device)
-        q = torch.zeros(len(proposal), self.vocab_size, device=device)
-        if proposal:
-            q.scatter_(1, tokens[:, None], 1.0)
-        return DraftTree(tokens, q, None, stop)
+        tree = one_hot_proposal(proposal, max_gamma, policy, self.vocab_size, a.device)
+        self._proposed = proposal[:len(tree.tokens)]
+        return tree
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         added = self._proposed[:n_accepted] + [int(next_token)]

@@ -75,7 +75,7 @@ from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TreeConfig, committed
 from spade_lib.decoding.tree_shapes import SuffixIndex, TreeShape, ngram_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
-__all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "NGramDrafter", "NGramTreeDrafter", "SuffixDrafter",
+__all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "one_hot_proposal", "NGramDrafter", "NGramTreeDrafter", "SuffixDrafter",
            "NullDrafter", "HEAD_DRAFTERS", "make_drafter", "register_drafter", "drafter_names", "sample_categorical", "draw_token"]
 
 
@@ -290,6 +290,24 @@ class ModelDrafter(Drafter):
         self._tokens = None
 
 
+def one_hot_proposal(proposal: list[int], max_gamma: int, policy: Policy, vocab_size: int,
+                     device) -> DraftTree:
+    """A deterministic proposal as a chain ``DraftTree`` with one-hot ``q`` (verified by ``one_hot_q``):
+    ``policy`` consulted after each token with the signals of a one-hot ``q`` (confidence 1, entropy 0,
+    host values, no sync); ``stop`` is ``"policy"``, ``"max_gamma"`` or ``"no_match"`` (shorter)."""
+    stop = "max_gamma" if len(proposal) == max_gamma else "no_match"
+    if policy.needs_signals:
+        for i in range(len(proposal) - 1):
+            if not policy.keep_drafting(1.0, 0.0):
+                proposal, stop = proposal[:i + 1], "policy"
+                break
+    tokens = torch.tensor(proposal, dtype=torch.long, device=device)
+    q = torch.zeros(len(proposal), vocab_size, device=device)
+    if proposal:
+        q.scatter_(1, tokens[:, None], 1.0)
+    return DraftTree(tokens, q, None, stop)
+
+
 class NGramDrafter(Drafter):
     """Prompt lookup: propose what followed the latest earlier occurrence of the trailing n-gram.
 
@@ -342,18 +360,9 @@ class NGramDrafter(Drafter):
             if start is not None:
                 proposal = ctx[start:start + max_gamma]
                 break
-        stop = "max_gamma" if len(proposal) == max_gamma else "no_match"
-        if policy.needs_signals:  # one-hot q: confidence 1, entropy 0 (host values, no sync)
-            for i in range(len(proposal) - 1):
-                if not policy.keep_drafting(1.0, 0.0):
-                    proposal, stop = proposal[:i + 1], "policy"
-                    break
-        self._proposed = proposal
-        tokens = torch.tensor(proposal, dtype=torch.long, device=self.device)
-        q = torch.zeros(len(proposal), self.vocab_size, device=self.device)
-        if proposal:
-            q.scatter_(1, tokens[:, None], 1.0)
-        return DraftTree(tokens, q, None, stop)
+        tree = one_hot_proposal(proposal, max_gamma, policy, self.vocab_size, self.device)
+        self._proposed = proposal[:len(tree.tokens)]
+        return tree
 
     def accept(self, n_accepted: int, next_token: int) -> None:
         self._extend(self._proposed[:n_accepted] + [int(next_token)])
