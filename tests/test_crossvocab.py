@@ -69,6 +69,9 @@ class GreedyTokenizer:
     def decode(self, ids, skip_special_tokens=True):
         return "".join(self.strings[i] for i in ids)
 
+    def get_vocab(self):
+        return dict(self.ids)
+
 
 # "ab" and "da" are one target token but two draft tokens (merges); the draft's "cd" and "bc" split
 # into two target tokens, "bc" across a target boundary ("abc" = [ab, c] vs [a, bc])
@@ -316,3 +319,231 @@ def test_text_drafter_bad_arguments(tokenizers):
         TextDraftConfig(max_draft_tokens=0)
     with pytest.raises(ValueError, match="prompt_ids"):
         TextDrafter(draft, dtok, ttok).reset([], len(ttok))
+
+
+# ------------------------------------------------------------------------------------------------
+# token-level intersection (TLI) as a drafter: the map by decoded strings, fp64 enumeration, the real decoder
+
+from spade_lib.decoding.crossvocab import TLIConfig, TLIDrafter, tli_q, token_strings, vocab_intersection
+from spade_lib.decoding.drafters import sample_categorical
+from spade_lib.decoding.policies import FixedGamma
+from spade_lib.sampling import adjust
+
+
+class OddTokenizer:
+    """Ids 0..6: a special token, a byte that is not text, "x" twice (encode picks id 4), "y" twice
+    (encode picks neither: an id 6 merge the vocabulary lists under another spelling)."""
+
+    all_special_ids = [0]
+    strings = ["<s>", "\ufffd", "a", "x", "x", "y", "y"]
+
+    def get_vocab(self):
+        return {f"tok{i}": i for i in range(len(self.strings))}
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.strings[i] for i in ids if not (skip_special_tokens and i in self.all_special_ids))
+
+    def encode(self, text, add_special_tokens=False):
+        return {"a": [2], "x": [4], "y": [2, 2]}.get(text, [])
+
+
+def test_token_strings_is_one_to_one_by_decoded_text():
+    assert token_strings(OddTokenizer()) == {"a": 2, "x": 4}  # special, U+FFFD, the unresolved "y" dropped
+    assert token_strings(TARGET_TOK) == TARGET_TOK.ids
+    d, t = vocab_intersection(DRAFT_TOK, TARGET_TOK)
+    assert [DRAFT_TOK.strings[i] for i in d] == [TARGET_TOK.strings[i] for i in t] == ["a", "b", "c", "d"]
+
+
+def _tli_blocks(committed, sampling, gamma=3, seed=0, scale=2.0):
+    """Every block TLI proposes after the target tokens ``committed`` (fp64): its probability, and the
+    ``q_I`` at each of its positions (``tli_q`` of a random draft table, the draft consuming its own id of
+    each proposed string, as ``TLIDrafter``); also the full draft ``q`` at the first position."""
+    c = t_ids(*committed)
+    d_ctx = DRAFT_TOK.encode(TARGET_TOK.decode(c))
+    d_ids, t_ids_ = vocab_intersection(DRAFT_TOK, TARGET_TOK)
+    to_draft = dict(zip(t_ids_.tolist(), d_ids.tolist()))
+    q_draft = _table(len(DRAFT_TOK.strings), seed, "draft", scale)
+    V = len(TARGET_TOK.strings)
+    blocks = []
+
+    def grow(x, w, qs, ctx):
+        q = tli_q(q_draft(ctx).log(), sampling, d_ids, t_ids_, V) if len(x) < gamma else None
+        if q is None:  # max_gamma, or no mass on the intersection: the block ends
+            blocks.append((tuple(x), w, torch.stack(qs) if qs else None))
+            return
+        assert q.dtype == torch.float64 and abs(float(q.sum()) - 1) < 1e-12
+        for t in q.nonzero()[:, 0].tolist():
+            grow(x + [t], w * float(q[t]), qs + [q], ctx + [to_draft[t]])
+
+    grow([], 1.0, [], d_ctx)
+    return c, blocks, q_draft(d_ctx)
+
+
+@pytest.mark.parametrize("committed", COMMITTED)
+def test_tli_step_through_verify_is_lossless_and_naive_is_not(committed):
+    """One TLI step, every proposal enumerated with its probability and verified by the real
+    ``verify`` (``exact`` rule, q = q_I): the emitted law is the target's to rounding (fp64). With top-k
+    the draft sometimes keeps no string of the intersection (shorter or empty blocks): still exact.
+    Against it: the naive rule (full draft q, first target token of the re-encoding) and a drafter that
+    proposes from the full q but tells the verifier q_I are lossy."""
+    p = _table(len(TARGET_TOK.strings), 0, "target")
+    V = len(TARGET_TOK.strings)
+    for sampling in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=2)):
+        c, blocks, q0 = _tli_blocks(committed, sampling)
+        p_of = lambda prefix: p(c + list(prefix))  # noqa: E731
+        proposals, weights = [x for x, _, _ in blocks], [w for _, w, _ in blocks]
+        assert abs(sum(weights) - 1) < 1e-12
+        short = sum(len(x) < 3 for x in proposals)
+        err = proposal_law_error(proposals, weights, p_of, mode="exact", q_of=lambda k: blocks[k][2])
+        print(f"{committed} {sampling}: {len(blocks)} blocks ({short} ended early), TLI error {err:.2e}")
+        assert err < 1e-12
+        if sampling.top_k == 0:
+            assert short == 0 and len(blocks) == 4 ** 3  # every string of I at every position
+        else:  # top-2 of the draft's six strings keeps none of I somewhere (not in the last context)
+            assert short > 0 or committed == COMMITTED[-1]
+    # the naive rule: draft d ~ q (all six strings), propose the first target token of its re-encoding
+    to_target = torch.tensor([TARGET_TOK.encode(s)[0] for s in DRAFT_TOK.strings])
+    naive = float((naive_emitted_law(p_of(()), q0, to_target) - p_of(())).abs().sum()) / 2
+    # a careless drafter: x = to_target[d], d ~ full q, the verifier told q_I (one position)
+    q_I = tli_q(q0.log(), SamplingConfig(), *vocab_intersection(DRAFT_TOK, TARGET_TOK), V)
+    careless = proposal_law_error([(int(to_target[d]),) for d in range(len(q0))], q0.tolist(), p_of,
+                                  mode="exact", q_of=lambda k: q_I[None])
+    print(f"naive rule: total variation {naive:.3f}; careless drafter: error {careless:.3f}")
+    assert naive > 1e-4 and careless > 1e-4  # rounding is 1e-16; the gap is the rule's
+
+
+def test_tli_greedy_q_is_the_argmax_on_the_intersection():
+    d_ids, t_ids_ = vocab_intersection(DRAFT_TOK, TARGET_TOK)
+    logits = torch.tensor([0.0, 1.0, 0.5, 2.0, 9.0, 8.0])  # the draft's best, "cd" and "bc", are outside I
+    q = tli_q(logits, SamplingConfig(temperature=0), d_ids, t_ids_, len(TARGET_TOK.strings))
+    assert q.tolist() == torch.nn.functional.one_hot(torch.tensor(TARGET_TOK.ids["d"]), 6).float().tolist()
+    assert tli_q(logits, SamplingConfig(top_k=2), d_ids, t_ids_, 6) is None  # top-2 keeps no string of I
+
+
+# TLI's pair: both favour "d" (in I); the target's "an" is two draft tokens, and the draft's favourite "ca" is
+# no target token (outside I: TLI drops its mass, a careless drafter proposes its first target token "c")
+TLI_TARGET_BONUS = {"d": 6, "a": 4, "n": 4, "an": 4.5, "c": 4}
+TLI_DRAFT_BONUS = {"d": 5, "ca": 6, "c": 3}
+
+
+def _tli_pair(tokenizers, scale):
+    ttok, dtok = tokenizers
+    strings_t, strings_d = token_strings(ttok), token_strings(dtok)
+    assert "ca" in set(strings_d) - set(strings_t) and {"d", "c"} <= set(strings_d) & set(strings_t)
+    return BiasedToyLM(ttok, TLI_TARGET_BONUS, 0, scale), BiasedToyLM(dtok, TLI_DRAFT_BONUS, 1, scale)
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0])  # both agree on "ddd...": all accepted; mostly rejections
+def test_greedy_tli_equals_target_greedy(tokenizers, scale):
+    ttok, dtok = tokenizers
+    target, draft = _tli_pair(tokenizers, scale)
+    greedy = SamplingConfig(temperature=0)
+    accepted = rejected = crops = 0
+    for prompt in PROMPTS:
+        ids = ttok.encode(prompt, add_special_tokens=False)
+        drafter = TLIDrafter(CheckedAdapter(draft), dtok, ttok, TLIConfig())  # every extend == a fresh forward
+        ref = AutoregressiveDecoder(target, sampling=greedy).generate(ids, 40)
+        out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy).generate(ids, 40)
+        assert out.tokens == ref.tokens
+        accepted += sum(s.n_accepted for s in out.steps)
+        rejected += sum(s.n_accepted < s.gamma for s in out.steps)
+        assert dtok.decode(drafter._draft_ids) == ttok.decode(ids + out.tokens)
+        crops += drafter.adapter.crops
+    print(f"scale {scale}: {accepted} drafts accepted, {rejected} blocks rejected, {crops} draft-cache rollbacks")
+    assert accepted > 0 and (rejected > 0 and crops > 0 if scale == 1.0 else rejected == 0)
+
+
+def test_greedy_tli_on_random_llamas(tokenizers):
+    from tests.tiny_models import llama
+
+    ttok, dtok = tokenizers
+    target, draft = llama(vocab=len(ttok), seed=0), llama(vocab=len(dtok), seed=1)
+    greedy = SamplingConfig(temperature=0)
+    ids = ttok.encode(PROMPTS[1], add_special_tokens=False)
+    out = SpeculativeDecoder(target, TLIDrafter(draft, dtok, ttok, TLIConfig(window=4)), gamma=2,
+                             sampling=greedy).generate(ids, 30)
+    assert out.tokens == AutoregressiveDecoder(target, sampling=greedy).generate(ids, 30).tokens
+    assert sum(s.gamma for s in out.steps) > 0
+
+
+class CarelessTLIDrafter(TLIDrafter):
+    """The broken variant: the draft's id ``d ~ q`` over its *full* vocabulary, proposed as the first target
+    token of its string's re-encoding, the verifier told ``q_I`` (not the law the token was drawn from)."""
+
+    def _draw(self, logits, sampling, generator):
+        q_I = tli_q(logits, sampling, self.draft_ids, self.target_ids, self.vocab_size)
+        d = int(sample_categorical(adjust(logits[None], sampling), generator)[0])
+        x = self.target_tokenizer.encode(self.draft_tokenizer.decode([d]), add_special_tokens=False)
+        if q_I is None or not x or float(q_I[x[0]]) == 0:  # nothing the verifier could be told: end the block
+            return None
+        return x[0], d, q_I
+
+
+def _chi_square(tokenizers, drafter_class, n=1000):
+    """Chi-square of the first two emitted target tokens of ``n`` seeded T = 1 generations against their
+    exact law under plain target sampling (``sequence_law``)."""
+    ttok, dtok = tokenizers
+    target, draft = _tli_pair(tokenizers, 0.3)
+    sampling = SamplingConfig(temperature=1.0)
+    ids = ttok.encode(PROMPTS[0], add_special_tokens=False)
+    dec = SpeculativeDecoder(target, drafter_class(draft, dtok, ttok, TLIConfig()), gamma=3, sampling=sampling,
+                             record="light")
+    assert dec.mode == "exact"
+    V = len(ttok)
+    counts = np.zeros(V * V, dtype=np.int64)
+    first = []
+    for seed in range(n):
+        out = dec.generate(ids, 4, seed=seed)
+        counts[out.tokens[0] * V + out.tokens[1]] += 1
+        first.append(out.steps[0].n_accepted)
+    return counts_chi_square_pvalue(counts, sequence_law(target, ids, sampling, 2)), np.bincount(first).tolist()
+
+
+@pytest.mark.slow
+def test_sampled_tli_has_the_target_law_and_a_careless_one_does_not(tokenizers, record_property):
+    p_tli, first = _chi_square(tokenizers, TLIDrafter)
+    p_careless, first_careless = _chi_square(tokenizers, CarelessTLIDrafter)
+    record_property("p_value_tli", p_tli)
+    record_property("p_value_careless_tli", p_careless)
+    print(f"chi-square of the first two tokens vs the target's law, 1,000 seeded runs: TLI p = {p_tli:.4f} "
+          f"(first-step accepted counts {first}); careless variant p = {p_careless:.2e} ({first_careless})")
+    assert len(first) >= 3  # rejections at the first token, and blocks accepted past it
+    assert p_tli > 1e-3
+    assert p_careless < 1e-3
+
+
+def test_tli_policy_stop_and_empty_block(tokenizers):
+    """The policy is consulted after each drafted token; an empty proposal is a plain target step."""
+    ttok, dtok = tokenizers
+    target, draft = _tli_pair(tokenizers, 0.3)
+    drafter = TLIDrafter(draft, dtok, ttok, TLIConfig())
+    drafter.reset(ttok.encode(PROMPTS[0], add_special_tokens=False), len(ttok))
+    stop_at_one = type("Once", (), {"needs_signals": True, "keep_drafting": lambda self, top, h: False})()
+    tree = drafter.propose(3, stop_at_one, SamplingConfig(), torch.Generator().manual_seed(0))
+    assert tree.gamma == 1 and tree.stop == "policy" and abs(float(tree.q.sum()) - 1) < 1e-5
+    drafter.accept(0, int(tree.tokens[0]))
+    tree = drafter.propose(3, FixedGamma(3), SamplingConfig(top_k=1), torch.Generator().manual_seed(0))
+    assert tree.stop in ("max_gamma", "no_match")  # top-1 keeps one draft string: in I or not
+    assert tree.q.shape == (tree.gamma, len(ttok))
+
+
+def test_tli_bad_arguments(tokenizers):
+    ttok, dtok = tokenizers
+    _, draft = _pair(tokenizers, 0.3)
+    with pytest.raises(ValueError, match="config"):
+        TLIDrafter(draft, dtok, ttok, TextDraftConfig())
+    with pytest.raises(ValueError, match="target_tokenizer"):
+        TLIDrafter(draft, dtok, object(), TLIConfig())
+    with pytest.raises(ValueError, match="draft_tokenizer"):
+        TLIDrafter(draft, GreedyTokenizer(["\u00e9\u00e9\u00e9", "\u03a9\u03a9"]), ttok, TLIConfig())
+    with pytest.raises(ValueError, match="window"):
+        TLIConfig(window=0)
+    with pytest.raises(ValueError, match="tokenizer"):
+        token_strings(object())
+    d = TLIDrafter(draft, dtok, ttok, TLIConfig())
+    with pytest.raises(ValueError, match="propose"):
+        d.propose(3, FixedGamma(3), SamplingConfig(), None)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        d.reset([], len(ttok))
+    with pytest.raises(ValueError, match="vocab_size"):
+        d.reset([1, 2], 3)
