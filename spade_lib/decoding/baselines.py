@@ -16,6 +16,40 @@ pair's draft model and refuses a head (or a model-free drafter) by name.
 HF samples from the *global* torch RNG: the wrapper calls ``torch.manual_seed(seed)`` first, so a run is
 reproducible but not comparable draw for draw with SPADE's separate streams. Only the new tokens and
 the wall time come back (``GenerationResult`` with no steps: HF does not expose accepted counts).
+
+Cross-tokenizer assisted generation (``target_tokenizer=`` and ``assistant_tokenizer=``, passed to HF as
+``tokenizer=`` / ``assistant_tokenizer=``; both or neither). transformers 5.24 picks the generator by
+``do_sample``, and the two are not equally exact (tests/test_hf_crossvocab.py):
+
+- greedy (``do_sample=False``): ``AssistedCandidateGeneratorDifferentTokenizers`` (Universal Assisted
+  Generation: decode the context to text, re-encode it for the assistant, align with the longest common
+  diagonal, and the same for the assistant's new tokens). The verifier keeps candidates while they equal the
+  target's argmax, so the output is the target's greedy output whatever is proposed: **exact**
+  (``test_uag_greedy_equals_target_greedy``, token for token).
+- sampling (``do_sample=True``): ``UniversalSpeculativeDecodingGenerator`` with ``AssistantToTargetTranslator``
+  (token-level intersection, TLI, Timor et al. 2025, arXiv 2502.05202). The algorithm is lossless, HF's
+  implementation is **not**: ``generate`` always prunes the assistant's LM head to the intersection
+  (``assistant_prune_lm_head=True``). Pruned column ``j`` is assistant token ``overlap[j]``, with ``overlap``
+  in the iteration order of ``assistant_tokenizer.get_vocab()``, and ``get_target_ids`` maps a sampled ``j``
+  through that order; but ``get_target_logits`` writes the pruned logits onto the target ids of the
+  intersection in *ascending assistant id* order. Unless ``get_vocab()`` iterates in id order the draft's
+  ``q`` is attached to the wrong target tokens (a permutation), and the rejection rule
+  ``min(1, p(x) / q(x))`` then uses a ``q(x)`` that is not the probability ``x`` was proposed with. A fast
+  tokenizer's ``get_vocab()`` is a Rust hash map, its order random per process: the output law is wrong,
+  by a different amount in every process. ``test_usd_sampling_law`` (first two tokens, T = 1, gamma 3)
+  rejects it by chi-square with a vocabulary iterated in reverse id order (p = 1e-169, N = 300) and accepts
+  the same generator with one iterated in id order (p = 0.56, N = 1500: then TLI as implemented is exact),
+  on the same models, prompt and tokenizers. HF also refuses
+  cross-tokenizer generation when the two models have the same ``vocab_size`` (it takes that to mean the
+  same tokenizer: ``test_hf_refuses_equal_vocab_sizes``).
+
+The pruning replaces the assistant's ``lm_head`` and input embeddings *in place*, and HF caches the
+translator per tokenizer pair (a weak-keyed cache), so a second model with the same tokenizers would meet a
+translator built for another one. Under sampling the wrapper therefore hands HF a copy of the draft, made
+and pruned once per ``(assistant, target_tokenizer, assistant_tokenizer)`` outside the timed region
+(:func:`_usd_assistant`), and installs that copy's translator in HF's cache before each call: the caller's
+draft is never changed (``test_usd_leaves_the_callers_draft_alone``). The copy is taken at the first
+sampled call; a draft whose weights change later needs :func:`clear_usd_copies`.
 """
 
 from __future__ import annotations
@@ -31,7 +65,7 @@ from spade_lib.decoding.decode import _eos_set
 from spade_lib.decoding.drafters import HEAD_DRAFTERS, drafter_names
 from spade_lib.sampling import SamplingConfig
 
-__all__ = ["hf_generate", "hf_sampling_kwargs", "assistant_model", "check_assistant_name"]
+__all__ = ["hf_generate", "hf_sampling_kwargs", "assistant_model", "check_assistant_name", "clear_usd_copies"]
 
 
 def hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
@@ -74,6 +108,42 @@ def assistant_model(pair, name: str) -> torch.nn.Module:
     raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has draft models {sorted(drafts)}, not {name!r}")
 
 
+# (assistant, target_tokenizer, assistant_tokenizer, pruned copy, translator): the latest few, by identity
+_USD_COPIES: list[tuple] = []
+_USD_KEEP = 2
+
+
+def clear_usd_copies() -> None:
+    """Forget the pruned draft copies kept for HF's sampled cross-tokenizer generation (see the module
+    docstring), e.g. after changing a draft's weights."""
+    _USD_COPIES.clear()
+
+
+def _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer):
+    """The copy of ``assistant`` HF prunes for ``UniversalSpeculativeDecodingGenerator``, with its translator
+    installed in HF's translator cache (so ``generate`` finds this copy's translator, not another model's)."""
+    from weakref import WeakKeyDictionary
+
+    from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+
+    for entry in _USD_COPIES:
+        if entry[0] is assistant and entry[1] is target_tokenizer and entry[2] is assistant_tokenizer:
+            work, translator = entry[3], entry[4]
+            break
+    else:
+        work = copy.deepcopy(assistant)
+        cache = AssistantVocabTranslatorCache._cache.setdefault(target_tokenizer, WeakKeyDictionary())
+        cache.pop(assistant_tokenizer, None)  # a translator built for another model: HF's call would reuse it
+        translator = AssistantVocabTranslatorCache.get_translator(  # the same call generate makes
+            target_tokenizer, assistant_tokenizer, target.config.get_text_config().vocab_size,
+            assistant_model=work, assistant_prune_lm_head=True)
+        _USD_COPIES.insert(0, (assistant, target_tokenizer, assistant_tokenizer, work, translator))
+        del _USD_COPIES[_USD_KEEP:]
+    AssistantVocabTranslatorCache._cache.setdefault(target_tokenizer, WeakKeyDictionary())[
+        assistant_tokenizer] = translator
+    return work
+
+
 def _pad_id(model: torch.nn.Module) -> int:
     for source in (getattr(model, "generation_config", None), model.config):
         pad = getattr(source, "pad_token_id", None)
@@ -86,9 +156,21 @@ def _pad_id(model: torch.nn.Module) -> int:
 def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
                 sampling: SamplingConfig = SamplingConfig(), assistant: torch.nn.Module | None = None,
                 gamma: int = 4, seed: int = 0, tokenizer=None,
-                eos_token_id: int | Sequence[int] | None = None) -> GenerationResult:
-    """Run HF ``generate`` (assisted when ``assistant`` is given) and time it; see the module docstring."""
+                eos_token_id: int | Sequence[int] | None = None, target_tokenizer=None,
+                assistant_tokenizer=None) -> GenerationResult:
+    """Run HF ``generate`` (assisted when ``assistant`` is given) and time it; see the module docstring.
+
+    ``target_tokenizer`` and ``assistant_tokenizer`` (both, with ``assistant``) select HF's cross-tokenizer
+    generators: UAG when greedy (exact), USD when sampling (not exact in transformers 5.24, see above).
+    ``tokenizer`` only decodes the result's text."""
     _check_budget(max_new_tokens)
+    if (target_tokenizer is None) != (assistant_tokenizer is None):
+        given, missing = (("target_tokenizer", "assistant_tokenizer") if assistant_tokenizer is None
+                          else ("assistant_tokenizer", "target_tokenizer"))
+        raise ValueError(f"{missing}: cross-tokenizer assisted generation needs both tokenizers; only {given} "
+                         "was given")
+    if target_tokenizer is not None and assistant is None:
+        raise ValueError("assistant: target_tokenizer / assistant_tokenizer were given without an assistant model")
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma: must be an integer >= 1, got {gamma!r}")
     device = next(target.parameters()).device
@@ -107,6 +189,10 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
     saved = None
     if assistant is not None and not hasattr(assistant, "generate"):
         _refuse_head(type(assistant).__name__, "not a causal LM with generate (a feature head?)")
+    if assistant is not None and target_tokenizer is not None:
+        kwargs["tokenizer"], kwargs["assistant_tokenizer"] = target_tokenizer, assistant_tokenizer
+        if not sampling.greedy:  # USD prunes the assistant in place: give HF a pruned copy
+            assistant = _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer)
     if assistant is not None:
         saved = copy.deepcopy(assistant.generation_config)
         assistant.generation_config.num_assistant_tokens = gamma
