@@ -128,12 +128,12 @@ def test_usd_column_order_follows_get_vocab_order():
     assert list(big.get_vocab().values()) != sorted(big.get_vocab().values())
 
 
-def _first_two_counts(target, draft, ttok, dtok, n, V):
+def _first_two_counts(target, draft, ttok, dtok, n, V, prune=True):
     ids = ttok(PROMPT, add_special_tokens=False)["input_ids"]
     counts = np.zeros(V * V, dtype=np.int64)
     for seed in range(n):
         out = hf_generate(target, ids, 4, sampling=T1, assistant=draft, gamma=3, seed=seed, eos_token_id=[],
-                          target_tokenizer=ttok, assistant_tokenizer=dtok)
+                          target_tokenizer=ttok, assistant_tokenizer=dtok, prune_lm_head=prune)
         counts[out.tokens[0] * V + out.tokens[1]] += 1
     return counts, sequence_law(target, ids, T1, 2)
 
@@ -142,20 +142,26 @@ def _first_two_counts(target, draft, ttok, dtok, n, V):
 def test_usd_sampling_law(models_, record_property):
     """Chi-square of the first two target tokens of HF's USD (T = 1, gamma 3, 4 new tokens) against their
     exact law under plain target sampling (fp64 enumeration, rare cells pooled): the same models, prompt
-    and tokenizers, only ``get_vocab()``'s iteration order differs."""
+    and tokenizers, only ``get_vocab()``'s iteration order differs; and HF's unpruned translator
+    (``prune_lm_head=False``) on the reverse-ordered vocabulary."""
     target, draft = models_
     V = len(tokenizers()[0])
     baselines.clear_usd_copies()
-    counts, law = _first_two_counts(target, draft, *tokenizers(IdOrdered), 1500, V)
+    counts, law = _first_two_counts(target, draft, *tokenizers(IdOrdered), 1000, V)
     p_sorted = counts_chi_square_pvalue(counts, law)
     counts, law = _first_two_counts(target, draft, *tokenizers(ReverseOrdered), 300, V)
     p_reversed = counts_chi_square_pvalue(counts, law)
+    counts, law = _first_two_counts(target, draft, *tokenizers(ReverseOrdered), 1000, V, prune=False)
+    p_unpruned = counts_chi_square_pvalue(counts, law)
+    record_property("p_usd_unpruned_reverse_order", p_unpruned)
     record_property("p_usd_id_order", p_sorted)
     record_property("p_usd_reverse_order", p_reversed)
-    print(f"USD first two tokens vs the target's law: id-ordered vocab p = {p_sorted:.4f} (N = 1500), "
-          f"reverse-ordered vocab p = {p_reversed:.3g} (N = 300)")
+    print(f"USD first two tokens vs the target's law: id-ordered vocab p = {p_sorted:.4f} (N = 1000), "
+          f"reverse-ordered vocab p = {p_reversed:.3g} (N = 300), unpruned on the reverse-ordered vocab "
+          f"p = {p_unpruned:.4f} (N = 1000)")
     assert p_sorted > 1e-3   # TLI as implemented is exact when the orders agree
     assert p_reversed < 1e-6  # and lossy when they do not: q is attached to the wrong target tokens
+    assert p_unpruned > 1e-3  # HF's unpruned translator maps both sides in id order: exact
 
 
 def test_usd_leaves_the_callers_draft_alone(models_):
@@ -172,6 +178,7 @@ def test_usd_leaves_the_callers_draft_alone(models_):
     assert type(direct.get_input_embeddings()).__name__ == "_MapInputEmbedding"
 
     before = {k: v.clone() for k, v in draft.state_dict().items()}
+    before_config = draft.generation_config.repetition_penalty
     # the same tokenizers: HF's translator cache (keyed by them) now holds the translator built for `direct`
     a = hf_generate(target, ids, 8, sampling=T1, assistant=draft, gamma=3, seed=5, eos_token_id=[],
                     target_tokenizer=ttok, assistant_tokenizer=dtok)
@@ -186,6 +193,11 @@ def test_usd_leaves_the_callers_draft_alone(models_):
     assert len(c.tokens) == 8 and type(other.lm_head) is torch.nn.Linear
     assert hf_generate(target, ids, 8, sampling=T1, assistant=draft, gamma=3, seed=5, eos_token_id=[],
                        target_tokenizer=ttok, assistant_tokenizer=dtok).tokens == a.tokens
+    d = hf_generate(target, ids, 8, sampling=T1, assistant=draft, gamma=3, seed=5, eos_token_id=[],
+                    target_tokenizer=ttok, assistant_tokenizer=dtok, prune_lm_head=False)  # the draft itself
+    assert len(d.tokens) == 8 and type(draft.lm_head) is torch.nn.Linear
+    assert all(torch.equal(v, before[k]) for k, v in draft.state_dict().items())
+    assert draft.generation_config.repetition_penalty == before_config  # HF sets it to None: restored
 
 
 def test_cross_tokenizer_bad_arguments(models_):
@@ -197,5 +209,8 @@ def test_cross_tokenizer_bad_arguments(models_):
         hf_generate(target, [1], 2, assistant=draft, assistant_tokenizer=dtok)
     with pytest.raises(ValueError, match="^assistant: "):
         hf_generate(target, [1], 2, target_tokenizer=ttok, assistant_tokenizer=dtok)
+    with pytest.raises(ValueError, match="^prune_lm_head: "):
+        hf_generate(target, [1], 2, assistant=draft, target_tokenizer=ttok, assistant_tokenizer=dtok,
+                    prune_lm_head="no")
     with pytest.raises(ValueError, match="different tokenizers"):  # HF's own: different vocab sizes, no tokenizers
         hf_generate(target, [1], 2, sampling=GREEDY, assistant=draft, eos_token_id=[])

@@ -38,18 +38,22 @@ Cross-tokenizer assisted generation (``target_tokenizer=`` and ``assistant_token
   tokenizer's ``get_vocab()`` is a Rust hash map, its order random per process: the output law is wrong,
   by a different amount in every process. ``test_usd_sampling_law`` (first two tokens, T = 1, gamma 3)
   rejects it by chi-square with a vocabulary iterated in reverse id order (p = 1e-169, N = 300) and accepts
-  the same generator with one iterated in id order (p = 0.56, N = 1500: then TLI as implemented is exact),
-  on the same models, prompt and tokenizers. HF also refuses
-  cross-tokenizer generation when the two models have the same ``vocab_size`` (it takes that to mean the
-  same tokenizer: ``test_hf_refuses_equal_vocab_sizes``).
+  the same generator with one iterated in id order (p = 0.67, N = 1000: then TLI as implemented is exact),
+  on the same models, prompt and tokenizers (a plain fast tokenizer, hash-ordered, gave p = 7e-29 at
+  N = 300 in one process). HF's translator *without* pruning maps both sides in id order and is exact
+  (p = 0.69, N = 1000, reverse-ordered): ``prune_lm_head=False`` installs that translator in HF's cache
+  before the call, a lossless USD baseline that leaves the draft as it is (at the cost of the full draft
+  LM head and a suppression of the tokens outside the intersection at each draft step).
+- HF refuses cross-tokenizer generation when the two models have the same ``vocab_size`` (it takes that to
+  mean one tokenizer: ``test_hf_refuses_equal_vocab_sizes``), and needs both tokenizers otherwise.
 
 The pruning replaces the assistant's ``lm_head`` and input embeddings *in place*, and HF caches the
 translator per tokenizer pair (a weak-keyed cache), so a second model with the same tokenizers would meet a
 translator built for another one. Under sampling the wrapper therefore hands HF a copy of the draft, made
 and pruned once per ``(assistant, target_tokenizer, assistant_tokenizer)`` outside the timed region
 (:func:`_usd_assistant`), and installs that copy's translator in HF's cache before each call: the caller's
-draft is never changed (``test_usd_leaves_the_callers_draft_alone``). The copy is taken at the first
-sampled call; a draft whose weights change later needs :func:`clear_usd_copies`.
+draft is never changed (``test_usd_leaves_the_callers_draft_alone``). The copy (and a translator) is
+taken at the first sampled call; a draft whose weights change later needs :func:`clear_usd_copies`.
 """
 
 from __future__ import annotations
@@ -108,7 +112,7 @@ def assistant_model(pair, name: str) -> torch.nn.Module:
     raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has draft models {sorted(drafts)}, not {name!r}")
 
 
-# (assistant, target_tokenizer, assistant_tokenizer, pruned copy, translator): the latest few, by identity
+# (assistant, target_tokenizer, assistant_tokenizer, prune, model HF gets, translator): the latest few, by identity
 _USD_COPIES: list[tuple] = []
 _USD_KEEP = 2
 
@@ -119,25 +123,26 @@ def clear_usd_copies() -> None:
     _USD_COPIES.clear()
 
 
-def _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer):
-    """The copy of ``assistant`` HF prunes for ``UniversalSpeculativeDecodingGenerator``, with its translator
-    installed in HF's translator cache (so ``generate`` finds this copy's translator, not another model's)."""
+def _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer, prune: bool = True):
+    """The model HF's ``UniversalSpeculativeDecodingGenerator`` gets, with its translator installed in HF's
+    translator cache (so ``generate`` finds this model's translator, not another's): a copy of ``assistant``
+    that the translator prunes (``prune``, what ``generate`` does), or ``assistant`` itself with HF's
+    unpruned translator (which does not touch the model)."""
     from weakref import WeakKeyDictionary
 
-    from transformers.generation.candidate_generator import AssistantVocabTranslatorCache
+    from transformers.generation.candidate_generator import AssistantToTargetTranslator, AssistantVocabTranslatorCache
 
     for entry in _USD_COPIES:
-        if entry[0] is assistant and entry[1] is target_tokenizer and entry[2] is assistant_tokenizer:
-            work, translator = entry[3], entry[4]
+        if (entry[0] is assistant and entry[1] is target_tokenizer and entry[2] is assistant_tokenizer
+                and entry[3] == prune):
+            work, translator = entry[4], entry[5]
             break
     else:
-        work = copy.deepcopy(assistant)
-        cache = AssistantVocabTranslatorCache._cache.setdefault(target_tokenizer, WeakKeyDictionary())
-        cache.pop(assistant_tokenizer, None)  # a translator built for another model: HF's call would reuse it
-        translator = AssistantVocabTranslatorCache.get_translator(  # the same call generate makes
+        work = copy.deepcopy(assistant) if prune else assistant
+        translator = AssistantToTargetTranslator(  # as generate builds it, prune_lm_head=True there
             target_tokenizer, assistant_tokenizer, target.config.get_text_config().vocab_size,
-            assistant_model=work, assistant_prune_lm_head=True)
-        _USD_COPIES.insert(0, (assistant, target_tokenizer, assistant_tokenizer, work, translator))
+            assistant_model=work, assistant_prune_lm_head=prune)
+        _USD_COPIES.insert(0, (assistant, target_tokenizer, assistant_tokenizer, prune, work, translator))
         del _USD_COPIES[_USD_KEEP:]
     AssistantVocabTranslatorCache._cache.setdefault(target_tokenizer, WeakKeyDictionary())[
         assistant_tokenizer] = translator
@@ -157,11 +162,12 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
                 sampling: SamplingConfig = SamplingConfig(), assistant: torch.nn.Module | None = None,
                 gamma: int = 4, seed: int = 0, tokenizer=None,
                 eos_token_id: int | Sequence[int] | None = None, target_tokenizer=None,
-                assistant_tokenizer=None) -> GenerationResult:
+                assistant_tokenizer=None, prune_lm_head: bool = True) -> GenerationResult:
     """Run HF ``generate`` (assisted when ``assistant`` is given) and time it; see the module docstring.
 
     ``target_tokenizer`` and ``assistant_tokenizer`` (both, with ``assistant``) select HF's cross-tokenizer
-    generators: UAG when greedy (exact), USD when sampling (not exact in transformers 5.24, see above).
+    generators: UAG when greedy (exact), USD when sampling (not exact in transformers 5.24 with its pruned
+    assistant head, ``prune_lm_head=True`` as ``generate`` does; exact with ``False``, see above).
     ``tokenizer`` only decodes the result's text."""
     _check_budget(max_new_tokens)
     if (target_tokenizer is None) != (assistant_tokenizer is None):
@@ -169,6 +175,8 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
                           else ("assistant_tokenizer", "target_tokenizer"))
         raise ValueError(f"{missing}: cross-tokenizer assisted generation needs both tokenizers; only {given} "
                          "was given")
+    if not isinstance(prune_lm_head, bool):
+        raise ValueError(f"prune_lm_head: must be True or False, got {prune_lm_head!r}")
     if target_tokenizer is not None and assistant is None:
         raise ValueError("assistant: target_tokenizer / assistant_tokenizer were given without an assistant model")
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
@@ -191,8 +199,8 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
         _refuse_head(type(assistant).__name__, "not a causal LM with generate (a feature head?)")
     if assistant is not None and target_tokenizer is not None:
         kwargs["tokenizer"], kwargs["assistant_tokenizer"] = target_tokenizer, assistant_tokenizer
-        if not sampling.greedy:  # USD prunes the assistant in place: give HF a pruned copy
-            assistant = _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer)
+        if not sampling.greedy:  # USD prunes the assistant in place: give HF a pruned copy (or no pruning)
+            assistant = _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer, prune_lm_head)
     if assistant is not None:
         saved = copy.deepcopy(assistant.generation_config)
         assistant.generation_config.num_assistant_tokens = gamma
