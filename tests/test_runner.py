@@ -275,6 +275,33 @@ def test_a_tree_run_config_is_canonical_and_chain_hashes_stay():
         RunConfig(tree="no_such_shape")
 
 
+def test_draft_options_reach_the_drafter_and_empty_ones_keep_the_hash():
+    """RunConfig.draft_options: left out of an empty config's identity (hashes stay), part of the hash and
+    label otherwise, passed to make_drafter (winning over ngram_max), refused for methods that build no
+    drafter and for values that cannot be hashed."""
+    from spade_lib.runs.config import RunConfig
+
+    plain = RunConfig(draft="ngram")
+    assert "draft_options" not in plain.to_dict()
+    opt = RunConfig(draft="ngram", draft_options={"max_ngram": 5, "min_ngram": 2})
+    assert opt.hash != plain.hash and "max_ngram=5" in opt.label and "min_ngram=2" in opt.label
+    class Target(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+    class FakePair:
+        target, drafts, heads, name = Target(), {}, {}, "fake"
+
+    d = opt.make_drafter(FakePair())
+    assert (d.max_ngram, d.min_ngram) == (5, 2)
+    assert RunConfig(draft="ngram", ngram_max=4).make_drafter(FakePair()).max_ngram == 4
+    with pytest.raises(ValueError, match="^draft_options: only method 'spade'"):
+        RunConfig(method="ar", draft_options={"rule": "tli"})
+    with pytest.raises(ValueError, match="^draft_options: must hold JSON values"):
+        RunConfig(draft_options={"x": object()})
+
+
 def test_a_tree_run_writes_tree_traces_and_equals_autoregressive(pair, tmp_path):
     """run_suite with RunConfig(tree=...): greedy outputs equal the AR run's, and the shards carry each
     drafted node's place (parent < node, depth = depth(parent) + 1, checked again by read_trace)."""

@@ -147,14 +147,47 @@ def test_unreachable_hub_id_is_a_clear_error(tiny, monkeypatch):
         load_pair(target=str(tiny.path / "target"), draft="spade-test/no-such-model")
 
 
-def test_mismatched_vocabularies_are_refused(tiny, tmp_path):
+def test_a_draft_with_its_own_tokenizer_is_a_cross_vocabulary_draft(tiny, tmp_path):
+    """A draft whose tokenizer differs is loaded with its own tokenizer (not refused), ``make_drafter``
+    drafts with it through the text, and greedy decoding still equals the target's greedy output."""
+    from spade_lib.decoding.crossvocab import TextDrafter
+    from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.drafters import make_drafter
+    from spade_lib.sampling import SamplingConfig
+
     other = tmp_path / "other_draft"
-    shutil.copytree(tiny.path / "drafts" / "data_only", other)
     tok = train_tokenizer(["def f(x):\n    return x\n" * 50, "print('hello world')\n" * 50],
                           TokenizerConfig(vocab_size=300))
+    model = new_model(ModelConfig(n_layers=1, hidden=32, n_heads=2, intermediate=64, max_positions=256),
+                      len(tok), seed=3).eval()
+    model.save_pretrained(other, safe_serialization=True)
     tok.save_pretrained(other)
-    with pytest.raises(ValueError, match=r"vocabularies differ.*target.*draft"):
-        load_pair(target=str(tiny.path / "target"), draft=str(other))
+    pair = load_pair(target=str(tiny.path / "target"), drafts={"own": str(other), "same": str(tiny.path / "drafts" /
+                                                                                          "data_only")})
+    assert sorted(pair.draft_tokenizers) == ["own"]  # the draft with the target's tokenizer shares it
+    assert len(pair.draft_tokenizers["own"]) == len(tok) != len(pair.tokenizer)
+    assert "own vocab" in repr(pair)
+    drafter = make_drafter("own", pair)
+    assert isinstance(drafter, TextDrafter) and drafter.draft_tokenizer is pair.draft_tokenizers["own"]
+    assert not isinstance(make_drafter("same", pair), TextDrafter)
+    greedy = SamplingConfig(temperature=0)
+    ids = pair.tokenizer.encode("def f(x):\n    return", add_special_tokens=False)
+    ref = AutoregressiveDecoder(pair.target, sampling=greedy).generate(ids, 24)
+    out = SpeculativeDecoder(pair.target, make_drafter("own", pair), gamma=3, sampling=greedy).generate(ids, 24)
+    assert out.tokens == ref.tokens
+    with pytest.raises(ValueError, match=r"^tree: the cross-vocabulary draft 'own' drafts chains only"):
+        make_drafter("own", pair, tree="eagle2:nodes=16,depth=4,topk=4")
+    with pytest.raises(ValueError, match=r"^options: the cross-vocabulary draft 'own' with rule 'text' takes rule"):
+        make_drafter("own", pair, max_ngram=3)
+    with pytest.raises(ValueError, match=r"^rule: the cross-vocabulary draft 'own' drafts by one of"):
+        make_drafter("own", pair, rule="slrs")
+    # token-level intersection: the same greedy output
+    from spade_lib.decoding.crossvocab import TLIDrafter
+
+    tli = make_drafter("own", pair, rule="tli")
+    assert isinstance(tli, TLIDrafter)
+    out = SpeculativeDecoder(pair.target, tli, gamma=3, sampling=greedy).generate(ids, 24)
+    assert out.tokens == ref.tokens
 
 
 def test_same_seed_gives_identical_weights():

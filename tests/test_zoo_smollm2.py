@@ -16,7 +16,7 @@ from spade_lib import paths
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import SpeculativeDecoder
 from spade_lib.decoding.divergence import compare_greedy
-from spade_lib.decoding.drafters import NGramDrafter
+from spade_lib.decoding.drafters import NGramDrafter, make_drafter
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo.cache import verify_entry
 from spade_lib.zoo.distill import DistillConfig
@@ -30,16 +30,21 @@ QUICK = DistillConfig(n_prompts=4, gen_tokens=12, gen_batch=4, n_windows=4, wind
 PROMPTS = ["Write a Python function that returns the square of a number.",
            "What is the capital of France? Answer in one sentence."]
 N_NEW = 24
+PROJECT_CACHE = paths.CACHE_DIR  # where `make run` builds the pairs (the fixture below uses its own cache)
+SHIPPED_CROSS_DRAFTS = dict(__import__("spade_lib.zoo.smollm2", fromlist=["CROSS_DRAFTS"]).CROSS_DRAFTS)
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    from spade_lib.zoo.smollm2 import load_smollm2
+    """The real target with the quick draft recipe, and as its cross-vocabulary draft the embedded *tiny*
+    pair's distilled draft (built in seconds) in place of the ``default`` pair's (minutes)."""
+    from spade_lib.zoo import smollm2
 
     cache = tmp_path_factory.mktemp("spade_cache_smollm2")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(paths, "CACHE_DIR", cache)
-        yield load_smollm2(config=QUICK)
+        mp.setattr(smollm2, "CROSS_DRAFTS", {"embedded": ("tiny", "distilled")})
+        yield smollm2.load_smollm2(config=QUICK)
 
 
 def chat_ids(tok, text: str) -> list[int]:
@@ -56,7 +61,9 @@ def test_the_real_pair_loads(pair):
     assert getattr(t.config, "quantization_config", None) is None
     assert 134e6 < sum(p.numel() for p in t.parameters()) < 135e6
     assert tok.chat_template and tok.eos_token == "<|im_end|>"
-    assert set(pair.drafts) == {"distilled"} and pair.default_draft == "distilled"
+    assert set(pair.drafts) == {"distilled", "embedded"} and pair.default_draft == "distilled"
+    assert set(pair.draft_tokenizers) == {"embedded"} and len(pair.draft_tokenizers["embedded"]) < len(tok)
+    assert pair.manifest["drafts"] == ["distilled"] and set(pair.manifest["cross_vocab_drafts"]) == {"embedded"}
     d = pair.draft
     assert isinstance(d, FRSpecLlamaForCausalLM) and d.config.head_vocab == QUICK.head_vocab
     assert verify_entry(pair.path) is None and verify_entry(Path(pair.manifest["target_path"])) is None
@@ -81,6 +88,51 @@ def test_greedy_equals_target_generate(pair, draft):
         out = dec.generate(ids, N_NEW).tokens
         div = compare_greedy(out, ref, t, ids)
         assert div.classification in ("identical", "near_tie"), (draft, text, div)
+
+
+def _greedy_cross_vocab_equals_target(pair, name: str, prompts: list[str], n_new: int) -> int:
+    """Greedy SPADE with the pair's cross-vocabulary draft ``name`` (``make_drafter``: text drafting)
+    against HF greedy ``generate``; returns the drafted tokens accepted (the test must exercise drafting)."""
+    from spade_lib.decoding.crossvocab import TextDrafter
+
+    t, tok = pair.target, pair.tokenizer
+    accepted = 0
+    for text in prompts:
+        drafter = make_drafter(name, pair)
+        assert isinstance(drafter, TextDrafter)
+        ids = chat_ids(tok, text)
+        ref = t.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=n_new, do_sample=False, eos_token_id=None)[0, len(ids):].tolist()
+        res = SpeculativeDecoder(t, drafter, gamma=4, sampling=GREEDY, tokenizer=tok, eos_token_id=[]).generate(ids, n_new)
+        div = compare_greedy(res.tokens, ref, t, ids)
+        assert div.classification in ("identical", "near_tie"), (name, text, div)
+        accepted += sum(s.n_accepted for s in res.steps)
+    return accepted
+
+
+def test_greedy_with_the_cross_vocabulary_draft_equals_target_generate(pair):
+    _greedy_cross_vocab_equals_target(pair, "embedded", PROMPTS, N_NEW)
+
+
+def test_the_built_pair_drafts_across_vocabularies(monkeypatch):
+    """``make run``'s pair (project cache): ``drafts["embedded"]`` is the ``default`` embedded pair's
+    distilled draft (4,096 tokens); greedy text drafting with it equals SmolLM2's greedy output. Skipped
+    when the pair is not built there (this test builds nothing)."""
+    from spade_lib.zoo import smollm2
+    from spade_lib.zoo.build import pair_recipe, zoo_dir
+    from spade_lib.zoo.cache import cache_key
+    from spade_lib.zoo.configs import get_config
+
+    monkeypatch.setattr(paths, "CACHE_DIR", PROJECT_CACHE)
+    monkeypatch.setattr(smollm2, "CROSS_DRAFTS", SHIPPED_CROSS_DRAFTS)  # the fixture swaps in the tiny pair's
+    config = get_config("default")
+    needed = [smollm2.target_entry(create=False), smollm2.drafts_entry(create=False),
+              zoo_dir() / f"{config.name}-{cache_key(pair_recipe(config))}"]
+    if not all(p.is_dir() for p in needed):
+        pytest.skip(f"the smollm2 pair or the default embedded pair is not built in {PROJECT_CACHE} (make run builds both)")
+    built = smollm2.load_smollm2()
+    assert len(built.draft_tokenizers["embedded"]) == 4096
+    assert _greedy_cross_vocab_equals_target(built, "embedded", PROMPTS, 32) > 0
 
 
 def test_cache_rollback_equals_fresh_prefill(pair):

@@ -543,7 +543,9 @@ def drafter_options(name: str) -> tuple[str, ...]:
 
 def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **options) -> Drafter:
     """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
-    pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``), else
+    pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``; a
+    cross-vocabulary draft, one in ``pair.draft_tokenizers``, drafts through the text: option ``rule``,
+    ``"text"`` (a :class:`~spade_lib.decoding.crossvocab.TextDrafter`) or ``"tli"``), else
     the pair's head ``pair.heads[name]`` (its ``drafter(**options)``). ``tree``: the
     :class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or spec string) of a drafter that drafts trees;
     a drafter of chains only refuses any but the chain."""
@@ -560,11 +562,45 @@ def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **opt
     drafts = getattr(pair, "drafts", {}) or {}
     heads = getattr(pair, "heads", {}) or {}
     if name in drafts:
+        draft_tokenizers = getattr(pair, "draft_tokenizers", {}) or {}
+        if name in draft_tokenizers:
+            return _cross_vocab_drafter(name, drafts[name], draft_tokenizers[name], pair.tokenizer, **options)
         return ModelDrafter(drafts[name], **options)
     if name in heads:
         return heads[name].drafter(**options)
     raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has drafts {sorted(drafts)}, heads "
                      f"{sorted(heads)} (or {sorted(_REGISTRY)}), not {name!r}")
+
+
+CROSS_VOCAB_RULES = ("text", "tli")  # how a cross-vocabulary draft drafts (decoding.crossvocab)
+
+
+def _cross_vocab_drafter(name: str, model, draft_tokenizer, target_tokenizer, *, rule: str = "text",
+                         tree: TreeConfig | None = None, max_length: int | None = None, **config) -> Drafter:
+    """The drafter of a pair's cross-vocabulary draft ``name`` (its tokenizer differs from the target's),
+    by ``rule`` (:mod:`spade_lib.decoding.crossvocab`):
+
+    - ``"text"`` (default): string-level drafting, :class:`~spade_lib.decoding.crossvocab.TextDrafter`: the
+      draft's text re-encoded as target tokens, a one-hot proposal, lossless whatever the two tokenizers;
+      ``config``: its ``TextDraftConfig`` fields (``temperature``, ``max_draft_tokens``, ``window``, ``hold_last``);
+    - ``"tli"``: token-level intersection, :class:`~spade_lib.decoding.crossvocab.TLIDrafter`: the draft's q
+      (the decoder's sampling) restricted to the strings that are one token on both sides, verified by the
+      standard rule; ``config``: its ``TLIConfig`` fields (``window``).
+
+    Chains only."""
+    from spade_lib.decoding import crossvocab  # crossvocab builds on this module
+
+    if tree is not None and not tree.is_chain:
+        raise ValueError(f"tree: the cross-vocabulary draft {name!r} drafts chains only, not a {tree.shape!r} tree")
+    if rule not in CROSS_VOCAB_RULES:
+        raise ValueError(f"rule: the cross-vocabulary draft {name!r} drafts by one of {CROSS_VOCAB_RULES}, not {rule!r}")
+    config_cls, drafter_cls = ((crossvocab.TextDraftConfig, crossvocab.TextDrafter) if rule == "text" else
+                               (crossvocab.TLIConfig, crossvocab.TLIDrafter))
+    fields = set(config_cls.__dataclass_fields__)
+    if set(config) - fields:
+        raise ValueError(f"options: the cross-vocabulary draft {name!r} with rule {rule!r} takes rule, max_length and "
+                         f"{sorted(fields)}, not {sorted(set(config) - fields)}")
+    return drafter_cls(model, draft_tokenizer, target_tokenizer, config_cls(**config), max_length=max_length)
 
 
 def _model_tree(tree: TreeConfig | str | None) -> TreeConfig:

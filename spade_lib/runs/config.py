@@ -52,6 +52,7 @@ class RunConfig:
     threads: int = 0             # torch intra-op threads (0 = leave as set; recorded either way)
     mode_options: dict = field(default_factory=dict)    # the rule's options, e.g. {"lenience": 0.7}
     policy_options: dict = field(default_factory=dict)  # the policy's options beyond gamma/threshold/max_gamma
+    draft_options: dict = field(default_factory=dict)   # the drafter's own options (make_drafter), e.g. {"rule": "tli"} for a cross-vocabulary draft
     tree: str = ""               # a draft tree (spade_lib.decoding.tree_drafting.TreeConfig.parse spec, e.g. "eagle2:nodes=16,depth=4,topk=4"); "" = the chain
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ class RunConfig:
         v.check_str("draft", self.draft)
         v.check_choice("policy", self.policy, tuple(policies.policy_names()))
         v.check_choice("mode", self.mode, ("auto", *rules.rule_names()))
-        for name in ("mode_options", "policy_options"):
+        for name in ("mode_options", "policy_options", "draft_options"):
             value = getattr(self, name)
             if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
                 raise ValueError(f"{name}: must be a dict with string keys, got {value!r}")
@@ -84,6 +85,8 @@ class RunConfig:
         for name in ("record_topk", "max_prompt_tokens", "warmup", "threads", "seed"):
             v.check_int(name, getattr(self, name), min=0)
         v.check_float("threshold", self.threshold)
+        if self.draft_options and self.method != "spade":
+            raise ValueError(f"draft_options: only method 'spade' builds a drafter, got method {self.method!r}")
         if self.method == "hf_assisted":
             from spade_lib.decoding.baselines import check_assistant_name
 
@@ -121,10 +124,11 @@ class RunConfig:
 
     def make_drafter(self, pair):
         """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.decoding.drafters.make_drafter`);
-        ``ngram_max`` fills a registered drafter's ``max_ngram``."""
+        ``ngram_max`` fills a registered drafter's ``max_ngram``, then ``draft_options`` (which wins)."""
         from spade_lib.decoding import drafters
 
         options = {"max_ngram": self.ngram_max} if "max_ngram" in drafters.drafter_options(self.draft) else {}
+        options.update(self.draft_options)
         if self.tree:
             options["tree"] = self.tree
         return drafters.make_drafter(self.draft, pair, **options)
@@ -134,8 +138,9 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if not d["tree"]:  # a chain run: the field did not exist before trees, so chain hashes stay
-            del d["tree"]
+        for name in ("tree", "draft_options"):  # empty: the field did not exist before, so older hashes stay
+            if not d[name]:
+                del d[name]
         return d
 
     @property
@@ -152,6 +157,7 @@ class RunConfig:
         else:
             g = f"g{self.gamma}" if self.policy == "fixed" else f"{self.policy}{self.threshold:g}m{self.max_gamma}"
             what = f"{self.method}-{self.draft}-{g}" + (f"-{self.tree}" if self.tree else "")
+            what += "".join(f"-{k}={v}" for k, v in sorted(self.draft_options.items()))
         return f"{what}-T{self.temperature:g}"
 
 

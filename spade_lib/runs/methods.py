@@ -11,7 +11,9 @@ first prompt, then each generation timed ``repeats`` times, median kept):
   ``config.mode`` with ``config.mode_options`` (:mod:`spade_lib.rules`);
 - ``"ar"``: SPADE's autoregressive loop on the same adapter (the baseline for ``"spade"``);
 - ``"hf"``: plain ``model.generate``; ``"hf_assisted"``: HF assisted generation with the same draft
-  and ``num_assistant_tokens = gamma`` (constant schedule), the baseline a reader asks about.
+  and ``num_assistant_tokens = gamma`` (constant schedule), the baseline a reader asks about; with a
+  cross-vocabulary draft (``pair.draft_tokenizers``) HF's generators for different tokenizers (UAG when
+  greedy, USD with its exact unpruned translator when sampling: :mod:`spade_lib.decoding.baselines`).
 
 Baselines draft nothing, so their shards hold no rows; their summaries carry the timings.
 
@@ -114,9 +116,15 @@ def make_generator(pair, config: RunConfig, records: str = "separate") -> Genera
         ar = decode.AutoregressiveDecoder(pair.target, sampling=sampling, tokenizer=pair.tokenizer)
         return Generator(lambda ids, n, seed: _from_result(ar.generate(ids, n, seed=seed)))
     assistant = baselines.assistant_model(pair, config.draft) if config.method == "hf_assisted" else None
+    cross = {}
+    if assistant is not None and config.draft in (getattr(pair, "draft_tokenizers", {}) or {}):
+        # a cross-vocabulary draft: HF's UAG when greedy, USD when sampling, with its unpruned translator
+        # (exact; the pruned one generate uses by default is not, see decoding.baselines)
+        cross = dict(target_tokenizer=pair.tokenizer, assistant_tokenizer=pair.draft_tokenizers[config.draft],
+                     prune_lm_head=False)
     return Generator(lambda ids, n, seed: _from_result(
         baselines.hf_generate(pair.target, ids, n, sampling=sampling, assistant=assistant, gamma=config.gamma,
-                              seed=seed, tokenizer=pair.tokenizer)))
+                              seed=seed, tokenizer=pair.tokenizer, **cross)))
 
 
 def timed_generation(generator: Generator, ids, config: RunConfig, seed: int, device, *, records: bool = True

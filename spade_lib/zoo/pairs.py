@@ -13,9 +13,13 @@ Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local
 drafts via ``drafts={"name": ref}``). A draft that is a local speculators EAGLE-3 folder (vLLM's format,
 ``speculators_format.py``) becomes a head of the pair (``pair.heads[name]``, drafting from the target's
 hidden states) rather than a draft model. Hub downloads are skipped when ``HF_HUB_OFFLINE`` is set
-(``local_files_only``). Speculative sampling needs ``p`` and ``q`` over the same vocabulary, so a draft
-whose tokenizer vocabulary differs from the target's is refused. ``trust_remote_code`` stays ``False``
-unless the caller opts in.
+(``local_files_only``). A draft whose tokenizer vocabulary differs from the target's is a
+*cross-vocabulary* draft: it keeps its own tokenizer (``pair.draft_tokenizers[name]``) and
+``make_drafter(name, pair)`` drafts with it through the text (``decoding.crossvocab``: string-level
+drafting, lossless by the one-hot rule). The real pairs carry one each: ``load_pair("smollm2").drafts
+["embedded"]`` is the embedded ``"default"`` pair's distilled draft (4,096 tokens) and
+``load_pair("gemma3").drafts["smollm2"]`` is SmolLM2-135M-Instruct (49,152 tokens). ``trust_remote_code``
+stays ``False`` unless the caller opts in.
 
 Big targets: ``load_pair(..., device_map="auto", max_memory={0: "70GiB", "cpu": "200GiB"},
 offload_folder="offload")`` places the target through Hugging Face ``accelerate`` (``from_pretrained``'s

