@@ -17,7 +17,7 @@ from spade_lib.decoding.lean import LeanForward
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason="SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
-ROWS = [1, 2, 3, 4, 5, 6, 7, 9, 13, 17]  # every tile shape: 4 x 1..3 weight rows, 2 x 1..6, several row groups
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17]  # every tile shape: 4 x 1..3 weight rows, 2 x 1..6, balanced row groups (7 = 4 + 3, 13 = 5 + 4 + 4)
 
 
 def rope(x, cos, sin):

@@ -16,7 +16,7 @@
 // contiguous block of rows front to back (one sequential stream per core, prefetched PREFETCH floats ahead).
 // Each weight row is read from memory once for all k rows: a tile of NW weight rows x RB input rows keeps
 // NW * RB accumulators in registers (NW = 4, RB = 1 for one row: four independent chains; NW = 2, RB <= 6
-// for more), input rows beyond RB reuse the tile's weight rows from L1. Bandwidth-bound up to k ~ 6-10 on two
+// for more), input rows beyond RB reuse the tile's weight rows from L1 in balanced tiles (7 rows: 4 + 3). Bandwidth-bound up to k ~ 6-10 on two
 // AVX2 cores; compute-bound beyond (2 flops per weight and row).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -243,10 +243,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
           for (int j = 0; j < rb; ++j) emit(n + i, j, out[i * rb + j]);
       }
     }
+    // more than RB_MAX rows: the fewest tiles of RB_MAX rows or fewer, balanced (7 = 4 + 3, not 6 + 1: a
+    // one-row tile has two FMA chains, latency-bound, and would cost nearly what the six-row one does)
+    const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
     for (; n < end; n += 2) {
       const int nw = n + 2 <= end ? 2 : 1;
-      for (int64_t r0 = 0; r0 < rows; r0 += RB_MAX) {
-        const int rb = static_cast<int>(std::min<int64_t>(RB_MAX, rows - r0));
+      for (int64_t t = 0, r0 = 0; t < n_tiles; ++t) {
+        const int rb = static_cast<int>((rows - r0 + n_tiles - t - 1) / (n_tiles - t));
         if (nw == 2) {
           tile_rows<2>(wp + n * K, K, xs.data() + r0, rb, out);
         } else {
@@ -254,6 +257,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
         }
         for (int i = 0; i < nw; ++i)
           for (int j = 0; j < rb; ++j) emit(n + i, r0 + j, out[i * rb + j]);
+        r0 += rb;
       }
     }
   });
