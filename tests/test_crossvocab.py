@@ -246,23 +246,32 @@ def _pair(tokenizers, scale):
 PROMPTS = ["def f(x", "import os\n", "The return value is"]
 
 
-@pytest.mark.parametrize("scale", [0.3, 1.0])  # long accepted blocks; mostly rejections
-def test_greedy_text_drafting_equals_target_greedy(tokenizers, scale):
+def _greedy_equals_target(target, tokenizers, make_drafter) -> tuple[int, int, int]:
+    """Greedy SPADE with ``make_drafter()`` (its draft behind a ``CheckedAdapter``: every extend equals a
+    fresh forward) on every prompt equals the target's greedy output, and the drafter's own tokens spell
+    the committed text; returns (drafts accepted, blocks rejected, draft-cache rollbacks)."""
     ttok, dtok = tokenizers
-    target, draft = _pair(tokenizers, scale)
     greedy = SamplingConfig(temperature=0)
     accepted = rejected = crops = 0
     for prompt in PROMPTS:
         ids = ttok.encode(prompt, add_special_tokens=False)
-        drafter = TextDrafter(CheckedAdapter(draft), dtok, ttok)  # every draft extend == a fresh forward
+        drafter = make_drafter()
         ref = AutoregressiveDecoder(target, sampling=greedy).generate(ids, 40)
         out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy).generate(ids, 40)
         assert out.tokens == ref.tokens
         accepted += sum(s.n_accepted for s in out.steps)
         rejected += sum(s.n_accepted < s.gamma for s in out.steps)
-        # the drafter's own tokens spell the committed text; its cache was checked at every extend
         assert dtok.decode(drafter._draft_ids) == ttok.decode(ids + out.tokens)
         crops += drafter.adapter.crops
+    return accepted, rejected, crops
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0])  # long accepted blocks; mostly rejections
+def test_greedy_text_drafting_equals_target_greedy(tokenizers, scale):
+    ttok, dtok = tokenizers
+    target, draft = _pair(tokenizers, scale)
+    accepted, rejected, crops = _greedy_equals_target(target, tokenizers,
+                                                      lambda: TextDrafter(CheckedAdapter(draft), dtok, ttok))
     print(f"scale {scale}: {accepted} drafts accepted, {rejected} blocks rejected, {crops} draft-cache rollbacks")
     assert accepted > 0 and rejected > 0 and crops > 0
 
@@ -437,18 +446,8 @@ def _tli_pair(tokenizers, scale):
 def test_greedy_tli_equals_target_greedy(tokenizers, scale):
     ttok, dtok = tokenizers
     target, draft = _tli_pair(tokenizers, scale)
-    greedy = SamplingConfig(temperature=0)
-    accepted = rejected = crops = 0
-    for prompt in PROMPTS:
-        ids = ttok.encode(prompt, add_special_tokens=False)
-        drafter = TLIDrafter(CheckedAdapter(draft), dtok, ttok, TLIConfig())  # every extend == a fresh forward
-        ref = AutoregressiveDecoder(target, sampling=greedy).generate(ids, 40)
-        out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy).generate(ids, 40)
-        assert out.tokens == ref.tokens
-        accepted += sum(s.n_accepted for s in out.steps)
-        rejected += sum(s.n_accepted < s.gamma for s in out.steps)
-        assert dtok.decode(drafter._draft_ids) == ttok.decode(ids + out.tokens)
-        crops += drafter.adapter.crops
+    accepted, rejected, crops = _greedy_equals_target(target, tokenizers,
+                                                      lambda: TLIDrafter(CheckedAdapter(draft), dtok, ttok, TLIConfig()))
     print(f"scale {scale}: {accepted} drafts accepted, {rejected} blocks rejected, {crops} draft-cache rollbacks")
     assert accepted > 0 and (rejected > 0 and crops > 0 if scale == 1.0 else rejected == 0)
 

