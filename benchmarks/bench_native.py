@@ -85,7 +85,8 @@ def main(argv=None) -> dict:
     vocab = int(library.embed.shape[0])
     ids = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0))
     tok = torch.tensor([int(ids[-1])])
-    products = [layer[n][0] for layer in fast.layers for n in layer if n not in ("ln1", "ln2")] + [fast.head[0]]
+    names = [n for n in fast._products() if n != "lm_head"]
+    products = [layer[n][0] for layer in fast.layers for n in names] + [fast.head[0]]
     xs = {k.w.shape[1]: torch.randn(1, k.w.shape[1]) for k in products}
     n = (args.copy_mib << 20) // 4
     src, dst = torch.randn(n), torch.empty(n)

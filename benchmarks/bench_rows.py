@@ -132,7 +132,9 @@ def main(argv=None) -> dict:
             if not lean.native_attention:
                 return float("nan")
             qkv = torch.randn(k, (H + 2 * KV) * hd)
-            cos, sin = lean._cos[args.context:args.context + k].contiguous(), lean._sin[args.context:args.context + k].contiguous()
+            kind = lean.layers[0]["rope"]
+            cos = lean._cos[kind][args.context:args.context + k].contiguous()
+            sin = lean._sin[kind][args.context:args.context + k].contiguous()
             t0 = time.perf_counter()
             for _ in range(args.reps):
                 for kv in lean._kv:

@@ -59,10 +59,16 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
             assert torch.equal(native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5, gated=True), block[i:i + 1])
 
 
-def _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors):
-    """``(out [k, H hd], cache after)`` of the torch formulation."""
+def _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors, window=None, qk_norm=None):
+    """``(out [k, H hd], cache after)`` of the torch formulation (``window``: a token at position ``p`` sees
+    cached positions ``> p - window``; ``qk_norm = (q_gain, k_gain, eps)``: heads RMS-normed before rotation)."""
     k, kv_heads, hd = qkv.shape[0], kv.shape[1], kv.shape[3]
     x = qkv.view(k, heads + 2 * kv_heads, hd)
+    if qk_norm is not None:
+        q_gain, k_gain, eps = qk_norm
+        x = torch.cat([torch.nn.functional.rms_norm(x[:, :heads], (hd,), q_gain, eps),
+                       torch.nn.functional.rms_norm(x[:, heads:heads + kv_heads], (hd,), k_gain, eps),
+                       x[:, heads + kv_heads:]], dim=1)
     ref_kv = kv.clone()
     ref_kv[0, :, start:start + k] = rope(x[:, heads:heads + kv_heads], cos[:, None], sin[:, None]).transpose(0, 1)
     ref_kv[1, :, start:start + k] = x[:, heads + kv_heads:].transpose(0, 1)
@@ -72,8 +78,12 @@ def _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors):
     for i in range(k):
         if ancestors is None:
             seen[i, :start + i + 1] = True
+            pos = start + i
         else:
             seen[i, :tree_from], seen[i, tree_from:] = True, ancestors[i]
+            pos = tree_from - 1 + int(ancestors[i].sum())
+        if window is not None:  # cached slots are positions; a tree's own rows are nearer than the window
+            seen[i, :max(0, min(tree_from if ancestors is not None else end, pos - window + 1))] = False
     out = torch.empty(k, heads, hd)
     for i in range(k):
         for h in range(heads):
@@ -102,6 +112,32 @@ def test_attend_rotates_writes_the_cache_and_attends_under_either_mask(heads, kv
     out = native.attend(qkv, kv, start, cos, sin, heads, tree_from, ancestors)
     torch.testing.assert_close(kv, ref_kv, rtol=0, atol=1e-6)  # only the new slots changed
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("start,k,tree,window", [
+    (40, 1, False, 16), (40, 6, False, 16), (3, 6, False, 16), (30, 5, True, 8), (12, 1, False, 13), (60, 3, True, 64)])
+def test_attend_with_a_sliding_window_and_qk_norm_equals_its_torch_formulation(start, k, tree, window):
+    """Gemma-3's attention: a window over the cached positions (the cut moves with each row's position, a tree
+    row's being its depth) and each query and key head RMS-normed with its own gain before rotation."""
+    g = torch.Generator().manual_seed(start * 10 + k)
+    heads, kv_heads, hd = 4, 1, 32
+    qkv = torch.randn(k, (heads + 2 * kv_heads) * hd, generator=g) * 3
+    kv = torch.randn(2, kv_heads, 128, hd, generator=g)
+    ang = torch.rand(k, hd // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    qk_norm = (torch.rand(hd, generator=g) + 0.5, torch.rand(hd, generator=g) + 0.5, 1e-6)
+    tree_from, ancestors = start, None
+    if tree:
+        tree_from = start - 2
+        ancestors = torch.rand(k, start + k - tree_from, generator=g) < 0.5
+        ancestors[torch.arange(k), start - tree_from + torch.arange(k)] = True
+    ref, ref_kv = _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors, window, qk_norm)
+    out = native.attend(qkv, kv, start, cos, sin, heads, tree_from, ancestors, window=window, qk_norm=qk_norm)
+    torch.testing.assert_close(kv, ref_kv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    full, _ = _reference_attention(qkv, kv.clone(), start, cos, sin, heads, tree_from, ancestors, None, qk_norm)
+    assert (start + k <= window) == torch.allclose(full, ref, atol=1e-5)  # the window cut something iff it should
 
 
 @needs_native
@@ -143,6 +179,11 @@ def test_bad_input_is_refused_by_name():
         native.attend(torch.zeros(5 * 4), kv, 0, torch.ones(1, 4), torch.zeros(1, 4), 2)
     with pytest.raises(RuntimeError, match="cos, sin: must hold 2 x head_dim"):
         native.attend(torch.zeros(2, 6 * 4), kv, 0, torch.ones(1, 4), torch.zeros(1, 4), 2)
+    with pytest.raises(RuntimeError, match="q_gain, k_gain: must hold head_dim = 4"):
+        native.attend(torch.zeros(1, 6 * 4), kv, 0, torch.ones(1, 4), torch.zeros(1, 4), 2,
+                      qk_norm=(torch.ones(3), torch.ones(3), 1e-6))
+    with pytest.raises(ValueError, match="window: must be >= 1"):
+        native.attend(torch.zeros(1, 6 * 4), kv, 0, torch.ones(1, 4), torch.zeros(1, 4), 2, window=0)
     with pytest.raises(RuntimeError, match="tree_from: the tree's 3 rows must end at slot 4"):
         native.attend(torch.zeros(2, 6 * 4), kv, 2, torch.ones(2, 4), torch.zeros(2, 4), 2, 0,
                       torch.ones(2, 3, dtype=torch.bool))

@@ -95,7 +95,7 @@ def test_the_tiny_pair_loads_like_the_real_one(pair):
     assert not tok.chat_template  # a base model: prompts are completions
     assert tok.encode("t1 t2")[0] == tok.bos_token_id  # <bos> prepended
     assert pair.name == "gemma3" and pair.drafts == {} and pair.draft_tokenizers == {} and pair.default_draft == "ngram"
-    assert pair.manifest["drafts"] == ["ngram"]
+    assert pair.manifest["drafts"] == ["ngram", "suffix", "ngram_tree"]
 
 
 def test_unknown_draft_is_refused(pair, tmp_path):
@@ -122,14 +122,61 @@ def test_rollback_across_the_window_equals_a_fresh_forward(pair):
     torch.testing.assert_close(rolled.reshape(ref.shape), ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kernels", ["auto", "legacy"])  # the native kernels (where they build) and torch's
+def test_the_lean_forward_equals_hf_across_the_window_and_its_blocks_equal_its_steps(pair, kernels):
+    """Gemma-3's lean forward (scaled embedding, (1 + w) norms, four norms a layer, QK-norm, GELU gate, two
+    rotary tables, sliding windows) gives HF's logits for a block and for single tokens past the window; on
+    the native kernels a verification block's rows are its single steps' logits bit for bit."""
+    from spade_lib.decoding.lean import LeanForward, lean_forward
+
+    t = pair.target
+    assert lean_forward(t, 64) is not None and CausalLMAdapter(t).backend == "lean"
+    lean = LeanForward(t, 64, kernels=kernels)
+    ids = torch.tensor(periodic_prompt(3 * WINDOW + 4))
+    with torch.inference_mode():
+        ref = t(ids[None], use_cache=False).logits[0]
+        lean.reset()
+        block = lean.forward(ids[:2 * WINDOW])
+        steps = torch.cat([lean.forward(ids[i:i + 1]) for i in range(2 * WINDOW, len(ids))])
+        torch.testing.assert_close(torch.cat([block, steps]), ref, atol=1e-4, rtol=1e-4)
+        lean.rollback(2 * WINDOW)
+        again = lean.forward(ids[2 * WINDOW:])
+    if lean.native_attention:
+        assert torch.equal(again, steps)
+    else:
+        torch.testing.assert_close(again, steps, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("draft", ["suffix", "ngram_tree"])
-def test_tree_drafters_are_refused_on_the_sliding_window_cache(pair, draft):
-    """Not a silent wrong answer: the adapter refuses to score a tree on Gemma's sliding-window layers."""
+def test_tree_drafters_on_the_lean_forward_equal_hf_generate(pair, draft):
+    """Draft trees on Gemma-3: the lean forward masks each row by its own position's window, so greedy
+    SPADE with a tree drafter equals HF ``generate`` past the window; trees with branches were scored."""
+    t, tok = pair.target, pair.tokenizer
     ids = periodic_prompt(3 * WINDOW)
-    dec = SpeculativeDecoder(pair.target, make_drafter(draft, pair), gamma=4, sampling=GREEDY,
-                             tokenizer=pair.tokenizer, eos_token_id=[])
+    dec = SpeculativeDecoder(t, make_drafter(draft, pair), gamma=4, sampling=GREEDY, tokenizer=tok, eos_token_id=[])
+    res = dec.generate(ids, 32)
+    div = compare_greedy(res.tokens, hf_greedy(t, ids, 32), t, ids)
+    assert div.classification == "identical", (draft, div)
+    assert sum(s.n_accepted for s in res.steps) > 0 and res.n_steps < 32
+
+
+def test_the_hf_backend_refuses_trees_on_the_sliding_window_cache(pair):
+    """Not a silent wrong answer: HF's sliding-window cache counts slots, not positions, so the adapter on
+    the HF forward refuses to score a tree there (the lean forward scores it)."""
+    ad = CausalLMAdapter(pair.target, backend="hf")
+    ad.prefill(torch.tensor(periodic_prompt(3 * WINDOW)))
     with pytest.raises(ValueError, match="sliding-window"):
-        dec.generate(ids, 16)
+        ad.extend(torch.tensor([1, 2, 3]), parents=[-1, 0, 0])
+
+
+def test_a_tree_path_longer_than_the_window_is_refused(pair):
+    from spade_lib.decoding.lean import LeanForward
+
+    lean = LeanForward(pair.target, 64)
+    lean.forward(torch.tensor(periodic_prompt(4)))
+    chain = torch.tril(torch.ones(WINDOW + 1, WINDOW + 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match="longer than the sliding window"):
+        lean.forward(torch.arange(WINDOW + 1), ancestors=chain)
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 6])

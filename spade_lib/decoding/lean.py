@@ -1,4 +1,4 @@
-"""A lean decoding forward for Llama-family models, with a preallocated KV cache.
+"""A lean decoding forward for Llama-family and Gemma-3 models, with a preallocated KV cache.
 
 Speculative decoding calls a small draft model once per drafted token. For a 1-layer draft the
 arithmetic is tiny (its FLOP ratio to the 12 M target is ~0.06), so the Hugging Face forward's
@@ -35,6 +35,15 @@ weights and nothing else:
   vocabulary) computes its ``head_vocab`` logits and scatters them into ``-inf``-filled full-vocabulary
   rows, exactly as its Hugging Face forward does.
 
+Gemma-3 (``Gemma3ForCausalLM``) is the same loop with its own layer: the embedding scaled by
+``sqrt(d)``; RMSNorms with gain ``1 + w``; four norms a layer, ``h = x + norm_2(W_o attn(...))`` and
+``x' = h + norm_4(W_down (gelu_tanh(W_gate m) * W_up m))`` with ``n = norm_1(x)``, ``m = norm_3(h)`` (the
+pre-norms' gains folded into the fused weights as above, the post-norms applied to the products'
+outputs); QK-norm (each query and key head RMS-normed with its own gain before rotation, the query scale
+``query_pre_attn_scalar^-1/2`` folded into the query gain); two rotary tables (local and global bases),
+one per layer type; and sliding-window layers, where a token at position ``p`` sees the cached positions
+``> p - window`` only (global layers see everything).
+
 Numerically it is the same computation in a different order of kernel calls (fused matmuls), so
 logits agree with the Hugging Face forward to float rounding (fp32: ~1e-6). :func:`lean_forward`
 returns ``None`` for any model it does not cover (other architectures, sliding windows, RoPE types
@@ -57,9 +66,27 @@ from spade_lib.decoding import native as _native
 
 __all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "FRSpecLlamaForCausalLM")
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "FRSpecLlamaForCausalLM",
+             "Gemma3ForCausalLM")
+_LAYER_TYPES = {"llama": ("full_attention",), "gemma3": ("full_attention", "sliding_attention")}
+_ACTIVATIONS = {"llama": "silu", "gemma3": "gelu_pytorch_tanh"}
 _STATIC_ROPE = ("default", "linear", "llama3")
-_FUSE_MAX_PARAMS = 200_000_000  # above this, keep the projections separate (no copy of the weights)
+_FUSE_MAX_PARAMS = 200_000_000  # layers above this, keep the projections separate (no copy of the weights)
+
+
+def _family(model: torch.nn.Module) -> str:
+    """``"gemma3"`` for Gemma-3, else ``"llama"`` (Llama, Qwen2, Mistral, FR-Spec: the same layer)."""
+    return "gemma3" if type(model).__name__ == "Gemma3ForCausalLM" else "llama"
+
+
+def _rope_types(cfg) -> dict[str, str]:
+    """``{layer type: rope type}``; Gemma-3's ``rope_parameters`` hold one entry per layer type."""
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        return {"full_attention": "default"}
+    if rope and all(isinstance(v, dict) for v in rope.values()):
+        return {t: v.get("rope_type", v.get("type", "default")) for t, v in rope.items()}
+    return {"full_attention": rope.get("rope_type", rope.get("type", "default"))}
 
 
 def _unsupported(model: torch.nn.Module) -> str | None:
@@ -70,8 +97,14 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     if getattr(model, "hf_device_map", None):
         return "a device_map (accelerate places, offloads and moves the weights)"
     cfg = model.config
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r}"
+    family = _family(model)
+    act = getattr(cfg, "hidden_activation", None) if family == "gemma3" else getattr(cfg, "hidden_act", "silu")
+    if act != _ACTIVATIONS[family]:
+        return f"hidden activation {act!r}"
+    if family == "gemma3" and getattr(cfg, "attn_logit_softcapping", None) is not None:
+        return "attention logit soft-capping"
+    if family == "gemma3" and getattr(cfg, "use_bidirectional_attention", False):
+        return "bidirectional attention"
     if getattr(cfg, "mlp_bias", False):
         return "mlp_bias"
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
@@ -81,14 +114,13 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     if name == "MistralForCausalLM" and getattr(cfg, "sliding_window", None) is not None:
         return "sliding window"
     layer_types = getattr(cfg, "layer_types", None)
-    if layer_types and any(t != "full_attention" for t in layer_types):
+    if layer_types and any(t not in _LAYER_TYPES[family] for t in layer_types):
         return f"layer types {sorted(set(layer_types))}"
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in _STATIC_ROPE:
-        return f"rope_type {rope_type!r}"
+    bad = sorted(r for r in _rope_types(cfg).values() if r not in _STATIC_ROPE)
+    if bad:
+        return f"rope_type {bad[0]!r}"
     attn = model.model.layers[0].self_attn
-    if any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
+    if family == "llama" and any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
         return "QK-norm"
     return None
 
@@ -121,10 +153,22 @@ class LeanForward:
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.gqa = self.n_kv != self.n_heads
-        if fuse is None:
-            fuse = sum(p.numel() for p in model.parameters()) <= _FUSE_MAX_PARAMS
         inner = model.model
+        if fuse is None:  # fusing copies the layers' weights (never the embedding or the head)
+            fuse = sum(p.numel() for p in inner.layers.parameters()) <= _FUSE_MAX_PARAMS
+        self.family = _family(model)
+        gemma = self.family == "gemma3"
         self.embed = inner.embed_tokens.weight
+        # Gemma-3 scales the embedding by sqrt(d) (a buffer in the model's dtype, as its forward multiplies)
+        self.embed_scale = inner.embed_tokens.embed_scale.to(self.dtype) if gemma else None
+        self.softcap = getattr(cfg, "final_logit_softcapping", None) if gemma else None
+        layer_types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * len(inner.layers))
+        window = getattr(cfg, "sliding_window", None)
+
+        def norm(module) -> tuple[torch.Tensor, float]:  # (gain, eps): Gemma's RMSNorm multiplies by 1 + w
+            if gemma:
+                return (1.0 + module.weight.float()).to(self.dtype), float(module.eps)
+            return module.weight, module.variance_epsilon
         # raw (weight, bias) per projection and layer; planned into kernels below
         raw: list[dict[str, tuple[torch.Tensor, torch.Tensor | None]]] = []
         self.layers = []
@@ -140,10 +184,20 @@ class LeanForward:
                             "v": (a.v_proj.weight, a.v_proj.bias), "gate": (m.gate_proj.weight, None),
                             "up": (m.up_proj.weight, None)}
                 raw.append({**proj, "o": (a.o_proj.weight, a.o_proj.bias), "down": (m.down_proj.weight, None)})
-                self.layers.append({
-                    "ln1": (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
-                    "ln2": (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
-                })
+                kind = layer_types[len(self.layers)]
+                if gemma:  # ln1, ln2: the norms before attention and the MLP (folded below); post_*: after them
+                    q_gain, eps = norm(a.q_norm)
+                    self.layers.append({
+                        "ln1": norm(layer.input_layernorm), "ln2": norm(layer.pre_feedforward_layernorm),
+                        "post_attn": norm(layer.post_attention_layernorm),
+                        "post_mlp": norm(layer.post_feedforward_layernorm),
+                        # the query scale folded into the query heads' gain (rotation is linear)
+                        "qk_norm": (q_gain * float(cfg.query_pre_attn_scalar) ** -0.5, norm(a.k_norm)[0], eps),
+                        "rope": kind, "window": window if kind == "sliding_attention" else None,
+                    })
+                else:
+                    self.layers.append({"ln1": norm(layer.input_layernorm), "ln2": norm(layer.post_attention_layernorm),
+                                        "rope": kind, "window": None})
         self.fused = fuse
         # fused weights are copies, so fold into them what would be a per-call multiply: the RMSNorm gains
         # (W diag(g) x = W (g * x)) and the attention scale 1/sqrt(d) (into the query rows). Same function,
@@ -154,23 +208,26 @@ class LeanForward:
                 for proj, norms in zip(raw, self.layers):
                     (wq, bq), (wg, _) = proj["qkv"], proj["gate_up"]
                     wq = wq * norms["ln1"][0][None, :]
-                    wq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
-                    if bq is not None:
+                    if not gemma:  # (Gemma's query scale is in its QK-norm gain)
+                        wq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
+                    if bq is not None and not gemma:
                         bq = bq.clone()
                         bq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
                     proj["qkv"] = (wq, bq)
                     proj["gate_up"] = (wg * norms["ln2"][0][None, :], None)
                     norms["ln1"] = (None, norms["ln1"][1])
                     norms["ln2"] = (None, norms["ln2"][1])
-        self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        self.norm = norm(inner.norm)
         # FR-Spec drafts score a subset of the vocabulary and scatter it into -inf-filled full rows
         self.head_token_ids = getattr(model, "head_token_ids", None)
         self.vocab_size = int(cfg.vocab_size) if self.head_token_ids is not None else int(model.lm_head.weight.shape[0])
         self._raw = raw + [{"lm_head": (model.lm_head.weight, None)}]  # the head: a last pseudo-layer
-        self.scaling = 1.0 if self.folded else self.head_dim ** -0.5
+        self.scaling = 1.0 if self.folded or gemma else self.head_dim ** -0.5
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self._rotary = inner.rotary_emb
-        self._cos = self._sin = None
+        self._rope_kinds = sorted(set(layer_types))
+        self._cos: dict[str, torch.Tensor] = {}  # {layer type: [size, head_dim]}
+        self._sin: dict[str, torch.Tensor] = {}
         self._alloc(min(self.capacity, 256))
         self.length = 0
         # the linear kernels (spade_lib.decoding.kernels): timed on the whole forward, or as forced
@@ -255,9 +312,11 @@ class LeanForward:
             for new, prev in zip(self._kv, old):
                 new[:, :, :self.length] = prev[:, :, :self.length]
         pos = torch.arange(size, device=self.device)[None]
-        with torch.inference_mode():
-            cos, sin = self._rotary(self.embed[:1][None].to(self.dtype), pos)
-        self._cos, self._sin = cos[0], sin[0]  # [size, head_dim], in the model's dtype
+        x = self.embed[:1][None].to(self.dtype)
+        with torch.inference_mode():  # one table per layer type (Gemma-3: local and global bases)
+            for kind in self._rope_kinds:
+                cos, sin = self._rotary(x, pos, kind) if self.family == "gemma3" else self._rotary(x, pos)
+                self._cos[kind], self._sin[kind] = cos[0], sin[0]  # [size, head_dim], in the model's dtype
         self._size = size
 
     def reset(self) -> None:
@@ -317,50 +376,56 @@ class LeanForward:
             self._alloc(max(2 * self._size, end))
         tree_from = start if tree_from is None or ancestors is None else tree_from
         if ancestors is None:
-            cos, sin = self._cos[start:end], self._sin[start:end]  # [k, hd]
+            rot = {t: (c[start:end], self._sin[t][start:end]) for t, c in self._cos.items()}  # [k, hd] each
         else:  # a tree: row i at position tree_from + depth[i]
-            pos = tree_from - 1 + ancestors.sum(dim=-1)
-            cos, sin = self._cos[pos], self._sin[pos]
+            depth = ancestors.sum(dim=-1)
+            windows = [w for w in (layer["window"] for layer in self.layers) if w is not None]
+            if windows and int(depth.max()) > min(windows):  # a path longer than the window would lose its root
+                raise ValueError(f"ancestors: a tree path of {int(depth.max())} rows is longer than the sliding "
+                                 f"window of {min(windows)} positions")
+            pos = tree_from - 1 + depth
+            rot = {t: (c[pos], self._sin[t][pos]) for t, c in self._cos.items()}
         if self.native_attention:
-            return self._forward_native(ids, start, cos, sin, tree_from, ancestors, last_only, hidden_layers)
-        if k == 1 and tree_from == start and self.folded and self.dtype == torch.float32 and not hidden_layers:
+            return self._forward_native(ids, start, rot, tree_from, ancestors, last_only, hidden_layers)
+        if (k == 1 and tree_from == start and self.folded and self.dtype == torch.float32 and not hidden_layers
+                and self.family == "llama"):
             return self._forward_one(ids, start)
-        cos, sin = cos[None], sin[None]  # [1, k, hd]
-        mask = None
-        if k > 1 or tree_from < start:  # additive mask: causal (query i sees keys j <= start + i), or a tree's
-            mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
-            if ancestors is None:
-                mask.masked_fill_(torch.arange(end, device=self.device)[None, :]
-                                  > torch.arange(start, end, device=self.device)[:, None], float("-inf"))
-            else:  # a tree's: query i sees the cache before the tree and the rows of its own path
-                mask[:, tree_from:].masked_fill_(~ancestors, float("-inf"))
-            if self.gqa:
-                mask = mask.repeat(self.n_heads // self.n_kv, 1)
-        x = F.embedding(ids, self.embed)  # [k, d]
+        masks: dict[int | None, torch.Tensor | None] = {}  # per sliding window (None: a global layer)
+        x = self._embed(ids)  # [k, d]
         states = [x] if hidden_layers else None  # the hidden states: embeddings, then each layer's output
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         sel = 1 if k > 1 else 0  # which planned kernel: one row, or many
         for layer, kv in zip(self.layers, self._kv):
+            cos, sin = (r[None] for r in rot[layer["rope"]])  # [1, k, hd]
             n = self._rms(x, layer["ln1"])
             if self.fused:
                 qkv = layer["qkv"][sel](n).view(k, H + 2 * KV, hd).transpose(0, 1)  # [H + 2KV, k, hd]
-                qk = self._rope(qkv[:H + KV], cos, sin)  # q and k heads rotated together
-                q, kk, v = qk[:H], qk[H:], qkv[H + KV:]
+                q, kk, v = qkv[:H], qkv[H:H + KV], qkv[H + KV:]
             else:
                 q, kk, v = (layer[name][sel](n) for name in ("q", "k", "v"))
-                q = self._rope(q.view(k, H, hd).transpose(0, 1), cos, sin)      # [H, k, hd]
-                kk = self._rope(kk.view(k, KV, hd).transpose(0, 1), cos, sin)   # [KV, k, hd]
-                v = v.view(k, KV, hd).transpose(0, 1)
+                q, kk, v = (t.view(k, -1, hd).transpose(0, 1) for t in (q, kk, v))  # [heads, k, hd]
+            if "qk_norm" in layer:  # Gemma-3: each query and key head RMS-normed before rotation
+                q_gain, k_gain, eps = layer["qk_norm"]
+                q, kk = self._rms(q, (q_gain, eps)), self._rms(kk, (k_gain, eps))
+            if self.fused and "qk_norm" not in layer:
+                qk = self._rope(qkv[:H + KV], cos, sin)  # q and k heads rotated together
+                q, kk = qk[:H], qk[H:]
+            else:
+                q, kk = self._rope(q, cos, sin), self._rope(kk, cos, sin)
             kv[0, :, start:end] = kk
             kv[1, :, start:end] = v
-            att = self._attend(q, kv[0, :, :end], kv[1, :, :end], mask)  # [H, k, hd]
-            x = x + layer["o"][sel](att.transpose(0, 1).reshape(k, H * hd))
+            if layer["window"] not in masks:
+                masks[layer["window"]] = self._mask(k, start, tree_from, ancestors, layer["window"])
+            att = self._attend(q, kv[0, :, :end], kv[1, :, :end], masks[layer["window"]])  # [H, k, hd]
+            att = layer["o"][sel](att.transpose(0, 1).reshape(k, H * hd))
+            x = x + (self._rms(att, layer["post_attn"]) if "post_attn" in layer else att)
             m = self._rms(x, layer["ln2"])
             if self.fused:
                 gate, up = layer["gate_up"][sel](m).chunk(2, dim=-1)
             else:
                 gate, up = layer["gate"][sel](m), layer["up"][sel](m)
-            x = x + layer["down"][sel](F.silu(gate) * up)
+            y = layer["down"][sel](self._act(gate) * up)
+            x = x + (self._rms(y, layer["post_mlp"]) if "post_mlp" in layer else y)
             if states is not None:
                 states.append(x)
         if states is not None:  # the last hidden state is after the final norm, as in Hugging Face's output
@@ -369,11 +434,49 @@ class LeanForward:
         elif last_only:
             x = x[-1:]
         self.length = end
-        logits = self._full_vocab(self.head[1 if x.shape[0] > 1 else 0](
+        logits = self._logits(self.head[1 if x.shape[0] > 1 else 0](
             x if states is not None else self._rms(x, self.norm)))
         if states is not None:
             return logits, {i: states[i] for i in hidden_layers}
         return logits
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings ``[k, d]`` (Gemma-3's scaled by ``sqrt(d)``, as its forward does)."""
+        x = F.embedding(ids, self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _act(self, gate: torch.Tensor) -> torch.Tensor:
+        """The MLP's gate activation: SiLU (Llama family) or tanh-approximated GELU (Gemma-3)."""
+        return F.gelu(gate, approximate="tanh") if self.family == "gemma3" else F.silu(gate)
+
+    def _mask(self, k: int, start: int, tree_from: int, ancestors: torch.Tensor | None, window: int | None
+              ) -> torch.Tensor | None:
+        """The additive attention mask ``[k, end]`` (``[H k, end]`` rows for grouped-query heads): causal (query
+        ``i`` sees keys ``j <= start + i``) or a tree's (the cache before ``tree_from`` and its own path), and
+        within a sliding ``window`` the keys at positions ``> p_i - window`` only; ``None`` where nothing is
+        masked (one new token, no tree, the window covering the cache)."""
+        end = start + k
+        if k == 1 and tree_from == start and (window is None or end <= window):
+            return None
+        mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
+        keys = torch.arange(end, device=self.device)[None, :]
+        if ancestors is None:
+            query = torch.arange(start, end, device=self.device)[:, None]
+            hidden = keys > query
+        else:  # a tree's: query i (at position tree_from - 1 + depth) sees the cache before the tree and its path
+            query = (tree_from - 1 + ancestors.sum(dim=-1))[:, None]
+            hidden = torch.cat([torch.zeros(k, tree_from, dtype=torch.bool, device=self.device), ~ancestors], dim=1)
+        if window is not None:  # tree rows are within the window (forward checks), cached slots are positions
+            hidden |= keys <= query - window
+        mask.masked_fill_(hidden, float("-inf"))
+        return mask.repeat(self.n_heads // self.n_kv, 1) if self.gqa else mask
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The head's output as the model returns it: Gemma's final soft-capping where its config sets one,
+        and an FR-Spec draft's subset scattered into full-vocabulary rows (:meth:`_full_vocab`)."""
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return self._full_vocab(logits)
 
     def keep(self, start: int, rows: torch.Tensor) -> None:
         """Keep the first ``start`` cached positions and the cached ``rows [m]`` (absolute, increasing,
@@ -383,31 +486,42 @@ class LeanForward:
             kv[:, :, start:start + m] = kv[:, :, rows]
         self.length = start + m
 
-    def _forward_native(self, ids: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, tree_from: int,
-                        ancestors: torch.Tensor | None, last_only: bool, hidden_layers: tuple[int, ...]
-                        ) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _forward_native(self, ids: torch.Tensor, start: int, rot: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                        tree_from: int, ancestors: torch.Tensor | None, last_only: bool,
+                        hidden_layers: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """:meth:`forward` of ``k >= 1`` tokens on SPADE's native kernels (:mod:`spade_lib.decoding.native`), in
         four calls a layer: the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
         attention under the causal or the tree's ancestor mask); the output projection with the residual
         added; the normed gate/up product and the gated down projection with the residual added. The final
         norm (its gain as the product's prologue) and the LM head are one more call. On the native product
         kernel a row's result does not depend on the rows beside it, so a verification block or a tree
-        level computes bit for bit the logits the one-token path computes for the same prefix."""
+        level computes bit for bit the logits the one-token path computes for the same prefix.
+
+        Gemma-3's layer takes a few more calls: the QK-norm and the sliding window are in the attention
+        call, the two post-norms are torch's fused RMSNorm on the products' outputs, and the GELU gate is
+        applied before a plain down projection."""
         k = int(ids.shape[0])
         sel = 0 if k == 1 else 1
         H = self.n_heads
-        x = F.embedding(ids, self.embed)  # [k, d]
+        x = self._embed(ids)  # [k, d]
         states = [x] if hidden_layers else None
         for layer, kv in zip(self.layers, self._kv):
+            cos, sin = rot[layer["rope"]]
             qkv = layer["qkv"][sel].normed(x, layer["ln1"][1])
-            att = _native.attend(qkv, kv, start, cos, sin, H, tree_from, ancestors)
-            x = layer["o"][sel].add_to(x, att)
-            x = layer["down"][sel].add_to(x, layer["gate_up"][sel].normed(x, layer["ln2"][1]), gated=True)
+            att = _native.attend(qkv, kv, start, cos, sin, H, tree_from, ancestors, window=layer["window"],
+                                 qk_norm=layer.get("qk_norm"))
+            if self.family == "gemma3":
+                x = x + self._rms(layer["o"][sel](att), layer["post_attn"])
+                gate, up = layer["gate_up"][sel].normed(x, layer["ln2"][1]).chunk(2, dim=-1)
+                x = x + self._rms(layer["down"][sel](self._act(gate) * up), layer["post_mlp"])
+            else:
+                x = layer["o"][sel].add_to(x, att)
+                x = layer["down"][sel].add_to(x, layer["gate_up"][sel].normed(x, layer["ln2"][1]), gated=True)
             if states is not None:
                 states.append(x)
         self.length = start + k
         h = x[-1:] if last_only else x
-        logits = self._full_vocab(self.head[1 if h.shape[0] > 1 else 0].normed(h, self.norm[1], gain=self.norm[0]))
+        logits = self._logits(self.head[1 if h.shape[0] > 1 else 0].normed(h, self.norm[1], gain=self.norm[0]))
         if states is not None:  # the last hidden state is after the final norm, as in Hugging Face's output
             states[-1] = self._rms(x, self.norm)
             return logits, {i: states[i] for i in hidden_layers}
@@ -422,7 +536,7 @@ class LeanForward:
         per call) and attention two batched products over the cache."""
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         end = start + 1
-        cos, sin = self._cos[start], self._sin[start]
+        cos, sin = self._cos["full_attention"][start], self._sin["full_attention"][start]
         x = F.embedding(ids, self.embed)  # [1, d]
         half, g = hd // 2, H // KV
         rot = torch.diag(cos)
@@ -438,7 +552,7 @@ class LeanForward:
             x = layer["o"][0].add_to(x, att)
             x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
         self.length = end
-        return self._full_vocab(self.head[0](self._rms(x, self.norm)))
+        return self._logits(self.head[0](self._rms(x, self.norm)))
 
     def _full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """An FR-Spec draft's ``head_vocab`` logits scattered into ``-inf``-filled full-vocabulary rows, exactly

@@ -4,7 +4,8 @@
 //          u_r = x_r (or g * x_r with a gain g), or u_r = silu(x_r[:K]) * x_r[K:] if gated (a gated MLP's input);
 //          s_r = 1 / sqrt(mean(x_r^2) + eps) if eps >= 0 (an RMSNorm; mean over u_r when gated), else 1
 // attend:  k new tokens' attention over a KV cache, rotary embedding and cache write included, under the
-//          causal mask or a draft tree's ancestor mask
+//          causal mask or a draft tree's ancestor mask, optionally within a sliding window and with each
+//          query and key head RMS-normed first (QK-norm: x g / sqrt(mean(x^2) + eps))
 //
 // One summation order for every output, whatever k is: acc = sum over the 8-float chunks of K, in order, of
 // w[c] * u[c] (one AVX2 FMA chain), then a fixed horizontal sum of its 8 lanes, then the K % 8 tail in
@@ -270,8 +271,12 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
 // value at cache slot start + i, and returns [k, H * hd]: per query head h of group j = h / (H / KV),
 // softmax_t(q_h . K_j[t]) V_j[t] over the slots t that row i sees: t <= start + i (causal), or, with
 // ancestors [k, M] (bool, M = start + k - tree_from), t < tree_from and tree_from + m for ancestors[i, m].
+// window > 0 (a sliding-window layer): row i at position p_i (start + i, or tree_from - 1 + its depth) sees
+// only the cached slots t > p_i - window (its own tree rows are nearer than the window: checked by the caller).
+// q_gain, k_gain [hd] (QK-norm): every query and key head x becomes x g / sqrt(mean(x^2) + eps) before rotation.
 torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::Tensor cos, torch::Tensor sin,
-                     int64_t n_heads, int64_t tree_from, c10::optional<torch::Tensor> ancestors) {
+                     int64_t n_heads, int64_t tree_from, c10::optional<torch::Tensor> ancestors, int64_t window,
+                     c10::optional<torch::Tensor> q_gain, c10::optional<torch::Tensor> k_gain, double eps) {
   check(qkv, "qkv");
   check(kv, "kv");
   check(cos, "cos");
@@ -295,21 +300,40 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
                 ", got tree_from ", tree_from);
     anc = ancestors->data_ptr<bool>();
   }
+  TORCH_CHECK(q_gain.has_value() == k_gain.has_value(), "q_gain, k_gain: give both (QK-norm) or neither");
+  const float* qg = nullptr;
+  const float* kg = nullptr;
+  if (q_gain.has_value()) {
+    check(*q_gain, "q_gain");
+    check(*k_gain, "k_gain");
+    TORCH_CHECK(q_gain->numel() == hd && k_gain->numel() == hd, "q_gain, k_gain: must hold head_dim = ", hd, " values");
+    qg = q_gain->data_ptr<float>();
+    kg = k_gain->data_ptr<float>();
+  }
   const float* q = qkv.data_ptr<float>();
   const float* c = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
   float* keys = kv.data_ptr<float>();
   float* vals = keys + KV * cap * hd;
-  auto rope = [&](const float* x, int64_t i, float* out) {
+  // x (one head) QK-normed with gain g into tmp (nothing done without a gain), then rotated into out
+  auto rope = [&](const float* x, const float* g, int64_t i, float* tmp, float* out) {
+    if (g != nullptr) {
+      float ss = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) ss += x[d] * x[d];
+      const float s = 1.0f / std::sqrt(ss / static_cast<float>(hd) + static_cast<float>(eps));
+      for (int64_t d = 0; d < hd; ++d) tmp[d] = x[d] * s * g[d];
+      x = tmp;
+    }
     const float* ci = c + i * hd;
     const float* si = sn + i * hd;
     for (int64_t d = 0; d < half; ++d) out[d] = x[d] * ci[d] - x[d + half] * si[d];
     for (int64_t d = half; d < hd; ++d) out[d] = x[d] * ci[d] + x[d - half] * si[d];
   };
+  std::vector<float> normed(hd);
   for (int64_t i = 0; i < k; ++i) {
     const float* qi = q + i * width;
     for (int64_t j = 0; j < KV; ++j) {
-      rope(qi + (H + j) * hd, i, keys + (j * cap + start + i) * hd);
+      rope(qi + (H + j) * hd, kg, i, normed.data(), keys + (j * cap + start + i) * hd);
       std::copy(qi + (H + KV + j) * hd, qi + (H + KV + j + 1) * hd, vals + (j * cap + start + i) * hd);
     }
   }
@@ -317,19 +341,23 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
   auto out = torch::empty({k, H * hd}, qkv.options());
   float* op = out.data_ptr<float>();
   at::parallel_for(0, H * k, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> qr(hd), p(end + 8);
+    std::vector<float> qr(hd), tmp(hd), p(end + 8);
     std::vector<int64_t> seen(end);
     for (int64_t task = b; task < e; ++task) {
       const int64_t i = task / H, h = task % H, j = h / g;
       int64_t n = 0;  // the slots row i sees, in increasing order
       if (anc == nullptr) {
-        for (int64_t t = 0; t <= start + i; ++t) seen[n++] = t;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, start + i - window + 1) : 0;
+        for (int64_t t = lo; t <= start + i; ++t) seen[n++] = t;
       } else {
-        for (int64_t t = 0; t < tree_from; ++t) seen[n++] = t;
+        int64_t depth = 0;
+        for (int64_t m = 0; m < M; ++m) depth += anc[i * M + m] ? 1 : 0;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, tree_from + depth - window) : 0;
+        for (int64_t t = lo; t < tree_from; ++t) seen[n++] = t;
         for (int64_t m = 0; m < M; ++m)
           if (anc[i * M + m]) seen[n++] = tree_from + m;
       }
-      rope(q + i * width + h * hd, i, qr.data());
+      rope(q + i * width + h * hd, qg, i, tmp.data(), qr.data());
       const float* Kj = keys + j * cap * hd;
       const float* Vj = vals + j * cap * hd;
       int64_t t = 0;  // the scores, four keys at a time (each in the canonical order)

