@@ -448,6 +448,18 @@ def test_prompt_lookup_with_sampling_uses_one_hot_q(tiny):
     assert len(out.tokens) == 20
 
 
+def test_sampling_cannot_change_after_the_rule_was_chosen_for_it(tiny):
+    """A decoder built greedy verifies with the greedy rule: sampling it afterwards would silently change the
+    target distribution, so the configuration is read-only (both decoders) and a new decoder is the way."""
+    dec = SpeculativeDecoder(tiny.target, NGramDrafter(), gamma=3, sampling=SamplingConfig(0.0))
+    assert dec.mode == "greedy" and dec.sampling.greedy
+    with pytest.raises(AttributeError, match="sampling: fixed at construction"):
+        dec.sampling = SamplingConfig(1.0)
+    assert dec.sampling.greedy
+    with pytest.raises(AttributeError, match="sampling: fixed at construction"):
+        AutoregressiveDecoder(tiny.target).sampling = SamplingConfig(1.0)
+
+
 def test_autoregressive_baseline_matches_hf_greedy_and_replays(tiny):
     ids = tiny.tokenizer(SMOKE_PROMPTS[4])["input_ids"]
     ar = AutoregressiveDecoder(tiny.target, sampling=GREEDY, tokenizer=tiny.tokenizer)

@@ -97,11 +97,22 @@ class _Base:
         if not isinstance(sampling, SamplingConfig):
             raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")
         self.target = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target, max_length=max_length)
-        self.sampling = sampling
+        self._sampling = sampling
         self.tokenizer = tokenizer
         self.eos = _eos_set(self.target.model, eos_token_id)
         self.device = self.target.device
         self.max_length = self.target.max_length
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling configuration, fixed at construction: the verification rule (``mode``) is chosen for
+        it, so a decoder built greedy and then sampled would verify sampled drafts with the greedy rule."""
+        return self._sampling
+
+    @sampling.setter
+    def sampling(self, value) -> None:
+        raise AttributeError("sampling: fixed at construction (the verification rule was chosen for it); "
+                             "build a new decoder for another SamplingConfig")
 
     def _finish(self, result: GenerationResult) -> GenerationResult:
         if self.tokenizer is not None:
