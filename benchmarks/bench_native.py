@@ -3,7 +3,7 @@
 Not a test: it prints ratios measured in one run on one machine. It builds the target's lean forward
 twice from the same weights: once as SPADE ran before the native kernels (``SPADE_NATIVE=0`` while it
 is built: the chooser times MKL and oneDNN only, the one-token attention runs as torch ops), once as it
-runs now (the chooser also times the ``"avx2"`` kernel, the attention is one native call). Then, round
+runs now (the chooser also times the ``"native"`` kernel, the attention is one native call). Then, round
 after round, it times a plain ``dst.copy_(src)`` of 256 MiB (the machine's copy bandwidth, read + write),
 ``--steps`` AR decode steps (one 1-token forward + argmax at a ``--context``-token cache) on each
 forward, and the native plan's matrix products alone, so a host whose speed drifts moves every figure
@@ -81,7 +81,7 @@ def main(argv=None) -> dict:
     forwards = {"library": library, "native": fast}
     print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={kernels.cpu_model()!r} "
           f"weights {nbytes / 1e6:.0f} MB; kernels: library one={library.kernel_names['one']} | native "
-          f"one={fast.kernel_names['one']} (attention native: {fast.native_attention})")
+          f"one={fast.kernel_names['one']} (attention native: {fast.native_attention}; isa {native.isa()})")
     vocab = int(library.embed.shape[0])
     ids = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0))
     tok = torch.tensor([int(ids[-1])])

@@ -83,7 +83,8 @@ def main(argv=None) -> dict:
     if generic is not None:
         generic.native_attention = False
     print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={kernels.cpu_model()!r} weights {nbytes / 1e6:.0f} MB; "
-          f"plan one={lean.kernel_names['one']} many={lean.kernel_names['many']} native attention={lean.native_attention}")
+          f"plan one={lean.kernel_names['one']} many={lean.kernel_names['many']} native attention={lean.native_attention} "
+          f"native isa={native.isa() if native.available() else None}")
     vocab = int(lean.embed.shape[0])
     ids = torch.randint(0, vocab, (args.context + kmax,), generator=torch.Generator().manual_seed(0))
     ctx, new = ids[:args.context], ids[args.context:]

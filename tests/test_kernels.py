@@ -26,7 +26,7 @@ def fresh(tmp_path, monkeypatch):
 @pytest.fixture()
 def library_only(monkeypatch):
     """The chooser's logic on the library candidates (the fake timers below price those only)."""
-    monkeypatch.setattr(kernels, "usable", lambda name: name != "avx2")
+    monkeypatch.setattr(kernels, "usable", lambda name: name != "native")
 
 
 def llama():
@@ -40,7 +40,7 @@ def llama():
 def test_every_candidate_computes_the_same_product(name):
     if name.startswith("onednn") and not PACKABLE:
         pytest.skip("oneDNN packing is not available in this torch build")
-    if name == "avx2" and not NATIVE:
+    if name == "native" and not NATIVE:
         pytest.skip("SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
@@ -149,7 +149,7 @@ def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh
     with torch.inference_mode():
         ref = model(ids[None], use_cache=False).logits[0]
         for policy in ["auto", "legacy", "mkl"] + (["onednn", "onednn_pad2"] if PACKABLE else []) + (
-                ["avx2"] if NATIVE else []):
+                ["native"] if NATIVE else []):
             lean = LeanForward(model, 64, kernels=policy)
             got = torch.cat([lean.forward(ids[:4]), lean.forward(ids[4:5]), lean.forward(ids[5:])])
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
@@ -177,17 +177,17 @@ def test_bad_policy_is_refused(fresh):
 
 def test_the_native_candidate_is_offered_only_where_it_runs(fresh, monkeypatch):
     monkeypatch.setenv("SPADE_NATIVE", "0")
-    assert not kernels.usable("avx2") and kernels.usable("mkl")
-    with pytest.raises(ValueError, match="policy: 'avx2' is not available"):
-        kernels.fixed("avx2", packable=True)
+    assert not kernels.usable("native") and kernels.usable("mkl")
+    with pytest.raises(ValueError, match="policy: 'native' is not available"):
+        kernels.fixed("native", packable=True)
     timed = []
     hit = kernels.choose({"shapes": [5]}, lambda rows, plan: timed.append(set(plan.values())) or 1.0, ["big"])
-    assert timed and all("avx2" not in names for names in timed) and hit["native"] is False
+    assert timed and all("native" not in names for names in timed) and hit["native"] is False
     monkeypatch.delenv("SPADE_NATIVE")  # a plan chosen without the native kernels is not reused with them
     if native.available():
         again = []
         kernels.choose({"shapes": [5]}, lambda rows, plan: again.append(set(plan.values())) or 1.0, ["big"])
-        assert {"avx2"} in again
+        assert {"native"} in again
 
 
 def test_sessions_record_the_chosen_kernels_and_the_identity_does_not(fresh):
@@ -213,11 +213,11 @@ def test_the_native_plan_holds_under_noise_and_leaves_only_for_a_clear_win(fresh
             return sum(speeds[n] for n in plan.values()) * (1 + rng.uniform(-0.02, 0.02))
         return timer
 
-    ties = {"avx2": 1.0, "onednn": 1.0, "onednn_pad2": 1.01, "mkl": 1.3}
+    ties = {"native": 1.0, "onednn": 1.0, "onednn_pad2": 1.01, "mkl": 1.3}
     for trial in range(30):
         kernels._CHOSEN.clear()
         hit = kernels.choose({"shapes": [trial]}, timer_for(ties), ["big", "small"], cache=False)
-        assert hit["one"] == "avx2" and hit["many"] == "avx2", (trial, hit["seconds"])
+        assert hit["one"] == "native" and hit["many"] == "native", (trial, hit["seconds"])
         assert not hit["confirmed"]  # no per-product moves are tried from the native plan
     kernels._CHOSEN.clear()
     faster = {**ties, "onednn": 0.8}
@@ -327,8 +327,8 @@ def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
             kept[rows].append(hit["plan"][rows])
     for rows, r in ref.items():
         best = min(r.values())
-        if "avx2" in r and r["avx2"] * (1 + CLEAR) <= best * (1 + kernels.NATIVE_MARGIN):
-            assert all(plan == {p: "avx2" for p in products} for plan in kept[rows]), (rows, r, kept[rows])
+        if "native" in r and r["native"] * (1 + CLEAR) <= best * (1 + kernels.NATIVE_MARGIN):
+            assert all(plan == {p: "native" for p in products} for plan in kept[rows]), (rows, r, kept[rows])
         else:
             near = {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
             assert all(set(plan.values()) <= near for plan in kept[rows]), (rows, r, kept[rows])

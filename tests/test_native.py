@@ -6,6 +6,8 @@ they cannot be built (or fail loudly where SPADE_NATIVE_REQUIRED=1)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +19,9 @@ from spade_lib.decoding.lean import LeanForward
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason="SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
-ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17]  # every tile shape: 4 x 1..3 weight rows, 2 x 1..6, balanced row groups (7 = 4 + 3, 13 = 5 + 4 + 4)
+# every tile shape of either build (AVX2: 4 weight rows x 1..3 input rows, 2 x 1..6; AVX-512: 4 x 1..6, and 1..3
+# weight rows at a block's end), balanced row groups (7 = 4 + 3, 13 = 5 + 4 + 4)
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17]
 
 
 def rope(x, cos, sin):
@@ -27,7 +31,7 @@ def rope(x, cos, sin):
 
 @needs_native
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (576, 576), (1001, 37)])  # K % 16, K % 8 tails; odd N
+@pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (576, 576), (1001, 37)])  # K % 32, % 16, % 8 tails; odd N
 def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads):
     g = torch.Generator().manual_seed(n + k)
     w, b, gain = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(k, generator=g)
@@ -203,8 +207,8 @@ def test_the_lean_forward_on_native_kernels_equals_hf_and_its_blocks_equal_its_s
     ids = torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         ref = model(ids[None], use_cache=False).logits[0]
-        lean = LeanForward(model, 64, kernels="avx2")
-        assert lean.native_attention and lean.kernel_names == {"one": "avx2", "many": "avx2"}
+        lean = LeanForward(model, 64, kernels="native")
+        assert lean.native_attention and lean.kernel_names == {"one": "native", "many": "native"}
         steps = torch.cat([lean.forward(ids[:1])] + [lean.forward(ids[i:i + 1]) for i in range(1, 12)])
         torch.testing.assert_close(steps, ref, rtol=1e-4, atol=1e-4)
         lean.reset()
@@ -229,7 +233,7 @@ def test_a_tree_on_native_kernels_scores_each_path_as_the_chain_would():
         while p >= 0:
             anc[i, p], p = True, parents[p]
     with torch.inference_mode():
-        lean = LeanForward(model, 64, kernels="avx2")
+        lean = LeanForward(model, 64, kernels="native")
         lean.forward(prefix)
         got = lean.forward(tree, ancestors=anc)
         hidden = lean.forward(tree[:1], hidden_layers=(2,))  # after the tree; only checks the call works
@@ -270,3 +274,54 @@ def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypa
 def test_the_native_kernels_build_on_an_avx2_machine():
     """Where the CPU has AVX2 and FMA a failed build is a defect, not a skip (the tests above would all skip)."""
     assert native.available(), "SPADE's native kernels did not build on an AVX2/FMA machine"
+
+
+def test_the_products_are_built_for_avx512_where_the_cpu_has_it(monkeypatch):
+    """``isa()`` follows the CPU's flags unless ``SPADE_NATIVE_ISA`` asks for the other build; a bad request is
+    refused by name; the two builds are cached apart (their keys differ)."""
+    monkeypatch.delenv("SPADE_NATIVE_ISA", raising=False)
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    assert native.isa() == "avx512"
+    wide = native._key()
+    monkeypatch.setenv("SPADE_NATIVE_ISA", "avx2")
+    assert native.isa() == "avx2" and native._key() != wide
+    monkeypatch.setenv("SPADE_NATIVE_ISA", "sse")
+    with pytest.raises(ValueError, match="SPADE_NATIVE_ISA: must be one of"):
+        native.isa()
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.delenv("SPADE_NATIVE_ISA")
+    assert native.isa() == "avx2"
+    monkeypatch.setenv("SPADE_NATIVE_ISA", "avx512")
+    with pytest.raises(ValueError, match="SPADE_NATIVE_ISA: 'avx512' asked for on a CPU without AVX-512F"):
+        native.isa()
+
+
+_OTHER_BUILD = """
+import torch
+from spade_lib.decoding import native
+assert native.available() and native.isa() == "avx2", native.isa()
+g = torch.Generator().manual_seed(11)
+w, b, x = torch.randn(333, 150, generator=g), torch.randn(333, generator=g), torch.randn(13, 300, generator=g)
+block = native.linear(x, w, b, eps=1e-5, gated=True)
+assert all(torch.equal(native.linear(x[i:i + 1], w, b, eps=1e-5, gated=True), block[i:i + 1]) for i in range(13))
+torch.save(block, {out!r})
+"""
+
+
+@needs_native
+@pytest.mark.slow
+@pytest.mark.skipif("avx512f" not in native.cpu_flags(), reason="no AVX-512 here: the AVX2 build is the only one")
+@pytest.mark.skipif(os.environ.get("SPADE_NATIVE_ISA", "auto") != "auto", reason="SPADE_NATIVE_ISA chose this process's build")
+def test_on_an_avx512_cpu_the_avx2_build_runs_too_and_agrees(tmp_path):
+    """The AVX2 build (``SPADE_NATIVE_ISA=avx2``, a subprocess: one build a process) keeps its rows independent
+    of the rows beside them and equals this process's AVX-512 products to fp32 summation order."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "avx2.pt"
+    env = {**os.environ, "SPADE_NATIVE_ISA": "avx2", "SPADE_NATIVE_REQUIRED": "1"}
+    subprocess.run([sys.executable, "-c", _OTHER_BUILD.format(out=str(out))], env=env, check=True, timeout=600)
+    assert native.isa() == "avx512"
+    g = torch.Generator().manual_seed(11)
+    w, b, x = torch.randn(333, 150, generator=g), torch.randn(333, generator=g), torch.randn(13, 300, generator=g)
+    torch.testing.assert_close(torch.load(out), native.linear(x, w, b, eps=1e-5, gated=True), rtol=1e-5, atol=1e-5)

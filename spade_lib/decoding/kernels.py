@@ -30,7 +30,8 @@ is not within a forward that streams all of them. Candidates:
 - ``"mkl"``: ``F.linear(x, W, b)`` (MKL's GEMV for one row, its SGEMM for more);
 - ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
 - ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept;
-- ``"avx2"`` (where it builds): SPADE's own kernel (:mod:`spade_lib.decoding.native`) for any number of rows,
+- ``"native"`` (where it builds): SPADE's own kernel (:mod:`spade_lib.decoding.native`, AVX-512 or AVX2 as the
+  CPU has it: :func:`native.isa`) for any number of rows,
   one sequential stream of weight rows per thread of torch's pool, each weight read once for all rows,
   with the RMSNorm before the product and the residual add after it fused in (:meth:`Kernel.normed`,
   :meth:`Kernel.add_to`); a row's result does not depend on the rows beside it, so on it verification
@@ -81,7 +82,7 @@ MIN_GAIN = 0.02  # a product moves to another kernel only if the whole forward g
 PRUNE = 1.25  # the per-product pass tries only candidates whose uniform plan was within this of the best
 ROUNDS = 3  # the uniform plans, and the kept plan against the best of them, are timed in this many interleaved rounds
 NATIVE_MARGIN = 0.05  # the native plan is kept unless another uniform plan is faster by more than this
-PLAN_VERSION = 5  # part of the cache key: 5 native for many rows + its margin; 4 rounds; 3 added "avx2" (2: per product)
+PLAN_VERSION = 6  # part of the cache key: 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
 
 
@@ -109,7 +110,7 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, 8)
 
 
-def _avx2(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+def _native(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return native.linear(x, w, b)
 
 
@@ -118,7 +119,7 @@ CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "mkl": ("raw", F.linear, ("one", "many")),
     "onednn": ("packed", _lp, ("one", "many")),
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
-    "avx2": ("rows", _avx2, ("one", "many")),
+    "native": ("rows", _native, ("one", "many")),
 }
 POLICIES = ("auto", "legacy", *CANDIDATES)
 
@@ -137,8 +138,8 @@ class Kernel:
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, *, gated: bool = False) -> torch.Tensor:
         """``residual + u W^T + b`` with ``u = x``, or ``u = silu(x_1) * x_2`` for the halves of ``x`` if
         ``gated`` (a gated MLP's down projection); one call on the MKL kernel (``addmm``, beta = 1) and on
-        ``"avx2"``, which also applies the gate."""
-        if self.name == "avx2":
+        ``"native"``, which also applies the gate."""
+        if self.name == "native":
             return native.linear(x, self.w, self.b, residual, gated=gated)
         if gated:
             half = x.shape[-1] // 2
@@ -149,9 +150,9 @@ class Kernel:
 
     def normed(self, x: torch.Tensor, eps: float, gain: torch.Tensor | None = None) -> torch.Tensor:
         """``rmsnorm(x) W^T + b`` with ``rmsnorm(x) = gain * x / sqrt(mean(x^2) + eps)`` (``gain`` None: none, as
-        where the lean forward folds it into ``W``); one call on ``"avx2"``, which scales the product instead
+        where the lean forward folds it into ``W``); one call on ``"native"``, which scales the product instead
         of ``x``."""
-        if self.name == "avx2":
+        if self.name == "native":
             return native.linear(x, self.w, self.b, eps=eps, gain=gain)
         return self.fn(F.rms_norm(x, (x.shape[-1],), gain, eps), self.w, self.b)
 
@@ -176,9 +177,9 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def usable(name: str) -> bool:
-    """Whether candidate ``name`` runs here (``"avx2"`` only where :func:`native.available`; the oneDNN ones
+    """Whether candidate ``name`` runs here (``"native"`` only where :func:`native.available`; the oneDNN ones
     are only timed where :func:`packing_available`)."""
-    return name != "avx2" or native.available()
+    return name != "native" or native.available()
 
 
 def fixed(policy: str, packable: bool) -> dict[str, str]:
@@ -221,7 +222,7 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
     it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version, thread count and
     whether the native kernels run (``SPADE_NATIVE``) key the cache."""
     facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "plan_version": PLAN_VERSION, "native": native.available(), **model_facts}
+             "plan_version": PLAN_VERSION, "native": native.available() and native.isa(), **model_facts}
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     hit = _CHOSEN.get(key)
     if hit is None and cache:  # one process at a time times a model and writes the file; the others read it
@@ -257,10 +258,10 @@ def _time_plans(facts: dict, timer: Callable[[str, dict[str, str]], float], prod
         uniform = {n: {p: n for p in products} for n in names}
         sec = _rounds(timer, rows, uniform)
         best = min(sec, key=sec.get)
-        if "avx2" in sec and sec["avx2"] <= sec[best] * (1 + NATIVE_MARGIN):
-            best = "avx2"  # kept within the margin: one stable plan, and rows that do not depend on k
+        if "native" in sec and sec["native"] <= sec[best] * (1 + NATIVE_MARGIN):
+            best = "native"  # kept within the margin: one stable plan, and rows that do not depend on k
         plan, t_best = uniform[best], sec[best]
-        near = [] if best == "avx2" else [n for n in names if sec[n] <= PRUNE * sec[best]]
+        near = [] if best == "native" else [n for n in names if sec[n] <= PRUNE * sec[best]]
         for p in products:
             for n in near:
                 if n == plan[p]:

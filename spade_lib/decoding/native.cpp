@@ -7,18 +7,20 @@
 //          causal mask or a draft tree's ancestor mask, optionally within a sliding window and with each
 //          query and key head RMS-normed first (QK-norm: x g / sqrt(mean(x^2) + eps))
 //
-// One summation order for every output, whatever k is: acc = sum over the 8-float chunks of K, in order, of
-// w[c] * u[c] (one AVX2 FMA chain), then a fixed horizontal sum of its 8 lanes, then the K % 8 tail in
-// order. A row's result is therefore the same bit for bit whether it is computed alone (an autoregressive
-// step) or among k rows (a verification block, a tree level): verification sees exactly the logits the
-// autoregressive loop would compute, so greedy speculative decoding reproduces greedy decoding exactly.
+// One summation order for every output, whatever k is: acc = sum over the L-float chunks of K, in order, of
+// w[c] * u[c] (one FMA chain; L = 16 in a build for AVX-512, 8 for AVX2), then a fixed horizontal sum of its L
+// lanes, then the K % L tail in order. A row's result is therefore the same bit for bit whether it is
+// computed alone (an autoregressive step) or among k rows (a verification block, a tree level): verification
+// sees exactly the logits the autoregressive loop would compute, so greedy speculative decoding reproduces
+// greedy decoding exactly. (The attention's dot products are AVX2 in both builds.)
 //
 // W is [N, K] row-major fp32 and contiguous; each thread of torch's pool (at::parallel_for) reads one
 // contiguous block of rows front to back (one sequential stream per core, prefetched PREFETCH floats ahead).
 // Each weight row is read from memory once for all k rows: a tile of NW weight rows x RB input rows keeps
-// NW * RB accumulators in registers (NW = 4, RB = 1 for one row: four independent chains; NW = 2, RB <= 6
-// for more), input rows beyond RB reuse the tile's weight rows from L1 in balanced tiles (7 rows: 4 + 3). Bandwidth-bound up to k ~ 6-10 on two
-// AVX2 cores; compute-bound beyond (2 flops per weight and row).
+// NW * RB accumulators in registers (one row: NW = 4, four independent chains; more rows: NW = 4 for up to
+// RB_WIDE rows, else NW = NW_MANY with RB <= 6, as the build's registers allow), input rows beyond RB reuse
+// the tile's weight rows from L1 in balanced tiles (7 rows: 4 + 3). Bandwidth-bound up to k ~ 6-10 on two
+// cores; compute-bound beyond (2 flops per weight and row), where AVX-512's wider FMAs and larger tiles help.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -96,56 +98,88 @@ inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(underflow, y);
 }
 
-// out[i * RB + j] = dot(w + i * K, xs[j], K) for NW weight rows and RB input rows, in the canonical order.
-// out[i * RB + j] = dot(w + i * K, xs[j], K) for NW weight rows and RB input rows, in the canonical order.
+// The products' vectors: 16 floats where the build targets AVX-512 (native.py compiles with -mavx512f on a
+// CPU that has it), else 8 (AVX2). One build uses one width for every product, so the canonical order of
+// the header holds within it (chunks of L floats, one FMA chain, a fixed horizontal sum, the K % L tail);
+// the two builds differ in summation order only (fp32 rounding, ~1e-7 relative).
+#ifdef __AVX512F__
+using vec = __m512;
+constexpr int L = 16;
+constexpr int NW_MANY = 4;   // 32 registers: 4 weight rows x 6 input rows = 24 accumulators
+constexpr int RB_WIDE = 6;   // rows for which four weight rows are tiled at once
+inline vec vzero() { return _mm512_setzero_ps(); }
+inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(vec v) {  // fixed order: the two 8-lane halves added, then hsum
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+#else
+using vec = __m256;
+constexpr int L = 8;
+constexpr int NW_MANY = 2;   // 16 registers: 2 weight rows x 6 input rows = 12 accumulators
+constexpr int RB_WIDE = 3;   // 4 weight rows x 3 input rows = 12 accumulators
+inline vec vzero() { return _mm256_setzero_ps(); }
+inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(vec v) { return hsum(v); }
+#endif
+
+// out[i * RB + j] = (w + i * K) . xs[j] for NW weight rows and RB input rows, in the canonical order; each
+// 64-byte line of a weight row is prefetched PREFETCH floats ahead.
 template <int NW, int RB>
 inline void tile(const float* w, int64_t K, const float* const* xs, float* out) {
-  __m256 acc[NW][RB];
+  vec acc[NW][RB];
   for (int i = 0; i < NW; ++i)
-    for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
+    for (int j = 0; j < RB; ++j) acc[i][j] = vzero();
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + PREFETCH), _MM_HINT_T0);
-    for (int h = 0; h < 16; h += 8) {
-      __m256 wv[NW];
-      for (int i = 0; i < NW; ++i) wv[i] = _mm256_loadu_ps(w + i * K + k + h);
+  for (; k + 2 * L <= K; k += 2 * L) {
+    for (int h = 0; h < 2 * L; h += 16)
+      for (int i = 0; i < NW; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + h + PREFETCH), _MM_HINT_T0);
+    for (int h = 0; h < 2 * L; h += L) {
+      vec wv[NW];
+      for (int i = 0; i < NW; ++i) wv[i] = vload(w + i * K + k + h);
       for (int j = 0; j < RB; ++j) {
-        const __m256 xv = _mm256_loadu_ps(xs[j] + k + h);
-        for (int i = 0; i < NW; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
+        const vec xv = vload(xs[j] + k + h);
+        for (int i = 0; i < NW; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
       }
     }
   }
-  for (; k + 8 <= K; k += 8) {
+  for (; k + L <= K; k += L) {
     for (int j = 0; j < RB; ++j) {
-      const __m256 xv = _mm256_loadu_ps(xs[j] + k);
-      for (int i = 0; i < NW; ++i) acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i * K + k), xv, acc[i][j]);
+      const vec xv = vload(xs[j] + k);
+      for (int i = 0; i < NW; ++i) acc[i][j] = vfma(vload(w + i * K + k), xv, acc[i][j]);
     }
   }
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < RB; ++j) {
-      float r = hsum(acc[i][j]);
+      float r = vsum(acc[i][j]);
       for (int64_t t = k; t < K; ++t) r += w[i * K + t] * xs[j][t];
       out[i * RB + j] = r;
     }
 }
 
+// tile<NW, rb> for a run-time rb of 1 .. RB_MAX (NW = 4 only up to RB_WIDE rows: its accumulators must fit).
 template <int NW>
 inline void tile_rows(const float* w, int64_t K, const float* const* xs, int rb, float* out) {
-  if constexpr (NW == 4) {  // at most 3 rows: 12 accumulators
-    switch (rb) {
-      case 1: tile<4, 1>(w, K, xs, out); break;
-      case 2: tile<4, 2>(w, K, xs, out); break;
-      default: tile<4, 3>(w, K, xs, out); break;
-    }
-    return;
-  }
-  switch (rb) {
+  constexpr int top = NW == 4 ? RB_WIDE : RB_MAX;
+  switch (std::min(rb, top)) {
     case 1: tile<NW, 1>(w, K, xs, out); break;
     case 2: tile<NW, 2>(w, K, xs, out); break;
     case 3: tile<NW, 3>(w, K, xs, out); break;
-    case 4: tile<NW, 4>(w, K, xs, out); break;
-    case 5: tile<NW, 5>(w, K, xs, out); break;
-    default: tile<NW, 6>(w, K, xs, out); break;
+    case 4: if constexpr (top >= 4) { tile<NW, 4>(w, K, xs, out); break; } [[fallthrough]];
+    case 5: if constexpr (top >= 5) { tile<NW, 5>(w, K, xs, out); break; } [[fallthrough]];
+    default: tile<NW, top>(w, K, xs, out); break;
+  }
+}
+
+// tile_rows for nw = 1 .. NW_MANY weight rows (the end of a thread's block).
+inline void tile_any(int nw, const float* w, int64_t K, const float* const* xs, int rb, float* out) {
+  switch (nw) {
+    case 1: tile_rows<1>(w, K, xs, rb, out); break;
+    case 2: tile_rows<2>(w, K, xs, rb, out); break;
+    case 3: if constexpr (NW_MANY >= 3) { tile_rows<3>(w, K, xs, rb, out); break; } [[fallthrough]];
+    default: tile_rows<NW_MANY>(w, K, xs, rb, out); break;
   }
 }
 
@@ -223,7 +257,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     yp[r * N + n] = v;
   };
   at::parallel_for(0, N, grain, [&](int64_t begin, int64_t end) {
-    float out[4 * RB_MAX];
+    float out[NW_MANY > 4 ? NW_MANY * RB_MAX : 4 * RB_MAX];
     int64_t n = begin;
     if (rows == 1) {
       for (; n + 4 <= end; n += 4) {
@@ -236,7 +270,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
       }
       return;
     }
-    if (rows <= 3) {  // four weight rows at once while their accumulators fit: 4 x 3 registers
+    if (rows <= RB_WIDE) {  // four weight rows at once while their accumulators fit
       const int rb = static_cast<int>(rows);
       for (; n + 4 <= end; n += 4) {
         tile_rows<4>(wp + n * K, K, xs.data(), rb, out);
@@ -244,18 +278,14 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
           for (int j = 0; j < rb; ++j) emit(n + i, j, out[i * rb + j]);
       }
     }
-    // more than RB_MAX rows: the fewest tiles of RB_MAX rows or fewer, balanced (7 = 4 + 3, not 6 + 1: a
-    // one-row tile has two FMA chains, latency-bound, and would cost nearly what the six-row one does)
+    // more rows: the fewest tiles of RB_MAX rows or fewer, balanced (7 = 4 + 3, not 6 + 1: a one-row tile has
+    // NW FMA chains, latency-bound, and would cost nearly what the six-row one does)
     const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
-    for (; n < end; n += 2) {
-      const int nw = n + 2 <= end ? 2 : 1;
+    for (; n < end; n += NW_MANY) {
+      const int nw = static_cast<int>(std::min<int64_t>(NW_MANY, end - n));
       for (int64_t t = 0, r0 = 0; t < n_tiles; ++t) {
         const int rb = static_cast<int>((rows - r0 + n_tiles - t - 1) / (n_tiles - t));
-        if (nw == 2) {
-          tile_rows<2>(wp + n * K, K, xs.data() + r0, rb, out);
-        } else {
-          tile_rows<1>(wp + n * K, K, xs.data() + r0, rb, out);
-        }
+        tile_any(nw, wp + n * K, K, xs.data() + r0, rb, out);
         for (int i = 0; i < nw; ++i)
           for (int j = 0; j < rb; ++j) emit(n + i, r0 + j, out[i * rb + j]);
         r0 += rb;

@@ -26,7 +26,7 @@ forward sees exactly the logits the autoregressive loop computes for the same pr
 speculative decoding on these kernels reproduces greedy decoding exactly, not just up to near-ties. Both
 equal their torch formulation up to fp32 summation order (~1e-6 relative; ``tests/test_native.py``).
 
-:func:`linear` is one candidate (``"avx2"``) among the library kernels of
+:func:`linear` is one candidate (``"native"``) among the library kernels of
 :mod:`spade_lib.decoding.kernels`, used where timing says it is not slower; the lean forward then also
 attends with :func:`attend`. It exists only where it can be built: an x86-64 CPU with AVX2 and FMA, a
 C++ compiler and ``ninja`` (the project's machines have both). The build (~45 s on two cores) goes to
@@ -49,13 +49,15 @@ import torch
 
 from spade_lib import paths
 
-__all__ = ["attend", "available", "linear", "cpu_flags"]
+__all__ = ["ISA_FLAGS", "attend", "available", "cpu_flags", "isa", "linear"]
 
 SOURCE = Path(__file__).with_name("native.cpp")
 # -fopenmp: at::parallel_for is inline code that runs on torch's OpenMP pool only when compiled with OpenMP (without
 # it every product ran on one core); -ffp-contract=off: one rounding per scalar operation, so a row's result cannot
 # depend on how the code around it was inlined (the FMAs of the products are explicit intrinsics).
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")
+# The products' vector width: AVX-512 where the CPU has it (``native.cpp`` then sums in 16-float chunks), else AVX2.
+ISA_FLAGS = {"avx512": ("-mavx512f",), "avx2": ()}
 GRAIN = 64  # rows per task of torch's pool: a 576-row product still splits over two threads
 _MODULE: list = []  # [] before the first try; then [module] or [None]
 
@@ -72,9 +74,26 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def isa() -> str:
+    """The instruction set the products are built for: ``"avx512"`` where the CPU has AVX-512F, else ``"avx2"``;
+    the environment variable ``SPADE_NATIVE_ISA`` (``"avx2"`` or ``"avx512"``) overrides it (``"avx2"`` on an
+    AVX-512 CPU: the other build, for before/after comparisons and its tests)."""
+    want = os.environ.get("SPADE_NATIVE_ISA", "auto")
+    if want not in ("auto", *ISA_FLAGS):
+        raise ValueError(f"SPADE_NATIVE_ISA: must be one of {['auto', *ISA_FLAGS]}, got {want!r}")
+    has = "avx512f" in cpu_flags()
+    if want == "avx512" and not has:
+        raise ValueError("SPADE_NATIVE_ISA: 'avx512' asked for on a CPU without AVX-512F (see /proc/cpuinfo)")
+    return want if want != "auto" else "avx512" if has else "avx2"
+
+
+def _flags() -> tuple[str, ...]:
+    return (*FLAGS, *ISA_FLAGS[isa()])
+
+
 def _key() -> str:
     h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(f"{torch.__version__}|{' '.join(FLAGS)}|{platform.python_version()}".encode())
+    h.update(f"{torch.__version__}|{' '.join(_flags())}|{platform.python_version()}".encode())
     return h.hexdigest()[:12]
 
 
@@ -96,7 +115,7 @@ def _build():
                 module = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(module)
                 return module
-            return cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(FLAGS), build_directory=str(folder),
+            return cpp_extension.load(name, [str(SOURCE)], extra_cflags=list(_flags()), build_directory=str(folder),
                                       verbose=False)
     except Exception as exc:  # noqa: BLE001  (no compiler, no ninja, a failed build: the library kernels remain)
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
