@@ -12,7 +12,8 @@
 // lanes, then the K % L tail in order. A row's result is therefore the same bit for bit whether it is
 // computed alone (an autoregressive step) or among k rows (a verification block, a tree level): verification
 // sees exactly the logits the autoregressive loop would compute, so greedy speculative decoding reproduces
-// greedy decoding exactly. (The attention's dot products are AVX2 in both builds.)
+// greedy decoding exactly. The attention's scores follow the same rule (per key: one chain of L-float chunks, a
+// fixed tree over its lanes, the tail; scores, below), its normaliser too (L-lane partial sums, then the tail).
 //
 // W is [N, K] row-major fp32 and contiguous; each thread of torch's pool (at::parallel_for) reads one
 // contiguous block of rows front to back (one sequential stream per core, prefetched PREFETCH floats ahead).
@@ -110,6 +111,7 @@ constexpr int RB_WIDE = 6;   // rows for which four weight rows are tiled at onc
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline float vsum(vec v) {  // fixed order: the two 8-lane halves added, then hsum
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
@@ -121,8 +123,58 @@ constexpr int RB_WIDE = 3;   // 4 weight rows x 3 input rows = 12 accumulators
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline float vsum(vec v) { return hsum(v); }
 #endif
+
+#ifdef __AVX512F__
+// The sums of four keys' accumulators in one fixed tree over each one's 16 lanes (the same for every key: a
+// missing key's zero accumulator never meets a real key's lanes): (l0 + l2) + (l1 + l3) within each 128-bit
+// chunk c, then (c0 + c2) + (c1 + c3).
+inline __m128 sum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+  const __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+  const __m512 u = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t0), _mm512_castps_pd(t1))));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(u),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
+
+// The attention's scores q . k_i for m <= 8 keys at once, in the build's canonical order. AVX-512: one chain
+// of 16-float chunks per key (eight independent chains for a full group), sum4 over its lanes, then the
+// hd % 16 tail in order. AVX2: dot4 / dot (8-float chunks).
+inline void scores(const float* const* ks, int m, const float* x, int64_t hd, float* out) {
+#ifdef __AVX512F__
+  __m512 a[8];
+  for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_ps();
+  int64_t d = 0;
+  if (m == 8) {
+    for (; d + 16 <= hd; d += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + d);
+      for (int i = 0; i < 8; ++i) a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(ks[i] + d), xv, a[i]);
+    }
+  } else {
+    for (; d + 16 <= hd; d += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + d);
+      for (int i = 0; i < m; ++i) a[i] = _mm512_fmadd_ps(_mm512_loadu_ps(ks[i] + d), xv, a[i]);
+    }
+  }
+  float r[8];
+  _mm_storeu_ps(r, sum4(a[0], a[1], a[2], a[3]));
+  if (m > 4) _mm_storeu_ps(r + 4, sum4(a[4], a[5], a[6], a[7]));
+  for (int i = 0; i < m; ++i) {
+    float v = r[i];
+    for (int64_t e = d; e < hd; ++e) v += ks[i][e] * x[e];
+    out[i] = v;
+  }
+#else
+  int i = 0;
+  for (; i + 4 <= m; i += 4) dot4(ks[i], ks[i + 1], ks[i + 2], ks[i + 3], x, hd, out + i);
+  for (; i < m; ++i) out[i] = dot(ks[i], x, hd);
+#endif
+}
 
 // out[i * RB + j] = (w + i * K) . xs[j] for NW weight rows and RB input rows, in the canonical order; each
 // 64-byte line of a weight row is prefetched PREFETCH floats ahead.
@@ -390,24 +442,47 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
       rope(q + i * width + h * hd, qg, i, tmp.data(), qr.data());
       const float* Kj = keys + j * cap * hd;
       const float* Vj = vals + j * cap * hd;
-      int64_t t = 0;  // the scores, four keys at a time (each in the canonical order)
-      for (; t + 4 <= n; t += 4)
-        dot4(Kj + seen[t] * hd, Kj + seen[t + 1] * hd, Kj + seen[t + 2] * hd, Kj + seen[t + 3] * hd, qr.data(), hd,
-             p.data() + t);
-      for (; t < n; ++t) p[t] = dot(Kj + seen[t] * hd, qr.data(), hd);
-      float mx = -INFINITY;
+      int64_t t = 0;  // the scores, eight keys at a time (each in the canonical order of the build)
+      for (; t < n; t += 8) {
+        const int m = static_cast<int>(std::min<int64_t>(8, n - t));
+        const float* ks[8] = {Kj, Kj, Kj, Kj, Kj, Kj, Kj, Kj};
+        for (int r = 0; r < m; ++r) ks[r] = Kj + seen[t + r] * hd;
+        scores(ks, m, qr.data(), hd, p.data() + t);
+      }
+      float mx = -INFINITY;  // exact in any order
       for (t = 0; t < n; ++t) mx = std::max(mx, p[t]);
       const __m256 mv = _mm256_set1_ps(mx);
       for (t = 0; t < n; t += 8) {  // p is padded to a multiple of 8: the tail lanes are computed and ignored
         _mm256_storeu_ps(p.data() + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p.data() + t), mv)));
       }
-      float z = 0.0f;
-      for (t = 0; t < n; ++t) z += p[t];
+      vec zv = vzero();  // z = sum_t p_t: L-lane partial sums over the whole chunks, vsum, then the tail in order
+      for (t = 0; t + L <= n; t += L) zv = vadd(zv, vload(p.data() + t));
+      float z = vsum(zv);
+      for (; t < n; ++t) z += p[t];
       const float inv = 1.0f / z;
       float* o = op + i * H * hd + h * hd;
       for (int64_t d0 = 0; d0 < hd; d0 += 64) {  // o[d] = sum_t (p_t / z) V_t[d], in order of t, 8 registers at a time
         const int64_t w = std::min<int64_t>(64, hd - d0);
         if (w == 64) {
+#ifdef __AVX512F__
+          __m512 acc[2][4];  // two chains, over the even and the odd t in order, added at the end
+          for (int r = 0; r < 4; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
+          for (t = 0; t + 2 <= n; t += 2) {
+            const __m512 a0 = _mm512_set1_ps(p[t] * inv), a1 = _mm512_set1_ps(p[t + 1] * inv);
+            const float* v0 = Vj + seen[t] * hd + d0;
+            const float* v1 = Vj + seen[t + 1] * hd + d0;
+            for (int r = 0; r < 4; ++r) {
+              acc[0][r] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(v0 + 16 * r), acc[0][r]);
+              acc[1][r] = _mm512_fmadd_ps(a1, _mm512_loadu_ps(v1 + 16 * r), acc[1][r]);
+            }
+          }
+          if (t < n) {
+            const __m512 a0 = _mm512_set1_ps(p[t] * inv);
+            const float* v0 = Vj + seen[t] * hd + d0;
+            for (int r = 0; r < 4; ++r) acc[0][r] = _mm512_fmadd_ps(a0, _mm512_loadu_ps(v0 + 16 * r), acc[0][r]);
+          }
+          for (int r = 0; r < 4; ++r) _mm512_storeu_ps(o + d0 + 16 * r, _mm512_add_ps(acc[0][r], acc[1][r]));
+#else
           __m256 acc[8];
           for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
           for (t = 0; t < n; ++t) {
@@ -416,6 +491,7 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
             for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 8 * r), acc[r]);
           }
           for (int r = 0; r < 8; ++r) _mm256_storeu_ps(o + d0 + 8 * r, acc[r]);
+#endif
         } else {
           std::fill(o + d0, o + d0 + w, 0.0f);
           for (t = 0; t < n; ++t) {
