@@ -63,6 +63,31 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
             assert torch.equal(native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5, gated=True), block[i:i + 1])
 
 
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(3, 8), (7, 20), (70, 150), (576, 576), (1001, 37)])  # N % 4 rows past the groups
+def test_packed_weights_give_the_unpacked_products_bit_for_bit(n, k, threads):
+    """``pack`` only moves the weights (the same shape, every value kept) and ``linear(..., packed=True)`` then
+    sums each output in the unpacked order: equal results, not merely close, for every row count and option."""
+    g = torch.Generator().manual_seed(n * k)
+    w, b, gain = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(k, generator=g)
+    p = native.pack(w)
+    assert p.shape == w.shape and torch.equal(p.flatten().sort().values, w.flatten().sort().values)
+    assert n < 4 or not torch.equal(p, w)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in ROWS:
+            x, xx, r = (torch.randn(rows, k, generator=g), torch.randn(rows, 2 * k, generator=g),
+                        torch.randn(rows, n, generator=g))
+            for args, kw in (((x,), {}), ((x, b, r), {}), ((x, b), {"eps": 1e-5, "gain": gain}),
+                             ((xx, b, r), {"eps": 1e-6, "gated": True})):
+                assert torch.equal(native.linear(*args[:1], p, *args[1:], packed=True, **kw),
+                                   native.linear(*args[:1], w, *args[1:], **kw)), (rows, kw)
+    finally:
+        torch.set_num_threads(before)
+
+
 def _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors, window=None, qk_norm=None):
     """``(out [k, H hd], cache after)`` of the torch formulation (``window``: a token at position ``p`` sees
     cached positions ``> p - window``; ``qk_norm = (q_gain, k_gain, eps)``: heads RMS-normed before rotation)."""
@@ -176,6 +201,10 @@ def test_bad_input_is_refused_by_name():
         native.linear(torch.randn(2, 16), w, eps=1e-5, gain=torch.randn(15))
     with pytest.raises(RuntimeError, match="x: must be a contiguous float32"):
         native.linear(torch.randn(1, 16, dtype=torch.float64), w)
+    with pytest.raises(RuntimeError, match="w: must be \\[N, K\\], got 1 dims"):
+        native.pack(torch.randn(16))
+    with pytest.raises(RuntimeError, match="w: must be a contiguous float32"):
+        native.pack(w.t())
     kv = torch.zeros(2, 2, 8, 4)
     with pytest.raises(RuntimeError, match="must fit the capacity 8"):
         native.attend(torch.zeros(2, 6 * 4), kv, 7, torch.ones(2, 4), torch.zeros(2, 4), 2)
@@ -304,6 +333,7 @@ g = torch.Generator().manual_seed(11)
 w, b, x = torch.randn(333, 150, generator=g), torch.randn(333, generator=g), torch.randn(13, 300, generator=g)
 block = native.linear(x, w, b, eps=1e-5, gated=True)
 assert all(torch.equal(native.linear(x[i:i + 1], w, b, eps=1e-5, gated=True), block[i:i + 1]) for i in range(13))
+assert torch.equal(native.linear(x, native.pack(w), b, eps=1e-5, gated=True, packed=True), block)
 torch.save(block, {out!r})
 """
 

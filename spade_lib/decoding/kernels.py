@@ -82,7 +82,7 @@ MIN_GAIN = 0.02  # a product moves to another kernel only if the whole forward g
 PRUNE = 1.25  # the per-product pass tries only candidates whose uniform plan was within this of the best
 ROUNDS = 3  # the uniform plans, and the kept plan against the best of them, are timed in this many interleaved rounds
 NATIVE_MARGIN = 0.05  # the native plan is kept unless another uniform plan is faster by more than this
-PLAN_VERSION = 6  # part of the cache key: 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
+PLAN_VERSION = 7  # part of the cache key: 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
 
 
@@ -111,15 +111,16 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def _native(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return native.linear(x, w, b)
+    return native.linear(x, w, b, packed=True)
 
 
-# name -> (how its weights are prepared: "raw", "rows" (contiguous) or "packed", apply to x [k, in], row classes it serves)
+# name -> (how its weights are prepared: "raw", "packed" (oneDNN's layout) or "tiles" (the
+# native kernel's, native.pack), apply to x [k, in], row classes it serves)
 CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "mkl": ("raw", F.linear, ("one", "many")),
     "onednn": ("packed", _lp, ("one", "many")),
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
-    "native": ("rows", _native, ("one", "many")),
+    "native": ("tiles", _native, ("one", "many")),
 }
 POLICIES = ("auto", "legacy", *CANDIDATES)
 
@@ -140,7 +141,7 @@ class Kernel:
         ``gated`` (a gated MLP's down projection); one call on the MKL kernel (``addmm``, beta = 1) and on
         ``"native"``, which also applies the gate."""
         if self.name == "native":
-            return native.linear(x, self.w, self.b, residual, gated=gated)
+            return native.linear(x, self.w, self.b, residual, gated=gated, packed=True)
         if gated:
             half = x.shape[-1] // 2
             x = F.silu(x[..., :half]) * x[..., half:]
@@ -153,16 +154,18 @@ class Kernel:
         where the lean forward folds it into ``W``); one call on ``"native"``, which scales the product instead
         of ``x``."""
         if self.name == "native":
-            return native.linear(x, self.w, self.b, eps=eps, gain=gain)
+            return native.linear(x, self.w, self.b, eps=eps, gain=gain, packed=True)
         return self.fn(F.rms_norm(x, (x.shape[-1],), gain, eps), self.w, self.b)
 
 
 def prepare(family: str, w: torch.Tensor) -> torch.Tensor:
-    """``w`` as a weight family of :data:`CANDIDATES` reads it: ``"raw"`` (itself), ``"rows"`` (row-major
-    contiguous: itself unless it is a strided view) or ``"packed"`` (a oneDNN-packed copy); a candidate's
-    family is ``CANDIDATES[name][0]``."""
+    """``w`` as a weight family of :data:`CANDIDATES` reads it: ``"raw"`` (itself), ``"packed"`` (a oneDNN-packed
+    copy) or ``"tiles"`` (the native kernel's copy, :func:`native.pack`: groups of four rows interleaved); a
+    candidate's family is ``CANDIDATES[name][0]``."""
     with torch.inference_mode():
-        return _pack(w) if family == "packed" else w.contiguous() if family == "rows" else w
+        if family == "packed":
+            return _pack(w)
+        return native.pack(w.contiguous()) if family == "tiles" else w
 
 
 def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
