@@ -88,6 +88,32 @@ def test_packed_weights_give_the_unpacked_products_bit_for_bit(n, k, threads):
         torch.set_num_threads(before)
 
 
+def test_module_weights_are_kept_until_a_parameter_changes():
+    """A head's prepared weights are built once, rebuilt after an in-place edit (an optimiser step, a
+    ``load_state_dict``) or a new tensor, and never kept for a module made under inference mode."""
+    builds = []
+    lin = torch.nn.Linear(8, 4)
+
+    def build():
+        builds.append(1)
+        return {"w": lin.weight.detach().clone()}
+
+    first = native.module_weights(lin, build)
+    assert native.module_weights(lin, build) is first and len(builds) == 1
+    with torch.no_grad():
+        lin.weight.add_(1.0)
+    again = native.module_weights(lin, build)
+    assert len(builds) == 2 and torch.equal(again["w"], lin.weight.detach())
+    lin.weight = torch.nn.Parameter(torch.zeros(4, 8))
+    native.module_weights(lin, build)
+    assert len(builds) == 3
+    with torch.inference_mode():
+        frozen = torch.nn.Linear(8, 4)
+    native.module_weights(frozen, build)
+    native.module_weights(frozen, build)
+    assert len(builds) == 5 and "_native_weights" not in frozen.__dict__
+
+
 def _reference_attention(qkv, kv, start, cos, sin, heads, tree_from, ancestors, window=None, qk_norm=None):
     """``(out [k, H hd], cache after)`` of the torch formulation (``window``: a token at position ``p`` sees
     cached positions ``> p - window``; ``qk_norm = (q_gain, k_gain, eps)``: heads RMS-normed before rotation)."""

@@ -261,28 +261,13 @@ class NativeRunner:
 
     def __init__(self, head: "EagleHead", capacity: int = 256):
         layer, lc = head.layers[0], head.layer_config
-        a, m = layer.self_attn, layer.mlp
         self.head, self.device = head, next(head.parameters()).device
         self.n_heads, self.n_kv = int(lc.num_attention_heads), int(lc.num_key_value_heads)
         self.head_dim, self.hidden = int(lc.head_dim), int(lc.hidden_size)
         self.eps = float(lc.rms_norm_eps)
-        q_rows = self.n_heads * self.head_dim
-        with torch.inference_mode():
-            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).clone()
-            wqkv[:q_rows] *= self.head_dim ** -0.5
-            self.w_qkv = wqkv.contiguous()
-            self.b_qkv = None
-            if a.q_proj.bias is not None:
-                b = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).clone()
-                b[:q_rows] *= self.head_dim ** -0.5
-                self.b_qkv = b.contiguous()
-            self.w_o = a.o_proj.weight.contiguous()
-            self.b_o = None if a.o_proj.bias is None else a.o_proj.bias.contiguous()
-            self.w_gu = (torch.cat([m.gate_proj.weight, m.up_proj.weight])
-                         * layer.post_attention_layernorm.weight[None, :]).contiguous()
-            self.w_down = m.down_proj.weight.contiguous()
-            self.w_fc = head.fc.weight.contiguous()
-            self.w_lm = head.lm_head.weight.contiguous()
+        w = native.module_weights(head, lambda: self._weights(head))
+        self.w_qkv, self.b_qkv, self.w_o, self.b_o = w["qkv"], w["b_qkv"], w["o"], w["b_o"]
+        self.w_gu, self.w_down, self.w_fc, self.w_lm = w["gu"], w["down"], w["fc"], w["lm"]
         self.g_in, self.g_hidden, self.g_norm = (layer.input_layernorm.weight, layer.hidden_norm.weight,
                                                  head.norm.weight)
         self.post_eps = float(layer.post_attention_layernorm.variance_epsilon)
@@ -290,6 +275,27 @@ class NativeRunner:
         self.length, self._size = 0, 0
         self.kv = torch.empty(0)
         self._grow(capacity)
+
+    @staticmethod
+    def _weights(head: "EagleHead") -> dict:
+        """The products' weights as the native kernel reads them (:func:`native.pack`), the query rows of
+        ``W_qkv`` scaled by ``1 / sqrt(hd)`` and the post-attention gain folded into ``W_gu``."""
+        layer, lc = head.layers[0], head.layer_config
+        a, m = layer.self_attn, layer.mlp
+        q_rows = int(lc.num_attention_heads) * int(lc.head_dim)
+        with torch.inference_mode():
+            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).clone()
+            wqkv[:q_rows] *= int(lc.head_dim) ** -0.5
+            b_qkv = None
+            if a.q_proj.bias is not None:
+                b_qkv = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).clone()
+                b_qkv[:q_rows] *= int(lc.head_dim) ** -0.5
+                b_qkv = b_qkv.contiguous()
+            gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) * layer.post_attention_layernorm.weight[None, :]
+            return {"qkv": native.pack(wqkv.contiguous()), "b_qkv": b_qkv, "o": native.pack(a.o_proj.weight.contiguous()),
+                    "b_o": None if a.o_proj.bias is None else a.o_proj.bias.contiguous(),
+                    "gu": native.pack(gu.contiguous()), "down": native.pack(m.down_proj.weight.contiguous()),
+                    "fc": native.pack(head.fc.weight.contiguous()), "lm": native.pack(head.lm_head.weight.contiguous())}
 
     @staticmethod
     def usable(head: "EagleHead") -> bool:
@@ -307,15 +313,15 @@ class NativeRunner:
         self.kv, self._cos, self._sin, self._size = kv, cos[0].contiguous(), sin[0].contiguous(), size
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        return native.linear(features.to(torch.float32).contiguous(), self.w_fc)
+        return native.linear(features.to(torch.float32).contiguous(), self.w_fc, packed=True)
 
     def feedback(self, o: torch.Tensor) -> torch.Tensor:
         if self.head.config.variant == "eagle1":
-            return native.linear(o.contiguous(), self.w_fc)
+            return native.linear(o.contiguous(), self.w_fc, packed=True)
         return F.rms_norm(o, (self.hidden,), self.g_norm, self.eps) if self.head.config.norm_output else o
 
     def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
-        return native.linear(o.contiguous(), self.w_lm, eps=self.eps, gain=self.g_norm)
+        return native.linear(o.contiguous(), self.w_lm, eps=self.eps, gain=self.g_norm, packed=True)
 
     def feed(self, g: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, tree_from: int | None = None,
              ancestors: torch.Tensor | None = None) -> torch.Tensor:
@@ -329,11 +335,12 @@ class NativeRunner:
         hidden = F.rms_norm(g, (self.hidden,), self.g_hidden, self.eps)
         u = torch.cat([F.rms_norm(F.embedding(tokens.reshape(-1), self.head.embed_tokens.weight), (self.hidden,),
                                   self.g_in, self.eps), hidden], dim=-1)
-        qkv = native.linear(u, self.w_qkv, self.b_qkv)
+        qkv = native.linear(u, self.w_qkv, self.b_qkv, packed=True)
         att = native.attend(qkv, self.kv, start, self._cos[positions], self._sin[positions], self.n_heads,
                             tree_from, ancestors)
-        a = native.linear(att, self.w_o, self.b_o, (hidden if self.norm_before_residual else g).contiguous())
-        o = native.linear(native.linear(a, self.w_gu, eps=self.post_eps), self.w_down, residual=a, gated=True)
+        a = native.linear(att, self.w_o, self.b_o, (hidden if self.norm_before_residual else g).contiguous(), packed=True)
+        o = native.linear(native.linear(a, self.w_gu, eps=self.post_eps, packed=True), self.w_down, residual=a,
+                          gated=True, packed=True)
         self.length = start + m
         return o
 

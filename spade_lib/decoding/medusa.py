@@ -149,14 +149,21 @@ class MedusaHead(nn.Module):
         them at the machine's bandwidth is what the head's cost ``c`` is made of."""
         if not torch.is_grad_enabled() and self._native():
             x0 = hidden.reshape(-1, hidden.shape[-1]).to(torch.float32).contiguous()
+            packed = native.module_weights(self, self._packed)
             outs = []
-            for h in self.heads[:n_heads]:
+            for h, (blocks, lm) in zip(self.heads[:n_heads], packed):
                 x = x0
-                for block in h[:-1]:
-                    x = x + F.silu(native.linear(x, block.linear.weight, block.linear.bias))
-                outs.append(native.linear(x.contiguous(), h[-1].weight))
+                for block, w in zip(h[:-1], blocks):
+                    x = x + F.silu(native.linear(x, w, block.linear.bias, packed=True))
+                outs.append(native.linear(x.contiguous(), lm, packed=True))
             return torch.stack(outs, dim=-2).reshape(*hidden.shape[:-1], len(outs), -1)
         return torch.stack([h(hidden) for h in self.heads[:n_heads]], dim=-2)
+
+    def _packed(self) -> list:
+        """Each head's ``([block weights], lm_head weight)`` as the native kernel reads them (:func:`native.pack`)."""
+        with torch.inference_mode():
+            return [([native.pack(b.linear.weight.contiguous()) for b in h[:-1]], native.pack(h[-1].weight.contiguous()))
+                    for h in self.heads]
 
     def _native(self) -> bool:
         first = self.heads[0][-1].weight

@@ -44,12 +44,13 @@ import os
 import platform
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from spade_lib import paths
 
-__all__ = ["ISA_FLAGS", "attend", "available", "cpu_flags", "isa", "linear", "pack"]
+__all__ = ["ISA_FLAGS", "attend", "available", "cpu_flags", "isa", "linear", "module_weights", "pack"]
 
 SOURCE = Path(__file__).with_name("native.cpp")
 # -fopenmp: at::parallel_for is inline code that runs on torch's OpenMP pool only when compiled with OpenMP (without
@@ -158,6 +159,24 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     order, so the results equal the unpacked product's exactly. Same shape as ``w``; only this build's
     :func:`linear` reads it."""
     return _module().pack(w)
+
+
+def module_weights(module: torch.nn.Module, build: Callable[[], dict]) -> dict:
+    """``build()`` (a module's weights prepared for these kernels, e.g. :func:`pack`'s copies), kept on ``module``
+    until one of its parameters changes (another tensor, or an in-place edit: the version counter), so a
+    drafter reset or a cost measurement does not repack a head's weights; never stored for a module whose
+    parameters keep no version counter (made under ``torch.inference_mode``)."""
+    try:
+        key = tuple((p.data_ptr(), p._version) for p in module.parameters())
+    except RuntimeError:  # inference tensors keep no version counter
+        key = None
+    hit = module.__dict__.get("_native_weights")
+    if key is not None and hit is not None and hit[0] == key:
+        return hit[1]
+    weights = build()
+    if key is not None:
+        module.__dict__["_native_weights"] = (key, weights)
+    return weights
 
 
 def attend(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
