@@ -11,9 +11,10 @@ weight catch up with the bandwidth. :func:`linear` computes, for each row ``r``,
     (``gated``: a gated MLP's input), ``s_r = 1 / sqrt(mean(x_r^2) + eps)`` when ``eps`` is given (an
     RMSNorm, its gain folded into ``W`` by the lean forward or passed as ``gain``), else ``s_r = 1``
 
-with each thread of torch's own pool reading one contiguous block of weight rows front to back (one
-sequential stream per core, prefetched 8 KiB ahead), a tile of weight rows times input rows held in AVX2
-registers so each weight is read from memory once for all ``k`` rows. The norm prologue and the residual
+with each thread of torch's own pool reading one contiguous block of weight rows front to back, a tile of
+weight rows times input rows held in registers (AVX-512 where the CPU has it, else AVX2) so each weight is
+read from memory once for all ``k`` rows. The lean forward and the heads hand it weights in :func:`pack`'s
+layout (four rows interleaved chunk by chunk), so a tile's reads are one sequential stream per core. The norm prologue and the residual
 epilogue save the small kernel calls around the products that a forward is otherwise full of.
 :func:`attend` does the rest of a layer's token mixing in one call: the rotary embedding of the new
 tokens' query and key heads, their keys and values written into the cache, and ``softmax(q K^T) V`` per
