@@ -258,14 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 print(f"[rank {ranks.rank}/{ranks.world_size}] no process group (MASTER_ADDR unset): once every "
                       f"rank has finished, merge with --merge", flush=True)
                 return None
-            launch.barrier()
-            # every rank's decoded count, for the summary (one small all-reduce after the barrier)
-            import torch
-            import torch.distributed as dist
-
-            count = torch.tensor([len(decoded)])
-            dist.all_reduce(count)
-            n_decoded = int(count.item())
+            n_decoded = launch.sum_over_ranks(len(decoded))  # every rank's count, once all have finished
             if not ranks.is_main:
                 return None
             launch.merge_run(run_dir, suite, run_identity(pair, suite, spec.config))

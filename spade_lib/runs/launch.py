@@ -97,6 +97,21 @@ def barrier() -> None:
         dist.barrier()
 
 
+def sum_over_ranks(n: int, key: str = "spade/decoded") -> int:
+    """The sum of ``n`` over every rank, returned to each once all have added theirs (``n`` itself without a
+    process group). It goes through the launch's key-value store, not a collective: a gloo all-reduce's work
+    holds its tensor's Python object, and its worker thread freeing that during interpreter shutdown aborted a
+    rank now and then ("terminate called without an active exception"; pytorch/pytorch#179291)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return int(n)
+    store = dist.distributed_c10d._get_default_store()
+    store.add(key, int(n))
+    barrier()
+    return int(store.add(key, 0))
+
+
 def close_group() -> None:
     import torch.distributed as dist
 
