@@ -6,6 +6,8 @@ hot-path module :mod:`spade_lib.verify`. Notation (Leviathan et al. 2023): ``p``
 
 - :func:`draft_tree` + :func:`block_law_error`: the exact law of the emitted block by enumeration of
   every draft block over a small vocabulary and every acceptance cut (no sampling; fp64);
+  :func:`proposal_law_error` the same for any law of proposals (a cross-vocabulary draft's re-encoded
+  blocks), both on :func:`forced_cuts` (every cut of a verification with its exact probability);
 - :func:`monte_carlo_check` + :func:`chi_square_pvalue`: first and second emitted tokens against
   ``p`` by Pearson chi-square (a stated p-value);
 - :data:`MC_CONFIGS` / :func:`warped_pair`: the Monte-Carlo configurations (sampling warpers,
@@ -34,7 +36,7 @@ from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import check_choice
 from spade_lib.verify import VerifyResult, sample_inverse_cdf, verify, verify_tree
 
-__all__ = ["verify_reference", "draft_tree", "block_law_error", "chi_square_pvalue", "monte_carlo_check",
+__all__ = ["verify_reference", "draft_tree", "block_law_error", "forced_cuts", "proposal_law_error", "chi_square_pvalue", "monte_carlo_check",
            "MC_CONFIGS", "warped_pair", "TREE_KINDS", "tree_tables", "prefix_ids", "TreeCase", "tree_case",
            "tree_law_error", "sample_tree", "tree_monte_carlo_check", "verify_tree_reference"]
 
@@ -214,23 +216,10 @@ def block_law_error(
         add(res, q_path.double())
         alpha0 = float((q_path.double() * res.accepted[:, 0].double()).sum() / q_path.double().sum())
     else:
-        probe = verify(p, q, x, mode=mode, uniforms=torch.zeros(B, gamma, dtype=p.dtype),
-                       next_uniforms=torch.zeros(B, dtype=p.dtype), **mode_options)
-        a = probe.accept_prob.double()
-        alpha0 = float((q_path.double() * a[:, 0]).sum() / q_path.double().sum())
-        below_one = torch.nextafter(torch.ones((), dtype=p.dtype), torch.zeros((), dtype=p.dtype))
-        for k in range(gamma + 1):
-            u = torch.zeros(B, gamma, dtype=p.dtype)
-            weight = q_path.double() * a[:, :k].prod(dim=-1)
-            if k < gamma:
-                u[:, k] = below_one
-                weight = weight * (1 - a[:, k])
-            res = verify(p, q, x, mode=mode, uniforms=u, next_uniforms=torch.zeros(B, dtype=p.dtype),
-                         **mode_options)
-            live = weight > 0
-            if not torch.equal(res.n_accepted[live], torch.full_like(res.n_accepted[live], k)):
-                raise AssertionError(f"forced uniforms did not produce {k} acceptances")
+        for k, res, weight in forced_cuts(p, q, x, q_path.double(), mode=mode, **mode_options):
             add(res, weight)
+            if k == 0:  # the mass rejected at position 0 is sum_b w_b (1 - a_0)
+                alpha0 = 1.0 - float(weight.sum() / q_path.double().sum())
 
     reach0 = law[0].sum()
     errors = []
@@ -239,6 +228,75 @@ def block_law_error(
         errors.append(float((law[j] - reach * target[j]).abs().max()))
     return {"max_abs_error": max(errors), "first_token_error": errors[0],
             "total_mass_error": float(abs(reach0 - 1)), "alpha_enumerated": alpha0}
+
+
+def forced_cuts(p: torch.Tensor, q: torch.Tensor, draft_tokens: torch.Tensor, weights: torch.Tensor | None = None,
+                *, mode: str = "exact", **mode_options: float):
+    """Every outcome of verifying the blocks ``draft_tokens [B, g]`` under a sampling rule, with its exact
+    probability: yields ``(k, result, weight)`` for ``k = 0 .. g``, where :func:`verify` ran with uniforms
+    that force ``k`` acceptances (``u_k`` just below 1, the others 0) and ``weight [B] = weights * prod_{i<k}
+    a_i * (1 - a_k)`` (no last factor at ``k = g``), ``a`` the rule's own ``accept_prob``. A block whose weight
+    is positive must have accepted exactly ``k`` (an ``AssertionError`` otherwise). The one enumeration of
+    verification cuts behind :func:`block_law_error` and :func:`proposal_law_error`."""
+    B, g = draft_tokens.shape
+    zero_u, zero_next = torch.zeros(B, g, dtype=p.dtype), torch.zeros(B, dtype=p.dtype)
+    a = verify(p, q, draft_tokens, mode=mode, uniforms=zero_u, next_uniforms=zero_next,
+               **mode_options).accept_prob.double()
+    w0 = torch.ones(B, dtype=torch.float64) if weights is None else weights.double()
+    below_one = torch.nextafter(torch.ones((), dtype=p.dtype), torch.zeros((), dtype=p.dtype))
+    for k in range(g + 1):
+        u = zero_u.clone()
+        weight = w0 * a[:, :k].prod(dim=-1)
+        if k < g:
+            u[:, k] = below_one
+            weight = weight * (1 - a[:, k])
+        res = verify(p, q, draft_tokens, mode=mode, uniforms=u, next_uniforms=zero_next, **mode_options)
+        live = weight > 0
+        if not torch.equal(res.n_accepted[live], torch.full_like(res.n_accepted[live], k)):
+            raise AssertionError(f"forced uniforms did not produce {k} acceptances")
+        yield k, res, weight
+
+
+def proposal_law_error(proposals: list[tuple[int, ...]], weights: list[float], p_of, *, mode: str = "one_hot_q",
+                       q_of=None) -> float:
+    """How far one verification step of a *random* proposal is from the target's law, exactly (fp64).
+
+    ``proposals[k]`` (target ids, possibly empty) is proposed with probability ``weights[k]``;
+    ``p_of(prefix) -> [V]`` is the target's distribution after the committed text and ``prefix`` (a
+    tuple). Each block is verified by :func:`spade_lib.verify.verify` under ``mode`` at every cut
+    (:func:`forced_cuts`): the path has probability ``w_k prod_{i<n} a_i (1 - a_n)`` and emits ``x_<n`` then
+    a token from the verifier's ``next_dist``; an empty block is a plain target step (``Y_0 ~ p``).
+    ``q_of(k) -> [g, V]`` is the ``q`` the rule is told (default ``one_hot(x)``, the deterministic proposal:
+    a cross-vocabulary draft's re-encoded text, ``spade_lib.decoding.crossvocab``). Returns
+    ``max_y |P(Y_<j = y, Y_j = .) - P(Y_<j = y, Y_j emitted) p(. | y)|`` over every emitted prefix ``y``
+    (``Y_j`` emitted: the step reached position ``j``): 0 exactly when every emitted token follows ``p``.
+    """
+    if len(proposals) != len(weights) or not proposals:
+        raise ValueError(f"weights: need one weight per proposal, got {len(weights)} for {len(proposals)}")
+    law: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def add(prefix: tuple[int, ...], mass: torch.Tensor) -> None:
+        law[prefix] = law.get(prefix, 0) + mass
+
+    for k, (x, w) in enumerate(zip(proposals, weights)):
+        x = tuple(int(t) for t in x)
+        if w <= 0:
+            continue
+        if not x:
+            add((), w * p_of(()).double())
+            continue
+        g = len(x)
+        p = torch.stack([p_of(x[:i]).double() for i in range(g + 1)])[None]       # [1, g+1, V]
+        xt = torch.tensor([x])
+        q = torch.zeros(1, g, p.shape[-1], dtype=torch.float64).scatter_(-1, xt[..., None], 1.0) \
+            if q_of is None else q_of(k).double()[None]                          # [1, g, V]
+        for n, res, weight in forced_cuts(p, q, xt, torch.tensor([float(w)], dtype=torch.float64), mode=mode):
+            if float(weight[0]) <= 0:
+                continue
+            for j in range(n):
+                add(x[:j], weight[0] * torch.nn.functional.one_hot(torch.tensor(x[j]), p.shape[-1]).double())
+            add(x[:n], weight[0] * res.next_dist[0].double())
+    return max(float((m - m.sum() * p_of(y).double()).abs().max()) for y, m in law.items())
 
 
 def counts_chi_square_pvalue(counts, probs, min_expected: float = 5.0) -> float:

@@ -42,8 +42,8 @@ def test_no_intersection_refused():
 import itertools
 import zlib
 
-from spade_lib.decoding.crossvocab import (appended_text, continuation, proposal_law_error, retokenize,
-                                           text_proposal)
+from spade_lib.decoding.crossvocab import appended_text, continuation, retokenize, text_proposal
+from spade_lib.exactness import proposal_law_error
 
 
 class GreedyTokenizer:

@@ -13,6 +13,7 @@ from spade_lib.exactness import (
     block_law_error,
     chi_square_pvalue,
     draft_tree,
+    forced_cuts,
     monte_carlo_check,
     verify_reference,
     warped_pair,
@@ -48,6 +49,20 @@ def test_enumerated_alpha_is_sum_min():
     p, q, x = draft_tree(5, 2, "random", seed=3)
     err = block_law_error(p, q, x)
     assert err["alpha_enumerated"] == pytest.approx(float(torch.minimum(p[0, 0], q[0, 0]).sum()), abs=1e-12)
+
+
+def test_forced_cuts_give_every_outcome_its_probability():
+    """Each block's cut weights are a distribution over k = 0 .. g (they sum to the block's weight), and
+    k = 0 has probability 1 - min(1, p(x_0) / q(x_0)) as the rule defines it."""
+    p, q, x, _ = random_pq(B=6, gamma=3, V=7, seed=4)
+    w = torch.rand(6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    cuts = list(forced_cuts(p, q, x, w))
+    assert [k for k, _, _ in cuts] == [0, 1, 2, 3]
+    torch.testing.assert_close(sum(weight for _, _, weight in cuts), w, rtol=0, atol=1e-15)
+    ratio = p[:, 0].gather(-1, x[:, :1]).squeeze(-1) / q[:, 0].gather(-1, x[:, :1]).squeeze(-1)
+    torch.testing.assert_close(cuts[0][2], w * (1 - ratio.clamp(max=1.0)), rtol=0, atol=1e-15)
+    for k, res, weight in cuts:
+        assert torch.equal(res.n_accepted[weight > 0], torch.full_like(res.n_accepted[weight > 0], k))
 
 
 def test_lenience_one_is_exact():

@@ -17,8 +17,8 @@ the text is re-encoded with the target's (:func:`continuation`, aligned against 
 tokens) and proposed as a deterministic block, ``q = one_hot(x)``, verified by ``one_hot_q``: accept
 ``x`` with probability ``p(x)``, else draw from ``p`` with ``x`` removed, which emits ``y`` with
 probability ``p(y)`` for *any* proposal whose randomness is independent of the verifier's.
-:func:`proposal_law_error` proves a rule on a law of proposals by enumeration (fp64, through
-:func:`spade_lib.verify.verify`).
+:func:`spade_lib.exactness.proposal_law_error` proves a rule on a law of proposals by enumeration (fp64,
+through :func:`spade_lib.verify.verify`).
 
 Token-level drafting (:class:`TLIDrafter`, TLI): the intersection ``I`` is found by the text each token
 decodes to on its own (:func:`token_strings`, :func:`vocab_intersection`; byte-level BPE's ``"Ġthe"`` and
@@ -38,7 +38,6 @@ from spade_lib.decoding.drafters import Drafter, _signals, one_hot_proposal, sam
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
-from spade_lib.verify import verify
 
 
 def intersection_map(draft_vocab: dict[str, int], target_vocab: dict[str, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,59 +82,6 @@ def naive_emitted_law(p: torch.Tensor, q: torch.Tensor, to_target: torch.Tensor)
     rej = 1 - accepted.sum(-1, keepdim=True)
     z = residual.sum(-1, keepdim=True)
     return accepted + torch.where(z > 0, rej * residual / z.clamp_min(1e-300), 0.0)
-
-
-def proposal_law_error(proposals: list[tuple[int, ...]], weights: list[float], p_of, *, mode: str = "one_hot_q",
-                       q_of=None) -> float:
-    """How far one verification step of a *random* proposal is from the target's law, exactly (fp64).
-
-    ``proposals[k]`` (target ids, possibly empty) is proposed with probability ``weights[k]``;
-    ``p_of(prefix) -> [V]`` is the target's distribution after the committed text and ``prefix`` (a
-    tuple). Each block is verified by :func:`spade_lib.verify.verify` under ``mode`` once per cut ``n``
-    with uniforms forcing it: the path has probability ``w_k prod_{i<n} a_i (1 - a_n)`` (``a`` the
-    verifier's own ``accept_prob``) and emits ``x_<n`` then a token from the verifier's ``next_dist``;
-    an empty block is a plain target step (``Y_0 ~ p``). ``q_of(k) -> [g, V]`` is the ``q`` the rule is
-    told (default ``one_hot(x)``, the deterministic proposal). Returns
-    ``max_y |P(Y_<j = y, Y_j = .) - P(Y_<j = y, Y_j emitted) p(. | y)|`` over every emitted prefix ``y``
-    (``Y_j`` emitted: the step reached position ``j``): 0 exactly when every emitted token follows ``p``.
-    """
-    if len(proposals) != len(weights) or not proposals:
-        raise ValueError(f"weights: need one weight per proposal, got {len(weights)} for {len(proposals)}")
-    law: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def add(prefix: tuple[int, ...], mass: torch.Tensor) -> None:
-        law[prefix] = law.get(prefix, 0) + mass
-
-    for k, (x, w) in enumerate(zip(proposals, weights)):
-        x = tuple(int(t) for t in x)
-        if w <= 0:
-            continue
-        if not x:
-            add((), w * p_of(()).double())
-            continue
-        g = len(x)
-        p = torch.stack([p_of(x[:i]).double() for i in range(g + 1)])[None]       # [1, g+1, V]
-        xt = torch.tensor([x])
-        q = torch.zeros(1, g, p.shape[-1], dtype=torch.float64).scatter_(-1, xt[..., None], 1.0) \
-            if q_of is None else q_of(k).double()[None]                          # [1, g, V]
-        zero = torch.zeros(1, dtype=torch.float64)
-        a = verify(p, q, xt, mode=mode, uniforms=torch.zeros(1, g, dtype=torch.float64),
-                   next_uniforms=zero).accept_prob[0].double()
-        below_one = torch.nextafter(torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.float64))
-        for n in range(g + 1):
-            weight = w * float(a[:n].prod()) * (float(1 - a[n]) if n < g else 1.0)
-            if weight <= 0:
-                continue
-            u = torch.zeros(1, g, dtype=torch.float64)
-            if n < g:
-                u[0, n] = below_one
-            res = verify(p, q, xt, mode=mode, uniforms=u, next_uniforms=zero)
-            if int(res.n_accepted[0]) != n:
-                raise AssertionError(f"forced uniforms did not produce {n} acceptances")
-            for j in range(n):
-                add(x[:j], weight * torch.nn.functional.one_hot(torch.tensor(x[j]), p.shape[-1]).double())
-            add(x[:n], weight * res.next_dist[0].double())
-    return max(float((m - m.sum() * p_of(y).double()).abs().max()) for y, m in law.items())
 
 
 # ------------------------------------------------------------------------------------------------
