@@ -153,6 +153,21 @@ def test_ranks_from_env():
         launch.ranks_from_env({"WORLD_SIZE": "two"})
 
 
+def test_sum_over_ranks_adds_through_the_store():
+    """Without a process group a rank's count is the total; in one (a one-rank gloo group on an in-memory
+    store here) the counts add up in the store under their key, the barrier passed."""
+    import torch.distributed as dist
+
+    assert launch.sum_over_ranks(3) == 3
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert launch.sum_over_ranks(3) == 3
+        assert launch.sum_over_ranks(4, key="other") == 4
+        assert launch.sum_over_ranks(2) == 5  # the same key keeps adding
+    finally:
+        dist.destroy_process_group()
+
+
 def test_rank_and_world_size_are_checked(files):
     suite, config = load_suite(files["suite"]), cli.load_spec(files["yaml"]).config
     for kw, match in ((dict(rank=2, world_size=2), "rank: "),
