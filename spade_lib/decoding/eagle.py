@@ -282,20 +282,20 @@ class NativeRunner:
         ``W_qkv`` scaled by ``1 / sqrt(hd)`` and the post-attention gain folded into ``W_gu``."""
         layer, lc = head.layers[0], head.layer_config
         a, m = layer.self_attn, layer.mlp
-        q_rows = int(lc.num_attention_heads) * int(lc.head_dim)
+        q_rows, scale = int(lc.num_attention_heads) * int(lc.head_dim), int(lc.head_dim) ** -0.5
         with torch.inference_mode():
-            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).clone()
-            wqkv[:q_rows] *= int(lc.head_dim) ** -0.5
+            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])  # a new tensor: scaled in place
+            wqkv[:q_rows] *= scale
             b_qkv = None
             if a.q_proj.bias is not None:
-                b_qkv = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).clone()
-                b_qkv[:q_rows] *= int(lc.head_dim) ** -0.5
-                b_qkv = b_qkv.contiguous()
+                b_qkv = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+                b_qkv[:q_rows] *= scale
             gu = torch.cat([m.gate_proj.weight, m.up_proj.weight]) * layer.post_attention_layernorm.weight[None, :]
-            return {"qkv": native.pack(wqkv.contiguous()), "b_qkv": b_qkv, "o": native.pack(a.o_proj.weight.contiguous()),
+            return {"qkv": native.pack(wqkv), "b_qkv": b_qkv, "o": native.pack(a.o_proj.weight.contiguous()),
                     "b_o": None if a.o_proj.bias is None else a.o_proj.bias.contiguous(),
-                    "gu": native.pack(gu.contiguous()), "down": native.pack(m.down_proj.weight.contiguous()),
-                    "fc": native.pack(head.fc.weight.contiguous()), "lm": native.pack(head.lm_head.weight.contiguous())}
+                    "gu": native.pack(gu), "down": native.pack(m.down_proj.weight.contiguous()),
+                    "fc": native.pack(head.fc.weight.contiguous()),
+                    "lm": native.pack(head.lm_head.weight.contiguous())}
 
     @staticmethod
     def usable(head: "EagleHead") -> bool:

@@ -187,6 +187,7 @@ struct Rows {
   int64_t rs, cs;
   const float* tail;
   int64_t ts;
+  bool packed;    // a packed group (one stream), else row-major rows (one stream each)
   bool prefetch;  // packed: whether the tile prefetches its stream (where the rows take several passes over it)
 };
 
@@ -200,10 +201,10 @@ constexpr int GROUP = 4;  // rows per packed group (the widest tile); rows past 
 // slower).
 inline Rows rows_at(const float* w, int64_t N, int64_t K, bool packed, int64_t n, bool passes) {
   const int64_t kf = K - K % L;
-  if (!packed || n >= N - N % GROUP) return {w + n * K, K, L, w + n * K + kf, K, true};
+  if (!packed || n >= N - N % GROUP) return {w + n * K, K, L, w + n * K + kf, K, false, true};
   const float* g = w + (n / GROUP) * GROUP * K;
   const int64_t i = n % GROUP;
-  return {g + i * L, L, GROUP * L, g + GROUP * kf + i * (K % L), K % L, passes};
+  return {g + i * L, L, GROUP * L, g + GROUP * kf + i * (K % L), K % L, true, passes};
 }
 
 // out[i * RB + j] = (weight row i) . xs[j] for NW weight rows and RB input rows, in the canonical order; the
@@ -214,11 +215,10 @@ inline void tile(const Rows& W, int64_t K, const float* const* xs, float* out) {
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = vzero();
   const float* w = W.w;
-  const bool packed = W.rs == L;
   int64_t k = 0;
   // one chunk an iteration (unrolling by two ran four weight rows x five input rows ~15 % slower on a Zen 4 EPYC)
   for (; k + L <= K; k += L, w += W.cs) {
-    if (packed) {
+    if (W.packed) {
       if (W.prefetch)
         for (int64_t h = 0; h < W.cs; h += 16)
           _mm_prefetch(reinterpret_cast<const char*>(w + h + PREFETCH), _MM_HINT_T0);
@@ -345,6 +345,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     if (rp) v += rp[r * N + n];
     yp[r * N + n] = v;
   };
+  const bool passes = rows > RB_WIDE;  // several passes over each group (see rows_at)
   // blocks of whole groups (GROUP rows), so every tile of a packed W lies within one group
   const int64_t groups = (N + GROUP - 1) / GROUP;
   at::parallel_for(0, groups, std::max<int64_t>(1, grain / GROUP), [&](int64_t g0, int64_t g1) {
@@ -353,11 +354,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     int64_t n = begin;
     if (rows == 1) {
       for (; n + 4 <= end; n += 4) {
-        tile<4, 1>(rows_at(wp, N, K, packed, n, rows > RB_WIDE), K, xs.data(), out);
+        tile<4, 1>(rows_at(wp, N, K, packed, n, passes), K, xs.data(), out);
         for (int i = 0; i < 4; ++i) emit(n + i, 0, out[i]);
       }
       for (; n < end; ++n) {
-        tile<1, 1>(rows_at(wp, N, K, packed, n, rows > RB_WIDE), K, xs.data(), out);
+        tile<1, 1>(rows_at(wp, N, K, packed, n, passes), K, xs.data(), out);
         emit(n, 0, out[0]);
       }
       return;
@@ -365,7 +366,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     if (rows <= RB_WIDE) {  // four weight rows at once while their accumulators fit
       const int rb = static_cast<int>(rows);
       for (; n + 4 <= end; n += 4) {
-        tile_rows<4>(rows_at(wp, N, K, packed, n, rows > RB_WIDE), K, xs.data(), rb, out);
+        tile_rows<4>(rows_at(wp, N, K, packed, n, passes), K, xs.data(), rb, out);
         for (int i = 0; i < 4; ++i)
           for (int j = 0; j < rb; ++j) emit(n + i, j, out[i * rb + j]);
       }
@@ -375,7 +376,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
     for (; n < end; n += NW_MANY) {
       const int nw = static_cast<int>(std::min<int64_t>(NW_MANY, end - n));
-      const Rows at = rows_at(wp, N, K, packed, n, rows > RB_WIDE);
+      const Rows at = rows_at(wp, N, K, packed, n, passes);
       for (int64_t t = 0, r0 = 0; t < n_tiles; ++t) {
         const int rb = static_cast<int>((rows - r0 + n_tiles - t - 1) / (n_tiles - t));
         tile_any(nw, at, K, xs.data() + r0, rb, out);
