@@ -4,8 +4,8 @@ The results block between ``spade_lib.report.RESULTS_BEGIN`` / ``RESULTS_END`` i
 (``python -m spade_lib.report readme RUN_DIR``); everything outside it is hand-written and checked here:
 at most 200 lines, no commit hash, no table cell over 300 characters (README and ``docs/``), every
 document it links or names (``docs/*.md``, ``DEVELOPERS.md``, ``data/README.md``) exists, and the headline's claim
-(a drafted model slower than autoregressive decoding, prompt lookup the fastest and faster than it, at
-T = 0 and T = 1) holds in the generated block's table. A regenerated block that contradicts the
+(a drafted model slower than autoregressive decoding at T = 0 and T = 1, prompt lookup the fastest
+configuration at both and faster than autoregressive decoding beyond its interval at T = 0) holds in the generated block's table. A regenerated block that contradicts the
 headline fails here, so the prose is rewritten with the run. The README's Python example is run by
 ``tests/test_front_door.py``.
 """
@@ -98,7 +98,8 @@ MODEL_FREE = ("ngram", "null", "suffix", "ngram_tree")
 
 def test_the_headline_holds_in_the_results_block():
     head, block, _ = parts()
-    assert "prompt lookup wins" in head and "drafted model" in head
+    assert "prompt lookup is the fastest configuration at both and wins outright at T = 0" in " ".join(head.split())
+    assert "drafted model" in head
     assert "smollm2" in block.lower()
     table = speedups(block)
     for t in ("0", "1"):
@@ -107,7 +108,8 @@ def test_the_headline_holds_in_the_results_block():
         speculative = {n: v for n, v in row.items() if n.startswith("spade-")}
         fastest = max(speculative, key=lambda n: speculative[n][0])
         assert fastest.startswith("spade-ngram"), f"T = {t}: the fastest is {fastest}, not prompt lookup"
-        assert speculative[fastest][1] > 1.0  # faster than autoregressive beyond its interval
+        if t == "0":
+            assert speculative[fastest][1] > 1.0  # faster than autoregressive beyond its interval
         drafted = {n: v for n, v in speculative.items() if n.split("-")[1] not in MODEL_FREE}
         assert drafted and all(v[2] < 1.0 for v in drafted.values()), f"T = {t}: {drafted}"
 
