@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from spade_lib.bench import default_suite, humaneval_suite  # noqa: E402
-from spade_lib.decoding import kernels  # noqa: E402
+from spade_lib import devices  # noqa: E402
 from spade_lib.decoding.baselines import hf_generate  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
@@ -58,7 +58,7 @@ def main(argv=None) -> dict:
     ar = AutoregressiveDecoder(pair.target, sampling=greedy, tokenizer=tok, eos_token_id=[])
     n = args.max_new_tokens
     print(f"pair={pair.name} suite={args.suite} ({len(prompts)} prompts) max_new_tokens={n} rounds={args.rounds} "
-          f"threads={torch.get_num_threads()} cpu={kernels.cpu_model()!r} SPADE backend={ar.target.backend}")
+          f"threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} SPADE backend={ar.target.backend}")
     ar.generate(prompts[0], 8)  # warm-up
     hf_generate(pair.target, prompts[0], 8, sampling=greedy, eos_token_id=[])
     ratios, spade, hf = [], [], []

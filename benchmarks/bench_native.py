@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from spade_lib.decoding import kernels, native  # noqa: E402
+from spade_lib import devices  # noqa: E402
+from spade_lib.decoding import native  # noqa: E402
 from spade_lib.decoding.lean import LeanForward  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
 from spade_lib.zoo.pairs import load_pair  # noqa: E402
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
         del os.environ["SPADE_NATIVE"]
     fast = LeanForward(model, capacity)
     forwards = {"library": library, "native": fast}
-    print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={kernels.cpu_model()!r} "
+    print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} "
           f"weights {nbytes / 1e6:.0f} MB; kernels: library one={library.kernel_names['one']} | native "
           f"one={fast.kernel_names['one']} (attention native: {fast.native_attention}; isa {native.isa()})")
     vocab = int(library.embed.shape[0])

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from spade_lib import devices  # noqa: E402
 from spade_lib.decoding import kernels, native  # noqa: E402
 from spade_lib.decoding.lean import LeanForward  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
@@ -82,7 +83,7 @@ def main(argv=None) -> dict:
                                                          torch.device("cpu"), torch.float32) else "mkl")
     if generic is not None:
         generic.native_attention = False
-    print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={kernels.cpu_model()!r} weights {nbytes / 1e6:.0f} MB; "
+    print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} weights {nbytes / 1e6:.0f} MB; "
           f"plan one={lean.kernel_names['one']} many={lean.kernel_names['many']} native attention={lean.native_attention} "
           f"native isa={native.isa() if native.available() else None}")
     vocab = int(lean.embed.shape[0])

@@ -4,11 +4,21 @@
 refused by name. ``resolve_dtype`` takes one of the names in :data:`DTYPES` or their ``torch.dtype``.
 Everything that places a model (``zoo.pairs.load_pair``, ``runs.config``, ``runs.runner``, ``runs.cli``, the
 experiments) resolves its arguments here, before any model loads.
+
+:func:`cpu` is the one probe of the CPU a run measures on (``/proc/cpuinfo`` and the last-level cache size
+in ``/sys``): the hosts of one project can share a model name ("AMD EPYC") while being Zen 2, Zen 4 or Zen 5
+parts with and without AVX-512, so a label that names only the model cannot tell their timings apart, and a
+kernel plan keyed by it would be reused on another host. :meth:`CpuInfo.label` names vendor family/model,
+AVX-512 and the L3; the kernel plans, the run fingerprints, the report and the benchmarks use it.
 """
 
 from __future__ import annotations
 
+import functools
+import platform
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -59,3 +69,73 @@ def clock(device: str | torch.device | None = None) -> float:
     """``time.perf_counter()`` after synchronising ``device``."""
     synchronize(device)
     return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What a timing depends on in a CPU: its model name, family and model numbers (x86 ``cpu family`` /
+    ``model``; ``None`` where unknown), its feature flags and its last-level cache in bytes (``None``)."""
+
+    name: str
+    family: int | None = None
+    model: int | None = None
+    flags: frozenset[str] = frozenset()
+    l3_bytes: int | None = None
+
+    def label(self) -> str:
+        """``"AMD EPYC (family 25 model 17, AVX-512, 32 MiB L3)"``: enough to tell hosts of one name apart."""
+        facts = []
+        if self.family is not None and self.model is not None:
+            facts.append(f"family {self.family} model {self.model}")
+        if self.flags:
+            facts.append("AVX-512" if "avx512f" in self.flags else "AVX2" if "avx2" in self.flags else "no AVX2")
+        if self.l3_bytes:
+            facts.append(f"{self.l3_bytes / 2**20:g} MiB L3")
+        return f"{self.name} ({', '.join(facts)})" if facts else self.name
+
+
+def _cache_bytes(text: str) -> int | None:
+    """``"32768K"`` / ``"32M"`` / ``"1024"`` (sysfs cache sizes) in bytes, ``None`` if unreadable."""
+    text = text.strip()
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale != 1 else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+def parse_cpuinfo(text: str, l3: str | None = None) -> CpuInfo:
+    """:class:`CpuInfo` from the text of ``/proc/cpuinfo`` (its first processor) and a sysfs L3 size string."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block is enough: the others repeat it
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+
+    def number(key: str) -> int | None:
+        value = fields.get(key, "")
+        return int(value) if value.isdigit() else None
+
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    return CpuInfo(name=name, family=number("cpu family"), model=number("model"),
+                   flags=frozenset(fields.get("flags", "").split()), l3_bytes=None if l3 is None else _cache_bytes(l3))
+
+
+@functools.cache
+def cpu() -> CpuInfo:
+    """This machine's CPU (read once per process); a machine without ``/proc/cpuinfo`` gets what
+    ``platform`` knows and no flags."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")[:200_000]
+    except OSError:
+        text = ""
+    l3 = None
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "3":
+                l3 = (index / "size").read_text()
+        except OSError:
+            continue
+    return parse_cpuinfo(text, l3)
+

@@ -99,13 +99,13 @@ _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
 # ---------------------------------------------------------------------------------- the machine, the commit
 
 def machine_info() -> dict[str, Any]:
-    """CPU model (``/proc/cpuinfo``, else ``platform.processor()``), CPU count, torch's intra-op thread
+    """CPU (:meth:`spade_lib.devices.CpuInfo.label`: model, family/model, AVX-512, L3), CPU count, torch's intra-op thread
     count, torch, Python and platform."""
     import torch
 
-    from spade_lib.decoding.kernels import cpu_model
+    from spade_lib.devices import cpu
 
-    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
+    return {"cpu_model": cpu().label(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform()}
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib import paths
+from spade_lib import devices, paths
 from spade_lib.decoding import native
 from spade_lib.decoding.lean import LeanForward
 
@@ -309,7 +309,7 @@ def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypa
     monkeypatch.setattr(native, "_MODULE", [None])  # tried before and not built: the kernels refuse, by name
     with pytest.raises(RuntimeError, match="not available on this machine"):
         native.linear(torch.randn(1, 4), torch.randn(2, 4))
-    if not {"avx2", "fma"} <= native.cpu_flags():
+    if not {"avx2", "fma"} <= devices.cpu().flags:
         pytest.skip("not an AVX2 CPU: the build is not even tried")
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)  # nothing built there yet, and the compiler fails
 
@@ -325,7 +325,7 @@ def test_native_kernels_step_aside_where_they_cannot_be_built(tmp_path, monkeypa
         native._build()
 
 
-@pytest.mark.skipif(not {"avx2", "fma"} <= native.cpu_flags(), reason="not an AVX2/FMA CPU: nothing to build")
+@pytest.mark.skipif(not {"avx2", "fma"} <= devices.cpu().flags, reason="not an AVX2/FMA CPU: nothing to build")
 def test_the_native_kernels_build_on_an_avx2_machine():
     """Where the CPU has AVX2 and FMA a failed build is a defect, not a skip (the tests above would all skip)."""
     assert native.available(), "SPADE's native kernels did not build on an AVX2/FMA machine"
@@ -335,7 +335,7 @@ def test_the_products_are_built_for_avx512_where_the_cpu_has_it(monkeypatch):
     """``isa()`` follows the CPU's flags unless ``SPADE_NATIVE_ISA`` asks for the other build; a bad request is
     refused by name; the two builds are cached apart (their keys differ)."""
     monkeypatch.delenv("SPADE_NATIVE_ISA", raising=False)
-    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
+    monkeypatch.setattr(devices, "cpu", lambda: devices.CpuInfo("test", flags=frozenset({"avx2", "fma", "avx512f"})))
     assert native.isa() == "avx512"
     wide = native._key()
     monkeypatch.setenv("SPADE_NATIVE_ISA", "avx2")
@@ -343,7 +343,7 @@ def test_the_products_are_built_for_avx512_where_the_cpu_has_it(monkeypatch):
     monkeypatch.setenv("SPADE_NATIVE_ISA", "sse")
     with pytest.raises(ValueError, match="SPADE_NATIVE_ISA: must be one of"):
         native.isa()
-    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(devices, "cpu", lambda: devices.CpuInfo("test", flags=frozenset({"avx2", "fma"})))
     monkeypatch.delenv("SPADE_NATIVE_ISA")
     assert native.isa() == "avx2"
     monkeypatch.setenv("SPADE_NATIVE_ISA", "avx512")
@@ -366,7 +366,7 @@ torch.save(block, {out!r})
 
 @needs_native
 @pytest.mark.slow
-@pytest.mark.skipif("avx512f" not in native.cpu_flags(), reason="no AVX-512 here: the AVX2 build is the only one")
+@pytest.mark.skipif("avx512f" not in devices.cpu().flags, reason="no AVX-512 here: the AVX2 build is the only one")
 @pytest.mark.skipif(os.environ.get("SPADE_NATIVE_ISA", "auto") != "auto", reason="SPADE_NATIVE_ISA chose this process's build")
 def test_on_an_avx512_cpu_the_avx2_build_runs_too_and_agrees(tmp_path):
     """The AVX2 build (``SPADE_NATIVE_ISA=avx2``, a subprocess: one build a process) keeps its rows independent

@@ -63,18 +63,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from spade_lib import paths
+from spade_lib import devices, paths
 from spade_lib.decoding import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "cpu_model",
-           "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -84,18 +82,6 @@ ROUNDS = 3  # the uniform plans, and the kept plan against the best of them, are
 NATIVE_MARGIN = 0.05  # the native plan is kept unless another uniform plan is faster by more than this
 PLAN_VERSION = 7  # part of the cache key: 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _lp(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -224,7 +210,7 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
     ``"product=candidate,..."``. ``candidates`` restricts each class's candidates (default: all serving
     it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version, thread count and
     whether the native kernels run (``SPADE_NATIVE``) key the cache."""
-    facts = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    facts = {"cpu": devices.cpu().label(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "plan_version": PLAN_VERSION, "native": native.available() and native.isa(), **model_facts}
     key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     hit = _CHOSEN.get(key)

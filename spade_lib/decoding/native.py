@@ -49,9 +49,9 @@ from typing import Callable
 
 import torch
 
-from spade_lib import paths
+from spade_lib import devices, paths
 
-__all__ = ["ISA_FLAGS", "attend", "available", "cpu_flags", "isa", "linear", "module_weights", "pack"]
+__all__ = ["ISA_FLAGS", "attend", "available", "isa", "linear", "module_weights", "pack"]
 
 SOURCE = Path(__file__).with_name("native.cpp")
 # -fopenmp: at::parallel_for is inline code that runs on torch's OpenMP pool only when compiled with OpenMP (without
@@ -64,18 +64,6 @@ GRAIN = 64  # rows per task of torch's pool: a 576-row product still splits over
 _MODULE: list = []  # [] before the first try; then [module] or [None]
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (``/proc/cpuinfo``), empty where unknown."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def isa() -> str:
     """The instruction set the products are built for: ``"avx512"`` where the CPU has AVX-512F, else ``"avx2"``;
     the environment variable ``SPADE_NATIVE_ISA`` (``"avx2"`` or ``"avx512"``) overrides it (``"avx2"`` on an
@@ -83,7 +71,7 @@ def isa() -> str:
     want = os.environ.get("SPADE_NATIVE_ISA", "auto")
     if want not in ("auto", *ISA_FLAGS):
         raise ValueError(f"SPADE_NATIVE_ISA: must be one of {['auto', *ISA_FLAGS]}, got {want!r}")
-    has = "avx512f" in cpu_flags()
+    has = "avx512f" in devices.cpu().flags
     if want == "avx512" and not has:
         raise ValueError("SPADE_NATIVE_ISA: 'avx512' asked for on a CPU without AVX-512F (see /proc/cpuinfo)")
     return want if want != "auto" else "avx512" if has else "avx2"
@@ -101,7 +89,7 @@ def _key() -> str:
 
 def _build():
     """The compiled module, or ``None`` with a warning saying why it is not there."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= cpu_flags():
+    if platform.machine().lower() not in ("x86_64", "amd64") or not {"avx2", "fma"} <= devices.cpu().flags:
         return None  # not this CPU's kernel: nothing to warn about
     from filelock import FileLock
     from torch.utils import cpp_extension

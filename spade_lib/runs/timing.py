@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 
 from spade_lib.decoding import kernels
+from spade_lib import devices
 from spade_lib.devices import clock
 from spade_lib.paths import REPO_ROOT
 
@@ -225,7 +225,7 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
     fp: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu_model": kernels.cpu_model(),
+        "cpu_model": devices.cpu().label(),
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch": torch.__version__,
@@ -241,7 +241,7 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
     if device is not None and torch.device(device).type == "cuda":
         fp["gpu"] = torch.cuda.get_device_name(torch.device(device))
         fp["cuda"] = torch.version.cuda
-    fp["cpu_flags"] = _cpu_flags(["avx2", "avx512f", "avx512_bf16", "amx_bf16"])
+    fp["cpu_flags"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in devices.cpu().flags]
     return fp
 
 
@@ -250,14 +250,3 @@ def kernel_plans() -> list[dict]:
     one per model: its layer count, weight shapes, dtype, threads and the kernel per row class. It depends
     on what the process built so far, so sessions record it, not the run's identity."""
     return [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many", "plan")} for c in kernels.choices()]
-
-
-def _cpu_flags(wanted: list[str]) -> list[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            text = f.read(200_000)
-    except OSError:
-        return []
-    m = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
-    have = set(m.group(1).split()) if m else set()
-    return [w for w in wanted if w in have]

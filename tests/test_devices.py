@@ -1,0 +1,40 @@
+"""spade_lib.devices: the one CPU probe (what tells two hosts of one model name apart) and its parser."""
+
+from spade_lib import devices
+
+ZEN4 = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx2 fma avx512f avx512bw
+
+processor\t: 1
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx2 fma avx512f avx512bw
+"""
+
+
+def test_the_label_tells_two_hosts_of_one_name_apart():
+    zen4 = devices.parse_cpuinfo(ZEN4, "32768K")
+    assert zen4 == devices.CpuInfo("AMD EPYC", 25, 17, frozenset("fpu sse2 avx2 fma avx512f avx512bw".split()), 2**25)
+    assert zen4.label() == "AMD EPYC (family 25 model 17, AVX-512, 32 MiB L3)"
+    zen2 = devices.parse_cpuinfo(ZEN4.replace("25", "23").replace("17", "49").replace(" avx512f avx512bw", ""), "16384K")
+    assert zen2.label() == "AMD EPYC (family 23 model 49, AVX2, 16 MiB L3)"
+    assert zen2.label() != zen4.label() and zen2.name == zen4.name
+
+
+def test_what_cannot_be_read_is_left_out_of_the_label():
+    bare = devices.parse_cpuinfo("model name\t: Some CPU\n", None)
+    assert bare.family is None and bare.flags == frozenset() and bare.l3_bytes is None
+    assert bare.label() == "Some CPU"
+    assert devices.parse_cpuinfo("", "garbage").l3_bytes is None
+    assert devices.parse_cpuinfo("", "1536K").l3_bytes == 1536 * 1024 and devices.parse_cpuinfo("", "2M").l3_bytes == 2**21
+
+
+def test_this_machine_is_probed_once():
+    c = devices.cpu()
+    assert c is devices.cpu() and c.name and c.label().startswith(c.name)
