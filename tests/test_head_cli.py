@@ -40,7 +40,7 @@ def test_default_pair_recipes_fit():
 
     target = new_model(DEFAULT.target, DEFAULT.tokenizer.vocab_size, 0)
     for profile, budget in (("make", 120), ("long", 3600)):
-        for kind in heads.KINDS:
+        for kind in heads.head_kinds():
             cfg = heads.head_config(kind, profile, pair="default")
             assert cfg.budget_s <= budget and cfg.kind == kind
         vocab = torch.arange(4096)

@@ -44,6 +44,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from spade_lib.decoding.heads import DraftHead
 from spade_lib.devices import clock as device_clock, synchronize
 
 __all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "measure_loop_overhead", "verify_cost_fn",
@@ -82,18 +83,16 @@ def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmu
 
 
 def is_head(module) -> bool:
-    """Whether ``module`` is a feature head (an EAGLE or Medusa head, ``kind`` ``"eagle"`` / ``"medusa"``)."""
-    from spade_lib.decoding.eagle import EagleHead
-    from spade_lib.decoding.medusa import MedusaHead
-
-    return isinstance(module, (EagleHead, MedusaHead))
+    """Whether ``module`` is a feature head (a :class:`~spade_lib.decoding.heads.DraftHead`: EAGLE, Medusa)."""
+    return isinstance(module, DraftHead)
 
 
 class HeadStep:
     """One drafting step of a feature head, shaped like a decoding adapter for :func:`measure_costs`
-    (module docstring): ``prefill(ids)`` fills an EAGLE head's cache with ``len(ids)`` draft positions,
-    ``extend(ids[:1])`` is the timed step (fuse the next feature with ``ids[0]``, one layer pass at the
-    next position, draft logits over ``V``), ``rollback(n)`` crops the cache back.
+    (module docstring), on the head's own :meth:`~spade_lib.decoding.heads.DraftHead.cost_step`:
+    ``prefill(ids)`` puts ``len(ids)`` draft positions in its context (an EAGLE head's cache),
+    ``extend(ids[:1])`` is the timed step (EAGLE: fuse the next feature with ``ids[0]``, one layer pass at
+    the next position; Medusa: one head), draft logits scattered to ``V``, and ``rollback(n)`` crops back.
 
     ``features [m, F]`` (``F = sum of the widths of the target layers the head reads``), when given,
     replace the seeded random features: position ``j`` of the cache (and the step after ``n`` of them)
@@ -101,16 +100,13 @@ class HeadStep:
     returns the logits an :class:`~spade_lib.decoding.eagle.EagleDrafter` drafts first after observing
     ``x_0 .. x_n`` with those features (``tests/test_costs.py``)."""
 
-    def __init__(self, head, features: torch.Tensor | None = None, seed: int = 0):
-        from spade_lib.decoding.eagle import EagleHead
-
+    def __init__(self, head: DraftHead, features: torch.Tensor | None = None, seed: int = 0):
         if not is_head(head):
-            raise ValueError(f"head: expected an EagleHead or a MedusaHead, got {type(head).__name__}")
+            raise ValueError(f"head: expected a DraftHead (EAGLE, Medusa), got {type(head).__name__}")
         self.head, self.max_length = head.eval(), None
-        self.eagle = isinstance(head, EagleHead)
         self.device = next(head.parameters()).device
         self.vocab_size = int(head.config.vocab_size)
-        width = head.fc.in_features if self.eagle else head.config.hidden_size
+        width = int(head.in_features)
         if features is not None and (features.dim() != 2 or features.shape[1] != width):
             raise ValueError(f"features: expected [m, {width}], got {list(features.shape)}")
         self._features = features
@@ -127,23 +123,13 @@ class HeadStep:
     def prefill(self, ids: torch.Tensor) -> None:
         n = int(ids.numel())
         self.length = n
-        if not self.eagle:
-            self._h = self._feature(n)[0]
-            return
-        self._run = self.head.runner()  # the engine the drafter runs on (native kernels where they run)
-        self._run.feed(self._run.fuse(self._feature(0, n)), ids.reshape(n).to(self.device),
-                         torch.arange(1, n + 1, device=self.device))
-        self._next = self._feature(n)  # the fresh feature the timed step fuses (the same one every time)
+        self._run = self.head.cost_step()  # the engine the drafter runs on (native kernels where they run)
+        self._run.prefill(self._feature(0, n), ids.reshape(n))
+        self._next = self._feature(n)  # the fresh feature the timed step reads (the same one every time)
 
     def extend(self, ids: torch.Tensor, last_only: bool = True) -> torch.Tensor:
         """The timed step: ``[1, V]`` logits (``-inf`` off the draft vocabulary)."""
-        if self.eagle:
-            run = self._run
-            o = run.feed(run.fuse(self._next), ids.reshape(-1)[:1].to(self.device),
-                         torch.tensor([self.length + 1], device=self.device))
-            logits = self.head.target_logits(run.draft_logits(o), self.vocab_size)
-        else:
-            logits = self.head.target_logits(self.head(self._h, n_heads=1), self.vocab_size)
+        logits = self.head.target_logits(self._run.step(self._next, ids, self.length + 1), self.vocab_size)
         self.length += 1
         return logits
 

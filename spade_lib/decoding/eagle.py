@@ -62,6 +62,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from spade_lib.decoding import native
 from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, draw_token
+from spade_lib.decoding.heads import DraftHead
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree, ancestor_mask
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
@@ -348,16 +349,17 @@ class NativeRunner:
         self.length = min(self.length, int(length))
 
 
-class EagleHead(nn.Module):
+class EagleHead(DraftHead):
     """The EAGLE head: ``fc``, one :class:`EagleDecoderLayer` (``layers.0``), ``norm``, ``lm_head`` over the
     draft vocabulary, ``d2t``/``t2d`` maps, and the target's input embedding ``embed_tokens`` (shared with
     the target by :meth:`tie_embeddings`, never trained). Parameter names are speculators'."""
 
     kind = "eagle"
+    config_class = EagleConfig
+    tied = ("embed_tokens.weight",)
 
     def __init__(self, config: EagleConfig):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         lc = config.llama_config()
         self.layer_config = lc
         h, v, vd = config.hidden_size, config.vocab_size, config.draft_vocab_size
@@ -368,10 +370,8 @@ class EagleHead(nn.Module):
         self.norm = LlamaRMSNorm(h, eps=lc.rms_norm_eps)
         self.lm_head = nn.Linear(h, vd, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(lc)
-        # speculators' vocabulary maps: target id of draft row j = j + d2t[j]; t2d[v] marks v in the draft vocab
-        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
+        # speculators' vocabulary maps: target id of draft row j = j + d2t[j] (DraftHead); t2d[v] marks v in it
         self.register_buffer("t2d", torch.zeros(v, dtype=torch.bool))
-        self.register_buffer("draft_ids", torch.arange(vd), persistent=False)  # j + d2t[j], kept in step
         self.t2d[:vd] = True
         self._init_weights()
 
@@ -383,15 +383,25 @@ class EagleHead(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    # -- vocabulary, embeddings, initialisation ---------------------------------------------------------
-    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
-        """The draft vocabulary: ``draft_vocab_size`` distinct target ids (sorted here, as speculators does)."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
-        vd, v = self.config.draft_vocab_size, self.config.vocab_size
-        if ids.numel() != vd or ids.unique().numel() != vd or ids.min() < 0 or ids.max() >= v:
-            raise ValueError(f"token_ids: need {vd} distinct ids in [0, {v}), got {ids.numel()} "
-                             f"({ids.unique().numel()} distinct)")
-        self.set_vocab_maps(ids - torch.arange(vd), None)
+    # -- what it reads, vocabulary, embeddings, initialisation -----------------------------------------
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.config.feature_layers)
+
+    @property
+    def in_features(self) -> int:
+        return self.fc.in_features
+
+    @property
+    def variant(self) -> str:
+        return self.config.variant
+
+    def _set_draft_ids(self, ids: torch.Tensor) -> None:
+        """``d2t`` and ``draft_ids`` (:class:`DraftHead`), and ``t2d`` marking the same target ids."""
+        super()._set_draft_ids(ids)
+        mask = torch.zeros(self.config.vocab_size, dtype=torch.bool)
+        mask[ids.cpu()] = True
+        self.t2d.copy_(mask.to(self.t2d.device))
 
     def set_vocab_maps(self, d2t: torch.Tensor, t2d: torch.Tensor | None) -> None:
         """Load speculators' ``d2t`` (offsets) and ``t2d`` (mask; rebuilt from ``d2t`` when ``None``, checked otherwise)."""
@@ -406,13 +416,7 @@ class EagleHead(nn.Module):
         mask[ids] = True
         if t2d is not None and not torch.equal(torch.as_tensor(t2d, dtype=torch.bool).flatten().cpu(), mask):
             raise ValueError("t2d: does not mark exactly the target ids that d2t maps the draft rows to")
-        self.d2t.copy_(d2t.to(self.d2t.device))
-        self.t2d.copy_(mask.to(self.t2d.device))
-        self.draft_ids.copy_(ids.to(self.draft_ids.device))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.draft_ids.copy_(torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t)
+        self._set_draft_ids(ids)
 
     def tie_embeddings(self, embedding: nn.Embedding) -> None:
         """Use the target's input embedding (the same tensor, not a copy)."""
@@ -420,6 +424,10 @@ class EagleHead(nn.Module):
             raise ValueError(f"embedding: expected [{self.config.vocab_size}, {self.config.hidden_size}], got "
                              f"{list(embedding.weight.shape)}")
         self.embed_tokens.weight = embedding.weight
+
+    def tie_to_target(self, target) -> None:
+        """:meth:`tie_embeddings` to ``target``'s input embedding."""
+        self.tie_embeddings(target.get_input_embeddings())
 
     @classmethod
     def from_target(cls, target, config: EagleConfig | None = None, *, draft_token_ids=None,
@@ -450,13 +458,6 @@ class EagleHead(nn.Module):
         return head.to(next(target.parameters()).device).eval()
 
     # -- the math -----------------------------------------------------------------------------------------
-    def features(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        """``[h^{l1} ; h^{l2} ; ...]`` from ``{layer: [..., H]}`` (a ``TargetView.hidden``), ``[..., k H]``."""
-        missing = [layer for layer in self.config.feature_layers if layer not in hidden]
-        if missing:
-            raise ValueError(f"hidden: lacks the target layers {missing} this head reads")
-        return torch.cat([hidden[layer] for layer in self.config.feature_layers], dim=-1)
-
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """``g = fc(features)``: ``[..., k H_target] -> [..., H]``."""
         return self.fc(features.to(self.fc.weight.dtype))
@@ -478,15 +479,6 @@ class EagleHead(nn.Module):
     def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
         """``lm_head(norm(o))`` over the draft vocabulary: ``[..., Vd]``."""
         return self.lm_head(self.norm(o))
-
-    def target_logits(self, draft_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
-        """``[..., Vd]`` draft-vocabulary logits -> ``[..., V]`` with ``-inf`` off the draft vocabulary
-        (cut or ``-inf``-padded to ``vocab_size`` when the target's head differs from the config's V)."""
-        v = self.config.vocab_size if vocab_size is None else int(vocab_size)
-        width = max(v, self.config.vocab_size)
-        full = draft_logits.new_full((*draft_logits.shape[:-1], width), float("-inf"))
-        full.index_copy_(-1, self.draft_ids, draft_logits)
-        return full[..., :v]
 
     def unrolled(self, features: torch.Tensor, tokens: torch.Tensor, steps: int = 3, *,
                  own_tokens: bool = False) -> tuple[list, list]:
@@ -524,13 +516,51 @@ class EagleHead(nn.Module):
             g = self.feedback(o)
         return all_logits, outputs
 
+    def chain_logits(self, features: torch.Tensor, next_tokens: torch.Tensor, depth: int, *,
+                     own_tokens: bool = False) -> list[torch.Tensor]:
+        """:class:`DraftHead`'s chain: :meth:`unrolled` for ``depth`` steps on one sequence (true tokens
+        ``x_{t+1+d}`` padded past its end, or the head's own with ``own_tokens``)."""
+        dev = self.d2t.device
+        tokens = next_tokens if own_tokens else F.pad(next_tokens, (0, depth - 1))
+        logits, _ = self.unrolled(features[None].to(dev), tokens[None].to(dev), steps=depth, own_tokens=own_tokens)
+        return [lg[0] for lg in logits]
+
     def drafter(self, **options) -> "EagleDrafter":
         return EagleDrafter(self, **options)
+
+    def cost_step(self) -> "_EagleStep":
+        return _EagleStep(self)
 
     def runner(self) -> "NativeRunner | _HFRunner":
         """The engine of its drafting passes, with its own KV cache: :class:`NativeRunner` where it runs (fp32
         on the CPU with SPADE's native kernels), else the Hugging Face modules (:class:`_HFRunner`)."""
         return NativeRunner(self) if NativeRunner.usable(self) else _HFRunner(self)
+
+
+class _EagleStep:
+    """The head's drafting step for the cost model (:meth:`DraftHead.cost_step`) on the engine the drafter
+    runs (:meth:`EagleHead.runner`): ``fc`` of the fresh feature, one layer pass at the next position on the
+    head's KV cache of the prefilled positions, ``lm_head``."""
+
+    def __init__(self, head: EagleHead):
+        self._run, self.device = head.runner(), next(head.parameters()).device
+
+    @property
+    def length(self) -> int:
+        return self._run.length
+
+    def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        n = int(tokens.numel())
+        self._run.feed(self._run.fuse(features), tokens.reshape(n).to(self.device),
+                       torch.arange(1, n + 1, device=self.device))
+
+    def step(self, feature: torch.Tensor, token: torch.Tensor, position: int) -> torch.Tensor:
+        o = self._run.feed(self._run.fuse(feature), token.reshape(-1)[:1].to(self.device),
+                           torch.tensor([position], device=self.device))
+        return self._run.draft_logits(o)
+
+    def crop(self, length: int) -> None:
+        self._run.crop(length)
 
 
 class EagleDrafter(Drafter):

@@ -63,6 +63,7 @@ import torch.nn.functional as F
 
 from spade_lib.decoding import kernels as _kernels
 from spade_lib.decoding import native as _native
+from spade_lib.decoding.heads import scatter_vocab
 
 __all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
 
@@ -559,8 +560,7 @@ class LeanForward:
         as its Hugging Face forward does (other models' logits unchanged)."""
         if self.head_token_ids is None:
             return logits
-        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.head_token_ids, logits)
+        return scatter_vocab(logits, self.head_token_ids, self.vocab_size)
 
 
 def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:

@@ -34,6 +34,7 @@ from torch import nn
 
 from spade_lib.decoding import native
 from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
+from spade_lib.decoding.heads import DraftHead
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
@@ -94,36 +95,33 @@ class ResBlock(nn.Module):
         return x + self.act(self.linear(x))
 
 
-class MedusaHead(nn.Module):
+class MedusaHead(DraftHead):
     """``k`` heads, each ``num_layers`` ResBlocks and a linear over the draft vocabulary (module docstring).
 
     ``heads.{i}.{0..n-1}.linear`` are the ResBlocks and ``heads.{i}.{n}`` the head's ``lm_head`` (Medusa's
     own ``medusa_head.{i}`` layout); ``d2t`` maps draft rows to target ids as in :class:`~spade_lib.decoding.eagle.EagleHead`."""
 
     kind = "medusa"
+    config_class = MedusaConfig
 
     def __init__(self, config: MedusaConfig):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         h, vd = config.hidden_size, config.draft_vocab_size
         self.heads = nn.ModuleList([
             nn.Sequential(*[ResBlock(h) for _ in range(config.num_layers)], nn.Linear(h, vd, bias=False))
             for _ in range(config.num_heads)])
-        self.register_buffer("d2t", torch.zeros(vd, dtype=torch.long))
-        self.register_buffer("draft_ids", torch.arange(vd), persistent=False)
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self.draft_ids.copy_(torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t)
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return (int(self.config.feature_layer),)
 
-    def set_draft_vocab(self, token_ids: torch.Tensor) -> None:
-        """The shared draft vocabulary: ``draft_vocab_size`` distinct target ids (sorted here)."""
-        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
-        vd, v = self.config.draft_vocab_size, self.config.vocab_size
-        if ids.numel() != vd or ids.unique().numel() != vd or ids.min() < 0 or ids.max() >= v:
-            raise ValueError(f"token_ids: need {vd} distinct ids in [0, {v}), got {ids.numel()}")
-        self.d2t.copy_((ids - torch.arange(vd)).to(self.d2t.device))
-        self.draft_ids.copy_(ids.to(self.draft_ids.device))
+    @property
+    def in_features(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.config.num_heads)
 
     @classmethod
     def from_target(cls, target, config: MedusaConfig | None = None, *, draft_token_ids=None,
@@ -169,16 +167,38 @@ class MedusaHead(nn.Module):
         first = self.heads[0][-1].weight
         return first.device.type == "cpu" and first.dtype == torch.float32 and native.available()
 
-    def target_logits(self, draft_logits: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
-        """``[..., Vd]`` -> ``[..., V]`` with ``-inf`` off the draft vocabulary (cut/padded to ``vocab_size``)."""
-        v = self.config.vocab_size if vocab_size is None else int(vocab_size)
-        width = max(v, self.config.vocab_size)
-        full = draft_logits.new_full((*draft_logits.shape[:-1], width), float("-inf"))
-        full.index_copy_(-1, self.draft_ids, draft_logits)
-        return full[..., :v]
+    def chain_logits(self, features: torch.Tensor, next_tokens: torch.Tensor, depth: int, *,
+                     own_tokens: bool = False) -> list[torch.Tensor]:
+        """:class:`DraftHead`'s chain: head ``d`` on ``h^L_t`` (the heads never see the tokens, so
+        ``next_tokens`` and ``own_tokens`` change nothing); ``depth`` is at most ``num_heads``."""
+        if depth > self.config.num_heads:
+            raise ValueError(f"depth: a Medusa head set with {self.config.num_heads} heads drafts at most that many")
+        logits = self(features.to(self.d2t.device).float(), n_heads=depth)  # [T, depth, Vd]
+        return [logits[:, i] for i in range(depth)]
 
     def drafter(self, **options) -> "MedusaDrafter":
         return MedusaDrafter(self, **options)
+
+    def cost_step(self) -> "_MedusaStep":
+        return _MedusaStep(self)
+
+
+class _MedusaStep:
+    """The heads' drafting step for the cost model (:meth:`DraftHead.cost_step`): one head (its ResBlocks and
+    ``lm_head_0``) on the newest state; a step drafting ``g`` tokens runs ``g`` of them, so it costs ``g c``.
+    The heads keep no context: ``prefill`` and ``crop`` only count positions."""
+
+    def __init__(self, head: MedusaHead):
+        self.head, self.length = head, 0
+
+    def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.length = int(tokens.numel())
+
+    def step(self, feature: torch.Tensor, token: torch.Tensor, position: int) -> torch.Tensor:
+        return self.head(feature[-1], n_heads=1)  # [1, Vd]
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, int(length))
 
 
 class MedusaDrafter(Drafter):

@@ -25,6 +25,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from spade_lib.decoding.heads import scatter_vocab
+
 MODEL_TYPE = "spade_frspec_llama"
 
 
@@ -69,8 +71,7 @@ class FRSpecLlamaForCausalLM(LlamaForCausalLM):
 
     def scatter_full(self, small: torch.Tensor) -> torch.Tensor:
         """``[..., head_vocab]`` logits -> ``[..., vocab_size]`` with ``-inf`` off the head's tokens."""
-        full = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.head_token_ids, small)
+        return scatter_vocab(small, self.head_token_ids, self.config.vocab_size)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, inputs_embeds=None,
                 labels=None, use_cache=None, logits_to_keep=0, **kwargs) -> CausalLMOutputWithPast:

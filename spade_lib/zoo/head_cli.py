@@ -11,7 +11,7 @@ from pathlib import Path
 from spade_lib.io import write_json
 from spade_lib.zoo import head_eval
 from spade_lib.zoo.cache import read_manifest
-from spade_lib.zoo.heads import KINDS, load_head, load_target, with_threads
+from spade_lib.zoo.heads import head_kinds, load_head, load_target, with_threads
 from spade_lib.zoo.pairs import head_entry as pair_head_entry, target_dir
 
 __all__ = ["build_facts", "main"]
@@ -39,7 +39,7 @@ def _parser():
                        ("eval", "build if needed, then the held-out teacher-forced top-1 by depth")):
         s = sub.add_parser(name, help=text)
         s.add_argument("--pair", required=True, help="'default' (embedded) or 'smollm2'")
-        s.add_argument("--kind", required=True, choices=KINDS)
+        s.add_argument("--kind", required=True, choices=head_kinds())
         s.add_argument("--profile", default="make", choices=("make", "long"))
         s.add_argument("--rebuild", action="store_true", help="rebuild the head entry even if cached")
         if name == "eval":

@@ -37,8 +37,7 @@ from pathlib import Path
 
 import torch
 
-from spade_lib.decoding.eagle import EagleHead
-from spade_lib.decoding.medusa import MedusaHead
+from spade_lib.decoding.heads import DraftHead
 from spade_lib.intervals import binomial_ci
 from spade_lib.zoo.head_data import HeadData, HeadDataConfig, Sequences, extract
 
@@ -89,16 +88,12 @@ def heldout_sequences(entry: Path) -> Sequences:
 def proposals(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: int) -> torch.Tensor:
     """The head's greedy chain after every position: ``features [T, F]`` of positions ``0 .. T-1`` (the
     target layers the head reads, concatenated), ``next_tokens [T]`` (``x_{t+1}``) -> ``y [T, depth]`` target
-    ids, ``y[t, d-1]`` the ``d``-th proposal after ``t`` (module docstring). Medusa: ``depth <= num_heads``."""
-    dev = head.d2t.device
-    if isinstance(head, EagleHead):
-        logits, _ = head.unrolled(features[None].to(dev), next_tokens[None].to(dev), steps=depth, own_tokens=True)
-        return torch.stack([head.draft_ids[lg[0].argmax(-1)] for lg in logits], dim=1)
-    if isinstance(head, MedusaHead):
-        if depth > head.config.num_heads:
-            raise ValueError(f"depth: a Medusa head set with {head.config.num_heads} heads drafts at most that many")
-        return head.draft_ids[head(features.to(dev).float(), n_heads=depth).argmax(-1)]
-    raise ValueError(f"head: expected an EagleHead or a MedusaHead, got {type(head).__name__}")
+    ids, ``y[t, d-1]`` the ``d``-th proposal after ``t`` (module docstring; the head's
+    :meth:`~spade_lib.decoding.heads.DraftHead.greedy_chain`). ``depth`` is at most the head's ``max_depth``
+    (Medusa: its ``num_heads``)."""
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"head: expected a DraftHead (EAGLE, Medusa), got {type(head).__name__}")
+    return head.greedy_chain(features, next_tokens, depth)
 
 
 @dataclass
@@ -164,17 +159,13 @@ def agreement_by_depth(head, data: HeadData, depth: int, ids: list[int] | None =
     return out
 
 
-def _layers(head) -> tuple[int, ...]:
-    return tuple(head.config.feature_layers) if isinstance(head, EagleHead) else (int(head.config.feature_layer),)
-
-
 def evaluate_head(target, head, sequences: Sequences, depth: int = 5, *, level: float = 0.95) -> dict:
     """:func:`agreement_by_depth` of ``head`` on ``sequences`` (the target's features and greedy tokens from
-    one teacher-forced forward each, :func:`spade_lib.zoo.head_data.extract`); Medusa's depth is capped at
-    its number of heads."""
-    if isinstance(head, MedusaHead):
-        depth = min(depth, head.config.num_heads)
-    data = extract(target, sequences, _layers(head), top_k=1, feature_dtype=torch.float32,
+    one teacher-forced forward each, :func:`spade_lib.zoo.head_data.extract`); ``depth`` is capped at the
+    head's ``max_depth`` (Medusa: its number of heads)."""
+    if head.max_depth is not None:
+        depth = min(depth, head.max_depth)
+    data = extract(target, sequences, head.feature_layers, top_k=1, feature_dtype=torch.float32,
                    desc="held-out: features")
     result = agreement_by_depth(head, data, depth, level=level)
     result["sequences"] = len(sequences.seqs)

@@ -93,11 +93,6 @@ def soft_ce(logits: torch.Tensor, rows: torch.Tensor, p: torch.Tensor) -> torch.
     return -(p * torch.log_softmax(logits.float(), dim=-1).gather(-1, rows)).sum(-1)
 
 
-def _trainable(head) -> list[torch.nn.Parameter]:
-    tied = {id(head.embed_tokens.weight)} if isinstance(head, EagleHead) else set()
-    return [p for p in head.parameters() if id(p) not in tied]
-
-
 def _loop(head, params, cfg: HeadTrainConfig, loss_fn, deadline: float | None, desc: str) -> tuple[list, dict]:
     for p in head.parameters():
         p.requires_grad_(False)
@@ -205,7 +200,7 @@ def train_eagle(head: EagleHead, data: HeadData, train_ids: list[int], cfg: Head
         pick = [usable[k] for k in torch.randint(0, len(usable), (cfg.batch_size,), generator=picker).tolist()]
         return eagle_loss(head, _eagle_batch(data, pick, cfg, gen, index, bool(cfg.feature_weight)), cfg)
 
-    return _loop(head, _trainable(head), cfg, loss_fn, deadline, f"train {head.config.variant}")
+    return _loop(head, head.trainable_parameters(), cfg, loss_fn, deadline, f"train {head.config.variant}")
 
 
 def _medusa_rows(data: HeadData, ids: list[int], k: int, index: torch.Tensor):
@@ -259,14 +254,16 @@ def train_medusa(head: MedusaHead, data: HeadData, train_ids: list[int], cfg: He
         return medusa_loss(head, feats[pick], [r[pick] for r in rows], [p[pick] for p in ps],
                            [m[pick] for m in masks], cfg)
 
-    return _loop(head, _trainable(head), cfg, loss_fn, deadline, "train medusa")
+    return _loop(head, head.trainable_parameters(), cfg, loss_fn, deadline, "train medusa")
 
 
 @torch.no_grad()
 def evaluate(head, data: HeadData, ids: list[int], depth: int) -> dict:
     """Teacher-forced ``top1`` and ``alpha_lb`` per depth (module docstring) on ``ids``; ``"all"`` positions
-    and ``"generated"`` ones (labels of the target's own answer tokens)."""
+    and ``"generated"`` ones (labels of the target's own answer tokens). The depths a head drafts
+    (:attr:`~spade_lib.decoding.heads.DraftHead.max_depth`) beyond it count no positions."""
     index = draft_index(head)
+    drafted = depth if head.max_depth is None else min(depth, head.max_depth)
     dev = head.d2t.device
     sums = {scope: {"top1": [0.0] * depth, "alpha_lb": [0.0] * depth, "n": [0] * depth}
             for scope in ("all", "generated")}
@@ -275,12 +272,7 @@ def evaluate(head, data: HeadData, ids: list[int], depth: int) -> dict:
         if n < 2:
             continue
         feats = data.feats[j][: n - 1].float().to(dev)
-        if isinstance(head, EagleHead):
-            toks = F.pad(data.seqs[j][1:], (0, depth - 1)).to(dev)
-            logits = [x[0] for x in head.unrolled(feats[None], toks[None], steps=depth)[0]]
-        else:
-            all_logits = head(feats)
-            logits = [all_logits[:, i] for i in range(min(depth, head.config.num_heads))]
+        logits = head.chain_logits(feats, data.seqs[j][1:], drafted)
         for i, lg in enumerate(logits):
             lo, hi = 1 + i, n  # labels p_{t+1+i} for t = 0 .. n-2-i
             m = hi - lo

@@ -9,9 +9,9 @@ A build (:func:`build_head`) runs, for one :class:`HeadConfig`:
 3. the draft vocabulary: the ``draft_vocab_size`` most frequent tokens of the training sequences plus
    the special tokens (FR-Spec; speculators' ``build_vocab_mappings_from_distribution`` ranks the
    same way), as ``d2t`` / ``t2d``;
-4. the head initialised from the target (``EagleHead.from_target`` / ``MedusaHead.from_target``) and
-   trained (``head_train.py``: EAGLE's training-time test, ``0.8^i``-weighted steps; Medusa-1's heads),
-   under the wall-clock guard ``budget_s`` (the whole build, data and evaluation included);
+4. the head initialised from the target and trained by its kind's entry of :data:`HEAD_KINDS`
+   (``head_train.py``: EAGLE's training-time test, ``0.8^i``-weighted steps; Medusa-1's heads), under the
+   wall-clock guard ``budget_s`` (the whole build, data and evaluation included);
 5. held-out figures per depth (teacher-forced ``top1`` and ``alpha_lb``), the cost ratio ``c`` of one
    drafted token against one target step (:func:`head_costs`), and the manifest.
 
@@ -24,6 +24,12 @@ Entries (``cache.get_or_build``: lock, temporary folder, sha256 of every file, a
 keyed by the target entry, the recipe (``HeadConfig``, thread count excluded) and the corpus sha256;
 everything is seeded, so the same recipe and thread count give the same bytes unless the budget
 guard trips (the manifest then says ``budget_hit``).
+
+Kinds: :data:`HEAD_KINDS` maps each kind's name (``"eagle3"``, ``"eagle1"``, ``"medusa"``: ``HeadConfig.kind``,
+``head_cli --kind``, ``load_pair(heads=...)``) to a :class:`HeadKind`, its head class (a
+:class:`~spade_lib.decoding.heads.DraftHead`), how a recipe makes one for a target, its trainer and its
+folder format; everything else a build does goes through the head's own methods. :func:`register_head_kind`
+adds one.
 
 Recipes: :data:`PROFILES` ``"make"`` (sized for ``make run``: <= 8 minutes per head on two cores for
 SmolLM2-135M) and ``"long"`` (opt-in: 5x the data, 3x the steps, a 1-hour guard); the embedded
@@ -44,22 +50,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from spade_lib.decoding.eagle import EagleConfig, EagleHead
-from spade_lib.decoding.medusa import MedusaConfig, MedusaHead
+from spade_lib.decoding.eagle import EagleHead
+from spade_lib.decoding.heads import DraftHead
+from spade_lib.decoding.medusa import MedusaHead
 from spade_lib.io import write_json
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract, teacher_sequences
 from spade_lib.zoo.head_train import HeadTrainConfig, evaluate, train_eagle, train_medusa
 
-__all__ = ["KINDS", "HeadConfig", "PROFILES", "PAIR_PROFILES", "head_config", "attach_heads", "build_head", "data_entry", "head_entry",
-           "save_head", "load_head", "head_costs", "draft_vocabulary", "load_target", "with_threads"]
+__all__ = ["HeadKind", "HEAD_KINDS", "register_head_kind", "head_kind", "head_kinds", "HeadConfig", "PROFILES",
+           "PAIR_PROFILES", "head_config", "attach_heads", "build_head", "data_entry", "head_entry", "save_head",
+           "load_head", "head_costs", "draft_vocabulary", "load_target", "with_threads"]
 
-KINDS = ("eagle3", "eagle1", "medusa")
 HEADS_FORMAT_VERSION = 1  # bump when the build changes in a way HeadConfig does not capture
 SPADE_HEAD = "spade_head"  # config.json key of a SPADE-format head folder
 COST_DEFINITION = ("c = t(one drafting step of the head: EAGLE fc(feature) + layer on a context-position cache + "
@@ -67,8 +75,66 @@ COST_DEFINITION = ("c = t(one drafting step of the head: EAGLE fc(feature) + lay
 
 
 @dataclass(frozen=True)
+class HeadKind:
+    """One kind of draft head the zoo builds: what no method of the head itself can say (module docstring)."""
+
+    name: str                  # HeadConfig.kind, head_cli --kind, a head's DraftHead.variant: "eagle3", ...
+    head_class: type           # its DraftHead subclass (spade_lib.decoding)
+    new: Callable              # (target, cfg: HeadConfig, draft_token_ids [Vd] or None: all V) -> head from the target
+    train: Callable            # (head, data, train_ids, cfg.train, deadline=) -> (curve, facts): spade_lib.zoo.head_train
+    save: Callable | None = None  # (head, folder, verifier_name_or_path=) -> folder; None: SPADE's folder (save_head)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.head_class, type) or not issubclass(self.head_class, DraftHead):
+            raise ValueError(f"head_class: must be a DraftHead subclass, got {self.head_class!r}")
+
+
+HEAD_KINDS: dict[str, HeadKind] = {}
+
+
+def register_head_kind(kind: HeadKind, *, replace: bool = False) -> None:
+    """Add ``kind`` to :data:`HEAD_KINDS` under ``kind.name`` (``replace=True`` to change a registered one)."""
+    if not isinstance(kind, HeadKind):
+        raise ValueError(f"kind: must be a HeadKind, got {type(kind).__name__}")
+    if kind.name in HEAD_KINDS and not replace:
+        raise ValueError(f"kind: head kind {kind.name!r} is already registered (pass replace=True)")
+    HEAD_KINDS[kind.name] = kind
+
+
+def head_kinds() -> tuple[str, ...]:
+    """The registered head kinds' names, in registration order."""
+    return tuple(HEAD_KINDS)
+
+
+def head_kind(name: str) -> HeadKind:
+    """The registered :class:`HeadKind` ``name``; ``ValueError`` naming ``kind`` and the known ones otherwise."""
+    if name not in HEAD_KINDS:
+        raise ValueError(f"kind: must be one of {head_kinds()}, got {name!r}")
+    return HEAD_KINDS[name]
+
+
+def _save_speculators(head, folder, *, verifier_name_or_path=None) -> Path:
+    from spade_lib.zoo.speculators_format import save_speculators
+
+    return save_speculators(head, folder, verifier_name_or_path=verifier_name_or_path)
+
+
+def _new_eagle(target, cfg: "HeadConfig", ids) -> EagleHead:
+    return EagleHead.from_target(target, draft_token_ids=ids, variant=cfg.kind, feature_layers=cfg.feature_layers)
+
+
+def _new_medusa(target, cfg: "HeadConfig", ids) -> MedusaHead:
+    return MedusaHead.from_target(target, draft_token_ids=ids, num_heads=cfg.medusa_heads, num_layers=cfg.medusa_layers)
+
+
+register_head_kind(HeadKind("eagle3", EagleHead, _new_eagle, train_eagle, save=_save_speculators))  # vLLM loads it
+register_head_kind(HeadKind("eagle1", EagleHead, _new_eagle, train_eagle))
+register_head_kind(HeadKind("medusa", MedusaHead, _new_medusa, train_medusa))
+
+
+@dataclass(frozen=True)
 class HeadConfig:
-    kind: str = "eagle3"                       # "eagle3", "eagle1" (EAGLE-1 variant) or "medusa"
+    kind: str = "eagle3"                       # a HEAD_KINDS name: "eagle3", "eagle1" (EAGLE-1 variant), "medusa"
     draft_vocab_size: int = 8192               # Vd: frequency-ranked draft vocabulary (capped at V)
     feature_layers: tuple[int, ...] | None = None  # None: speculators' [2, L//2, L-3] (eagle1: (L,))
     medusa_heads: int = 4                      # Medusa: k heads (tokens drafted per step at most)
@@ -82,8 +148,7 @@ class HeadConfig:
     threads: int | None = 2                    # torch threads while building (not in the cache key)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"kind: must be one of {KINDS}, got {self.kind!r}")
+        head_kind(self.kind)  # a registered kind (ValueError naming the known ones)
         if self.draft_vocab_size < 1 or self.top_k < 1 or self.eval_depth < 1:
             raise ValueError("draft_vocab_size, top_k, eval_depth: must be >= 1")
         if self.feature_dtype not in ("float32", "bfloat16", "float16"):
@@ -175,20 +240,29 @@ def head_config(kind: str = "eagle3", profile: str = "make", *, pair: str = "smo
 
 # ------------------------------------------------------------------------------------------------ storage
 
+def _kind_of(head) -> HeadKind:
+    """The registered kind of ``head`` (by its :attr:`~spade_lib.decoding.heads.DraftHead.variant`)."""
+    if not isinstance(head, DraftHead):
+        raise ValueError(f"head: expected a DraftHead, got {type(head).__name__}")
+    kind = head_kind(head.variant)
+    if not isinstance(head, kind.head_class):
+        raise ValueError(f"head: a {type(head).__name__} of variant {head.variant!r}, but that kind's heads are "
+                         f"{kind.head_class.__name__}s")
+    return kind
+
+
 def save_head(head, folder, *, verifier_name_or_path: str | None = None) -> Path:
-    """An eagle3 head as a speculators folder; an eagle1 / Medusa head as ``config.json`` (``spade_head``:
-    its kind, ``config``: its dataclass) + ``model.safetensors`` (without the tied embedding)."""
+    """A head in its kind's folder format (:class:`HeadKind` ``save``: an eagle3 head as a speculators
+    folder), else SPADE's: ``config.json`` (``spade_head``: its class kind, ``config``: its dataclass) +
+    ``model.safetensors`` (without the parameters tied to the target)."""
     from safetensors.torch import save_file
 
-    from spade_lib.zoo.speculators_format import save_speculators
-
-    if isinstance(head, EagleHead) and head.config.variant == "eagle3":
-        return save_speculators(head, folder, verifier_name_or_path=verifier_name_or_path)
-    if not isinstance(head, (EagleHead, MedusaHead)):
-        raise ValueError(f"head: expected an EagleHead or a MedusaHead, got {type(head).__name__}")
+    kind = _kind_of(head)
+    if kind.save is not None:
+        return kind.save(head, folder, verifier_name_or_path=verifier_name_or_path)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if k != "embed_tokens.weight"}
+    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items() if k not in head.tied}
     write_json(folder / "config.json", {SPADE_HEAD: head.kind, "format": HEADS_FORMAT_VERSION,
                                         "config": head.config.to_dict(), "verifier": verifier_name_or_path})
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -206,18 +280,19 @@ def load_head(folder, target):
         return load_speculators(folder, target=target)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     kind = config.get(SPADE_HEAD)
-    if kind not in ("eagle", "medusa"):
-        raise ValueError(f"folder: {folder} is neither a speculators folder nor a SPADE head ({SPADE_HEAD!r} key)")
-    head = (EagleHead(EagleConfig.from_dict(config["config"])) if kind == "eagle"
-            else MedusaHead(MedusaConfig.from_dict(config["config"])))
+    classes = {k.head_class.kind: k.head_class for k in HEAD_KINDS.values()}
+    if kind not in classes:
+        raise ValueError(f"folder: {folder} is neither a speculators folder nor a SPADE head ({SPADE_HEAD!r} key "
+                         f"one of {sorted(classes)}, got {kind!r})")
+    cls = classes[kind]
+    head = cls(cls.config_class.from_dict(config["config"]))
     state = load_file(str(folder / "model.safetensors"))
     missing, unexpected = head.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if k != "embed_tokens.weight"]:
+    if unexpected or [k for k in missing if k not in head.tied]:
         raise ValueError(f"folder: {folder} does not fit a {kind} head: missing {missing}, unexpected {unexpected}")
     p = next(target.parameters())
     head = head.to(device=p.device, dtype=p.dtype)
-    if isinstance(head, EagleHead):
-        head.tie_embeddings(target.get_input_embeddings())
+    head.tie_to_target(target)
     return head.eval()
 
 
@@ -243,18 +318,10 @@ def draft_vocabulary(seqs: list[torch.Tensor], vocab_size: int, size: int, speci
     return frequent_tokens(counts, min(size, vocab_size), [i for i in special if 0 <= i < vocab_size])
 
 
-def _new_head(target, cfg: HeadConfig, vocab: torch.Tensor):
-    vd = int(vocab.numel())
-    v = int(target.config.vocab_size)
-    ids = vocab if vd < v else None
-    if cfg.kind == "medusa":
-        return MedusaHead.from_target(target, draft_token_ids=ids, num_heads=cfg.medusa_heads,
-                                      num_layers=cfg.medusa_layers)
-    return EagleHead.from_target(target, draft_token_ids=ids, variant=cfg.kind, feature_layers=cfg.feature_layers)
-
-
-def _feature_layers(head) -> tuple[int, ...]:
-    return tuple(head.config.feature_layers) if isinstance(head, EagleHead) else (int(head.config.feature_layer),)
+def _new_head(target, cfg: HeadConfig, vocab: torch.Tensor) -> DraftHead:
+    """``cfg``'s kind of head for ``target`` over ``vocab`` (all ``V`` when it holds every id)."""
+    ids = vocab if int(vocab.numel()) < int(target.config.vocab_size) else None
+    return head_kind(cfg.kind).new(target, cfg, ids)
 
 
 @torch.inference_mode()
@@ -296,13 +363,12 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
                              cfg.draft_vocab_size, special)
     head = _new_head(target, cfg, vocab)
     t = time.perf_counter()
-    data = extract(target, sequences, _feature_layers(head), top_k=cfg.top_k,
+    data = extract(target, sequences, head.feature_layers, top_k=cfg.top_k,
                    feature_dtype=getattr(torch, cfg.feature_dtype))
     t_features = time.perf_counter() - t
-    depth = min(cfg.eval_depth, head.config.num_heads) if isinstance(head, MedusaHead) else cfg.eval_depth
+    depth = cfg.eval_depth if head.max_depth is None else min(cfg.eval_depth, head.max_depth)
     at_init = evaluate(head, data, held, depth)
-    trainer = train_medusa if isinstance(head, MedusaHead) else train_eagle
-    curve, train_facts = trainer(head, data, train, cfg.train, deadline=deadline)
+    curve, train_facts = head_kind(cfg.kind).train(head, data, train, cfg.train, deadline=deadline)
     t = time.perf_counter()
     heldout = evaluate(head, data, held, depth)
     costs = head_costs(target, head, reps=cost_reps)
@@ -311,8 +377,8 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
         save_head(head, Path(out) / "head", verifier_name_or_path=verifier_name_or_path)
     facts = {
         "kind": cfg.kind, "head_class": type(head).__name__, "head_config": head.config.to_dict(),
-        "n_trainable": sum(p.numel() for n_, p in head.named_parameters() if not n_.startswith("embed_tokens")),
-        "feature_layers": list(_feature_layers(head)), "draft_vocab_size": int(vocab.numel()),
+        "n_trainable": sum(p.numel() for p in head.trainable_parameters()),
+        "feature_layers": list(head.feature_layers), "draft_vocab_size": int(vocab.numel()),
         "draft_vocab_token_mass": _mass(sequences, train, vocab, int(target.config.vocab_size)),
         "data": {**(data_facts or {}), "sequences": n, "train_sequences": len(train), "heldout_sequences": len(held),
                  "feature_tokens": data.n_tokens()},
