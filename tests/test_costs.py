@@ -10,6 +10,7 @@ import torch
 from spade_lib import paths
 from spade_lib.runs import metrics
 from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.drafters import Drafter
 from spade_lib.runs import costs as costs_mod
 from spade_lib.decoding.costs import measure_costs, measure_tree_cost, verify_cost_fn
 from spade_lib.runs.costs import pair_costs
@@ -308,3 +309,51 @@ def test_the_model_free_registered_drafters_hold_no_model_and_cost_zero(tmp_path
     assert all(costs_mod._draft_of(pair, n) == (None, "none", None) for n in free)
     got = pair_costs(pair, free, 2, context=16, reps=2)
     assert all(got[n]["c"] == 0.0 and got[n]["t_draft"] == 0.0 for n in free)
+
+
+class _ForwardHoldingDrafter(Drafter):
+    """Drafts with a model it holds only as a bound method (no attribute is a torch module): the cost code
+    cannot find the model by looking, only by the drafter's word (Drafter.drafting_model)."""
+
+    def __init__(self, model, declare: bool):
+        self._forward, self._declare = model.forward, declare
+        if declare:
+            self.drafting_model = lambda: CausalLMAdapter(model)
+
+
+class _RingDrafter(Drafter):
+    """Model-free, with an unrelated ``.head`` (the index of its ring buffer's head)."""
+
+    def __init__(self):
+        self.head, self.ring = 0, [0] * 4
+
+    def drafting_model(self):
+        return None
+
+
+def test_the_c_0_trap_a_drafter_is_costed_by_what_it_says_it_runs_not_by_its_attributes(tmp_path, monkeypatch):
+    """Before: the cost code keyed on a ``.head`` attribute and searched the rest for a module, so a drafter
+    running a model through a bound method got c = 0, a model-free one with an unrelated ``.head`` crashed
+    (StopIteration) and a head of the drafter's own (not in pair.heads) crashed too. Now the drafter says
+    what a step runs: undeclared is refused, declared models and heads are timed, None is c = 0."""
+    from spade_lib.decoding import drafters
+    from tests.test_eagle import make_head, tiny_target
+
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    model = llama(layers=1, seed=3)
+    own = make_head(tiny_target(), "eagle3")
+    monkeypatch.setitem(drafters._REGISTRY, "bound", lambda pair, *, device: _ForwardHoldingDrafter(model, False))
+    monkeypatch.setitem(drafters._REGISTRY, "declared", lambda pair, *, device: _ForwardHoldingDrafter(model, True))
+    monkeypatch.setitem(drafters._REGISTRY, "ring", lambda pair, *, device: _RingDrafter())
+    monkeypatch.setitem(drafters._REGISTRY, "own_head", lambda pair, *, device: own.drafter())
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
+    with pytest.raises(ValueError, match=r"draft: registered drafter 'bound' .*does not say what a drafting step runs"):
+        pair_costs(pair, ["bound"], 2, context=16, reps=2)
+    got = pair_costs(pair, ["declared", "ring"], 2, context=16, reps=2, overhead=False)
+    assert got["declared"]["c"] > 0 and got["declared"]["key"]["model"]["class"] == "LlamaForCausalLM"
+    assert got["ring"]["c"] == 0.0
+    target = tiny_target()
+    pair = types.SimpleNamespace(name="mini", target=target, drafts={}, heads={})
+    got = pair_costs(pair, ["own_head"], 2, context=16, reps=2, overhead=False)
+    assert got["own_head"]["c"] > 0 and got["own_head"]["key"]["head"]["name"] is None
+    assert got["own_head"]["key"]["head"]["kind"] == "eagle"

@@ -62,7 +62,7 @@ def test_every_registered_kind_keeps_the_interfaces_promises(target, kind):
     head = head_kind(kind).new(target, HeadConfig(kind, draft_vocab_size=40), ids)
     assert isinstance(head, DraftHead) and isinstance(head, head_kind(kind).head_class) and head.variant == kind
     drafter = head.drafter()
-    assert drafter.hidden_layers == head.feature_layers
+    assert drafter.hidden_layers == head.feature_layers and drafter.drafting_model() is head
     hidden = hidden_at(target, [3, 5, 8], head.feature_layers)
     assert head.features(hidden).shape == (3, head.in_features)
     assert torch.equal(head.draft_ids, ids.sort().values) and torch.equal(head.d2t, head.draft_ids - torch.arange(40))

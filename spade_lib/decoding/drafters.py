@@ -115,6 +115,15 @@ class Drafter:
     def observe(self, view: TargetView) -> None:
         """Told what the target committed (see :class:`TargetView`); called after ``accept``. Default: ignore."""
 
+    def drafting_model(self):
+        """What one drafting step runs, for the cost model's ``c`` (:func:`spade_lib.runs.costs.pair_costs`
+        times it with :func:`~spade_lib.decoding.costs.measure_costs`): a decoding adapter
+        (:class:`ModelDrafter`), a feature head (a :class:`~spade_lib.decoding.heads.DraftHead`), or ``None``
+        for a drafter that runs no model (``c = 0``). Declared, never guessed: the default raises, so a new
+        drafter says what it runs instead of being priced at ``c = 0``."""
+        raise NotImplementedError(f"{type(self).__name__}: does not say what a drafting step runs "
+                                  "(implement Drafter.drafting_model)")
+
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         raise NotImplementedError
 
@@ -200,6 +209,10 @@ class ModelDrafter(Drafter):
         self._rows: dict | None = None  # a proposed tree: path tokens -> fed row (after _base)
         self._tree_tokens: list[int] = []
         self._base = 0
+
+    def drafting_model(self) -> CausalLMAdapter:
+        """Its adapter: a drafting step is the draft model's one-token forward."""
+        return self.adapter
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         prompt = as_token_tensor(prompt_ids, self.adapter.device)
@@ -317,6 +330,10 @@ class NGramDrafter(Drafter):
 
     deterministic = True
 
+    def drafting_model(self) -> None:
+        """None: a lookup in the committed text, no model (``c = 0``)."""
+        return None
+
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: torch.device | str = "cpu"):
         """``device``: where proposals are made until ``reset`` is given a tensor (then: its device)."""
         if not 1 <= min_ngram <= max_ngram:
@@ -388,6 +405,10 @@ class _ContextTreeDrafter(Drafter):
     proposal's tokens, and committing an accepted path (:meth:`_committed` sees the new tokens)."""
 
     deterministic = True
+
+    def drafting_model(self) -> None:
+        """None: a trie or suffix index of the committed text, no model (``c = 0``)."""
+        return None
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         if isinstance(prompt_ids, torch.Tensor):
@@ -488,6 +509,10 @@ class NullDrafter(Drafter):
 
     deterministic = True
     mode = "reject"
+
+    def drafting_model(self) -> None:
+        """None: constant tokens, no model (``c = 0``)."""
+        return None
 
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)

@@ -702,6 +702,10 @@ class EagleDrafter(Drafter):
         """After a tree: drop every drafted position (the committed ones come back through ``observe``)."""
         self.accept(len(path), next_token)
 
+    def drafting_model(self) -> EagleHead:
+        """Its head: a drafting step is the head's (:meth:`EagleHead.cost_step`)."""
+        return self.head
+
     def accept(self, n_accepted: int, next_token: int) -> None:
         """Drop the drafted positions from the cache (the committed ones come back through ``observe``)."""
         self._run.crop(self._committed)

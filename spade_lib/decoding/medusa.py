@@ -266,6 +266,10 @@ class MedusaDrafter(Drafter):
                             sampling, generator, max_depth=max_depth)
         return tree
 
+    def drafting_model(self) -> MedusaHead:
+        """Its head: a drafting step is the head's (:meth:`MedusaHead.cost_step`)."""
+        return self.head
+
     def accept(self, n_accepted: int, next_token: int) -> None:
         pass
 

@@ -16,20 +16,22 @@ loop at ``gamma = 1`` exactly and every other configuration is a test of it
 (:func:`spade_lib.runs.controls.prediction_warnings`). The table's ``overhead_raw`` is the difference
 before the clip at 0 (a negative one is noise: the speculative loop does all the AR loop does).
 
-A draft is priced by what it runs (:func:`_draft_of`), never by its name:
+A draft is priced by what it runs (:func:`_draft_of`), never by its name or its attributes:
 
 - a draft model of the pair (``pair.drafts[name]``): its one-token forward;
-- a feature head (``pair.heads[name]``, or a registered drafter that drafts with one, ``"eagle"`` /
-  ``"medusa"``): the head's drafting step, :class:`spade_lib.decoding.costs.HeadStep`; the key names the
-  head's build;
-- any other registered drafter (:func:`spade_lib.decoding.drafters.register_drafter`) is built and
-  inspected: one that drafts with a model through a :class:`~spade_lib.decoding.drafters.ModelDrafter`
-  (a distilled draft, say) is timed on that drafter's own adapter, and the key names the model (class
-  and a sha256 of its weights); one that holds any other ``torch.nn.Module`` or decoding adapter is
-  **refused** (``ValueError``: its forward cannot be timed here, and ``c = 0`` would be a silent lie);
-- a drafter holding no model at all (``"ngram"``, ``"ngram_tree"``, ``"suffix"``, ``"null"``) runs no
-  forward: ``c = 0`` by rule. Its host-side lookup is no forward of the cost model; that time is in the
-  runs' measured step times, and the null-draft control prices the loop around it (``o``).
+- a feature head of the pair (``pair.heads[name]``): the head's drafting step,
+  :class:`spade_lib.decoding.costs.HeadStep`; the key names the head's build;
+- a registered drafter (:func:`spade_lib.decoding.drafters.register_drafter`) is built and asked what a
+  drafting step runs (:meth:`~spade_lib.decoding.drafters.Drafter.drafting_model`, declared by every
+  drafter): a decoding adapter (a :class:`~spade_lib.decoding.drafters.ModelDrafter`'s: a distilled draft,
+  say) is timed, the key naming the model (class and a sha256 of its weights); a feature head (``"eagle"``
+  / ``"medusa"``: the pair's head; or a head of the drafter's own) is timed by its drafting step; ``None``
+  (``"ngram"``, ``"ngram_tree"``, ``"suffix"``, ``"null"``) runs no forward: ``c = 0`` by rule. Its host-side
+  lookup is no forward of the cost model; that time is in the runs' measured step times, and the
+  null-draft control prices the loop around it (``o``);
+- a registered drafter that does not say what it runs, says ``None`` while holding a ``torch.nn.Module``
+  or a decoding adapter, or names something else is **refused** (``ValueError``): ``c = 0`` would be a
+  silent lie.
 """
 
 from __future__ import annotations
@@ -184,36 +186,46 @@ def _draft_of(pair, name: str):
     for it and how the cache key names it.
 
     - ``pair.drafts[name]``: ``(model, "draft", None)`` (the key's ``draft`` and ``path`` name it);
-    - a feature head (``pair.heads[name]`` or the head of a registered drafter such as ``"eagle"``):
-      ``(head, "head", identity)`` (:func:`_head_identity`);
-    - a registered drafter that drafts through a :class:`~spade_lib.decoding.drafters.ModelDrafter`:
-      ``(its adapter, "model", {"class", "weights_sha256"})``;
-    - a registered drafter holding no ``torch.nn.Module`` and no decoding adapter: ``(None, "none", None)``,
-      ``c = 0``.
+    - a feature head (``pair.heads[name]``, or the :meth:`~spade_lib.decoding.drafters.Drafter.drafting_model`
+      of a registered drafter such as ``"eagle"``): ``(head, "head", identity)`` (:func:`_head_identity`);
+    - a registered drafter whose drafting model is a decoding adapter: ``(it, "model", {"class",
+      "weights_sha256"})``;
+    - a registered drafter whose drafting model is ``None`` (and that holds no ``torch.nn.Module`` or
+      decoding adapter): ``(None, "none", None)``, ``c = 0``.
 
-    Raises ``ValueError`` (naming ``draft``) for a registered drafter that holds a model some other way,
-    and (from :func:`~spade_lib.decoding.drafters.make_drafter`) for an unknown name."""
-    from spade_lib.decoding.drafters import ModelDrafter, make_drafter
+    Raises ``ValueError`` (naming ``draft``) for a registered drafter that does not say what it runs, says
+    ``None`` while holding a model, or names something that is neither, and (from
+    :func:`~spade_lib.decoding.drafters.make_drafter`) for an unknown name."""
+    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.drafters import make_drafter
+    from spade_lib.decoding.heads import DraftHead
 
     model = (getattr(pair, "drafts", {}) or {}).get(name)
     if model is not None:
         return model, "draft", None
-    heads = getattr(pair, "heads", {}) or {}
-    drafter = None
-    head = heads.get(name)
-    if head is None:
-        drafter = make_drafter(name, pair)  # a registered drafter (unknown names refused)
-        head = getattr(drafter, "head", None)
+    head = (getattr(pair, "heads", {}) or {}).get(name)
     if head is not None:
         return head, "head", _head_identity(pair, head)
-    if isinstance(drafter, ModelDrafter):
-        return drafter.adapter, "model", {"class": type(drafter.adapter.model).__name__,
-                                          "weights_sha256": _weights_sha256(drafter.adapter.model)}
+    drafter = make_drafter(name, pair)  # a registered drafter (unknown names refused)
+    what = f"registered drafter {name!r} ({type(drafter).__name__})"
+    try:
+        timed = drafter.drafting_model()
+    except (AttributeError, NotImplementedError):
+        held = _held_model(drafter)
+        raise ValueError(f"draft: {what} does not say what a drafting step runs (Drafter.drafting_model)"
+                         + (f" and holds a model ({held})" if held else "") + "; pair_costs cannot price it, "
+                         "and c = 0 would be a guess") from None
+    if isinstance(timed, DraftHead):
+        return timed, "head", _head_identity(pair, timed)
+    if isinstance(timed, CausalLMAdapter):
+        return timed, "model", {"class": type(timed.model).__name__, "weights_sha256": _weights_sha256(timed.model)}
+    if timed is not None:
+        raise ValueError(f"draft: {what} drafts with a {type(timed).__name__}, which pair_costs cannot time "
+                         "(Drafter.drafting_model: a CausalLMAdapter, a DraftHead or None)")
     held = _held_model(drafter)
     if held is not None:
-        raise ValueError(f"draft: registered drafter {name!r} ({type(drafter).__name__}) runs a model "
-                         f"({held}) that pair_costs cannot time; draft through a ModelDrafter (or a feature "
-                         "head) so its forward is measured -- pricing it at c = 0 would be wrong")
+        raise ValueError(f"draft: {what} says it runs no model but holds one ({held}); pair_costs cannot "
+                         "time it, and c = 0 would be wrong (Drafter.drafting_model)")
     return None, "none", None
 
 
@@ -252,11 +264,12 @@ def _weights_sha256(module, skip: tuple[str, ...] = ()) -> str:
 
 
 def _head_identity(pair, head) -> dict:
-    """The identity of a feature head of ``pair`` (the head's name, kind, build id from the pair's manifest
-    when it came from a cached build, and a sha256 of its weights), which keys the cost cache, so another
-    head under the same name is measured again."""
+    """The identity of a feature head (the head's name in ``pair.heads``, ``None`` for a head of a drafter's
+    own; its kind; the build id from the pair's manifest when it came from a cached build; a sha256 of its
+    weights but the ones tied to the target), which keys the cost cache, so another head under the same
+    name is measured again."""
     heads = getattr(pair, "heads", {}) or {}
-    head_name = next(n for n, h in heads.items() if h is head)
+    head_name = next((n for n, h in heads.items() if h is head), None)
     built = ((getattr(pair, "manifest", {}) or {}).get("heads") or {}).get(head_name) or {}
     return {"name": head_name, "kind": head.kind, "build_id": built.get("build_id"),
-            "weights_sha256": _weights_sha256(head, skip=("embed_tokens.weight",))}  # embedding tied to the target's
+            "weights_sha256": _weights_sha256(head, skip=head.tied)}
