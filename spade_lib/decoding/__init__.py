@@ -2,8 +2,8 @@
 speculative and autoregressive decoders (single and batched), HF baselines, greedy-divergence
 classification.
 
-Modules: ``adapter``, ``lean``, ``drafters``, ``eagle`` and ``medusa`` (draft heads on the target's
-hidden states and their drafters), ``policies``, ``adaptive``, ``records`` (the trace's column
+Modules: ``adapter``, ``lean``, ``drafters``, ``heads`` (the interface of a draft head on the target's
+hidden states), ``eagle`` and ``medusa`` (its kinds and their drafters), ``policies``, ``adaptive``, ``records`` (the trace's column
 names), ``common`` (results and helpers the decoders share), ``step`` (the verify + commit step of single and
 batched decoding), ``batch``, ``decode``, ``batch_study``,
 ``baselines``, ``divergence``, ``tree_shapes`` (the shapes of draft trees: static, EAGLE-2, sampled,
