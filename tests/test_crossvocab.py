@@ -546,3 +546,115 @@ def test_tli_bad_arguments(tokenizers):
         d.reset([], len(ttok))
     with pytest.raises(ValueError, match="vocab_size"):
         d.reset([1, 2], 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# what a step costs (DraftStepCosts), the committed tails decoded once a step, and TLI at the draft's EOS
+
+from spade_lib.decoding.crossvocab import tail_of
+
+
+def test_a_given_tail_reencodes_as_the_computed_one():
+    committed = t_ids("c", "da", "b")
+    for text in ("ab", "cd", "dab", ""):
+        tail = tail_of(committed, TARGET_TOK, 2)
+        assert continuation(committed, text, TARGET_TOK, window=2, tail=tail) == continuation(committed, text, TARGET_TOK,
+                                                                                            window=2)
+        assert appended_text(committed, t_ids("ab"), TARGET_TOK, window=2, tail=tail) == "ab"
+
+
+@pytest.mark.parametrize("rule", ["text", "tli"])
+def test_drafters_account_for_every_step(tokenizers, rule):
+    """Every step carries the drafter's own account: one forward per token drawn, the text work timed
+    apart, and (text drafting) about two tokenizer calls per draft token drawn plus a few per step --
+    decoding the committed tails once per step, not once per drawn token (which made ~6 per token)."""
+    ttok, dtok = tokenizers
+    target, draft = (_pair if rule == "text" else _tli_pair)(tokenizers, 0.3)
+    greedy = SamplingConfig(temperature=0)
+    drafter = TextDrafter(draft, dtok, ttok) if rule == "text" else TLIDrafter(draft, dtok, ttok, TLIConfig())
+    ids = ttok.encode(PROMPTS[2], add_special_tokens=False)
+    drafter.reset(ids, len(ttok))
+    assert drafter.step_costs() is None  # no step closed yet
+    out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy).generate(ids, 40)
+    assert out.tokens == AutoregressiveDecoder(target, sampling=greedy).generate(ids, 40).tokens
+    costs = [s.draft_costs for s in out.steps]
+    assert all(c is not None for c in costs)
+    draws = np.array([c["draft_tokens"] for c in costs])
+    calls = np.array([c["encode_calls"] + c["decode_calls"] for c in costs])
+    for s, c in zip(out.steps, costs):
+        assert c["fed"] >= c["forwards"] >= c["draft_tokens"] >= (s.gamma if rule == "tli" else 0)
+        assert c["t_forward"] >= 0 and c["t_text"] >= 0 and c["encode_calls"] >= 1  # the commit re-encodes
+    if rule == "text":
+        assert (np.array([c["forwards"] for c in costs]) == draws).all() and draws.sum() >= sum(out.gammas)
+        assert calls.mean() <= 2 * draws.mean() + 10, (calls.mean(), draws.mean())
+    else:
+        assert calls.max() <= 8  # TLI's text work is the commit's re-sync alone
+
+
+class EndingToyLM(BiasedToyLM):
+    """:class:`BiasedToyLM` that wants to end: its EOS logit gains 30 from position ``end_at`` on."""
+
+    def __init__(self, tokenizer, bonus, seed, scale, end_at):
+        super().__init__(tokenizer, bonus, seed, scale)
+        self.end_at, self.eos = end_at, tokenizer.eos_token_id
+
+    def forward(self, input_ids, cache=None, use_cache=False, position_ids=None, logits_to_keep=0):
+        past = 0 if cache is None else cache.get_seq_length()
+        out = super().forward(input_ids, cache=cache, use_cache=use_cache, position_ids=position_ids,
+                              logits_to_keep=logits_to_keep)
+        pos = position_ids[0] if position_ids is not None else torch.arange(past, past + input_ids.shape[1])
+        out.logits[..., self.eos] += 30.0 * (pos[-out.logits.shape[1]:] >= self.end_at)
+        return out
+
+
+def test_tli_ends_its_block_where_the_draft_would_end_and_the_target_still_writes_eos(tokenizers):
+    """A draft that wants to end (EOS its argmax) proposes nothing under ``stop_at_eos`` (plain target
+    steps; without it, the intersection's best string after its end); ``q_I`` puts no mass on the target's
+    EOS, which the target writes itself, as the residual or bonus token: greedy output equals AR's,
+    EOS included, whichever drafter."""
+    ttok, dtok = tokenizers
+    eos_t, eos_d = ttok.eos_token_id, dtok.eos_token_id
+    ids = ttok.encode(PROMPTS[0], add_special_tokens=False)
+    target = EndingToyLM(ttok, TLI_TARGET_BONUS, 0, 0.3, end_at=len(ids) + 12)
+    ending = BiasedToyLM(dtok, {**TLI_DRAFT_BONUS, dtok.decode([eos_d]): 20.0}, 1, 0.3)
+    _, plain = _tli_pair(tokenizers, 0.3)
+    greedy = SamplingConfig(temperature=0)
+    ref = AutoregressiveDecoder(target, sampling=greedy, eos_token_id=eos_t).generate(ids, 40)
+    assert ref.stop_reason == "eos" and len(ref.tokens) == 14 and ref.tokens[-1] == eos_t  # the token after end_at
+    for draft, config, drafts in ((ending, TLIConfig(), False), (ending, TLIConfig(stop_at_eos=False), True),
+                                  (plain, TLIConfig(), True)):
+        drafter = TLIDrafter(draft, dtok, ttok, config)
+        out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy, eos_token_id=eos_t).generate(ids, 40)
+        assert out.tokens == ref.tokens and out.stop_reason == "eos"
+        assert (sum(out.gammas) > 0) == drafts
+        if not drafts:
+            assert {s.draft_stop for s in out.steps[:-1]} == {"no_match"}
+    drafter = TLIDrafter(plain, dtok, ttok, TLIConfig())
+    drafter.reset(ids, len(ttok))
+    tree = drafter.propose(3, FixedGamma(3), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    assert tree.gamma > 0 and float(tree.q[:, eos_t].sum()) == 0.0  # EOS is outside I
+
+
+@pytest.mark.slow
+def test_sampled_tli_stopping_at_the_drafts_eos_keeps_the_target_law(tokenizers):
+    """Chi-square of the first two tokens (1,000 seeded T = 1 generations) with a draft whose EOS becomes
+    its argmax after some of its sampled strings, so about half the first blocks end early (``stop_at_eos``,
+    first-step gamma 1 or 2, else 3): the law is still the target's."""
+    ttok, dtok = tokenizers
+    target, _ = _tli_pair(tokenizers, 0.3)
+    draft = BiasedToyLM(dtok, {**TLI_DRAFT_BONUS, dtok.decode([dtok.eos_token_id]): 5.3}, 1, 0.3)
+    sampling = SamplingConfig(temperature=1.0)
+    ids = ttok.encode(PROMPTS[0], add_special_tokens=False)
+    dec = SpeculativeDecoder(target, TLIDrafter(draft, dtok, ttok, TLIConfig()), gamma=3, sampling=sampling,
+                             record="light", eos_token_id=[])
+    V = len(ttok)
+    counts = np.zeros(V * V, dtype=np.int64)
+    stops = []
+    for seed in range(1000):
+        out = dec.generate(ids, 4, seed=seed)
+        counts[out.tokens[0] * V + out.tokens[1]] += 1
+        stops.append(out.steps[0].gamma)
+    p_value = counts_chi_square_pvalue(counts, sequence_law(target, ids, sampling, 2))
+    print(f"first-step gamma counts {np.bincount(stops).tolist()}; chi-square p = {p_value:.4f}")
+    assert 0.2 < np.mean(np.array(stops) < 3) < 0.8  # about half the first blocks end at the draft's EOS
+    assert p_value > 1e-3

@@ -55,6 +55,7 @@ class StepInfo:
     stats: dict[str, list] | None = None  # per-position statistics by column name, each [gamma] (record=True only)
     topk: list[Any] | None = None     # record_topk > 0: [p_ids, p_probs, q_ids, q_probs], each [gamma][k]
     tree: dict[str, list[int]] | None = None  # a tree step: records.TREE_COLUMNS per node, each [gamma] (None: a chain)
+    draft_costs: dict[str, float] | None = None  # the drafter's own account of the step (Drafter.step_costs; None: none kept)
 
 
 @dataclass

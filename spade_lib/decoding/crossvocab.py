@@ -26,10 +26,20 @@ sentencepiece's ``"▁the"`` both decode to ``" the"``), the draft samples from 
 decoder's sampling config applied to the draft's logits first) and the block is verified by the standard
 rule with ``q_I`` over target ids. Both drafters keep the committed text in sync with the draft the same
 way (:class:`TextSyncDrafter`). Still to build: SLRS (string-level rejection sampling).
+
+**What a step costs.** Both drafters keep their own account of each step (:class:`DraftStepCosts`, read by
+the decoder through ``Drafter.step_costs`` into ``StepInfo.draft_costs``): the draft's forwards (``t_forward``,
+how many, how many tokens fed) apart from the text work (``t_text``: decoding, re-encoding and aligning the
+committed and drafted text, in ``propose`` and ``accept``) and the tokenizer calls made. The re-encodings
+are windowed (:func:`retokenize`, :func:`continuation`: ``window`` tokens of committed tail), and the
+committed tails are decoded once per step (:func:`tail_of`), not once per drafted token: a text drafter's
+``propose`` makes two tokenizer calls per draft token it draws plus a few per step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -118,6 +128,23 @@ def _tail_start(ids: list[int], tokenizer, window: int, protect: int) -> int:
     return start
 
 
+@dataclass(frozen=True)
+class Tail:
+    """The part of a token list that is re-encoded with new text: ``ids[start:]`` and its text."""
+
+    start: int             # where the tail starts in the token list
+    ids: tuple[int, ...]   # ids[start:]
+    text: str              # decode(ids[start:])
+
+
+def tail_of(ids: list[int], tokenizer, window: int = 16, protect: int = 0) -> Tail:
+    """The :class:`Tail` of ``ids`` that :func:`continuation` and :func:`appended_text` re-encode (the
+    last ``window`` tokens, moved earlier off a split character, never before ``protect``). A caller
+    that re-encodes several texts after the same ``ids`` computes it once and passes it as ``tail``."""
+    start = _tail_start(ids, tokenizer, window, protect)
+    return Tail(start, tuple(ids[start:]), _decode(tokenizer, ids[start:]))
+
+
 def retokenize(ids: list[int], new_text: str, tokenizer, *, window: int = 16, protect: int = 0) -> list[int]:
     """``ids`` followed by ``new_text``, with the last ``window`` tokens and ``new_text`` encoded together:
     ``ids[:s] + encode(decode(ids[s:]) + new_text)``, ``s = len(ids) - window`` (at least ``protect``, the
@@ -129,7 +156,8 @@ def retokenize(ids: list[int], new_text: str, tokenizer, *, window: int = 16, pr
     return ids[:s] + _encode(tokenizer, _decode(tokenizer, ids[s:]) + new_text)
 
 
-def continuation(committed: list[int], new_text: str, tokenizer, *, window: int = 16) -> list[int]:
+def continuation(committed: list[int], new_text: str, tokenizer, *, window: int = 16,
+                 tail: Tail | None = None) -> list[int]:
     """Target tokens ``x`` that continue the committed tokens with ``new_text`` (``committed + x`` is what
     the target would verify): the re-encoding of the committed tail and ``new_text`` together, aligned
     against the committed tokens.
@@ -142,11 +170,11 @@ def continuation(committed: list[int], new_text: str, tokenizer, *, window: int 
       wrote ``b``, re-encoded ``[ab]``): the committed tokens cannot be undone, so ``x = encode(new_text)``.
 
     Any ``x`` is lossless under :func:`spade_lib.verify.verify`'s ``one_hot_q`` rule (see
-    :class:`TextDrafter`); the alignment only decides how often the proposal is accepted.
+    :class:`TextDrafter`); the alignment only decides how often the proposal is accepted. ``tail``:
+    ``tail_of(committed, tokenizer, window)`` when the caller holds it (computed here otherwise).
     """
-    s = _tail_start(committed, tokenizer, window, 0)
-    tail = committed[s:]
-    tail_text = _decode(tokenizer, tail)
+    tail = tail if tail is not None else tail_of(committed, tokenizer, window)
+    tail_text, tail = tail.text, list(tail.ids)
     t = _encode(tokenizer, tail_text + new_text)
     if t[:len(tail)] == tail:
         return t[len(tail):]
@@ -160,11 +188,12 @@ def continuation(committed: list[int], new_text: str, tokenizer, *, window: int 
 
 
 def text_proposal(committed: list[int], new_text: str, tokenizer, max_gamma: int, *, window: int = 16,
-                  hold_last: bool = True, ended: bool = False, eos: int | None = None) -> list[int]:
+                  hold_last: bool = True, ended: bool = False, eos: int | None = None,
+                  tail: Tail | None = None) -> list[int]:
     """The block a string-level drafter proposes after ``committed`` when the draft wrote ``new_text``:
     :func:`continuation`, then the target's ``eos`` if the draft ``ended`` (wrote its EOS), else without
     its last token when ``hold_last`` (text still to come could merge into it), cut to ``max_gamma``."""
-    x = continuation(committed, new_text, tokenizer, window=window)
+    x = continuation(committed, new_text, tokenizer, window=window, tail=tail)
     if ended:
         x = x + ([] if eos is None else [int(eos)])
     elif hold_last:
@@ -172,12 +201,52 @@ def text_proposal(committed: list[int], new_text: str, tokenizer, max_gamma: int
     return x[:max_gamma]
 
 
-def appended_text(committed: list[int], added: list[int], tokenizer, *, window: int = 16) -> str:
+def appended_text(committed: list[int], added: list[int], tokenizer, *, window: int = 16,
+                  tail: Tail | None = None) -> str:
     """The text ``added`` tokens append to ``committed`` ones: decoded after the committed tail, so a
-    character whose bytes span the boundary is decoded whole."""
-    tail = committed[_tail_start(committed, tokenizer, window, 0):]
-    before, after = _decode(tokenizer, tail), _decode(tokenizer, tail + list(added))
+    character whose bytes span the boundary is decoded whole (``tail``: as in :func:`continuation`)."""
+    tail = tail if tail is not None else tail_of(committed, tokenizer, window)
+    before, after = tail.text, _decode(tokenizer, list(tail.ids) + list(added))
     return after[len(before):] if after.startswith(before) else _decode(tokenizer, added)
+
+
+@dataclass
+class DraftStepCosts:
+    """A cross-vocabulary drafter's own account of one step: its ``propose`` and the ``accept`` after it
+    (``StepInfo.draft_costs`` holds it as a dict). Seconds are host wall clock (``time.perf_counter``);
+    a draw reads its token to the host, so a forward's time is in ``t_forward`` on any device.
+
+    Per drafted target token the draft costs ``(t_forward + t_text) / gamma`` seconds: over the target's
+    one-token forward that is the cost model's ``c`` of a cross-vocabulary draft (the one-token forward of
+    the draft model alone, which ``spade_lib.runs.costs`` times, leaves out ``t_text`` and that a text
+    drafter's ``draft_tokens`` need not equal ``gamma``)."""
+
+    draft_tokens: int = 0     # tokens the draft model drew (its EOS included); a text drafter's may differ from gamma
+    forwards: int = 0         # draft-model forwards (one per drawn token)
+    fed: int = 0              # tokens fed through them (more than forwards where the draft's cache was re-synced)
+    t_forward: float = 0.0    # seconds drafting outside the text work: the draft's forwards and draws
+    t_text: float = 0.0       # seconds of text work: decoding, re-encoding, aligning (propose and accept)
+    encode_calls: int = 0     # tokenizer encode calls, both tokenizers
+    decode_calls: int = 0     # tokenizer decode calls, both tokenizers
+
+    @property
+    def tokenizer_calls(self) -> int:
+        return self.encode_calls + self.decode_calls
+
+
+class _CountingTokenizer:
+    """``encode`` / ``decode`` of ``tokenizer``, counted into its drafter's current :class:`DraftStepCosts`."""
+
+    def __init__(self, tokenizer, drafter: "TextSyncDrafter"):
+        self.tokenizer, self.drafter = tokenizer, drafter
+
+    def encode(self, text, add_special_tokens=False):
+        self.drafter._costs.encode_calls += 1
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.drafter._costs.decode_calls += 1
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
 
 @dataclass(frozen=True)
@@ -214,6 +283,11 @@ class TextSyncDrafter(Drafter):
     acceptance, never change the output (whatever ``D`` is, the verifier is told the law the proposal
     was drawn from). ``config``: an instance of the subclass's ``config_type`` (a dataclass with a
     ``window``).
+
+    Each step's costs (:class:`DraftStepCosts`) accumulate in ``_costs`` through ``propose`` (the
+    subclass times its forwards with :meth:`_forward` and its text work inside :meth:`_text_work`) and
+    ``accept``, which closes the step: :meth:`step_costs` then returns it. The text work goes through
+    ``_dtok`` / ``_ttok``, the two tokenizers with their calls counted.
     """
 
     config_type: type = object  # the config dataclass the subclass takes
@@ -226,6 +300,9 @@ class TextSyncDrafter(Drafter):
                 raise ValueError(f"{name}: expected a tokenizer with encode and decode, got {type(tok).__name__}")
         self.adapter = model if isinstance(model, CausalLMAdapter) else CausalLMAdapter(model, max_length=max_length)
         self.draft_tokenizer, self.target_tokenizer, self.config = draft_tokenizer, target_tokenizer, config
+        self._dtok, self._ttok = _CountingTokenizer(draft_tokenizer, self), _CountingTokenizer(target_tokenizer, self)
+        self._costs, self._last = DraftStepCosts(), None  # this step's account so far; the last closed one
+        self._ttail: Tail | None = None              # tail_of(C) while C is unchanged
         self.vocab_size = 0
         self._committed: list[int] | None = None  # C: the committed target tokens
         self._draft_ids: list[int] = []             # D: the draft's tokens of the same text
@@ -247,6 +324,35 @@ class TextSyncDrafter(Drafter):
         self.adapter.reset()
         self._fed = []
         self._proposed = []
+        self._costs, self._last, self._ttail = DraftStepCosts(), None, None
+
+    @contextmanager
+    def _text_work(self):
+        """Time the block inside as text work (``t_text``)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._costs.t_text += time.perf_counter() - t0
+
+    def _target_tail(self) -> Tail:
+        """``tail_of(C)`` with the target's tokenizer, decoded once per committed ``C``."""
+        if self._ttail is None:
+            self._ttail = tail_of(self._committed, self._ttok, self.config.window)
+        return self._ttail
+
+    def _forward(self, feed: list[int]) -> torch.Tensor:
+        """The draft's logits ``[Vd]`` after feeding ``feed`` (counted in this step's costs)."""
+        a = self.adapter
+        logits = a.extend(torch.tensor(feed, dtype=torch.long, device=a.device), last_only=True)[0]
+        self._fed += feed
+        self._costs.forwards += 1
+        self._costs.fed += len(feed)
+        return logits
+
+    def step_costs(self) -> dict[str, float] | None:
+        """The last closed step's :class:`DraftStepCosts` as a dict (``None`` before the first ``accept``)."""
+        return None if self._last is None else asdict(self._last)
 
     def _sync_cache(self) -> list[int]:
         """Roll the draft's cache back to what it shares with ``D``; return the tokens still to feed
@@ -259,11 +365,14 @@ class TextSyncDrafter(Drafter):
     def accept(self, n_accepted: int, next_token: int) -> None:
         added = self._proposed[:n_accepted] + [int(next_token)]
         cfg = self.config
-        new_text = appended_text(self._committed, added, self.target_tokenizer, window=cfg.window)
-        self._committed = self._committed + added
-        self._draft_ids = retokenize(self._draft_ids, new_text, self.draft_tokenizer, window=cfg.window,
-                                     protect=self._protect)
+        with self._text_work():
+            new_text = appended_text(self._committed, added, self._ttok, window=cfg.window, tail=self._target_tail())
+            self._committed = self._committed + added
+            self._ttail = None
+            self._draft_ids = retokenize(self._draft_ids, new_text, self._dtok, window=cfg.window,
+                                         protect=self._protect)
         self._proposed = []
+        self._last, self._costs = self._costs, DraftStepCosts()
 
 
 class TextDrafter(TextSyncDrafter):
@@ -290,8 +399,9 @@ class TextDrafter(TextSyncDrafter):
     What the draft's ``q`` over *its* tokens cannot be is the ``q`` of the exact rule over target
     tokens: mapped naively it is lossy (:func:`naive_emitted_law`; the tests).
 
-    Cost per step: a few encode/decode calls of ``window`` tokens per drafted token, and one draft
-    forward per drafted token.
+    Cost per step: one draft forward and two tokenizer calls (of about ``window`` tokens) per draft
+    token drawn, and a few calls per step (the committed tails, the commit's re-tokenisation):
+    :class:`DraftStepCosts`.
     """
 
     deterministic = True
@@ -309,7 +419,8 @@ class TextDrafter(TextSyncDrafter):
                 generator: torch.Generator | None) -> DraftTree:
         if self._committed is None:
             raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
-        cfg, a = self.config, self.adapter
+        cfg, a, costs = self.config, self.adapter, self._costs
+        t0, text0 = time.perf_counter(), costs.t_text
         proposal: list[int] = []
         if self._draft_ids:
             feed = self._sync_cache()
@@ -318,26 +429,30 @@ class TextDrafter(TextSyncDrafter):
             if a.max_length is not None:
                 n_draft = min(n_draft, a.max_length - len(base) + 1)
             drawn: list[int] = []
+            with self._text_work():  # the committed tails on both sides, once per step
+                d_tail, t_tail = tail_of(base, self._dtok, cfg.window), self._target_tail()
             for _ in range(max(n_draft, 0)):
-                logits = a.extend(torch.tensor(feed, dtype=torch.long, device=a.device), last_only=True)[0]
-                self._fed += feed
+                logits = self._forward(feed)
                 if cfg.temperature == 0:
                     d = int(logits.argmax())
                 else:  # the draft stream (independent of the verifier's uniforms)
                     d = int(sample_categorical(torch.softmax(logits.double() / cfg.temperature, -1)[None],
                                                generator)[0])
+                costs.draft_tokens += 1
                 ended = d in self._draft_eos
                 if not ended:
                     drawn.append(d)
                     feed = [d]
-                new_text = appended_text(base, drawn, self.draft_tokenizer, window=cfg.window)
-                proposal = text_proposal(self._committed, new_text, self.target_tokenizer, max_gamma,
-                                         window=cfg.window, hold_last=cfg.hold_last, ended=ended,
-                                         eos=self._target_eos)
+                with self._text_work():
+                    new_text = appended_text(base, drawn, self._dtok, window=cfg.window, tail=d_tail)
+                    proposal = text_proposal(self._committed, new_text, self._ttok, max_gamma,
+                                             window=cfg.window, hold_last=cfg.hold_last, ended=ended,
+                                             eos=self._target_eos, tail=t_tail)
                 if ended or len(proposal) >= max_gamma:
                     break
         tree = one_hot_proposal(proposal, max_gamma, policy, self.vocab_size, a.device)
         self._proposed = proposal[:len(tree.tokens)]
+        costs.t_forward += time.perf_counter() - t0 - (costs.t_text - text0)
         return tree
 
 
@@ -407,7 +522,8 @@ def tli_q(logits: torch.Tensor, sampling: SamplingConfig, draft_ids: torch.Tenso
 class TLIConfig:
     """How :class:`TLIDrafter` keeps the text in sync (its sampling is the decoder's ``SamplingConfig``)."""
 
-    window: int = 16  # tokens of committed tail re-encoded with the new text, on both sides
+    window: int = 16         # tokens of committed tail re-encoded with the new text, on both sides
+    stop_at_eos: bool = True  # end the block where the draft's likeliest next token is its EOS (its text ends)
 
     def __post_init__(self):
         if self.window < 1:
@@ -442,7 +558,12 @@ class TLIDrafter(TextSyncDrafter):
     **What it gives up.** A token outside ``I`` is never proposed (the target's ``" the"`` is, its
     ``"ing the"`` merge is not; the draft's mass there is dropped by the renormalisation), so the
     target emits those only through a rejection or a bonus token, and acceptance is at most
-    ``sum_{x in I} min(p(x), q_I(x))``. Special tokens (EOS included) are outside ``I``.
+    ``sum_{x in I} min(p(x), q_I(x))``. Special tokens (EOS included) are outside ``I``: where the draft
+    would end its text (its logits' argmax is one of its EOS ids; ``stop_at_eos``) the block ends there
+    (``"no_match"``) instead of proposing the intersection's best string after the draft's end. The
+    target still writes its own EOS, as the residual or bonus token (``q_I`` puts no mass on it, so
+    ``max(p - q_I, 0)`` keeps all of ``p(EOS)``). Ending the block is decided by the draft's logits
+    alone, independent of the verifier's uniforms, so it changes only where blocks end, never the law.
     Cost per drafted token: one draft forward, a gather over ``|I|`` and one inverse-CDF draw; per
     step the re-sync of :class:`TextSyncDrafter` (encode/decode of ``window`` tokens).
     """
@@ -460,6 +581,8 @@ class TLIDrafter(TextSyncDrafter):
         dev = self.adapter.device
         self.draft_ids, self.target_ids = draft_ids.to(dev), target_ids.to(dev)  # [|I|] each, d_k <-> t_k
         self._draft_list, self._target_list = draft_ids.tolist(), target_ids.tolist()
+        eos = getattr(draft_tokenizer, "eos_token_id", None)
+        self._draft_eos = frozenset(() if eos is None else ([eos] if isinstance(eos, int) else eos))
 
     def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
         if max(self._target_list) >= vocab_size:
@@ -483,7 +606,8 @@ class TLIDrafter(TextSyncDrafter):
                 generator: torch.Generator | None) -> DraftTree:
         if self._committed is None:
             raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
-        a = self.adapter
+        a, costs = self.adapter, self._costs
+        t0 = time.perf_counter()
         n, stop = max_gamma, "max_gamma"
         if not self._draft_ids:
             n, stop = 0, "no_match"
@@ -493,12 +617,15 @@ class TLIDrafter(TextSyncDrafter):
         qs: list[torch.Tensor] = []
         feed = self._sync_cache() if n > 0 else []
         for i in range(n):
-            logits = a.extend(torch.tensor(feed, dtype=torch.long, device=a.device), last_only=True)[0]  # [Vd]
-            self._fed += feed
+            logits = self._forward(feed)  # [Vd]
+            if self.config.stop_at_eos and self._draft_eos and int(logits.argmax()) in self._draft_eos:
+                stop = "no_match"  # the draft would end its text here: nothing of I after it
+                break
             drawn = self._draw(logits, sampling, generator)
             if drawn is None:  # no mass on the intersection: the block ends here
                 stop = "no_match"
                 break
+            costs.draft_tokens += 1
             x, d, q = drawn
             tokens.append(x)
             qs.append(q)
@@ -507,6 +634,7 @@ class TLIDrafter(TextSyncDrafter):
                 stop = "policy"
                 break
         self._proposed = tokens
+        costs.t_forward += time.perf_counter() - t0  # TLI's propose does no text work
         if not tokens:
             return DraftTree(torch.empty(0, dtype=torch.long, device=a.device),
                              torch.zeros(0, self.vocab_size, device=a.device), None, stop)

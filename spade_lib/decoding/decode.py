@@ -43,7 +43,8 @@ Records (``record=True``): one row per drafted token with the trace columns of
 :data:`spade_lib.runs.trace.TRACE_SCHEMA` (:meth:`spade_lib.decoding.common.GenerationResult.records`). Per step the statistics are
 computed vectorised over the ``gamma`` positions as named tensors (one per column of
 ``spade_lib.decoding.records``' position columns, :func:`spade_lib.decoding.records.position_stats`), stacked and moved to the host with a single ``.tolist()``.
-``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings),
+``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings, and the drafter's own
+account of the step, ``StepInfo.draft_costs`` from ``Drafter.step_costs``, where it keeps one),
 ``record=False`` only the tokens and total times. With ``record=True`` the statistics are timed on
 their own (:class:`~spade_lib.decoding.step.Verdict` ``.t_records``) and taken out of the step's
 ``t_verify``; ``timing["records"]`` is their sum, which a timed run subtracts from the generation's
@@ -280,7 +281,8 @@ class SpeculativeDecoder(_Base):
                 state.observe(g, n_acc)
             pending = torch.tensor([next_token], dtype=torch.long, device=dev)
             steps.append(StepInfo(g, n_acc, next_token, len(emitted), len(tokens),
-                                  "budget" if draft is None else draft.stop, stats=stats, topk=topk, tree=tree))
+                                  "budget" if draft is None else draft.stop, stats=stats, topk=topk, tree=tree,
+                                  draft_costs=drafter.step_costs()))
             tokens.extend(emitted)
             if timed:
                 td = _clock(dev)

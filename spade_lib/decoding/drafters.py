@@ -144,6 +144,13 @@ class Drafter:
                                       f"(accepted path {path})")
         self.accept(len(path), next_token)
 
+    def step_costs(self) -> dict[str, float] | None:
+        """The drafter's own account of the step just committed (its ``propose`` and the ``accept`` after
+        it), read by the decoder into ``StepInfo.draft_costs``; ``None`` (the default) keeps none. The
+        cross-vocabulary drafters keep their forwards and their text work apart
+        (:class:`~spade_lib.decoding.crossvocab.DraftStepCosts`)."""
+        return None
+
 
 def _match_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Cut draft logits ``[..., Vd]`` to the target's ``V`` tokens, or pad them with ``-inf``."""
@@ -610,7 +617,7 @@ def _cross_vocab_drafter(name: str, model, draft_tokenizer, target_tokenizer, *,
       ``config``: its ``TextDraftConfig`` fields (``temperature``, ``max_draft_tokens``, ``window``, ``hold_last``);
     - ``"tli"``: token-level intersection, :class:`~spade_lib.decoding.crossvocab.TLIDrafter`: the draft's q
       (the decoder's sampling) restricted to the strings that are one token on both sides, verified by the
-      standard rule; ``config``: its ``TLIConfig`` fields (``window``).
+      standard rule; ``config``: its ``TLIConfig`` fields (``window``, ``stop_at_eos``).
 
     Chains only."""
     from spade_lib.decoding import crossvocab  # crossvocab builds on this module
