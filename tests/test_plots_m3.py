@@ -99,3 +99,31 @@ def test_figures_reject_wrong_tables(tables):
         m3.accept_length_hist(tables["accept_length"], by="nope")
     with pytest.raises(ValueError, match="top"):
         m3.token_rejections(tables["tokens"], top=0)
+
+
+def test_crossvocab_figures_show_counts_on_bars(tmp_path):
+    """The cross-vocabulary figures: every bar carries its count, and both save byte-identically."""
+    import pandas as pd
+
+    from tests.test_diagnose_crossvocab import _hand_trace
+
+    use_style()
+    trace, align = _hand_trace()
+    two = lambda f: pd.concat([f.assign(rule="text"), f.assign(rule="tli")], ignore_index=True)  # noqa: E731
+    bounds = dg.boundary_acceptance(two(trace), two(align), by="rule")
+    fig = m3.crossvocab_boundaries(bounds, by="rule")
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert "1/2" in labels and "1/1" in labels  # split: 1 of 2 reached accepted; same, merge: 1 of 1
+    assert len(fig.axes[1].texts) == 2 * 2 * 3  # rules x (rejections, tokens) x the kinds present
+    _saves_twice_identically(fig, "m3_crossvocab_boundaries", tmp_path)
+    steps = pd.DataFrame({"prompt_id": "q", "sample": 0, "step": [0, 1], "gamma": [2, 2], "n_accepted": [1, 2],
+                          "abs_pos": [0, 2], "draft_tokens": [3, 2], "forwards": [3, 2], "t_forward": [0.02, 0.01],
+                          "t_text": [0.004, 0.002], "encode_calls": [3, 2], "decode_calls": [4, 3]})
+    tokens = dg.token_acceptance(two(steps), two(align), by="rule")
+    costs = dg.step_costs(two(steps), 0.05, by="rule")
+    fig = m3.crossvocab_costs(tokens, costs, by="rule")
+    assert "3/4" in [t.get_text() for t in fig.axes[0].texts]
+    assert any("text 17%" in t.get_text() for t in fig.axes[1].texts)
+    _saves_twice_identically(fig, "m3_crossvocab_costs", tmp_path)
+    with pytest.raises(ValueError, match="missing column"):
+        m3.crossvocab_boundaries(tokens)

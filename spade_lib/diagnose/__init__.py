@@ -19,6 +19,8 @@ module                      what it answers
 ``tokens``                  per-token and per-token-class acceptance, decoded
 ``tree``                    draft trees (and chains): acceptance by depth and sibling rank,
                             accepted-length histogram, per-run summary (tau, nodes per step)
+``crossvocab``              cross-vocabulary drafts: acceptance per target and per draft token,
+                            rejections against the two tokenizers' boundaries, text-sync costs
 ``summary``                 per-category summary in Spec-Bench's shape; ``all_tables``
 ``synthetic``               traces with known answers (tests, benchmarks)
 ``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC)
@@ -27,6 +29,8 @@ module                      what it answers
 
 from spade_lib.diagnose.calibration import calibration_error, calibration_table
 from spade_lib.diagnose.correlates import LogitFit, acceptance_by_bins, acceptance_logit, entropy_by_outcome
+from spade_lib.diagnose.crossvocab import (CrossVocabRuns, alignment_table, boundary_acceptance, run_crossvocab,
+                                          step_costs, token_acceptance)
 from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, wrong_q_power
 from spade_lib.diagnose.frame import as_trace, categorize, combine_runs
 from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
@@ -39,7 +43,8 @@ from spade_lib.diagnose.tree import (depth_acceptance, sibling_acceptance, tree_
                                    tree_summary)
 
 __all__ = [
-    "LogitFit", "accept_length_hist", "acceptance_by_bins", "acceptance_heatmap", "acceptance_logit",
+    "CrossVocabRuns", "LogitFit", "accept_length_hist", "alignment_table", "boundary_acceptance", "run_crossvocab",
+    "step_costs", "token_acceptance", "acceptance_by_bins", "acceptance_heatmap", "acceptance_logit",
     "all_tables", "as_trace", "auc", "binomial_ci", "calibration_error", "calibration_table",
     "categorize", "category_summary", "combine_runs", "decode_tokens", "depth_acceptance", "entropy_by_outcome",
     "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z", "rejudge_wrong_q", "wrong_q_power",

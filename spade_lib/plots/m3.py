@@ -316,3 +316,85 @@ def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str =
     if by is not None:
         legend_outside(ax)
     return fig
+
+
+def _bars(ax, x, heights, width, color, counts, **kwargs):
+    """Bars at ``x`` with each bar's count written on it (``counts``: strings, one a bar)."""
+    bars = ax.bar(x, heights, width=width, color=color, **kwargs)
+    ax.bar_label(bars, labels=counts, fontsize=5, padding=1)
+    return bars
+
+
+def crossvocab_boundaries(table: pd.DataFrame, by: str | None = None) -> Figure:
+    """Cross-vocabulary acceptance by the kind of the target token at each drafted position (left:
+    ``alpha`` with Wilson intervals, bars labelled ``accepted/reached``) and where the first rejections
+    fall (right: share of first rejections, solid, beside the kind's share of the committed tokens,
+    hatched; labelled with the counts); a :func:`~spade_lib.diagnose.boundary_acceptance` table."""
+    _check(table, ["kind", "reached", "accepted", "alpha", "alpha_low", "alpha_high", "first_rejections",
+                   "rejection_share", "committed", "committed_share"], "crossvocab_boundaries")
+    kinds = [k for k in dict.fromkeys(table["kind"].astype(str)) if table.loc[table["kind"].astype(str) == k,
+                                                                          "committed"].sum() > 0]
+    groups = _groups(table, by)
+    width = 0.8 / len(groups)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(DOUBLE_COLUMN * 0.75, 2.3))
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
+        sub = sub.assign(kind=sub["kind"].astype(str)).set_index("kind").reindex(kinds)
+        x = np.arange(len(kinds)) - 0.4 + width * (j + 0.5)
+        alpha = sub["alpha"].fillna(0).to_numpy()
+        _bars(ax1, x, alpha, width, color, [f"{a}/{r}" for a, r in zip(sub["accepted"], sub["reached"])], label=label,
+              yerr=_yerr(alpha, sub["alpha_low"].fillna(0), sub["alpha_high"].fillna(0)),
+              error_kw={"elinewidth": 0.6, "capsize": 1.5})
+        half = width / 2
+        _bars(ax2, x - half / 2, sub["rejection_share"].fillna(0), half, color,
+              [str(int(v)) for v in sub["first_rejections"]], label=label)
+        _bars(ax2, x + half / 2, sub["committed_share"].fillna(0), half, "white",
+              [str(int(v)) for v in sub["committed"]], edgecolor=color, hatch="////", linewidth=0.6)
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(kinds)))
+        ax.set_xticklabels(kinds)
+        ax.set_xlabel("target token vs the draft's boundaries")
+        ax.set_ylim(0, 1.15)
+    ax1.set_ylabel("acceptance (accepted / reached)")
+    ax2.set_ylabel("share (solid: first rejections; hatched: tokens)")
+    fig.tight_layout()
+    if by is not None:
+        legend_outside(ax2)
+    return fig
+
+
+def crossvocab_costs(tokens: pd.DataFrame, costs: pd.DataFrame, by: str | None = None) -> Figure:
+    """Cross-vocabulary drafting per configuration: acceptance per target token and per draft token
+    (left, bars labelled ``accepted/drafted``; a :func:`~spade_lib.diagnose.token_acceptance` table) and
+    the drafter's milliseconds per step, its forwards and its text work stacked (right, labelled with the
+    text share and the tokenizer calls per step; a :func:`~spade_lib.diagnose.step_costs` table)."""
+    _check(tokens, ["accepted", "drafted", "alpha_target", "draft_accepted", "draft_tokens", "alpha_draft"],
+           "crossvocab_costs")
+    _check(costs, ["ms_forward", "ms_text", "text_share", "tokenizer_calls"], "crossvocab_costs")
+    tok_groups, cost_groups = _groups(tokens, by), _groups(costs, by)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(DOUBLE_COLUMN * 0.75, 2.3))
+    width = 0.8 / len(tok_groups)
+    for j, ((label, sub), color) in enumerate(zip(tok_groups, _group_colors(tok_groups))):
+        r = sub.iloc[0]
+        x = np.arange(2) - 0.4 + width * (j + 0.5)
+        _bars(ax1, x, [r["alpha_target"], r["alpha_draft"]], width, color,
+              [f"{int(r['accepted'])}/{int(r['drafted'])}", f"{int(r['draft_accepted'])}/{int(r['draft_tokens'])}"],
+              label=label)
+    ax1.set_xticks([0, 1])
+    ax1.set_xticklabels(["per target token", "per draft token"])
+    ax1.set_ylabel("acceptance")
+    ax1.set_ylim(0, 1.15)
+    names = [label or "" for label, _ in cost_groups]
+    for j, ((label, sub), color) in enumerate(zip(cost_groups, _group_colors(cost_groups))):
+        r = sub.iloc[0]
+        ax2.bar(j, r["ms_forward"], width=0.6, color=color, label="draft forwards" if j == 0 else None)
+        bars = ax2.bar(j, r["ms_text"], width=0.6, bottom=r["ms_forward"], color="white", edgecolor=color,
+                       hatch="////", linewidth=0.6, label="text sync" if j == 0 else None)
+        ax2.bar_label(bars, labels=[f"text {r['text_share']:.0%}, {r['tokenizer_calls']:.1f} calls"],
+                      fontsize=5, padding=1)
+    ax2.set_xticks(range(len(names)))
+    ax2.set_xticklabels(names)
+    ax2.set_ylabel("drafter ms per step")
+    ax2.margins(y=0.2)
+    fig.tight_layout()
+    legend_outside(ax2)
+    return fig
