@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spade_lib import paths
 from spade_lib.zoo import PAIRS
-from spade_lib.zoo.pairs import load_pair, load_tokenizer, pair_names
+from spade_lib.zoo.pairs import load_pair, load_tokenizer, pair_built, pair_names
 from spade_lib.zoo.build import pair_entry
 from spade_lib.zoo.cache import read_manifest, verify_entry
 from spade_lib.zoo.configs import TINY, ModelConfig, TokenizerConfig, TrainConfig
@@ -35,6 +35,16 @@ def zoo_cache(tmp_path_factory):
 def tiny(zoo_cache):
     assert not (zoo_cache / "zoo").exists()
     return load_pair("tiny")
+
+
+def test_pair_built_says_what_would_load_without_a_build(tiny, zoo_cache):
+    """Only the tiny pair is in this module's cache: the others are not built, and asking builds nothing."""
+    assert pair_built("tiny")
+    assert not any(pair_built(n) for n in ("default", "smollm2", "gemma3"))
+    assert sorted(p.name for p in (zoo_cache / "zoo").iterdir() if p.is_dir()) == sorted(
+        p.name for p in (zoo_cache / "zoo").iterdir() if p.is_dir() and p.name.startswith("tiny-"))
+    with pytest.raises(ValueError, match="^name: unknown pair 'nope'"):
+        pair_built("nope")
 
 
 def test_tiny_pair_from_empty_cache(tiny, zoo_cache):

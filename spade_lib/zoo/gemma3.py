@@ -150,10 +150,13 @@ def convert_gguf(out: Path, gguf: Path) -> dict:
     return {**facts, "seconds": {"dequantise": t_dequant, "total": time.perf_counter() - t0}}
 
 
-def target_entry(*, rebuild: bool = False) -> Path:
-    """The cache folder of the converted target (``<entry>/target``), assembled and converted if needed."""
+def target_entry(*, rebuild: bool = False, create: bool = True) -> Path:
+    """The cache folder of the converted target (``<entry>/target``), assembled and converted if needed
+    (only its path, which may not exist, with ``create=False``)."""
     recipe = target_recipe()
     entry = zoo_dir() / f"gemma3-target-{cache_key(recipe)}"
+    if not create:
+        return entry
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()

@@ -53,6 +53,33 @@ def pair_names() -> list[str]:
     return sorted(PAIRS)
 
 
+def pair_built(name: str) -> bool:
+    """Whether ``load_pair(name)`` would load without building anything: every cache entry the named pair
+    reads exists with its manifest (an embedded pair's; ``"smollm2"``: its target, its drafts and the
+    embedded ``"default"`` pair its cross-vocabulary draft comes from; ``"gemma3"``: its target and
+    SmolLM2's). Nothing is built or hashed (``load_pair`` still verifies the files)."""
+    from spade_lib.zoo.build import pair_recipe, zoo_dir
+    from spade_lib.zoo.cache import MANIFEST, cache_key
+
+    def embedded(n: str) -> Path:
+        return zoo_dir() / f"{n}-{cache_key(pair_recipe(get_config(n)))}"
+
+    if name == "smollm2":
+        from spade_lib.zoo import smollm2
+
+        entries = [smollm2.target_entry(create=False), smollm2.drafts_entry(create=False)]
+        entries += [embedded(pair) for pair, _ in smollm2.CROSS_DRAFTS.values()]
+    elif name == "gemma3":
+        from spade_lib.zoo import gemma3, smollm2
+
+        entries = [gemma3.target_entry(create=False), smollm2.target_entry(create=False)]
+    elif name in PAIRS:
+        entries = [embedded(name)]
+    else:
+        raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
+    return all((e / MANIFEST).is_file() for e in entries)
+
+
 def load_tokenizer(name: str = "default"):
     """The tokenizer of embedded pair ``name`` (built if needed, without training any model)."""
     from transformers import AutoTokenizer
