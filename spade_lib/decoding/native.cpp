@@ -35,6 +35,7 @@ namespace {
 
 constexpr int64_t PREFETCH = 2048;       // floats ahead in each row-major weight row's stream (into L1)
 constexpr int64_t PREFETCH_PACKED = 8192;  // floats (32 KiB) ahead in a packed group's stream (into L2)
+constexpr int64_t PREFETCH_ROWS = 3;        // input rows from which a packed tile prefetches
 constexpr int RB_MAX = 6;
 
 inline float hsum(__m256 v) {
@@ -188,29 +189,32 @@ struct Rows {
   int64_t rs, cs;
   const float* tail;
   int64_t ts;
-  bool packed;  // a packed group (one stream), else row-major rows (one stream each)
+  bool packed;    // a packed group (one stream), else row-major rows (one stream each)
+  bool prefetch;  // packed: whether the tile prefetches its stream (PREFETCH_ROWS input rows or more)
 };
 
 constexpr int GROUP = 4;  // rows per packed group (the widest tile); rows past the last whole group stay row-major
 
 // Rows n .. of W [N, K] (packed or not); a tile of packed rows stays within one group (the callers' tiles start
 // at multiples of their width, which divides GROUP).
-inline Rows rows_at(const float* w, int64_t N, int64_t K, bool packed, int64_t n) {
+inline Rows rows_at(const float* w, int64_t N, int64_t K, bool packed, int64_t n, bool prefetch) {
   const int64_t kf = K - K % L;
-  if (!packed || n >= N - N % GROUP) return {w + n * K, K, L, w + n * K + kf, K, false};
+  if (!packed || n >= N - N % GROUP) return {w + n * K, K, L, w + n * K + kf, K, false, true};
   const float* g = w + (n / GROUP) * GROUP * K;
   const int64_t i = n % GROUP;
-  return {g + i * L, L, GROUP * L, g + GROUP * kf + i * (K % L), K % L, true};
+  return {g + i * L, L, GROUP * L, g + GROUP * kf + i * (K % L), K % L, true, prefetch};
 }
 
 // out[i * RB + j] = (weight row i) . xs[j] for NW weight rows and RB input rows, in the canonical order; the
 // tile's weights are prefetched ahead: each row-major row's stream PREFETCH floats ahead into L1, a packed group's
-// one stream PREFETCH_PACKED floats (32 KiB) ahead into L2. The far L2 prefetch is what lets a tile that computes
-// for a while on each chunk (several input rows) keep the memory busy. On a 2-core Zen 4 EPYC, timed in turns
-// against the earlier rule (2048 floats ahead into L1, and only where the rows take several passes), the 121
-// products of a SmolLM2-shaped forward (538 MB) took 0.99x the time at one row, 0.92-0.96x at 2-3 rows, 0.82x
-// at 5, 0.78x at 9 and 0.82x at 17; an embedded-target-shaped one (49 MB, partly in the 32 MiB L3) 0.79x at one
-// row, 0.94x at 5. The L1 hint at the same distance gained nothing (0.95-1.06x).
+// one stream PREFETCH_PACKED floats (32 KiB) ahead into L2 when there are PREFETCH_ROWS input rows or more. The far
+// L2 prefetch lets a tile that computes for a while on each chunk (several input rows) keep the memory busy; with
+// one or two rows the hardware prefetcher alone streams faster. On a 2-core Zen 4 EPYC, the 121 products of a
+// SmolLM2-shaped forward (538 MB) timed in 11 rounds in turns against the earlier rule (2048 floats ahead into L1,
+// only where the rows take several passes): 0.99x / 0.99x the time at 1 / 2 rows, 0.94x at 3, 0.75x at 5, 0.70x
+// at 9, 0.80x at 17 (prefetching at every row count: 1.15x / 1.08x at 1 / 2 rows; the L1 hint gained nothing);
+// an embedded-target-shaped forward (49 MB, partly in the 32 MiB L3): 1.00x / 0.95x / 0.89x / 0.81x / 0.79x /
+// 0.84x at 1 / 2 / 3 / 5 / 9 / 17 rows.
 template <int NW, int RB>
 inline void tile(const Rows& W, int64_t K, const float* const* xs, float* out) {
   vec acc[NW][RB];
@@ -221,8 +225,9 @@ inline void tile(const Rows& W, int64_t K, const float* const* xs, float* out) {
   // one chunk an iteration (unrolling by two ran four weight rows x five input rows ~15 % slower on a Zen 4 EPYC)
   for (; k + L <= K; k += L, w += W.cs) {
     if (W.packed) {
-      for (int64_t h = 0; h < W.cs; h += 16)
-        _mm_prefetch(reinterpret_cast<const char*>(w + h + PREFETCH_PACKED), _MM_HINT_T1);
+      if (W.prefetch)
+        for (int64_t h = 0; h < W.cs; h += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(w + h + PREFETCH_PACKED), _MM_HINT_T1);
     } else if (k % 16 == 0) {
       for (int i = 0; i < NW; ++i)
         _mm_prefetch(reinterpret_cast<const char*>(w + i * W.rs + PREFETCH), _MM_HINT_T0);
@@ -346,6 +351,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     if (rp) v += rp[r * N + n];
     yp[r * N + n] = v;
   };
+  const bool prefetch = rows >= PREFETCH_ROWS;
   // blocks of whole groups (GROUP rows), so every tile of a packed W lies within one group
   const int64_t groups = (N + GROUP - 1) / GROUP;
   at::parallel_for(0, groups, std::max<int64_t>(1, grain / GROUP), [&](int64_t g0, int64_t g1) {
@@ -354,11 +360,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     int64_t n = begin;
     if (rows == 1) {
       for (; n + 4 <= end; n += 4) {
-        tile<4, 1>(rows_at(wp, N, K, packed, n), K, xs.data(), out);
+        tile<4, 1>(rows_at(wp, N, K, packed, n, prefetch), K, xs.data(), out);
         for (int i = 0; i < 4; ++i) emit(n + i, 0, out[i]);
       }
       for (; n < end; ++n) {
-        tile<1, 1>(rows_at(wp, N, K, packed, n), K, xs.data(), out);
+        tile<1, 1>(rows_at(wp, N, K, packed, n, prefetch), K, xs.data(), out);
         emit(n, 0, out[0]);
       }
       return;
@@ -366,7 +372,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     if (rows <= RB_WIDE) {  // four weight rows at once while their accumulators fit
       const int rb = static_cast<int>(rows);
       for (; n + 4 <= end; n += 4) {
-        tile_rows<4>(rows_at(wp, N, K, packed, n), K, xs.data(), rb, out);
+        tile_rows<4>(rows_at(wp, N, K, packed, n, prefetch), K, xs.data(), rb, out);
         for (int i = 0; i < 4; ++i)
           for (int j = 0; j < rb; ++j) emit(n + i, j, out[i * rb + j]);
       }
@@ -376,7 +382,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
     for (; n < end; n += NW_MANY) {
       const int nw = static_cast<int>(std::min<int64_t>(NW_MANY, end - n));
-      const Rows at = rows_at(wp, N, K, packed, n);
+      const Rows at = rows_at(wp, N, K, packed, n, prefetch);
       for (int64_t t = 0, r0 = 0; t < n_tiles; ++t) {
         const int rb = static_cast<int>((rows - r0 + n_tiles - t - 1) / (n_tiles - t));
         tile_any(nw, at, K, xs.data() + r0, rb, out);
