@@ -567,12 +567,14 @@ def test_a_given_tail_reencodes_as_the_computed_one():
 def test_drafters_account_for_every_step(tokenizers, rule):
     """Every step carries the drafter's own account: one forward per token drawn, the text work timed
     apart, and (text drafting) about two tokenizer calls per draft token drawn plus a few per step --
-    decoding the committed tails once per step, not once per drawn token (which made ~6 per token)."""
+    decoding the committed tails once per step, not once per drawn token (which made ~6 per token), and
+    never re-encoding a special token (a tail holding one took the slow alignment, ever more calls)."""
     ttok, dtok = tokenizers
     target, draft = (_pair if rule == "text" else _tli_pair)(tokenizers, 0.3)
     greedy = SamplingConfig(temperature=0)
     drafter = TextDrafter(draft, dtok, ttok) if rule == "text" else TLIDrafter(draft, dtok, ttok, TLIConfig())
-    ids = ttok.encode(PROMPTS[2], add_special_tokens=False)
+    # a special token near the end, as a chat template leaves one: decoded to nothing, it is never re-encoded
+    ids = ttok.encode(PROMPTS[2], add_special_tokens=False) + [ttok.eos_token_id] + ttok.encode(" x", add_special_tokens=False)
     drafter.reset(ids, len(ttok))
     assert drafter.step_costs() is None  # no step closed yet
     out = SpeculativeDecoder(target, drafter, gamma=3, sampling=greedy).generate(ids, 40)
@@ -586,7 +588,7 @@ def test_drafters_account_for_every_step(tokenizers, rule):
         assert c["t_forward"] >= 0 and c["t_text"] >= 0 and c["encode_calls"] >= 1  # the commit re-encodes
     if rule == "text":
         assert (np.array([c["forwards"] for c in costs]) == draws).all() and draws.sum() >= sum(out.gammas)
-        assert calls.mean() <= 2 * draws.mean() + 10, (calls.mean(), draws.mean())
+        assert (calls <= 2 * draws + 12).all(), list(zip(calls, draws))  # the special token's steps included
     else:
         assert calls.max() <= 8  # TLI's text work is the commit's re-sync alone
 

@@ -307,6 +307,8 @@ class TextSyncDrafter(Drafter):
         self._committed: list[int] | None = None  # C: the committed target tokens
         self._draft_ids: list[int] = []             # D: the draft's tokens of the same text
         self._protect = 0                            # D's leading special tokens (never re-tokenised)
+        self._target_special = frozenset(getattr(target_tokenizer, "all_special_ids", None) or ())
+        self._tprotect = 0                           # C's tokens up to its last special token (never re-encoded)
         self._fed: list[int] = []                    # the tokens in the draft's KV cache
         self._proposed: list[int] = []
 
@@ -316,6 +318,7 @@ class TextSyncDrafter(Drafter):
             raise ValueError("prompt_ids: empty prompt")
         self.vocab_size = vocab_size
         self._committed = ids
+        self._tprotect = self._after_special(ids, 0)
         text = _decode(self.target_tokenizer, ids)
         full = list(self.draft_tokenizer.encode(text, add_special_tokens=True))
         plain = _encode(self.draft_tokenizer, text)
@@ -335,10 +338,19 @@ class TextSyncDrafter(Drafter):
         finally:
             self._costs.t_text += time.perf_counter() - t0
 
+    def _after_special(self, ids: list[int], offset: int) -> int:
+        """``offset`` + 1 + the index of the last special token of the target's in ``ids`` (``offset``: none)."""
+        for i in range(len(ids) - 1, -1, -1):
+            if ids[i] in self._target_special:
+                return offset + i + 1
+        return offset
+
     def _target_tail(self) -> Tail:
-        """``tail_of(C)`` with the target's tokenizer, decoded once per committed ``C``."""
+        """``tail_of(C)`` with the target's tokenizer, decoded once per committed ``C``, never reaching back
+        over a special token (a chat template's ``<|im_start|>``: decoded to nothing, it cannot be re-encoded,
+        so a tail holding one never re-encodes to itself and every alignment took the slow path)."""
         if self._ttail is None:
-            self._ttail = tail_of(self._committed, self._ttok, self.config.window)
+            self._ttail = tail_of(self._committed, self._ttok, self.config.window, self._tprotect)
         return self._ttail
 
     def _forward(self, feed: list[int]) -> torch.Tensor:
@@ -367,6 +379,8 @@ class TextSyncDrafter(Drafter):
         cfg = self.config
         with self._text_work():
             new_text = appended_text(self._committed, added, self._ttok, window=cfg.window, tail=self._target_tail())
+            self._tprotect = self._after_special(added, len(self._committed)) if any(
+                t in self._target_special for t in added) else self._tprotect
             self._committed = self._committed + added
             self._ttail = None
             self._draft_ids = retokenize(self._draft_ids, new_text, self._dtok, window=cfg.window,
