@@ -65,9 +65,34 @@ class Experiment:
         return RunConfig(**{"device": str(self.device), "dtype": self.dtype, "threads": self.threads,
                             **self.run_fields, **fields})
 
-    def figure_name(self, base: str) -> str:
-        """``base`` for the embedded ``default`` pair, ``base-<pair>`` for any other (one file per pair)."""
-        return figure_name(base, self.pair.name)
+    def figure_name(self, base: str, pair_name: str | None = None) -> str:
+        """``base`` for the embedded ``default`` pair, ``base-<pair>`` for any other (one file per pair);
+        ``pair_name``: a figure of another pair than this experiment's (:meth:`cross_vocab`'s)."""
+        return figure_name(base, self.pair.name if pair_name is None else pair_name)
+
+    def cross_vocab(self, pair_name: str = "", draft: str = "") -> tuple[Any, str | None, str | None]:
+        """The pair and the cross-vocabulary draft (a draft with its own tokenizer, ``pair.draft_tokenizers``)
+        a notebook section runs: ``(pair, draft, None)``, or ``(None, None, why)`` when there is none.
+
+        ``pair_name``: empty or this experiment's pair: ``self.pair``; another named pair (``"smollm2"``) is
+        loaded on this experiment's device and dtype only where it is built (``zoo.pairs.pair_built``),
+        never built here. ``draft``: one of that pair's cross-vocabulary drafts (else ``ValueError``);
+        empty: its first, by name."""
+        from spade_lib.zoo.pairs import load_pair, pair_built
+
+        if pair_name and pair_name != self.pair.name:
+            if not pair_built(pair_name):
+                return None, None, (f"pair {pair_name!r} is not built in this checkout (make run builds it; a "
+                                    "notebook does not, it takes long)")
+            pair = load_pair(pair_name, device=self.device, dtype=self.dtype)
+        else:
+            pair = self.pair
+        cross = sorted(getattr(pair, "draft_tokenizers", {}) or {})
+        if draft and draft not in cross:
+            raise ValueError(f"draft: {draft!r} is not a cross-vocabulary draft of pair {pair.name!r} (those: {cross})")
+        if not (draft or cross):
+            return None, None, f"pair {pair.name!r} has no draft with its own tokenizer"
+        return pair, draft or cross[0], None
 
     def describe(self) -> str:
         fp = self.fingerprint

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spade_lib.diagnose.crossvocab import (alignment_table, boundary_acceptance, run_crossvocab, step_costs,
-                                          token_acceptance, token_offsets)
+from spade_lib.diagnose.crossvocab import (alignment_table, boundary_acceptance, greedy_divergences, run_crossvocab,
+                                          step_costs, token_acceptance, token_offsets)
 from tests.test_crossvocab import DRAFT_TOK, TARGET_TOK, GreedyTokenizer, _pair, tokenizers  # noqa: F401 (fixture)
 
 
@@ -123,6 +123,8 @@ def test_run_crossvocab_on_two_tokenizers(tokenizers):
     runs = run_crossvocab(pair, rows, configs, RunConfig(method="ar", **common))
     for rule in configs:
         assert runs.outputs[rule] == runs.reference
+    div = greedy_divergences(runs, target)
+    assert len(div) == 4 and set(div["classification"]) == {"identical"} and (div["first_difference"] == -1).all()
     t = boundary_acceptance(runs.trace, runs.alignment, by="rule")
     pos = position_acceptance(runs.trace, by="rule")
     for rule in configs:

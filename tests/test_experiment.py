@@ -94,3 +94,26 @@ def test_run_config_equals_the_notebooks_common_fields(declares_n_samples):
         assert E.run_config().gamma == RunConfig().gamma  # only the run parameters are shared, not gamma
     finally:
         torch.set_num_threads(before)
+
+
+def test_cross_vocab_finds_the_section_pair_and_draft_and_never_builds(monkeypatch):
+    from types import SimpleNamespace
+
+    from spade_lib.zoo import pairs
+
+    own = SimpleNamespace(name="toy", draft_tokenizers={"b": object(), "a": object()})
+    E = experiment.Experiment(pair=own, suite=None, full_suite=None, device=torch.device("cpu"), dtype="float32",
+                              threads=1)
+    assert E.cross_vocab() == (own, "a", None) and E.cross_vocab("toy", "b") == (own, "b", None)
+    with pytest.raises(ValueError, match=r"^draft: 'c' is not a cross-vocabulary draft of pair 'toy'"):
+        E.cross_vocab("", "c")
+    E.pair = SimpleNamespace(name="plain", draft_tokenizers={})
+    assert E.cross_vocab() == (None, None, "pair 'plain' has no draft with its own tokenizer")
+    loaded = []
+    monkeypatch.setattr(pairs, "pair_built", lambda name: name == "built")
+    monkeypatch.setattr(pairs, "load_pair", lambda name, **kw: loaded.append((name, kw)) or own)
+    pair, draft, why = E.cross_vocab("absent")
+    assert pair is None and "not built" in why and loaded == []
+    assert E.cross_vocab("built") == (own, "a", None)
+    assert loaded == [("built", {"device": torch.device("cpu"), "dtype": "float32"})]
+    assert E.figure_name("m3_x") == "m3_x-plain" and E.figure_name("m3_x", "smollm2") == "m3_x-smollm2"

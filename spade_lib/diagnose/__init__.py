@@ -29,8 +29,8 @@ module                      what it answers
 
 from spade_lib.diagnose.calibration import calibration_error, calibration_table
 from spade_lib.diagnose.correlates import LogitFit, acceptance_by_bins, acceptance_logit, entropy_by_outcome
-from spade_lib.diagnose.crossvocab import (CrossVocabRuns, alignment_table, boundary_acceptance, run_crossvocab,
-                                          step_costs, token_acceptance)
+from spade_lib.diagnose.crossvocab import (CrossVocabRuns, alignment_table, boundary_acceptance, greedy_divergences,
+                                          run_crossvocab, step_costs, token_acceptance)
 from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, wrong_q_power
 from spade_lib.diagnose.frame import as_trace, categorize, combine_runs
 from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
@@ -43,7 +43,7 @@ from spade_lib.diagnose.tree import (depth_acceptance, sibling_acceptance, tree_
                                    tree_summary)
 
 __all__ = [
-    "CrossVocabRuns", "LogitFit", "accept_length_hist", "alignment_table", "boundary_acceptance", "run_crossvocab",
+    "CrossVocabRuns", "LogitFit", "accept_length_hist", "alignment_table", "boundary_acceptance", "greedy_divergences", "run_crossvocab",
     "step_costs", "token_acceptance", "acceptance_by_bins", "acceptance_heatmap", "acceptance_logit",
     "all_tables", "as_trace", "auc", "binomial_ci", "calibration_error", "calibration_table",
     "categorize", "category_summary", "combine_runs", "decode_tokens", "depth_acceptance", "entropy_by_outcome",

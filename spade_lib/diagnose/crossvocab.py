@@ -237,6 +237,7 @@ class CrossVocabRuns:
     alignment: pd.DataFrame   # alignment_table of every generation, with its keys
     outputs: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # label -> prompt_id -> tokens
     reference: dict[str, list[int]] = field(default_factory=dict)           # the AR run's tokens by prompt_id
+    prompts: dict[str, list[int]] = field(default_factory=dict)             # the prompt's ids by prompt_id
     t_target: float = float("nan")  # seconds per autoregressive step (its decoding time over its tokens)
     label: str = "rule"       # the column naming the configuration
 
@@ -288,4 +289,21 @@ def run_crossvocab(pair, rows: Sequence[Mapping], configs: Mapping[str, object],
     alignment[label] = pd.Categorical(alignment[label], categories=labels)
     steps = steps_frame(results, by=[label])
     steps[label] = pd.Categorical(steps[label], categories=labels)
-    return CrossVocabRuns(trace, steps, alignment, outputs, reference, t_ar / max(n_ar, 1), label)
+    return CrossVocabRuns(trace, steps, alignment, outputs, reference, {q: ids for q, (_, ids) in prompts.items()},
+                          t_ar / max(n_ar, 1), label)
+
+
+def greedy_divergences(runs: CrossVocabRuns, target) -> pd.DataFrame:
+    """Per configuration and prompt of greedy ``runs``: how its tokens compare with the autoregressive
+    run's (:func:`spade_lib.decoding.divergence.compare_greedy`: ``"identical"``, ``"near_tie"`` where the
+    target's top two logits at the first difference are closer than its dtype's rounding, else a bug),
+    with ``first_difference`` (``-1``: none)."""
+    from spade_lib.decoding.divergence import compare_greedy
+
+    rows = []
+    for name, outs in runs.outputs.items():
+        for qid, tokens in outs.items():
+            d = compare_greedy(tokens, runs.reference[qid], target, runs.prompts[qid])
+            rows.append({runs.label: name, "prompt_id": qid, "classification": d.classification,
+                         "first_difference": -1 if d.first_index is None else int(d.first_index)})
+    return pd.DataFrame(rows, columns=[runs.label, "prompt_id", "classification", "first_difference"])

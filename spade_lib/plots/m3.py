@@ -396,5 +396,7 @@ def crossvocab_costs(tokens: pd.DataFrame, costs: pd.DataFrame, by: str | None =
     ax2.set_ylabel("drafter ms per step")
     ax2.margins(y=0.2)
     fig.tight_layout()
+    if by is not None:
+        legend_outside(ax1, where="below", ncol=len(tok_groups))
     legend_outside(ax2)
     return fig
