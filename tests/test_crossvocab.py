@@ -314,6 +314,7 @@ def test_greedy_text_drafting_on_random_llamas(tokenizers):
     out = SpeculativeDecoder(target, drafter, gamma=2, sampling=greedy).generate(ids, 30)
     assert out.tokens == AutoregressiveDecoder(target, sampling=greedy).generate(ids, 30).tokens
     assert sum(s.gamma for s in out.steps) > 0
+    assert drafter.drafting_model() is drafter.adapter  # priced by its draft model's forward, not at c = 0
     # (random Llamas emit bytes that are not UTF-8: the draft sees them as U+FFFD, so its text differs there)
 
 

@@ -292,6 +292,11 @@ class TextSyncDrafter(Drafter):
 
     config_type: type = object  # the config dataclass the subclass takes
 
+    def drafting_model(self) -> CausalLMAdapter:
+        """Its draft model's adapter: what a drafting step runs (its one-token forward; the text sync on top
+        is in :meth:`step_costs`, not in the cost model's ``c``)."""
+        return self.adapter
+
     def __init__(self, model, draft_tokenizer, target_tokenizer, config, *, max_length: int | None = None):
         if not isinstance(config, self.config_type):
             raise ValueError(f"config: expected a {self.config_type.__name__}, got {type(config).__name__}")
