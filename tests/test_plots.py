@@ -115,3 +115,45 @@ def test_figures_appear_inline_in_a_kernel_under_agg_and_save_the_same_bytes(tmp
     for ext in ("pdf", "png"):
         assert (tmp_path / "k" / f"k.{ext}").read_bytes() == here[ext].read_bytes(), ext
         assert (tmp_path / "c" / f"c.{ext}").read_bytes() == here[ext].read_bytes(), ext
+
+
+def _speedups(gammas, drafts=("distilled", "ngram"), temps=(0.0, 1.0)):
+    import pandas as pd
+
+    return pd.DataFrame([dict(method="spade", draft=d, gamma=g, T=T, speedup=1 + 0.1 * g, speedup_low=0.9 + 0.1 * g,
+                              speedup_high=1.1 + 0.1 * g, predicted=1.3 + 0.1 * g, generations=4)
+                         for T in temps for d in drafts for g in gammas])
+
+
+def _predictions(ax):
+    return [line for line in ax.lines if line.get_marker() == "D" and len(line.get_xdata())]
+
+
+def test_speedup_vs_gamma_with_one_gamma_is_categorical_and_marks_predictions_as_diamonds():
+    """One gamma: no 'vs gamma' axis but one labelled slot per configuration and temperature; the
+    prediction a hollow diamond (not the '_' marker that read as an error-bar cap) with its own legend entry."""
+    from spade_lib.plots import m2
+
+    use_style()
+    fig = m2.speedup_vs_gamma(_speedups([4]))
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in ax.get_xticklabels()]
+    assert ticks == ["distilled, T=0", "ngram, T=0", "distilled, T=1", "ngram, T=1"]
+    assert "draft length" in ax.get_xlabel() and "= 4" in ax.get_xlabel()
+    measured = [np.asarray(c.lines[0].get_xdata(), dtype=float) for c in ax.containers if len(c.lines[0].get_xdata())]
+    assert sorted(float(x[0]) for x in measured) == [0.0, 1.0, 2.0, 3.0]  # one slot each, at the ticks
+    preds = _predictions(ax)
+    assert len(preds) == 4 and all(line.get_markerfacecolor() == "none" for line in preds)
+    assert [float(p.get_ydata()[0]) for p in preds] == pytest.approx([1.7] * 4)
+    assert sorted(round(float(p.get_xdata()[0])) for p in preds) == [0, 1, 2, 3]  # in its configuration's slot
+    caps = {id(cap) for c in ax.containers for cap in c.lines[1]}
+    assert all(id(line) in caps for line in ax.lines if line.get_marker() == "_")  # "_" only on interval caps
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "cost-model prediction" in labels and "measured (95 % interval)" in labels
+    plt.close(fig)
+    fig = m2.speedup_vs_gamma(_speedups([1, 2, 4]))  # a sweep keeps gamma on x
+    ax = fig.axes[0]
+    assert [int(t) for t in ax.get_xticks()] == [1, 2, 4] and "draft length" in ax.get_xlabel()
+    assert len(_predictions(ax)) == 4 and "cost-model prediction" in [t.get_text() for t in ax.get_legend().get_texts()]
+    plt.close(fig)

@@ -5,7 +5,8 @@ table with the same columns) and returns the ``Figure``; the caller saves it und
 (``spade_lib.experiment.figure_name``). Colour is the draft (``spade_lib.plots.palette``); a
 temperature is a marker fill and line style; every measured speedup is drawn with its bootstrap
 interval (``speedup_low`` .. ``speedup_high``), and series at the same ``gamma`` are dodged
-sideways so no marker hides another.
+sideways so no marker hides another. A cost-model prediction is a hollow diamond (``PREDICTION_STYLE``)
+in the colour of its measurement, never a bar-like ``_`` that reads as an interval's cap.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from spade_lib.plots.m3 import _check  # one table check for every figure functi
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
 SERIES_MARKERS = {"spade": "o", "hf_assisted": "*", "ngram": "^"}
-
-
+PREDICTION_STYLE = {"marker": "D", "ms": 4.5, "mfc": "none", "mew": 0.9}  # hollow diamond: not an error-bar cap
+PREDICTION_LABEL = "cost-model prediction"
 
 
 def _series_name(method: str, draft: str) -> str:
@@ -37,43 +38,76 @@ def _yerr(center, low, high) -> np.ndarray:
     return np.vstack([np.maximum(c - lo, 0.0), np.maximum(hi - c, 0.0)])
 
 
+def _measured(s: pd.DataFrame, series: str) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """The speedup drawn for a series and its interval: HF assisted against plain HF generate when the
+    table holds ``speedup_vs_hf`` (its own baseline), every other series against AR."""
+    if series == "hf_assisted" and "speedup_vs_hf" in s.columns and s["speedup_vs_hf"].notna().all():
+        y = s["speedup_vs_hf"]
+        return y, s.get("speedup_vs_hf_low", y), s.get("speedup_vs_hf_high", y)
+    return s["speedup"], s["speedup_low"], s["speedup_high"]
+
+
+def _series_label(series: str) -> str:
+    return f"{series}{' (vs HF generate)' if series == 'hf_assisted' else ' (control)' if series == 'null' else ''}"
+
+
 def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoregressive") -> Figure:
-    """Measured speedup (points, bootstrap intervals) and the prediction from the measured alpha, c, r
-    and drafted counts (``predicted``, thin line of the same colour) per draft length, one series per
-    (drafter, temperature). HF assisted generation is drawn against plain HF generate when the
-    table holds ``speedup_vs_hf`` (its own baseline), otherwise against AR."""
+    """Measured speedup (points, bootstrap intervals) and the cost-model prediction from the measured
+    alpha, c, r and drafted counts (``predicted``: a hollow diamond of the same colour, legend entry
+    "cost-model prediction"), one series per (drafter, temperature). HF assisted generation is drawn
+    against plain HF generate when the table holds ``speedup_vs_hf`` (its own baseline), otherwise
+    against AR.
+
+    Two forms. A sweep (some series measured at several ``gamma``): x is the draft length, a series is
+    a line, its predictions dotted. No sweep (every series at one ``gamma``, as in a single-gamma profile
+    and the README teaser): x is categorical, one labelled slot per configuration and temperature
+    (greedy ones first), the draft length in the slot's label or, when all share it, in the axis label."""
     _check(table, ["method", "draft", "gamma", "T", "speedup", "speedup_low", "speedup_high"], "speedup_vs_gamma")
     t = table[table["method"].isin(["spade", "hf_assisted"])].copy()
     if t.empty:
         raise ValueError("speedup_vs_gamma: no SPADE or HF assisted rows")
     t["series"] = [_series_name(m, d) for m, d in zip(t["method"], t["draft"])]
     keys = list(dict.fromkeys(zip(t["series"], t["T"])))
+    sweep = t.groupby(["series", "T"], sort=False)["gamma"].nunique().max() > 1
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
-    width = 0.5 / max(len(keys), 1)
     predicted_drawn = False
+    if sweep:
+        width = 0.5 / max(len(keys), 1)
+        slots = [(j - (len(keys) - 1) / 2) * width for j in range(len(keys))]
+    else:
+        keys = sorted(keys, key=lambda k: (k[1], keys.index(k)))  # by temperature, then as the table lists them
+        slots = list(range(len(keys)))
     for j, (series, T) in enumerate(keys):
         s = t[(t["series"] == series) & (t["T"] == T)].sort_values("gamma")
-        dx = (j - (len(keys) - 1) / 2) * width
+        x = (s["gamma"].to_numpy(dtype=np.float64) + slots[j]) if sweep else np.full(len(s), float(slots[j]))
         style = temperature_style(T)
         color = color_for(series)
-        y, lo, hi = s["speedup"], s["speedup_low"], s["speedup_high"]
-        if series == "hf_assisted" and "speedup_vs_hf" in s.columns and s["speedup_vs_hf"].notna().all():
-            y = s["speedup_vs_hf"]
-            lo = s.get("speedup_vs_hf_low", y)
-            hi = s.get("speedup_vs_hf_high", y)
-        label = f"{series}{' (vs HF generate)' if series == 'hf_assisted' else ' (control)' if series == 'null' else ''}, T={T:g}"
-        ax.errorbar(s["gamma"] + dx, y, yerr=_yerr(y, lo, hi), marker=SERIES_MARKERS.get(series, "o"),
-                    color=color, capsize=1.5, ms=4, lw=0.9, label=label, **style)
+        y, lo, hi = _measured(s, series)
+        label = f"{_series_label(series)}, T={T:g}" if sweep else None
+        ax.errorbar(x, y, yerr=_yerr(y, lo, hi), marker=SERIES_MARKERS.get(series, "o"), color=color, capsize=1.5,
+                    ms=4, lw=0.9, label=label, **(style if sweep else {**style, "linestyle": "none"}))
         if "predicted" in s.columns and s["predicted"].notna().any() and series != "hf_assisted":
-            ax.plot(s["gamma"] + dx, s["predicted"], linestyle=":", marker="_", ms=7, color=color, lw=0.8)
+            ax.plot(x if sweep else x + 0.25, s["predicted"], linestyle=":" if sweep else "none", color=color,
+                    mec=color, lw=0.8, **PREDICTION_STYLE)  # beside its measurement in a slot, not on its cap
             predicted_drawn = True
-    if predicted_drawn:  # one legend entry for every prediction: same colour as its measurement
-        ax.plot([], [], linestyle=":", marker="_", ms=7, color="0.3", lw=0.8,
-                label="predicted (measured alpha, c, r)")
     ax.axhline(1.0, color="0.5", lw=0.6)
-    ax.set_xlabel(r"draft length $\gamma$")
     ax.set_ylabel(ylabel)
-    ax.set_xticks(sorted(set(int(g) for g in t["gamma"])))
+    if sweep:
+        ax.set_xlabel(r"draft length $\gamma$")
+        ax.set_xticks(sorted(set(int(g) for g in t["gamma"])))
+    else:
+        gammas = sorted(set(int(g) for g in t["gamma"]))
+        ticks = []
+        for series, T in keys:
+            g = int(t.loc[(t["series"] == series) & (t["T"] == T), "gamma"].iloc[0])
+            ticks.append(f"{_series_label(series)}, T={T:g}" + (rf", $\gamma$={g}" if len(gammas) > 1 else ""))
+        ax.set_xticks(slots, ticks, fontsize=5.5, rotation=30, ha="right", rotation_mode="anchor")
+        ax.set_xlim(-0.6, len(keys) - 0.4)
+        ax.set_xlabel("configuration" + (rf" (draft length $\gamma$ = {gammas[0]})" if len(gammas) == 1 else ""))
+        ax.errorbar([], [], yerr=[], marker="o", color="0.3", capsize=1.5, ms=4, lw=0.9, linestyle="none",
+                    label="measured (95 % interval)")
+    if predicted_drawn:  # one legend entry for every prediction: same colour as its measurement
+        ax.plot([], [], linestyle="none", color="0.3", mec="0.3", label=PREDICTION_LABEL, **PREDICTION_STYLE)
     legend_outside(ax)
     return fig
 
