@@ -157,3 +157,34 @@ def test_speedup_vs_gamma_with_one_gamma_is_categorical_and_marks_predictions_as
     assert [int(t) for t in ax.get_xticks()] == [1, 2, 4] and "draft length" in ax.get_xlabel()
     assert len(_predictions(ax)) == 4 and "cost-model prediction" in [t.get_text() for t in ax.get_legend().get_texts()]
     plt.close(fig)
+
+
+def test_one_category_is_one_panel_without_a_category_split():
+    """A suite of one category (HumanEval): speedup_by_category draws one panel with a slot per temperature
+    (not one panel per temperature with a single category tick), category_summary one bar per draft."""
+    import pandas as pd
+
+    from spade_lib import diagnose as dg
+    from spade_lib.plots import m2, m3
+
+    use_style()
+    one = pd.DataFrame([dict(category="code", draft=d, T=T, speedup=1.2, speedup_low=1.0, speedup_high=1.4)
+                        for d in ("distilled", "ngram") for T in (0.0, 1.0)])
+    fig = m2.speedup_by_category(one, ["code"])
+    assert len(fig.axes) == 1 and "code" in fig.axes[0].get_title()
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["T = 0", "T = 1"]
+    assert len(fig.axes[0].patches) == 2 * 2  # drafts x temperatures
+    plt.close(fig)
+    two = pd.concat([one, one.assign(category="prose")], ignore_index=True)
+    fig = m2.speedup_by_category(two)
+    assert len(fig.axes) == 2 and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["code", "prose"]
+    plt.close(fig)
+    trace = dg.synthetic_trace(200, 4, (0.8, 0.7, 0.6, 0.5), n_prompts=4, seed=1)
+    both = dg.combine_runs({"distilled": trace, "data_only": trace}, "draft")
+    summary = dg.category_summary(both, by="draft")
+    summary = summary[summary.category == summary.category.iloc[0]]
+    fig = m3.category_summary(summary, by="draft")
+    ax = fig.axes[0]
+    assert sorted(t.get_text() for t in ax.get_xticklabels()) == ["data_only", "distilled"]
+    assert summary.category.iloc[0] in ax.get_title() and ax.get_legend() is None
+    plt.close(fig)

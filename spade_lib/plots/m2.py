@@ -114,31 +114,45 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
 
 def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = None) -> Figure:
     """Speedup per category (bars with bootstrap intervals), one colour per drafter, one panel per
-    temperature; a table with ``category``, ``series`` (or ``draft``), ``T`` and the speedup columns."""
+    temperature; a table with ``category``, ``series`` (or ``draft``), ``T`` and the speedup columns.
+
+    With one category (``categories``, else the table's, e.g. a HumanEval-only suite) there is nothing to
+    split by: one panel, one slot per temperature, titled with the category -- the same bars as the
+    panels would show, without a category axis of one tick per panel."""
     _check(table, ["category", "T", "speedup", "speedup_low", "speedup_high"], "speedup_by_category")
     t = table.copy()
     if "series" not in t.columns:
         _check(t, ["draft"], "speedup_by_category")
         t["series"] = t["draft"]
     cats = list(categories) if categories is not None else list(dict.fromkeys(t["category"]))
+    if not cats:
+        raise ValueError("categories: empty")
     temps = sorted(set(t["T"]))
     series = list(dict.fromkeys(t["series"]))
-    fig, axes = plt.subplots(1, len(temps), figsize=(DOUBLE_COLUMN * 0.8, 2.2), squeeze=False, sharey=True)
     width = 0.8 / len(series)
-    for ax, T in zip(axes[0], temps):
-        sub = t[t["T"] == T]
+    if len(cats) == 1:  # one panel: temperatures side by side
+        fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.2))
+        panels = [(ax, t[t["category"] == cats[0]], "T", temps)]
+        ax.set_title(f"category: {str(cats[0]).replace('_', ' ')} (the suite's only one)", fontsize=7)
+    else:
+        fig, axes = plt.subplots(1, len(temps), figsize=(DOUBLE_COLUMN * 0.8, 2.2), squeeze=False, sharey=True)
+        panels = [(ax, t[t["T"] == T], "category", cats) for ax, T in zip(axes[0], temps)]
+        for ax, T in zip(axes[0], temps):
+            ax.set_title(f"T = {T:g}")
+    for ax, sub, key, slots in panels:
         for i, name in enumerate(series):
-            s = sub[sub["series"] == name].set_index("category").reindex(cats)
-            x = np.arange(len(cats)) + (i - (len(series) - 1) / 2) * width
+            s = sub[sub["series"] == name].set_index(key).reindex(slots)
+            x = np.arange(len(slots)) + (i - (len(series) - 1) / 2) * width
             ax.bar(x, s["speedup"], width, color=color_for(name), label=name,
                    yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]), capsize=1.5,
                    error_kw={"lw": 0.7})
         ax.axhline(1.0, color="0.5", lw=0.6)
-        ax.set_xticks(np.arange(len(cats)), [c.replace("_", " ") for c in cats], fontsize=6, rotation=20)
-        ax.set_title(f"T = {T:g}")
-    axes[0][0].set_ylabel("speedup over autoregressive")
+        names = [f"T = {v:g}" for v in slots] if key == "T" else [str(c).replace("_", " ") for c in slots]
+        ax.set_xticks(np.arange(len(slots)), names, fontsize=6, rotation=20 if key == "category" else 0)
+    axes = [p[0] for p in panels]
+    axes[0].set_ylabel("speedup over autoregressive")
     fig.tight_layout()
-    legend_outside(axes[0][-1])
+    legend_outside(axes[-1])
     return fig
 
 

@@ -301,19 +301,29 @@ def logit_coefficients(table: pd.DataFrame, by: str | None = None) -> Figure:
 
 def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str = "tau") -> Figure:
     """One bar per category (and group) of a :func:`~spade_lib.diagnose.category_summary` column
-    (default ``tau``, the mean accepted length with the bonus token)."""
+    (default ``tau``, the mean accepted length with the bonus token).
+
+    With one category there is no category split to draw: one bar per group, the groups on the x axis
+    (no legend needed) and the category in the title."""
     _check(table, ["category", value], "category_summary")
     cats = list(dict.fromkeys(table["category"].astype(str)))
     groups = _groups(table, by)
-    width = 0.8 / len(groups)
+    single = len(cats) == 1
+    width = 0.6 if single else 0.8 / len(groups)
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.2))
     for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
-        x = np.array([cats.index(c) for c in sub["category"].astype(str)]) - 0.4 + width * (j + 0.5)
+        x = np.full(len(sub), float(j)) if single else (
+            np.array([cats.index(c) for c in sub["category"].astype(str)]) - 0.4 + width * (j + 0.5))
         ax.bar(x, sub[value], width=width, color=color, label=label)
-    ax.set_xticks(range(len(cats)))
-    ax.set_xticklabels(cats, rotation=30, fontsize=6)
+    if single:
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([label or cats[0] for label, _ in groups], fontsize=6)
+        ax.set_title(f"category: {cats[0]} (the only one)", fontsize=7)
+    else:
+        ax.set_xticks(range(len(cats)))
+        ax.set_xticklabels(cats, rotation=30, fontsize=6)
     ax.set_ylabel(value)
-    if by is not None:
+    if by is not None and not single:
         legend_outside(ax)
     return fig
 
