@@ -42,3 +42,29 @@ def test_a_wrong_table_is_named():
         tree_plots.depth_acceptance(pd.DataFrame({"depth": [0]}))
     with pytest.raises(ValueError, match="tau_vs_budget: table is empty"):
         tree_plots.tau_vs_budget(pd.DataFrame(columns=["rank", "budget", "nodes", "tau", "tau_se"]))
+
+
+def test_every_run_of_a_tree_figure_has_its_own_colour():
+    """Run labels are not drafts of the fixed palette: they get colours by position, distinct in the figure
+    (a hash of six labels into the five spare colours made two runs share one)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from spade_lib.plots.palette import FIXED, colors_for
+
+    use_style()
+    labels = ["chain g4 T=0", "tree 8 T=0", "tree 4 T=0", "tree 2 T=0", "chain g4 T=1", "tree 8 T=1"]
+    runs = dg.combine_runs({lab: tree_trace(random_steps(12, 4, seed=i)) for i, lab in enumerate(labels)})
+    fig = tree_plots.depth_acceptance(dg.depth_acceptance(runs, by="run"), by="run")
+    colors = [to_hex(c.lines[0].get_color()) for c in fig.axes[0].containers]
+    assert len(colors) == len(labels) == len(set(colors))
+    plt.close(fig)
+    fig = tree_plots.sibling_acceptance(dg.sibling_acceptance(runs, by="run"), by="run")
+    assert len({to_hex(c.lines[0].get_color()) for c in fig.axes[0].containers}) == len(labels)
+    plt.close(fig)
+    # a fixed draft keeps its colour beside run labels; a second name of the same fixed colour gets another
+    got = colors_for(["tree 8", "distilled", "draft", None])
+    assert got[1] == FIXED["distilled"] and len(set(got)) == 4
+    assert len(set(colors_for([f"run {i}" for i in range(40)]))) == 40
+    with pytest.raises(TypeError, match="names"):
+        colors_for([3])

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from spade_lib.plots.palette import color_for, legend_outside, temperature_style
+from spade_lib.plots.palette import colors_for, legend_outside, temperature_style
 from spade_lib.plots.m3 import _check  # one table check for every figure function
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
@@ -31,6 +31,12 @@ def _series_name(method: str, draft: str) -> str:
     if method == "hf_assisted":
         return "hf_assisted"
     return draft
+
+
+def _palette(series) -> dict[str, str]:
+    """Series name -> colour, distinct within the figure (:func:`spade_lib.plots.palette.colors_for`)."""
+    names = list(dict.fromkeys(series))
+    return dict(zip(names, colors_for([str(n) for n in names])))
 
 
 def _yerr(center, low, high) -> np.ndarray:
@@ -68,6 +74,7 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
         raise ValueError("speedup_vs_gamma: no SPADE or HF assisted rows")
     t["series"] = [_series_name(m, d) for m, d in zip(t["method"], t["draft"])]
     keys = list(dict.fromkeys(zip(t["series"], t["T"])))
+    palette = _palette(t["series"])
     sweep = t.groupby(["series", "T"], sort=False)["gamma"].nunique().max() > 1
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
     predicted_drawn = False
@@ -81,7 +88,7 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
         s = t[(t["series"] == series) & (t["T"] == T)].sort_values("gamma")
         x = (s["gamma"].to_numpy(dtype=np.float64) + slots[j]) if sweep else np.full(len(s), float(slots[j]))
         style = temperature_style(T)
-        color = color_for(series)
+        color = palette[series]
         y, lo, hi = _measured(s, series)
         label = f"{_series_label(series)}, T={T:g}" if sweep else None
         ax.errorbar(x, y, yerr=_yerr(y, lo, hi), marker=SERIES_MARKERS.get(series, "o"), color=color, capsize=1.5,
@@ -129,6 +136,7 @@ def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = 
         raise ValueError("categories: empty")
     temps = sorted(set(t["T"]))
     series = list(dict.fromkeys(t["series"]))
+    palette = _palette(series)
     width = 0.8 / len(series)
     if len(cats) == 1:  # one panel: temperatures side by side
         fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.2))
@@ -143,7 +151,7 @@ def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = 
         for i, name in enumerate(series):
             s = sub[sub["series"] == name].set_index(key).reindex(slots)
             x = np.arange(len(slots)) + (i - (len(series) - 1) / 2) * width
-            ax.bar(x, s["speedup"], width, color=color_for(name), label=name,
+            ax.bar(x, s["speedup"], width, color=palette[name], label=name,
                    yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]), capsize=1.5,
                    error_kw={"lw": 0.7})
         ax.axhline(1.0, color="0.5", lw=0.6)
@@ -167,9 +175,10 @@ def predicted_vs_measured(table: pd.DataFrame, *, predicted: str = "predicted") 
     if "series" not in t.columns:
         t["series"] = t["draft"]
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.6))
+    palette = _palette(t["series"])
     for (name, T), s in t.groupby(["series", "T"], sort=False):
         ax.errorbar(s[predicted], s["speedup"], yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]),
-                    fmt=SERIES_MARKERS.get(name, "o"), color=color_for(name), capsize=1.5, ms=4,
+                    fmt=SERIES_MARKERS.get(name, "o"), color=palette[name], capsize=1.5, ms=4,
                     fillstyle=temperature_style(T)["fillstyle"], label=f"{name}, T={T:g}")
     top = float(np.nanmax(np.r_[t[predicted], t["speedup_high"]])) * 1.08
     lim = [0, max(1.5, top)]

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from spade_lib.plots.palette import color_for, legend_outside
+from spade_lib.plots.palette import colors_for, legend_outside
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
 MEASURE_LABELS = {
@@ -49,8 +49,9 @@ def _yerr(center, low, high) -> list[np.ndarray]:
 
 
 def _group_colors(groups: list[tuple[str | None, pd.DataFrame]]) -> list[str]:
-    """One colour per group, by name (``spade_lib.plots.palette``): a draft keeps its colour everywhere."""
-    return [color_for(label) for label, _ in groups]
+    """One colour per group, distinct within the figure (:func:`spade_lib.plots.palette.colors_for`): a draft
+    of the fixed palette keeps its colour everywhere, other groups take free colours by position."""
+    return colors_for([label for label, _ in groups])
 
 
 def acceptance_by_position(table: pd.DataFrame, by: str | None = None) -> Figure:

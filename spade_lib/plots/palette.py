@@ -1,9 +1,12 @@
 """One colour per draft (and per baseline method) in every SPADE figure, and legends kept off the data.
 
 Colours come from the Okabe-Ito palette (distinguishable with the common colour-vision deficiencies).
-A draft keeps its colour in every figure of every notebook, whatever order a table lists it in:
-``color_for("distilled")`` is the same blue in ``m2_speedup_runs`` and ``m3_category_summary``.
-Names not listed get a stable colour from the remaining ones (a hash of the name, not its position).
+A draft listed in ``FIXED`` keeps its colour in every figure of every notebook, whatever order a table
+lists it in: ``color_for("distilled")`` is the same blue in ``m2_speedup_runs`` and
+``m3_category_summary``. The other series of a figure (run labels such as ``"tree 8 T=0"``, drafts
+without a fixed colour) get colours by their position in the figure (:func:`colors_for`): the
+palette's colours the figure's fixed names leave free, in order, so every series of one figure has its
+own colour (a hash of the name, as ``color_for`` alone gives, let two of them share one).
 Temperatures, when a figure shows several, are told apart by marker fill and line style
 (:func:`temperature_style`), never by colour, so colour always means the draft.
 """
@@ -26,6 +29,9 @@ FIXED = {
     "hf": "#999999",
 }
 _SPARE = ["#56B4E9", "#F0E442", "#D55E00", "#CC79A7", "#000000"]
+# after Okabe-Ito, for figures of more series: matplotlib's tab10, then evenly spaced hues
+_MORE = ["#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#7F7F7F", "#BCBD22",
+         "#17BECF"]
 
 
 def color_for(name: str | None) -> str:
@@ -38,6 +44,32 @@ def color_for(name: str | None) -> str:
         return FIXED[name]
     digest = hashlib.sha256(name.encode()).digest()
     return _SPARE[digest[0] % len(_SPARE)]
+
+
+def colors_for(names) -> list[str]:
+    """One colour per series of one figure, all distinct: a name of ``FIXED`` keeps its colour (unless an
+    earlier name of the figure already took that colour), every other name takes the next colour of
+    Okabe-Ito (then tab10, then evenly spaced hues) that no series of the figure uses, by position."""
+    import matplotlib.colors
+
+    names = list(names)
+    for n in names:
+        if n is not None and not isinstance(n, str):
+            raise TypeError(f"names must be strings (or None), got {type(n).__name__}")
+    out: list[str | None] = [None] * len(names)
+    used: set[str] = set()
+    for i, n in enumerate(names):
+        c = FIXED["distilled"] if n is None else FIXED.get(n)
+        if c is not None and c not in used:
+            out[i] = c
+            used.add(c)
+    free = [c for c in dict.fromkeys(OKABE_ITO + _MORE) if c not in used]
+    need = sum(c is None for c in out)
+    if need > len(free):
+        free += [matplotlib.colors.to_hex(matplotlib.colors.hsv_to_rgb((h, 0.65, 0.8)))
+                 for h in (i / (need - len(free)) for i in range(need - len(free)))]
+    it = iter(free)
+    return [c if c is not None else next(it) for c in out]
 
 
 def temperature_style(temperature: float) -> dict:

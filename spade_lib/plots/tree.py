@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from spade_lib.plots.m3 import _check, _group_colors, _groups, _yerr
-from spade_lib.plots.palette import color_for, legend_outside
+from spade_lib.plots.palette import colors_for, legend_outside
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
 REPLAY_STYLE = {"score": ("#000000", "-"), "drafting": ("#777777", "--")}  # replay curves: greys, runs: colours
@@ -86,9 +86,10 @@ def tau_vs_budget(curve: pd.DataFrame, real: pd.DataFrame | None = None) -> Figu
                         color=color, alpha=0.15, lw=0)
     if real is not None and len(real):
         _check(real, ["label", "nodes", "tau", "tau_low", "tau_high"], "tau_vs_budget (real)")
-        for _, r in real.iterrows():
+        colors = colors_for([str(v) for v in real["label"]])  # one colour per real run, distinct in the figure
+        for (_, r), color in zip(real.iterrows(), colors):
             ax.errorbar([r["nodes"]], [r["tau"]], yerr=_yerr([r["tau"]], [r["tau_low"]], [r["tau_high"]]), fmt="s",
-                        color=color_for(str(r["label"])), capsize=2, label=str(r["label"]))
+                        color=color, capsize=2, label=str(r["label"]))
     ax.set_xscale("log", base=2)
     budgets = np.unique(curve["budget"])
     ax.set_xticks(budgets, [str(b) for b in budgets])
