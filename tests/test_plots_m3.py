@@ -127,3 +127,24 @@ def test_crossvocab_figures_show_counts_on_bars(tmp_path):
     _saves_twice_identically(fig, "m3_crossvocab_costs", tmp_path)
     with pytest.raises(ValueError, match="missing column"):
         m3.crossvocab_boundaries(tokens)
+
+
+def test_heatmap_rows_are_labelled_by_category_and_number(tables):
+    """The heatmap's rows read 'code 1', 'code 2', ... (not internal 'code | p0003#0' ids), the axis says
+    what a row is, and each row shows its generation's rates."""
+    heat = tables["heatmap"]
+    fig = m3.acceptance_heatmap(heat, by="draft", max_generations=5)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    gens = heat[["category", "prompt_id", "sample"]].drop_duplicates().sort_values(["category", "prompt_id", "sample"])
+    first = gens["category"].iloc[0]
+    assert labels[:2] == [f"{first} 1", f"{first} 2"] and len(labels) == 5
+    assert not any("|" in lab or "#" in lab for lab in labels)
+    assert "row" in ax.get_ylabel() and "category" in ax.get_ylabel()
+    row0 = gens.iloc[0]
+    expected = heat[(heat.draft == "distilled") & (heat.prompt_id == row0.prompt_id) & (heat["sample"] == row0["sample"])]
+    data = ax.images[0].get_array()
+    assert np.allclose(np.asarray(data[0])[: len(expected)], expected.sort_values("step")["rate"])
+    plt.close(fig)
+    with pytest.raises(ValueError, match="max_generations"):
+        m3.acceptance_heatmap(heat, max_generations=0)

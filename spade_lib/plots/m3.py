@@ -221,22 +221,32 @@ def expected_vs_realised(table: pd.DataFrame, x: str = "pos", by: str | None = N
 
 def acceptance_heatmap(table: pd.DataFrame, by: str | None = None, *, max_generations: int = 40) -> Figure:
     """Fraction of drafts kept per generation (rows, grouped by category) and step (columns); white
-    after a generation ended; an :func:`~spade_lib.diagnose.acceptance_heatmap` table."""
+    after a generation ended; an :func:`~spade_lib.diagnose.acceptance_heatmap` table.
+
+    A row is one generation (a prompt and a sample), labelled with its category and its number within
+    the category (``code 3``: the third generation of ``code``, by prompt id and sample), the first
+    ``max_generations`` rows in that order, the same rows in every panel; lines separate categories."""
     _check(table, ["prompt_id", "sample", "category", "step", "rate"], "acceptance_heatmap")
+    if isinstance(max_generations, bool) or not isinstance(max_generations, int) or max_generations < 1:
+        raise ValueError(f"max_generations: must be an integer >= 1, got {max_generations!r}")
     groups = _groups(table, by)
     fig, axes = plt.subplots(1, len(groups), figsize=(DOUBLE_COLUMN if len(groups) > 1 else SINGLE_COLUMN * 1.3,
                                                       2.8), squeeze=False)
-    def gen_label(t: pd.DataFrame) -> pd.Series:
-        return t["category"].astype(str) + " | " + t["prompt_id"].astype(str) + "#" + t["sample"].astype(str)
-
-    rows = sorted(set(gen_label(table)))[:max_generations]  # the same generations, same order, per panel
+    gens = (table[["category", "prompt_id", "sample"]].astype({"category": str, "prompt_id": str})
+            .drop_duplicates().sort_values(["category", "prompt_id", "sample"], kind="stable").head(max_generations))
+    rows = list(zip(gens["category"], gens["prompt_id"], gens["sample"]))  # same generations, same order, per panel
+    number = gens.groupby("category", sort=False).cumcount() + 1
+    labels = [f"{c} {k}" for c, k in zip(gens["category"], number)]
+    breaks = [i - 0.5 for i in range(1, len(rows)) if rows[i][0] != rows[i - 1][0]]
     image = None
     for j, (ax, (label, sub)) in enumerate(zip(axes[0], groups)):
-        grid = pd.DataFrame({"gen": gen_label(sub), "step": sub["step"], "rate": sub["rate"]}).pivot_table(
-            index="gen", columns="step", values="rate", sort=True).reindex(rows)
+        grid = sub.assign(category=sub["category"].astype(str), prompt_id=sub["prompt_id"].astype(str)).pivot_table(
+            index=["category", "prompt_id", "sample"], columns="step", values="rate", sort=True).reindex(rows)
         image = ax.imshow(grid.to_numpy(), aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
-        ax.set_yticks(range(len(grid)))
-        ax.set_yticklabels(grid.index if j == 0 else [], fontsize=4)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(labels if j == 0 else [], fontsize=4)
+        for y in breaks:
+            ax.axhline(y, color="white", lw=0.8)
         steps = grid.columns.to_numpy()
         ticks = np.linspace(0, len(steps) - 1, min(6, len(steps))).astype(int)
         ax.set_xticks(ticks)
@@ -245,6 +255,7 @@ def acceptance_heatmap(table: pd.DataFrame, by: str | None = None, *, max_genera
         ax.grid(False)
         if label:
             ax.set_title(label, fontsize=7)
+    axes[0, 0].set_ylabel("generation (row: one prompt and sample,\nnumbered within its category)", fontsize=6)
     fig.colorbar(image, ax=axes[0].tolist(), label="fraction of drafts kept", shrink=0.9)
     return fig
 
