@@ -188,3 +188,28 @@ def test_one_category_is_one_panel_without_a_category_split():
     assert sorted(t.get_text() for t in ax.get_xticklabels()) == ["data_only", "distilled"]
     assert summary.category.iloc[0] in ax.get_title() and ax.get_legend() is None
     plt.close(fig)
+
+
+def test_early_exit_alpha_has_integer_layer_ticks():
+    """m2_early_exit_alpha: the notebook's inline figure drew fractional layer ticks (1.5, 2.5 ...); the
+    library figure puts ticks on whole layers only and draws the table's numbers."""
+    import pandas as pd
+
+    from spade_lib.plots import m2
+
+    use_style()
+    ee = pd.DataFrame({"layer": [1, 2, 3, 4, 5], "alpha_T0": [0.1, 0.2, 0.4, 0.6, 0.8],
+                       "alpha_T1": [0.05, 0.1, 0.3, 0.5, 0.7], "c": [0.2, 0.4, 0.6, 0.8, 1.0],
+                       "n_positions": [812] * 5})
+    fig = m2.early_exit_alpha(ee, n_layers=6)
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()
+    ticks = [x for x in ax.get_xticks() if lo <= x <= hi]
+    assert len(ticks) >= 2 and all(float(x).is_integer() for x in ticks)
+    assert np.allclose(ax.lines[0].get_ydata(), ee["alpha_T0"]) and "of 6" in ax.get_xlabel()
+    assert "812" in ax.get_title()
+    plt.close(fig)
+    with pytest.raises(ValueError, match="missing"):
+        m2.early_exit_alpha(ee.drop(columns=["c"]))
+    with pytest.raises(ValueError, match="n_layers"):
+        m2.early_exit_alpha(ee, n_layers=0)

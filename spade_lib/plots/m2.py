@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from spade_lib.plots.palette import colors_for, legend_outside, temperature_style
 from spade_lib.plots.m3 import _check  # one table check for every figure function
@@ -187,5 +188,29 @@ def predicted_vs_measured(table: pd.DataFrame, *, predicted: str = "predicted") 
     ax.set_ylim(lim)
     ax.set_xlabel("predicted speedup (measured alpha, c, r)")
     ax.set_ylabel("measured speedup")
+    legend_outside(ax)
+    return fig
+
+
+def early_exit_alpha(table: pd.DataFrame, *, n_layers: int | None = None) -> Figure:
+    """An untrained early-exit draft, layer by layer: acceptance at T = 0 (top-1 agreement, solid) and at
+    T = 1 (dashed) of the target's own head on exit layer ``k``, and the cost ratio ``c_k`` (dotted); a
+    :func:`spade_lib.zoo.early_exit.early_exit_sweep` table (``layer``, ``alpha_T0``, ``alpha_T1``, ``c``;
+    ``n_positions``, when present, in the title). Layers are integers on the axis (``n_layers``, the
+    target's, in the axis label when given)."""
+    _check(table, ["layer", "alpha_T0", "alpha_T1", "c"], "early_exit_alpha")
+    if n_layers is not None and (isinstance(n_layers, bool) or not isinstance(n_layers, (int, np.integer))
+                                 or n_layers < 1):
+        raise ValueError(f"n_layers: must be an integer >= 1, got {n_layers!r}")
+    t = table.sort_values("layer")
+    fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, SINGLE_COLUMN * 0.75))
+    ax.plot(t["layer"], t["alpha_T0"], "o-", ms=3, label=r"$\alpha$, T = 0 (top-1 agreement)")
+    ax.plot(t["layer"], t["alpha_T1"], "s--", ms=3, label=r"$\alpha$, T = 1")
+    ax.plot(t["layer"], t["c"], ":", color="0.4", label="cost ratio $c_k$")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="exit layer k" + (f" (of {int(n_layers)})" if n_layers is not None else ""),
+           ylabel="acceptance / cost", ylim=(0, 1.02))
+    if "n_positions" in t.columns and t["n_positions"].notna().any():
+        ax.set_title(f"n = {int(t['n_positions'].max()):,} teacher-forced positions", fontsize=7)
     legend_outside(ax)
     return fig
