@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -41,6 +42,20 @@ def test_early_exit_sweep_equals_the_notebooks_inline_sweep(tiny):
     assert list(got["layer"]) == [1] and 0 < got["c"].iloc[0] < 1
     assert list(got.columns) == ["layer", "c_layers", "alpha_T0", "alpha_T1", "n_positions", "c", "gamma_T0",
                                  "predicted_T0", "gamma_T1", "predicted_T1"]
+
+
+def test_early_exit_sweep_prices_the_loop_overhead(tiny):
+    """With the loop's per-step cost o, each layer's prediction is E[tokens] / (gamma c + r(gamma) + o) at the
+    gamma that maximises it (a brute-force search over gamma is the reference), and never above o = 0's."""
+    texts = [tiny.tokenizer.encode("The cat sat on the mat because it was warm")]
+    r = lambda g: 1.0 + 0.07 * g  # noqa: E731
+    free = early_exit_sweep(tiny, texts, r, max_gamma=8)
+    got = early_exit_sweep(tiny, texts, r, max_gamma=8, overhead=0.5)
+    for t in ("T0", "T1"):
+        for a, c, g, s in zip(got[f"alpha_{t}"], got["c"], got[f"gamma_{t}"], got[f"predicted_{t}"]):
+            ref = [theory.expected_tokens(a, k) / (k * c + r(k) + 0.5) for k in range(1, 9)]
+            assert g == 1 + int(np.argmax(ref)) and s == pytest.approx(max(ref))
+        assert (got[f"predicted_{t}"] < free[f"predicted_{t}"]).all()
 
 
 def test_supports_early_exit_and_layer_costs(tiny):

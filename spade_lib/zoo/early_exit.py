@@ -15,7 +15,8 @@ baseline (``generate(assistant_early_exit=k)``) for comparison.
 :func:`early_exit_sweep` asks whether shipping one would pay: per exit layer ``k``, the cost ratio from
 parameter counts ``c_k = (k * layer + head) / (L * layer + head)`` (:func:`layer_cost_ratio`), and at
 ``T = 0`` and ``T = 1`` the best draft length and its predicted speedup
-``max_gamma E[tokens](alpha_k, gamma) / (gamma c_k + r(gamma))`` (:func:`spade_lib.theory.speedup`).
+``max_gamma E[tokens](alpha_k, gamma) / (gamma c_k + r(gamma) + o)`` (:func:`spade_lib.theory.speedup`;
+``o`` the decoding loop's per-step overhead from the pair's cost table, 0 by default: the paper's model).
 """
 
 from __future__ import annotations
@@ -117,11 +118,12 @@ def layer_cost_ratio(model, layers: Sequence[int]) -> np.ndarray:
 
 
 def early_exit_sweep(pair, texts: Sequence[str] | Sequence[Sequence[int]], verify_cost: Callable[[int], float], *,
-                     max_gamma: int = 8, max_tokens: int = 512):
+                     max_gamma: int = 8, max_tokens: int = 512, overhead: float = 0.0):
     """Whether an untrained early-exit draft would pay on ``pair``, layer by layer (module docstring).
 
     ``texts`` as in :func:`early_exit_alpha` (e.g. a run's prompts + continuations); ``verify_cost`` is
-    ``r(gamma)``, the cost of a ``gamma + 1``-token target forward over a one-token one. Returns
+    ``r(gamma)``, the cost of a ``gamma + 1``-token target forward over a one-token one; ``overhead`` is the
+    loop's per-step cost ``o`` in target steps (:func:`spade_lib.runs.costs.loop_overhead`). Returns
     :func:`early_exit_alpha`'s table (``alpha_T0``, ``alpha_T1``; exit layers ``1 .. L-1``) with ``c``
     (:func:`layer_cost_ratio`) and, for ``T0`` and ``T1``, ``gamma_T*`` (the best draft length up to
     ``max_gamma``, :func:`spade_lib.theory.optimal_gamma`) and ``predicted_T*`` (its speedup)."""
@@ -129,9 +131,9 @@ def early_exit_sweep(pair, texts: Sequence[str] | Sequence[Sequence[int]], verif
     ee = early_exit_alpha(pair, texts, temperatures=[1.0], max_tokens=max_tokens)
     ee["c"] = layer_cost_ratio(pair.target, ee["layer"])
     for t in ("T0", "T1"):
-        best_g = [theory.optimal_gamma(a, c, max_gamma=max_gamma, verify_cost=verify_cost)
+        best_g = [theory.optimal_gamma(a, c, max_gamma=max_gamma, verify_cost=verify_cost, overhead=overhead)
                   for a, c in zip(ee[f"alpha_{t}"], ee["c"])]
         ee[f"gamma_{t}"] = best_g
-        ee[f"predicted_{t}"] = [float(theory.speedup(a, g, c, verify_cost=verify_cost))
+        ee[f"predicted_{t}"] = [float(theory.speedup(a, g, c, verify_cost=verify_cost, overhead=overhead))
                                 for a, g, c in zip(ee[f"alpha_{t}"], best_g, ee["c"])]
     return ee[ee["layer"] < n_layers]
