@@ -20,6 +20,17 @@ def test_side_places_the_interval_against_the_reference():
         verdicts.side(0.0, 1.0, math.nan)
 
 
+def test_interval_side_places_one_interval_against_another():
+    assert verdicts.interval_side(1.2, 1.4, 0.9, 1.1) == "above"
+    assert verdicts.interval_side(0.5, 0.7, 0.9, 1.1) == "below"
+    assert verdicts.interval_side(1.0, 1.2, 1.1, 1.3) == "overlapping"
+    assert verdicts.interval_side(1.1, 1.2, 0.9, 1.1) == "overlapping"  # touching ends decide nothing
+    assert verdicts.interval_side(0.9, 1.4, 1.0, 1.1) == "overlapping"  # one inside the other
+    assert verdicts.interval_side(math.nan, 1.2, 0.5, 0.6) == "overlapping"
+    with pytest.raises(ValueError, match="low must be"):
+        verdicts.interval_side(1.2, 1.0, 0.5, 0.6)
+
+
 @pytest.mark.parametrize("line", [
     "T=0, held-out prompts: the best adaptive rule beats (by 19.5 %) the best fixed gamma",
     "distilled: conditional acceptance by position flat (the i.i.d. model holds)",
