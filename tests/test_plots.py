@@ -77,7 +77,7 @@ def test_m2_figures_draw_intervals_and_colours(tmp_path):
     x = np.concatenate([np.asarray(c.lines[0].get_xdata(), dtype=float) for c in ax.containers])
     assert len(set(np.round(x, 6))) == len(x)  # dodged: no two points at the same x
     save_figure(fig, "m2_test", directory=tmp_path, close=True)
-    cats = pd.DataFrame([dict(category=c, draft=d, T=T, speedup=1.2, speedup_low=1.0, speedup_high=1.4)
+    cats = pd.DataFrame([dict(category=c, draft=d, T=T, speedup=1.2, speedup_low=1.0, speedup_high=1.4, generations=3)
                          for c in ("a", "b") for d in ("distilled", "data_only") for T in (0.0, 1.0)])
     plt.close(m2.speedup_by_category(cats))
     plt.close(m2.predicted_vs_measured(table))
@@ -168,7 +168,7 @@ def test_one_category_is_one_panel_without_a_category_split():
     from spade_lib.plots import m2, m3
 
     use_style()
-    one = pd.DataFrame([dict(category="code", draft=d, T=T, speedup=1.2, speedup_low=1.0, speedup_high=1.4)
+    one = pd.DataFrame([dict(category="code", draft=d, T=T, speedup=1.2, speedup_low=1.0, speedup_high=1.4, generations=5)
                         for d in ("distilled", "ngram") for T in (0.0, 1.0)])
     fig = m2.speedup_by_category(one, ["code"])
     assert len(fig.axes) == 1 and "code" in fig.axes[0].get_title()
@@ -213,3 +213,23 @@ def test_early_exit_alpha_has_integer_layer_ticks():
         m2.early_exit_alpha(ee.drop(columns=["c"]))
     with pytest.raises(ValueError, match="n_layers"):
         m2.early_exit_alpha(ee, n_layers=0)
+
+
+def test_speedup_by_category_labels_every_bar_with_its_generations():
+    import pandas as pd
+
+    from spade_lib.plots import m2
+
+    use_style()
+    t = pd.DataFrame([dict(category=c, draft=d, T=0.0, speedup=1.2, speedup_low=1.0, speedup_high=1.4,
+                           generations=n) for (c, d), n in zip([("a", "distilled"), ("a", "ngram"), ("b", "distilled"),
+                                                              ("b", "ngram")], (11, 12, 13, 14))])
+    fig = m2.speedup_by_category(t)
+    ax = fig.axes[0]
+    assert sorted(x.get_text() for x in ax.texts) == ["11", "12", "13", "14"]
+    assert all(x.xy[1] == pytest.approx(1.4) for x in ax.texts)  # above the interval, not on its whisker
+    plt.close(fig)
+    assert not m2.speedup_by_category(t, count=None).axes[0].texts
+    with pytest.raises(ValueError, match="count"):
+        m2.speedup_by_category(t.drop(columns=["generations"]))
+    plt.close("all")

@@ -148,3 +148,36 @@ def test_heatmap_rows_are_labelled_by_category_and_number(tables):
     plt.close(fig)
     with pytest.raises(ValueError, match="max_generations"):
         m3.acceptance_heatmap(heat, max_generations=0)
+
+
+def _count_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+def test_every_bar_and_bin_carries_its_count(tables):
+    """Counts on bars and bins: each label is the table's count of that bar or bin."""
+    from spade_lib.plots.counts import count_text
+
+    def counts(col, table):
+        return sorted(count_text(v) for v in table[col])
+
+    t = tables
+    fig = m3.acceptance_by_position(t["position"], by="draft")
+    assert sorted(_count_labels(fig.axes[0])) == counts("reached", t["position"])
+    fig = m3.accept_length_hist(t["accept_length"], by="draft")
+    assert sorted(_count_labels(fig.axes[0])) == counts("steps", t["accept_length"])
+    fig = m3.acceptance_vs_measure(t["binned"], by="draft")
+    assert sorted(x for ax in fig.axes for x in _count_labels(ax)) == counts("n", t["binned"])
+    fig = m3.calibration(t["calibration"], by="draft")
+    assert sorted(x for ax in fig.axes for x in _count_labels(ax)) == counts("n", t["calibration"])
+    fig = m3.entropy_rejected_vs_accepted(t["entropy"], by="draft")
+    assert sorted(x for ax in fig.axes for x in _count_labels(ax)) == counts("n", t["entropy"])
+    per_cat = t["summary"][t["summary"].category != "overall"]
+    fig = m3.category_summary(per_cat, by="draft")
+    assert sorted(_count_labels(fig.axes[0])) == counts("generations", per_cat)
+    assert "generations" in fig.axes[0].get_ylabel()
+    fig = m3.expected_vs_realised(t["expected_by_position"], x="pos", by="draft")
+    assert all(", n=" in x for ax in fig.axes for x in _count_labels(ax))
+    plt.close("all")
+    with pytest.raises(ValueError, match="count"):
+        m3.category_summary(per_cat, by="draft", count="nope")

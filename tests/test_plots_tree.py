@@ -68,3 +68,22 @@ def test_every_run_of_a_tree_figure_has_its_own_colour():
     assert len(set(colors_for([f"run {i}" for i in range(40)]))) == 40
     with pytest.raises(TypeError, match="names"):
         colors_for([3])
+
+
+def test_tree_figures_label_each_point_with_its_count():
+    import matplotlib.pyplot as plt
+
+    from spade_lib.plots.counts import count_text
+
+    use_style()
+    both = dg.combine_runs({"tree 8": tree_trace(random_steps(40, 8, seed=1)),
+                            "tree 4": tree_trace(random_steps(40, 4, seed=2))})
+    depth = dg.depth_acceptance(both, by="run")
+    fig = tree_plots.depth_acceptance(depth, by="run")
+    shown = depth[depth["steps_judged"] > 0]
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(count_text(v) for v in shown["steps_judged"])
+    sib = dg.sibling_acceptance(both, by="run")
+    fig = tree_plots.sibling_acceptance(sib, by="run")
+    drawn = sib[sib["rate"].notna()]
+    assert sorted(t.get_text() for ax in fig.axes for t in ax.texts) == sorted(count_text(v) for v in drawn["judged"])
+    plt.close("all")

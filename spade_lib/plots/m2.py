@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from spade_lib.plots.palette import colors_for, legend_outside, temperature_style
+from spade_lib.plots.counts import bars
 from spade_lib.plots.m3 import _check  # one table check for every figure function
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
@@ -120,14 +121,19 @@ def speedup_vs_gamma(table: pd.DataFrame, *, ylabel: str = "speedup over autoreg
     return fig
 
 
-def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = None) -> Figure:
+def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = None, *,
+                        count: str | None = "generations") -> Figure:
     """Speedup per category (bars with bootstrap intervals), one colour per drafter, one panel per
-    temperature; a table with ``category``, ``series`` (or ``draft``), ``T`` and the speedup columns.
+    temperature; a table with ``category``, ``series`` (or ``draft``), ``T`` and the speedup columns. Each
+    bar is labelled with its ``count`` column (default ``generations``, the timed generations its
+    speedup is the ratio over; ``None``: no labels).
 
     With one category (``categories``, else the table's, e.g. a HumanEval-only suite) there is nothing to
     split by: one panel, one slot per temperature, titled with the category -- the same bars as the
     panels would show, without a category axis of one tick per panel."""
     _check(table, ["category", "T", "speedup", "speedup_low", "speedup_high"], "speedup_by_category")
+    if count is not None and count not in table.columns:
+        raise ValueError(f"count: {count!r} is not a column of the table (None for no count labels)")
     t = table.copy()
     if "series" not in t.columns:
         _check(t, ["draft"], "speedup_by_category")
@@ -152,14 +158,14 @@ def speedup_by_category(table: pd.DataFrame, categories: Sequence[str] | None = 
         for i, name in enumerate(series):
             s = sub[sub["series"] == name].set_index(key).reindex(slots)
             x = np.arange(len(slots)) + (i - (len(series) - 1) / 2) * width
-            ax.bar(x, s["speedup"], width, color=palette[name], label=name,
-                   yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]), capsize=1.5,
-                   error_kw={"lw": 0.7})
+            bars(ax, x, s["speedup"], width, palette[name], s[count] if count is not None else [""] * len(s),
+                 top=s["speedup_high"], label=name, yerr=_yerr(s["speedup"], s["speedup_low"], s["speedup_high"]),
+                 capsize=1.5, error_kw={"lw": 0.7})
         ax.axhline(1.0, color="0.5", lw=0.6)
         names = [f"T = {v:g}" for v in slots] if key == "T" else [str(c).replace("_", " ") for c in slots]
         ax.set_xticks(np.arange(len(slots)), names, fontsize=6, rotation=20 if key == "category" else 0)
     axes = [p[0] for p in panels]
-    axes[0].set_ylabel("speedup over autoregressive")
+    axes[0].set_ylabel("speedup over autoregressive" + (f"\n(labels: {count})" if count is not None else ""))
     fig.tight_layout()
     legend_outside(axes[-1])
     return fig

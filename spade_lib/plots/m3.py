@@ -3,7 +3,8 @@
 Each function takes one tidy table (and ``by``, the grouping column the table was computed with, if
 any: one colour per group), draws it, and returns the ``Figure``; saving is the caller's
 ``save_figure(fig, "m3_<name>")``. No statistics are computed here beyond reshaping, so a figure
-shows exactly the numbers of its table.
+shows exactly the numbers of its table. Every bar and bin carries its count
+(:mod:`spade_lib.plots.counts`), in its group's colour; each docstring names the count.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from spade_lib.plots.counts import bars, count_text, label_counts
 from spade_lib.plots.palette import colors_for, legend_outside
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
@@ -57,20 +59,23 @@ def _group_colors(groups: list[tuple[str | None, pd.DataFrame]]) -> list[str]:
 def acceptance_by_position(table: pd.DataFrame, by: str | None = None) -> Figure:
     """Conditional (solid) and unconditional (dashed) acceptance per draft position with their
     binomial intervals, and the exact expectation ``mean(1 - TV)`` (crosses); a
-    :func:`~spade_lib.diagnose.position_acceptance` table."""
+    :func:`~spade_lib.diagnose.position_acceptance` table. Each conditional point is labelled with
+    ``reached``, the positions it is the rate of."""
     _check(table, ["pos", "alpha_cond", "alpha_cond_low", "alpha_cond_high", "alpha_uncond",
                    "alpha_uncond_low", "alpha_uncond_high", "expected_cond"], "acceptance_by_position")
+    _check(table, ["reached"], "acceptance_by_position")
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.4))
     groups = _groups(table, by)
-    for (label, sub), color in zip(groups, _group_colors(groups)):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         x = sub["pos"].to_numpy()
+        label_counts(ax, x, sub["alpha_cond_high"], sub["reached"], series=j, color=color)
         name = f"{label}: " if label else ""
         ax.plot(x, sub["alpha_cond"], "-o", color=color, label=f"{name}conditional")
         ax.fill_between(x, sub["alpha_cond_low"], sub["alpha_cond_high"], color=color, alpha=0.2, lw=0)
         ax.plot(x, sub["alpha_uncond"], "--s", color=color, label=f"{name}unconditional")
         ax.fill_between(x, sub["alpha_uncond_low"], sub["alpha_uncond_high"], color=color, alpha=0.12, lw=0)
         ax.plot(x, sub["expected_cond"], "x", color=color, ms=5, label=f"{name}expected mean(1 - TV)")
-    ax.set_xlabel("draft position i")
+    ax.set_xlabel("draft position i (labels: positions reached)")
     ax.set_ylabel("acceptance")
     ax.set_ylim(0, 1.02)
     ax.set_xticks(np.unique(table["pos"]))
@@ -79,17 +84,18 @@ def acceptance_by_position(table: pd.DataFrame, by: str | None = None) -> Figure
 
 
 def accept_length_hist(table: pd.DataFrame, by: str | None = None) -> Figure:
-    """Accepted-length distribution ``P(N = k)`` (bars) and survival ``P(N >= k)`` (right panel);
-    an :func:`~spade_lib.diagnose.accept_length_hist` table."""
-    _check(table, ["n_accepted", "fraction", "survival"], "accept_length_hist")
+    """Accepted-length distribution ``P(N = k)`` (bars, each labelled with its number of verification
+    ``steps``) and survival ``P(N >= k)`` (right panel); an :func:`~spade_lib.diagnose.accept_length_hist`
+    (or :func:`~spade_lib.diagnose.tree_accept_length_hist`) table."""
+    _check(table, ["n_accepted", "fraction", "survival", "steps"], "accept_length_hist")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(DOUBLE_COLUMN * 0.7, 2.2))
     groups = _groups(table, by)
     width = 0.8 / len(groups)
     for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         k = sub["n_accepted"].to_numpy()
-        ax1.bar(k - 0.4 + width * (j + 0.5), sub["fraction"], width=width, color=color, label=label)
+        bars(ax1, k - 0.4 + width * (j + 0.5), sub["fraction"], width, color, sub["steps"], label=label)
         ax2.plot(k, sub["survival"], "-o", color=color, label=label)
-    ax1.set_xlabel("accepted drafts per step N")
+    ax1.set_xlabel("accepted drafts per step N (labels: steps)")
     ax1.set_ylabel("P(N = k)")
     ax2.set_xlabel("k")
     ax2.set_ylabel("P(N >= k)")
@@ -104,9 +110,9 @@ def accept_length_hist(table: pd.DataFrame, by: str | None = None) -> Figure:
 
 def entropy_rejected_vs_accepted(table: pd.DataFrame, by: str | None = None) -> Figure:
     """Median and interquartile range of each entropy at accepted vs rejected positions, per draft
-    position (one panel per measure, one row per group); an
+    position (one panel per measure, one row per group), each labelled with its ``n`` positions; an
     :func:`~spade_lib.diagnose.entropy_by_outcome` table."""
-    _check(table, ["pos", "measure", "outcome", "median", "q25", "q75"], "entropy_rejected_vs_accepted")
+    _check(table, ["pos", "measure", "outcome", "median", "q25", "q75", "n"], "entropy_rejected_vs_accepted")
     measures = list(dict.fromkeys(table["measure"]))
     groups = _groups(table, by)
     fig, axes = plt.subplots(len(groups), len(measures), figsize=(DOUBLE_COLUMN * 0.7, 1.9 * len(groups)),
@@ -115,9 +121,10 @@ def entropy_rejected_vs_accepted(table: pd.DataFrame, by: str | None = None) -> 
     for r, (label, sub) in enumerate(groups):
         for c, m in enumerate(measures):
             ax = axes[r, c]
-            for outcome, (color, dx, marker) in styles.items():
+            for k, (outcome, (color, dx, marker)) in enumerate(styles.items()):
                 s = sub[(sub["measure"] == m) & (sub["outcome"] == outcome)]
                 x = s["pos"].to_numpy() + dx
+                label_counts(ax, x, s["q75"], s["n"], series=k, color=color)
                 ax.errorbar(x, s["median"], yerr=_yerr(s["median"], s["q25"], s["q75"]),
                             fmt=marker, color=color, capsize=2, label=outcome)
             ax.set_title(f"{label}: {MEASURE_LABELS.get(m, m)}" if label else MEASURE_LABELS.get(m, m), fontsize=7)
@@ -131,21 +138,22 @@ def entropy_rejected_vs_accepted(table: pd.DataFrame, by: str | None = None) -> 
 
 
 def acceptance_vs_measure(table: pd.DataFrame, by: str | None = None) -> Figure:
-    """Conditional acceptance against binned H(p), H(q), TV, KL (points with binomial intervals)
-    and the exact expectation ``mean(1 - TV)`` per bin (dashed); an
+    """Conditional acceptance against binned H(p), H(q), TV, KL (points with binomial intervals, each
+    bin labelled with its ``n`` positions) and the exact expectation ``mean(1 - TV)`` per bin (dashed); an
     :func:`~spade_lib.diagnose.acceptance_by_bins` table."""
-    _check(table, ["measure", "x_mean", "rate", "rate_low", "rate_high", "expected"], "acceptance_vs_measure")
+    _check(table, ["measure", "x_mean", "rate", "rate_low", "rate_high", "expected", "n"], "acceptance_vs_measure")
     measures = list(dict.fromkeys(table["measure"]))
     fig, axes = plt.subplots(1, len(measures), figsize=(DOUBLE_COLUMN, 2.0), squeeze=False, sharey=True)
     groups = _groups(table, by)
-    for (label, sub), color in zip(groups, _group_colors(groups)):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         for ax, m in zip(axes[0], measures):
             s = sub[sub["measure"] == m]
             ax.errorbar(s["x_mean"], s["rate"], yerr=_yerr(s["rate"], s["rate_low"], s["rate_high"]),
                         fmt="o-", color=color, capsize=1.5, label=label)
+            label_counts(ax, s["x_mean"], s["rate_high"], s["n"], series=j, color=color)
             ax.plot(s["x_mean"], s["expected"], "--", color=color, lw=0.8)
             ax.set_xlabel(MEASURE_LABELS.get(m, m))
-    axes[0, 0].set_ylabel("P(accept | reached)")
+    axes[0, 0].set_ylabel("P(accept | reached)\n(labels: positions per bin)")
     axes[0, 0].set_ylim(0, 1.02)
     for (label, _), color in zip(groups, _group_colors(groups)):  # the dashed lines, once
         axes[0, -1].plot([], [], "--", color=color, lw=0.8, label=f"{label + ': ' if label else ''}expected 1 - TV")
@@ -158,14 +166,15 @@ def calibration(table: pd.DataFrame, by: str | None = None, errors: pd.DataFrame
     """Reliability diagram per score: empirical acceptance against mean score per bin, the diagonal
     of perfect calibration, and the ECE in the legend when ``errors`` (a
     :func:`~spade_lib.diagnose.calibration_error` table) is given; a
-    :func:`~spade_lib.diagnose.calibration_table` table."""
-    _check(table, ["score", "confidence", "rate", "rate_low", "rate_high"], "calibration")
+    :func:`~spade_lib.diagnose.calibration_table` table. Each bin is labelled with its ``n`` positions."""
+    _check(table, ["score", "confidence", "rate", "rate_low", "rate_high", "n"], "calibration")
     scores = list(dict.fromkeys(table["score"]))
     fig, axes = plt.subplots(1, len(scores), figsize=(SINGLE_COLUMN * len(scores) * 0.8, 2.4), squeeze=False)
     groups = _groups(table, by)
-    for (label, sub), color in zip(groups, _group_colors(groups)):
+    for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         for ax, sc in zip(axes[0], scores):
             s = sub[sub["score"] == sc]
+            label_counts(ax, s["confidence"], s["rate_high"], s["n"], series=j, color=color)
             name = label or "empirical"
             if errors is not None:
                 e = errors[errors["score"] == sc]
@@ -180,7 +189,7 @@ def calibration(table: pd.DataFrame, by: str | None = None, errors: pd.DataFrame
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.02)
         ax.set_xlabel(MEASURE_LABELS.get(sc, sc))
-    axes[0, 0].set_ylabel("empirical acceptance")
+    axes[0, 0].set_ylabel("empirical acceptance\n(labels: positions per bin)")
     fig.tight_layout()
     for ax in axes[0]:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), fontsize=6)
@@ -206,8 +215,9 @@ def expected_vs_realised(table: pd.DataFrame, x: str = "pos", by: str | None = N
             ax.errorbar(pos, s["realised_rate"], yerr=se, fmt="o", color=color, capsize=2, label=label or "realised")
             ax.plot(pos, s["expected_rate"], "x", color="k", ms=5,
                     label="expected" if j == len(groups) - 1 else None)
-            for px, py, pv in zip(pos, s["realised_rate"], s["p_value"]):
-                ax.annotate(f"p={pv:.2g}", (px, py), textcoords="offset points", xytext=(3, 4), fontsize=5)
+            for px, py, pv, n in zip(pos, s["realised_rate"], s["p_value"], s["n"]):
+                ax.annotate(f"p={pv:.2g}, n={count_text(n)}", (px, py), textcoords="offset points", xytext=(3, 4),
+                            fontsize=5)
             ax.set_title(f"basis: {basis}", fontsize=7)
     for ax in axes[0]:
         ax.set_xticks(range(len(cats)))
@@ -311,13 +321,17 @@ def logit_coefficients(table: pd.DataFrame, by: str | None = None) -> Figure:
     return fig
 
 
-def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str = "tau") -> Figure:
+def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str = "tau",
+                     count: str | None = "generations") -> Figure:
     """One bar per category (and group) of a :func:`~spade_lib.diagnose.category_summary` column
-    (default ``tau``, the mean accepted length with the bonus token).
+    (default ``tau``, the mean accepted length with the bonus token), each labelled with its ``count``
+    column (default ``generations``; ``None``: no labels).
 
     With one category there is no category split to draw: one bar per group, the groups on the x axis
     (no legend needed) and the category in the title."""
     _check(table, ["category", value], "category_summary")
+    if count is not None and count not in table.columns:
+        raise ValueError(f"count: {count!r} is not a column of the table (None for no count labels)")
     cats = list(dict.fromkeys(table["category"].astype(str)))
     groups = _groups(table, by)
     single = len(cats) == 1
@@ -326,7 +340,7 @@ def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str =
     for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
         x = np.full(len(sub), float(j)) if single else (
             np.array([cats.index(c) for c in sub["category"].astype(str)]) - 0.4 + width * (j + 0.5))
-        ax.bar(x, sub[value], width=width, color=color, label=label)
+        bars(ax, x, sub[value], width, color, sub[count] if count is not None else [""] * len(sub), label=label)
     if single:
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([label or cats[0] for label, _ in groups], fontsize=6)
@@ -334,17 +348,10 @@ def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str =
     else:
         ax.set_xticks(range(len(cats)))
         ax.set_xticklabels(cats, rotation=30, fontsize=6)
-    ax.set_ylabel(value)
+    ax.set_ylabel(value + (f" (labels: {count})" if count is not None else ""))
     if by is not None and not single:
         legend_outside(ax)
     return fig
-
-
-def _bars(ax, x, heights, width, color, counts, **kwargs):
-    """Bars at ``x`` with each bar's count written on it (``counts``: strings, one a bar)."""
-    bars = ax.bar(x, heights, width=width, color=color, **kwargs)
-    ax.bar_label(bars, labels=counts, fontsize=5, padding=1)
-    return bars
 
 
 def crossvocab_boundaries(table: pd.DataFrame, by: str | None = None) -> Figure:
@@ -363,14 +370,14 @@ def crossvocab_boundaries(table: pd.DataFrame, by: str | None = None) -> Figure:
         sub = sub.assign(kind=sub["kind"].astype(str)).set_index("kind").reindex(kinds)
         x = np.arange(len(kinds)) - 0.4 + width * (j + 0.5)
         alpha = sub["alpha"].fillna(0).to_numpy()
-        _bars(ax1, x, alpha, width, color, [f"{a}/{r}" for a, r in zip(sub["accepted"], sub["reached"])], label=label,
-              yerr=_yerr(alpha, sub["alpha_low"].fillna(0), sub["alpha_high"].fillna(0)),
-              error_kw={"elinewidth": 0.6, "capsize": 1.5})
+        bars(ax1, x, alpha, width, color, [f"{a}/{r}" for a, r in zip(sub["accepted"], sub["reached"])], label=label,
+             yerr=_yerr(alpha, sub["alpha_low"].fillna(0), sub["alpha_high"].fillna(0)),
+             error_kw={"elinewidth": 0.6, "capsize": 1.5}, top=sub["alpha_high"].fillna(0))
         half = width / 2
-        _bars(ax2, x - half / 2, sub["rejection_share"].fillna(0), half, color,
-              [str(int(v)) for v in sub["first_rejections"]], label=label)
-        _bars(ax2, x + half / 2, sub["committed_share"].fillna(0), half, "white",
-              [str(int(v)) for v in sub["committed"]], edgecolor=color, hatch="////", linewidth=0.6)
+        bars(ax2, x - half / 2, sub["rejection_share"].fillna(0), half, color,
+             [str(int(v)) for v in sub["first_rejections"]], label=label)
+        bars(ax2, x + half / 2, sub["committed_share"].fillna(0), half, "white",
+             [str(int(v)) for v in sub["committed"]], edgecolor=color, hatch="////", linewidth=0.6)
     for ax in (ax1, ax2):
         ax.set_xticks(range(len(kinds)))
         ax.set_xticklabels(kinds)
@@ -398,9 +405,9 @@ def crossvocab_costs(tokens: pd.DataFrame, costs: pd.DataFrame, by: str | None =
     for j, ((label, sub), color) in enumerate(zip(tok_groups, _group_colors(tok_groups))):
         r = sub.iloc[0]
         x = np.arange(2) - 0.4 + width * (j + 0.5)
-        _bars(ax1, x, [r["alpha_target"], r["alpha_draft"]], width, color,
-              [f"{int(r['accepted'])}/{int(r['drafted'])}", f"{int(r['draft_accepted'])}/{int(r['draft_tokens'])}"],
-              label=label)
+        bars(ax1, x, [r["alpha_target"], r["alpha_draft"]], width, color,
+             [f"{int(r['accepted'])}/{int(r['drafted'])}", f"{int(r['draft_accepted'])}/{int(r['draft_tokens'])}"],
+             label=label)
     ax1.set_xticks([0, 1])
     ax1.set_xticklabels(["per target token", "per draft token"])
     ax1.set_ylabel("acceptance")
@@ -409,10 +416,10 @@ def crossvocab_costs(tokens: pd.DataFrame, costs: pd.DataFrame, by: str | None =
     for j, ((label, sub), color) in enumerate(zip(cost_groups, _group_colors(cost_groups))):
         r = sub.iloc[0]
         ax2.bar(j, r["ms_forward"], width=0.6, color=color, label="draft forwards" if j == 0 else None)
-        bars = ax2.bar(j, r["ms_text"], width=0.6, bottom=r["ms_forward"], color="white", edgecolor=color,
-                       hatch="////", linewidth=0.6, label="text sync" if j == 0 else None)
-        ax2.bar_label(bars, labels=[f"text {r['text_share']:.0%}, {r['tokenizer_calls']:.1f} calls"],
-                      fontsize=5, padding=1)
+        ax2.bar(j, r["ms_text"], width=0.6, bottom=r["ms_forward"], color="white", edgecolor=color,
+                hatch="////", linewidth=0.6, label="text sync" if j == 0 else None)
+        label_counts(ax2, [j], [r["ms_forward"] + r["ms_text"]],
+                     [f"text {r['text_share']:.0%}, {r['tokenizer_calls']:.1f} calls"])
     ax2.set_xticks(range(len(names)))
     ax2.set_xticklabels(names)
     ax2.set_ylabel("drafter ms per step")
