@@ -233,3 +233,30 @@ def test_speedup_by_category_labels_every_bar_with_its_generations():
     with pytest.raises(ValueError, match="count"):
         m2.speedup_by_category(t.drop(columns=["generations"]))
     plt.close("all")
+
+
+def test_speedup_vs_batch_draws_intervals_when_the_table_has_them():
+    import pandas as pd
+
+    from spade_lib.plots.batch import plot_speedup_vs_batch
+
+    use_style()
+    study = pd.DataFrame({"temperature": [0.0, 0.0, 1.0, 1.0], "batch_size": [1, 4, 1, 4],
+                          "ar_tps": [10.0, 30.0, 10.0, 30.0], "spec_tps": [15.0, 33.0, 12.0, 30.0],
+                          "speedup": [1.5, 1.1, 1.2, 1.0], "predicted": [1.6, 1.2, 1.3, 1.0]})
+
+    def speedup_bars(fig):
+        return [c for c in fig.axes[1].containers if c.has_yerr]
+
+    fig = plot_speedup_vs_batch(study)  # no interval columns: points alone, as before
+    assert not speedup_bars(fig) and len(fig.axes[1].containers) == 2
+    plt.close(fig)
+    fig = plot_speedup_vs_batch(study.assign(speedup_low=study.speedup - 0.1, speedup_high=study.speedup + 0.2))
+    bars = speedup_bars(fig)
+    assert len(bars) == 2  # one per temperature
+    segs = bars[0].lines[2][0].get_segments()
+    assert [(round(s[0][1], 6), round(s[1][1], 6)) for s in segs] == [(1.4, 1.7), (1.0, 1.3)]
+    assert any("95 % interval" in t.get_text() for t in fig.axes[1].get_legend().get_texts())
+    plt.close(fig)
+    with pytest.raises(ValueError, match="speedup_high"):
+        plot_speedup_vs_batch(study.assign(speedup_low=1.0))
