@@ -9,7 +9,8 @@ run folder and nowhere else:
 - ``summary.md``: the same as Markdown tables;
 - ``report/index.html``: links to every executed notebook as HTML (``report/[<part>/]NN_name.html``,
   converted by nbconvert, figures embedded), the summary table, and the run's figures (copied to
-  ``report/figures/`` so the folder opens from disk, links relative);
+  ``report/figures/`` so the folder opens from disk, links relative) as a gallery grouped by pair, then
+  by the notebook that saved them, each captioned (below);
 
 and prints the summary table and the path of the index. Its numbers are
 :func:`spade_lib.runs.compare.speedups` of the runs folder (``SPADE_RUNS_DIR``, ``runs/``), restricted to
@@ -35,7 +36,7 @@ table, the run's commit, date and machine) and copies the teaser figure of that 
              "parts": [{"name", "folder", "profile", "params", "only", "status", "started", "finished",
                         "seconds", "commit"}]},
      "machine": {"cpu_model", "cpu_count", "threads", "torch", "python", "platform"},
-     "notebooks": [{"part", "name", "file", "seconds", "status", "html"}],
+     "notebooks": [{"part", "name", "file", "seconds", "status", "html", "pair"}],
      "builds": [{"part", "name", "seconds", "status"}],
      "configurations": [{"pair", "suite", "run", "baseline", "label", "run_label", "configuration", "method",
                          "draft", "policy", "gamma", "T", "role": "baseline"|"hf"|"speculative"|"control",
@@ -47,10 +48,20 @@ table, the run's commit, date and machine) and copies the teaser figure of that 
                    "passed", "matches_prediction"}],
      "costs": {pair: {draft: {"c", "r": {g: r(g)}, "overhead", "threads", "device", "dtype", "file",
                               "used"}}},
-     "warnings": [str], "figures": [paths relative to the run folder], "report": "report/index.html",
+     "warnings": [str], "figures": [paths relative to the run folder],
+     "gallery": [{"figure", "name", "pair", "notebook", "caption"}], "report": "report/index.html",
      "errors": [str]}
 
-Numbers missing from the table (say ``alpha_low`` before the table has it) are ``null``.
+Numbers missing from the table (say ``alpha_low`` before the table has it) are ``null``. A notebook's
+``pair`` is the ``pair`` parameter papermill gave it (``null``: the notebook's default, ``"default"``).
+
+**The gallery** has one entry per figure of ``figures`` (same path), in the index's order: ``name`` the file
+stem, ``pair`` the pair it shows (from the ``-<pair>`` suffix of ``spade_lib.experiment.figure_name``;
+``"default"`` for a per-pair figure of the embedded pair without one; ``null`` for a figure saved under one
+name for every pair, as notebooks 01 and 02 do), ``notebook`` the executed notebook whose code saves it (its
+``save_figure(fig, "m2_...")`` or ``E.figure_name("m2_...")`` call; ``null`` when none does) and ``caption``
+(:data:`spade_lib.plots.captions.CAPTIONS`, else the first sentence of the markdown cell before the saving
+cell).
 
 **Labels are unique per pair**: ``label`` is the run's label (``run_label``), with, where two rows of a
 pair would share it, what tells them apart in brackets (``spade-distilled-g12-T1 [max_new_tokens=128]``;
@@ -94,6 +105,8 @@ COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "poli
            "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf", "vs_hf_low", "vs_hf_high"]
 METHOD_ORDER = {"ar": 0, "hf": 1, "spade": 2, "hf_assisted": 3}
 _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
+_PER_PAIR_FIGURE = re.compile(r"""figure_name\(\s*["'](m\d_\w+)["']""")  # E.figure_name("m2_x"[, pair])
+_PLAIN_FIGURE = re.compile(r"""save_figure\(\s*[^,()]+,\s*["'](m\d_\w+)["']""")  # save_figure(fig, "m2_x")
 
 
 # ---------------------------------------------------------------------------------- the machine, the commit
@@ -313,6 +326,60 @@ def _figures(parts_meta: list[dict], notebooks_started: list[float], figures_dir
     return [f for f in sorted(figures_dir.glob("*.png")) if f.name != "teaser.png" and f.stat().st_mtime >= since]
 
 
+def _saved_figures(nb) -> dict[str, tuple[bool, str]]:
+    """Figure base name -> (saved per pair, the markdown cell before the saving cell) for every figure the
+    code of notebook ``nb`` saves, in the order it saves them."""
+    out: dict[str, tuple[bool, str]] = {}
+    markdown = ""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            markdown = cell.source
+        elif cell.cell_type == "code" and "save_figure" in cell.source:
+            for per_pair, pattern in ((True, _PER_PAIR_FIGURE), (False, _PLAIN_FIGURE)):
+                for m in pattern.finditer(cell.source):
+                    out.setdefault(m.group(1), (per_pair, markdown))
+    return out
+
+
+def _first_sentence(markdown: str) -> str:
+    """The first sentence of the first paragraph of ``markdown`` that is not a heading, as plain text."""
+    for para in re.split(r"\n\s*\n", markdown or ""):
+        text = " ".join(line.strip() for line in para.splitlines() if not line.lstrip().startswith("#")).strip()
+        if text:
+            text = re.sub(r"[*`_]{1,2}(\S[^*`]*?)[*`_]{1,2}", r"\1", text)
+            return re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+    return ""
+
+
+def _gallery(figures: list[Path], saved: dict[str, dict[str, tuple[bool, str]]]) -> list[dict]:
+    """The gallery entries of the module docstring for ``figures``, given what each notebook saves
+    (``saved``: notebook stem -> :func:`_saved_figures`), sorted by pair, notebook and saving order."""
+    from spade_lib.plots.captions import caption
+
+    bases: dict[str, tuple[str, int, bool, str]] = {}
+    for nb_name in sorted(saved):
+        for i, (base, (per_pair, markdown)) in enumerate(saved[nb_name].items()):
+            bases.setdefault(base, (nb_name, i, per_pair, markdown))
+    entries = []
+    for f in figures:
+        stem = Path(f).stem
+        base = max((b for b in bases if stem == b or stem.startswith(b + "-")), key=len, default=None)
+        if base is not None:
+            nb_name, order, per_pair, markdown = bases[base]
+            pair = stem[len(base) + 1:] or ("default" if per_pair else None)
+        else:
+            nb_name, order, markdown = None, 0, ""
+            base, _, suffix = stem.partition("-")
+            pair = suffix or None
+        entries.append({"figure": str(f), "name": stem, "pair": pair, "notebook": nb_name,
+                        "caption": caption(stem) or _first_sentence(markdown) or "", "_order": order})
+    pairs = list(dict.fromkeys(sorted((e["pair"] for e in entries if e["pair"] is not None),
+                                      key=lambda p: (p != "default", p))))
+    entries.sort(key=lambda e: (pairs.index(e["pair"]) if e["pair"] is not None else len(pairs),
+                                e["notebook"] is None, e["notebook"] or "", e.pop("_order"), e["name"]))
+    return entries
+
+
 def summarize(run_dirs, *, runs_dir: str | Path | None = None,
               figures_dir: str | Path | None = None) -> dict[str, Any]:
     """The summary of one run (a list of folders is one run: their notebooks are reported together) as
@@ -327,6 +394,7 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     figures_dir = Path(figures_dir) if figures_dir is not None else paths.FIGURES_DIR
     errors: list[str] = []
     parts_meta, notebooks, referenced, nb_warnings, nb_started, builds = [], [], {}, [], [], []
+    saved: dict[str, dict[str, tuple[bool, str]]] = {}  # notebook stem -> the figures its code saves
     for name, folder in _parts(run_dirs):
         record = _read_json(folder / RUNBOOK_RECORD)
         builds += [{"part": name, "name": str(b.get("name")), "seconds": _num(b.get("seconds")),
@@ -351,6 +419,8 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
                     nb_started.append(datetime.fromisoformat(pm["start_time"]).timestamp())
                 except ValueError:
                     pass
+            for base, how in _saved_figures(nb).items():
+                saved.setdefault(path.stem, {}).setdefault(base, how)
             text = _outputs_text(nb)
             for ref in _RUN_REF.findall(text):
                 referenced.setdefault(ref, {})[f"{name + '/' if name else ''}{path.stem}"] = None
@@ -364,7 +434,8 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
             nb_warnings += verdicts.warnings(text, f"{name + '/' if name else ''}{path.stem}")
             html_name = f"{REPORT_DIR}/{name + '/' if name else ''}{path.stem}.html"
             notebooks.append({"part": name, "name": path.stem, "file": _relative(path, run_dirs[0].resolve()),
-                              "seconds": _num(secs), "status": status, "html": html_name})
+                              "seconds": _num(secs), "status": status, "html": html_name,
+                              "pair": (pm.get("parameters") or {}).get("pair")})
 
     rows, selection = _configurations(runs_dir, referenced, errors)
     costs = _costs(runs_dir, rows, errors)
@@ -388,6 +459,7 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     secs = [n["seconds"] for n in notebooks + builds if n["seconds"] is not None]  # the pair builds count too
     for p in parts_meta:
         p.pop("machine")
+    figures = _figures(parts_meta, nb_started, figures_dir)
     return {
         "schema": SCHEMA,
         "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -403,7 +475,8 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
         "controls": control_rows,
         "costs": costs,
         "warnings": warnings,
-        "figures": [str(f) for f in _figures(parts_meta, nb_started, figures_dir)],
+        "figures": [str(f) for f in figures],
+        "gallery": _gallery(figures, saved),
         "report": f"{REPORT_DIR}/index.html",
         "errors": errors,
     }
@@ -548,7 +621,9 @@ def render_text(summary: dict) -> str:
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 7px;
 text-align:left;vertical-align:top}th{background:#f3f3f3}.warn{color:#a00}.fig{display:inline-block;margin:6px;
-text-align:center;font-size:12px}.fig img{max-width:560px;border:1px solid #ddd}code{background:#f5f5f5}"""
+vertical-align:top;max-width:560px;font-size:12px}.fig img{max-width:560px;border:1px solid #ddd}
+figcaption{margin-top:3px}section.pair{border-top:1px solid #ccc;margin-top:1em}h4{margin:.8em 0 .2em}
+code{background:#f5f5f5}"""
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
@@ -557,8 +632,51 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
             + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</tbody></table>")
 
 
+def _render_gallery(summary: dict, figures: list[str]) -> str:
+    """The figures as ``<section class="pair">`` per pair (figures shared by every pair last), in it a
+    ``<section class="notebook">`` per notebook that saved them (linked to its page), each figure a
+    ``<figure>`` with its caption; ``figures`` are the image paths relative to ``report/``, in
+    ``summary["figures"]``'s order."""
+    from itertools import groupby
+
+    e = html.escape
+    gallery = summary.get("gallery")
+    if gallery is None or len(gallery) != len(figures):  # a summary written before the gallery existed
+        gallery = _gallery([Path(f) for f in figures], {})
+    src = dict(zip(summary.get("figures") or figures, figures))
+    pages = [n for n in summary.get("notebooks") or [] if n.get("html")]
+
+    def heading(notebook: str | None, pair: str | None) -> str:
+        """The notebook's name, linked to its page in the part that ran ``pair`` (to every part's page
+        when the pair does not tell one: a figure shared by every pair)."""
+        if notebook is None:
+            return "other figures (no executed notebook saves them)"
+        same = [n for n in pages if n["name"] == notebook]
+        match = [n for n in same if (n.get("pair") or "default") == pair]
+        if len(match) == 1 or len(same) == 1:
+            return f'<a href="{e((match or same)[0]["html"].removeprefix(REPORT_DIR + "/"))}">{e(notebook)}</a>'
+        return e(notebook) + "".join(f' <a href="{e(n["html"].removeprefix(REPORT_DIR + "/"))}">[{e(n["part"])}]</a>'
+                                     for n in same)
+
+    out = []
+    for pair, in_pair in groupby(gallery, key=lambda g: g["pair"]):
+        title = f"pair {pair}" if pair is not None else "the same for every pair (one file per run)"
+        out.append(f'<section class="pair" data-pair="{e(pair or "")}"><h3>{e(title)}</h3>')
+        for notebook, in_nb in groupby(in_pair, key=lambda g: g["notebook"]):
+            out.append(f'<section class="notebook" data-notebook="{e(notebook or "")}"><h4>{heading(notebook, pair)}'
+                       "</h4>")
+            for g in in_nb:
+                f = src.get(g["figure"], g["figure"].removeprefix(REPORT_DIR + "/"))
+                out.append(f'<figure class="fig"><a href="{e(f)}"><img src="{e(f)}" alt="{e(g["name"])}"></a>'
+                           f"<figcaption><code>{e(g['name'])}</code>"
+                           f"{': ' + e(g['caption']) if g['caption'] else ''}</figcaption></figure>")
+            out.append("</section>")
+        out.append("</section>")
+    return "".join(out) or "<p>No figures.</p>"
+
+
 def render_index(summary: dict, figures: list[str]) -> str:
-    """``report/index.html``: links relative to ``report/``."""
+    """``report/index.html``: links relative to ``report/``; the figures as :func:`_render_gallery`."""
     e = html.escape
     rows = table_rows(summary)
     header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
@@ -572,8 +690,7 @@ def render_index(summary: dict, figures: list[str]) -> str:
     nb_rows += "".join(f"<tr><td>{link(n)}</td><td>{e(_fmt(n['seconds'], 0))}</td><td>{e(n['status'])}</td></tr>"
                        for n in summary["notebooks"])
     warnings = "".join(f"<li class=\"warn\">{e(w)}</li>" for w in summary["warnings"]) or "<li>None.</li>"
-    figs = "".join(f"<div class=\"fig\"><a href=\"{e(f)}\"><img src=\"{e(f)}\" alt=\"{e(Path(f).stem)}\"></a>"
-                   f"<br>{e(Path(f).stem)}</div>" for f in figures) or "<p>No figures.</p>"
+    figs = _render_gallery(summary, figures)
     costs = _html_table(COST_HEADER, _cost_lines(summary)) if summary["costs"] else (
         "<p>No cost tables.</p>")
     return f"""<!DOCTYPE html>
@@ -625,13 +742,17 @@ def write_html(summary: dict, run_dir: Path) -> Path:
             continue
         up = "../" * (n["html"].count("/") - 1)
         write_text(run_dir / n["html"], _with_backlink(body, f"{up}index.html"))
-    figures = []
+    figures, moved = [], {}
     for f in map(Path, summary["figures"]):
+        source = str(f)
         if f.is_absolute():
             write_bytes(report / "figures" / f.name, f.read_bytes())
             f = Path(REPORT_DIR) / "figures" / f.name
         figures.append(str(f))
+        moved[source] = str(f)
     summary["figures"] = figures
+    for entry in summary.get("gallery") or []:
+        entry["figure"] = moved.get(entry["figure"], entry["figure"])
     index = report / "index.html"
     write_text(index, render_index(summary, [f.removeprefix(REPORT_DIR + "/") for f in figures]))
     return index
@@ -646,7 +767,7 @@ def write_report(run_dirs, *, runs_dir=None, figures_dir=None, html: bool = True
     if html:
         index = write_html(summary, out)
     else:
-        summary["report"], summary["figures"], index = None, [], None
+        summary["report"], summary["figures"], summary["gallery"], index = None, [], [], None
     write_json(out / "summary.json", summary)
     write_text(out / "summary.md", render_markdown(summary))
     if not quiet:

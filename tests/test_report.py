@@ -25,6 +25,12 @@ REPO = Path(__file__).resolve().parents[1]
 SUITE = {"tiny": "embedded-0123abcd", "smollm2": "humaneval-89abcdef"}
 COSTS = {d: f"/elsewhere/runs/costs/smollm2/{d}-abc.json" for d in ("distilled", "ngram")}  # set by the fixture
 DUP = ("spade-distilled-g12-T1-aaaaaaaaaaaa", "spade-distilled-g12-T1-bbbbbbbbbbbb")
+# what the fixture's notebooks save: 03 a per-pair figure (captioned in plots.captions), 04 a per-pair figure
+# without a caption line (its caption: the markdown before the cell) and one saved under one name for all pairs
+SAVES_03 = '_ = save_figure(fig, E.figure_name("m2_speedup_runs"))'
+SAVES_04 = ('_ = save_figure(fig, E.figure_name("m3_made_up"))\n'
+            '_ = save_figure(fig, "m2_alpha_overlap")')
+GALLERY_EXTRA = ("m3_made_up", "m3_made_up-smollm2", "m2_alpha_overlap", "m9_orphan-smollm2")
 
 
 def png_bytes(color: str = "red") -> bytes:
@@ -83,16 +89,21 @@ def fake_table() -> pd.DataFrame:
     ])
 
 
-def notebook(pair: str, labels: list[str], png: bytes, warning: str = "") -> nbformat.NotebookNode:
+def notebook(pair: str, labels: list[str], png: bytes, warning: str = "", saves: str = "",
+             parameters: dict | None = None) -> nbformat.NotebookNode:
+    """An executed notebook printing the run folders of ``labels``; its figure cell's code is ``saves``
+    (say ``_ = save_figure(fig, E.figure_name("m2_speedup_runs"))``), after a markdown cell."""
     refs = "".join(f"  {lab:<30} -> traces/{pair}/{SUITE[pair]}/{lab}-0123456789ab\n" for lab in labels)
     cells = [new_markdown_cell(f"# 03 on {pair}"),
              new_code_cell("print(runs)", outputs=[new_output("stream", name="stdout", text=refs + warning)]),
-             new_code_cell("fig", outputs=[new_output("display_data", data={
+             new_markdown_cell("## A section\n\n**A made-up figure** of `tau` per draft. Its second sentence."),
+             new_code_cell("fig\n" + saves, outputs=[new_output("display_data", data={
                  "image/png": base64.b64encode(png).decode(), "text/plain": "<Figure>"})])]
     nb = new_notebook(cells=cells, metadata={
         "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
         "language_info": {"name": "python"},
-        "papermill": {"duration": 12.5, "start_time": "2000-01-01T00:00:00", "exception": None}})
+        "papermill": {"duration": 12.5, "start_time": "2000-01-01T00:00:00", "exception": None,
+                      "parameters": parameters or {}}})
     return nb
 
 
@@ -112,12 +123,14 @@ def run(tmp_path, monkeypatch):
                                    ("ar", "hf", "spade-ngram", "spade-distilled", "spade-null"))])):
         folder = root / part
         folder.mkdir(parents=True)
-        nbformat.write(notebook(pair, labels, png, "!!! physical control: printed by the notebook itself\n"
+        given = {"pair": pair} if part == "smollm2" else {}  # papermill's parameters; embedded: the defaults
+        nbformat.write(notebook(pair, labels, png, saves=SAVES_03, parameters=given, warning="!!! physical control: printed by the notebook itself\n"
                                 "physical controls: 0 violation(s) (a tally, not a warning)\n"
                                 "the adaptive rule beats the best fixed gamma (by 19.5 %)\n"
                                 "the rule beats it: 1.21x [1.05, 1.40]\n"
                                 if part == "smollm2" else ""), folder / "03_m2_speedup_runs.ipynb")
-        nbformat.write(notebook(pair, [], png), folder / "04_m3_rejection_diagnostics.ipynb")
+        nbformat.write(notebook(pair, [], png, saves=SAVES_04, parameters=given),
+                       folder / "04_m3_rejection_diagnostics.ipynb")
         if part == "smollm2":  # notebooks 03 and 05 each name one of the two runs labelled alike
             for nb_name, run_name in (("03_m2_speedup_runs", DUP[0]), ("05_whatif_replay", DUP[1])):
                 nb = nbformat.read(folder / f"{nb_name}.ipynb", as_version=4) if nb_name.startswith("03") else \
@@ -150,7 +163,7 @@ def run(tmp_path, monkeypatch):
     future = time.time() + 100
     os.utime(runs / "costs" / "smollm2" / "distilled-new.json", (future, future))
     figures.mkdir()
-    for name in ("m2_speedup_runs", "m2_speedup_runs-smollm2", "old_figure", "teaser"):
+    for name in ("m2_speedup_runs", "m2_speedup_runs-smollm2", "old_figure", "teaser", *GALLERY_EXTRA):
         (figures / f"{name}.png").write_bytes(png)
     os.utime(figures / "old_figure.png", (started - 3600, started - 3600))
     return root
@@ -206,7 +219,23 @@ def test_summary_files(run, capsys):
     assert nbs[("smollm2", "03_m2_speedup_runs")]["seconds"] == 154.2
     assert nbs[("embedded", "04_m3_rejection_diagnostics")]["html"] == "report/embedded/04_m3_rejection_diagnostics.html"
     assert saved["machine"]["cpu_model"] == "Test CPU 9000" and saved["run"]["commit"].startswith("0123456")
-    assert sorted(Path(f).name for f in saved["figures"]) == ["m2_speedup_runs-smollm2.png", "m2_speedup_runs.png"]
+    assert sorted(Path(f).stem for f in saved["figures"]) == sorted(["m2_speedup_runs-smollm2", "m2_speedup_runs",
+                                                                      *GALLERY_EXTRA])
+    # the gallery: every figure once, by pair (default first, shared ones last), then by the notebook saving it
+    gallery = [(g["pair"], g["notebook"], g["name"]) for g in saved["gallery"]]
+    assert gallery == [("default", "03_m2_speedup_runs", "m2_speedup_runs"),
+                       ("default", "04_m3_rejection_diagnostics", "m3_made_up"),
+                       ("smollm2", "03_m2_speedup_runs", "m2_speedup_runs-smollm2"),
+                       ("smollm2", "04_m3_rejection_diagnostics", "m3_made_up-smollm2"),
+                       ("smollm2", None, "m9_orphan-smollm2"),
+                       (None, "04_m3_rejection_diagnostics", "m2_alpha_overlap")]
+    captions = {g["name"]: g["caption"] for g in saved["gallery"]}
+    from spade_lib.plots.captions import CAPTIONS
+
+    assert captions["m2_speedup_runs-smollm2"] == CAPTIONS["m2_speedup_runs"]
+    assert captions["m3_made_up"] == "A made-up figure of tau per draft."  # the markdown before the cell
+    assert captions["m9_orphan-smollm2"] == ""
+    assert sorted(g["figure"] for g in saved["gallery"]) == sorted(saved["figures"])
     md = (run / "summary.md").read_text()
     assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] |" in md
     assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
@@ -229,9 +258,62 @@ def test_html_report(run):
             assert "data:image/png;base64," in page.read_text()  # the figure is in the page itself
             assert 'href="../index.html"' in page.read_text()
     assert 'src="figures/m2_speedup_runs-smollm2.png"' in index and "old_figure" not in index
+    # the gallery: a section per pair, in it one per notebook (linked to that pair's page), captioned figures
+    from spade_lib.plots.captions import CAPTIONS
+
+    tree = gallery_tree(index)
+    assert [p for p, _ in tree] == ["default", "smollm2", ""]
+    smollm2 = dict(tree)["smollm2"]
+    assert [(nb, href) for nb, href, _ in smollm2] == [("03_m2_speedup_runs", ["smollm2/03_m2_speedup_runs.html"]),
+                                                       ("04_m3_rejection_diagnostics",
+                                                        ["smollm2/04_m3_rejection_diagnostics.html"]), ("", [])]
+    assert smollm2[0][2] == [("figures/m2_speedup_runs-smollm2.png",
+                              f"m2_speedup_runs-smollm2: {CAPTIONS['m2_speedup_runs']}")]
+    assert dict(tree)["default"][0][1] == ["embedded/03_m2_speedup_runs.html"]
+    assert dict(tree)["default"][1][2] == [("figures/m3_made_up.png", "m3_made_up: A made-up figure of tau per draft.")]
+    shared = dict(tree)[""]  # saved under one name by every part's notebook 04: a link to each part's page
+    assert shared[0][1] == ["embedded/04_m3_rejection_diagnostics.html", "smollm2/04_m3_rejection_diagnostics.html"]
+    assert sum(len(figs) for _, nbs in tree for _, _, figs in nbs) == 6
     assert (run / "report" / "figures" / "m2_speedup_runs.png").read_bytes() == png_bytes()
     assert "2.55x [2.31, 2.80]" in index and "null-draft control" in index
     assert 'href="../summary.json"' in index
+
+
+def gallery_tree(index: str) -> list:
+    """The index's gallery as [(pair, [(notebook, [heading hrefs], [(img src, caption text)])])]."""
+    from html.parser import HTMLParser
+
+    class Gallery(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tree, self.where, self.text = [], None, None
+
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if tag == "section" and a.get("class") == "pair":
+                self.tree.append((a["data-pair"], []))
+            elif tag == "section" and a.get("class") == "notebook":
+                self.tree[-1][1].append((a["data-notebook"], [], []))
+            elif tag == "h4":
+                self.where = "h4"
+            elif tag == "a" and self.where == "h4":
+                self.tree[-1][1][-1][1].append(a["href"])
+            elif tag == "img" and self.tree:
+                self.tree[-1][1][-1][2].append([a["src"], ""])
+            elif tag == "figcaption":
+                self.where = "caption"
+
+        def handle_endtag(self, tag):
+            if tag in ("h4", "figcaption"):
+                self.where = None
+
+        def handle_data(self, data):
+            if self.where == "caption":
+                self.tree[-1][1][-1][2][-1][1] += data
+
+    parser = Gallery()
+    parser.feed(index)
+    return [(p, [(nb, hrefs, [tuple(f) for f in figs]) for nb, hrefs, figs in nbs]) for p, nbs in parser.tree]
 
 
 def test_a_run_without_speedups_is_still_reported(tmp_path, monkeypatch, capsys):
