@@ -19,8 +19,8 @@ from spade_lib.decoding.lean import LeanForward
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason="SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
-# every tile shape of either build (AVX2: 4 weight rows x 1..3 input rows, 2 x 1..6; AVX-512: 4 x 1..6, and 1..3
-# weight rows at a block's end), balanced row groups (7 = 4 + 3, 13 = 5 + 4 + 4)
+# every tile shape of either build (AVX2: 4 weight rows x 1..3 input rows, a group's three tiles blocked at 7-9 rows;
+# AVX-512: 4 x 1..6, and 1..3 weight rows at a block's end), balanced row groups (7 = 4 + 3, 13 = 5 + 4 + 4)
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 17]
 
 

@@ -20,9 +20,11 @@
 // contiguous block of whole groups front to back.
 // Each weight row is read from memory once for all k rows: a tile of NW weight rows x RB input rows keeps
 // NW * RB accumulators in registers (one row: NW = 4, four independent chains; more rows: NW = 4 for up to
-// RB_WIDE rows, else NW = NW_MANY with RB <= 6, as the build's registers allow), input rows beyond RB reuse
-// the tile's weight rows from L1 in balanced tiles (7 rows: 4 + 3). Bandwidth-bound up to k ~ 6-10 on two
-// cores; compute-bound beyond (2 flops per weight and row), where AVX-512's wider FMAs and larger tiles help.
+// RB_WIDE rows, else NW = NW_MANY with RB <= RB_MAX, as the build's registers allow), input rows beyond RB reuse
+// the tile's weight rows from L1 in balanced tiles (7 rows: 4 + 3). A tile keeps either its weight chunks or
+// its input chunks in registers beside the accumulators, whichever fits (AVX2's 16 registers hold 4 x 3
+// accumulators with the three input chunks, not with the four weight chunks). Bandwidth-bound up to k ~ 6-10
+// on two cores; compute-bound beyond (2 flops per weight and row), where AVX-512's wider FMAs help.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -36,7 +38,7 @@ namespace {
 constexpr int64_t PREFETCH = 2048;       // floats ahead in each row-major weight row's stream (into L1)
 constexpr int64_t PREFETCH_PACKED = 8192;  // floats (32 KiB) ahead in a packed group's stream (into L2)
 constexpr int64_t PREFETCH_ROWS = 3;        // input rows from which a packed tile prefetches
-constexpr int RB_MAX = 6;
+constexpr int64_t PREFETCH_NEAR = 2048;    // floats (8 KiB) ahead in a blocked group's stream (into L1): BLOCK_CHUNKS
 
 inline float hsum(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -109,8 +111,12 @@ inline __m256 exp8(__m256 x) {
 #ifdef __AVX512F__
 using vec = __m512;
 constexpr int L = 16;
+constexpr int REGS = 32;
+constexpr int RB_MAX = 6;    // input rows a tile takes
 constexpr int NW_MANY = 4;   // 32 registers: 4 weight rows x 6 input rows = 24 accumulators
 constexpr int RB_WIDE = 6;   // rows for which four weight rows are tiled at once
+constexpr int BLOCK_CHUNKS = 0;  // no blocked groups (see the AVX2 build): not measured on an AVX-512 host
+constexpr int BLOCK_TILES = 0;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -121,8 +127,22 @@ inline float vsum(vec v) {  // fixed order: the two 8-lane halves added, then hs
 #else
 using vec = __m256;
 constexpr int L = 8;
-constexpr int NW_MANY = 2;   // 16 registers: 2 weight rows x 6 input rows = 12 accumulators
-constexpr int RB_WIDE = 3;   // 4 weight rows x 3 input rows = 12 accumulators
+constexpr int REGS = 16;
+// 16 registers: 4 weight rows x 3 input rows = 12 accumulators, the three input chunks and one weight chunk (in L1
+// on a Zen 3 core such a tile ran at 81-90 GFLOP/s, two weight rows x six input rows, the rule before, at 62; the
+// summation order is the same, so are the results)
+constexpr int RB_MAX = 3;
+constexpr int NW_MANY = 4;
+constexpr int RB_WIDE = 3;
+// Three tiles of a packed group (7 to 9 rows) take turns over blocks of BLOCK_CHUNKS chunks instead of one whole
+// pass each, so the memory stream advances steadily while the later tiles compute from L1 (whole passes left the
+// memory idle during them); the first tile of a block prefetches PREFETCH_NEAR ahead. Two tiles (4 to 6 rows) ran
+// no faster blocked, six (17 rows) slower (the accumulators' loads and stores), so they take whole passes. Paired in
+// turns against the rule before (two weight rows x six input rows, whole passes), the products of a SmolLM2-shaped
+// forward on a 2-core Zen 3 EPYC (AVX2, 15 rounds, the host's noise about +-5 %): 0.94x the time at 5 rows, 0.85x
+// at 7, 0.83x at 9, 0.93x at 17; 1.02x / 1.00x at 1 / 3 rows (the same tiles)
+constexpr int BLOCK_CHUNKS = 12;
+constexpr int BLOCK_TILES = 3;
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -215,6 +235,39 @@ inline Rows rows_at(const float* w, int64_t N, int64_t K, bool packed, int64_t n
 // at 9, 0.80x at 17 (prefetching at every row count: 1.15x / 1.08x at 1 / 2 rows; the L1 hint gained nothing);
 // an embedded-target-shaped forward (49 MB, partly in the 32 MiB L3): 1.00x / 0.95x / 0.89x / 0.81x / 0.79x /
 // 0.84x at 1 / 2 / 3 / 5 / 9 / 17 rows.
+// One chunk (columns k .. k + L) of a tile: acc[i][j] += w_i[chunk] * x_j[chunk], one FMA per output. The chunks
+// that stay in registers beside the accumulators: the weights' (NW) unless only the inputs' (RB) fit.
+template <int NW, int RB>
+inline void step(const float* w, int64_t rs, const float* const* xs, int64_t k, vec (&acc)[NW][RB]) {
+  static_assert(NW * RB + std::min(NW, RB) + 1 <= REGS, "tile: accumulators and chunks exceed the registers");
+  if constexpr (NW * RB + NW + 1 > REGS) {
+    vec xv[RB];
+    for (int j = 0; j < RB; ++j) xv[j] = vload(xs[j] + k);
+    for (int i = 0; i < NW; ++i) {
+      const vec wv = vload(w + i * rs);
+      for (int j = 0; j < RB; ++j) acc[i][j] = vfma(wv, xv[j], acc[i][j]);
+    }
+  } else {
+    vec wv[NW];
+    for (int i = 0; i < NW; ++i) wv[i] = vload(w + i * rs);
+    for (int j = 0; j < RB; ++j) {
+      const vec xv = vload(xs[j] + k);
+      for (int i = 0; i < NW; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
+    }
+  }
+}
+
+// out[i * RB + j]: the accumulators' lanes summed (vsum), then the K % L tail in order from column kf.
+template <int NW, int RB>
+inline void finish(const Rows& W, int64_t kf, int64_t K, const float* const* xs, const vec* acc, float* out) {
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < RB; ++j) {
+      float r = vsum(acc[i * RB + j]);
+      for (int64_t t = kf; t < K; ++t) r += W.tail[i * W.ts + (t - kf)] * xs[j][t];
+      out[i * RB + j] = r;
+    }
+}
+
 template <int NW, int RB>
 inline void tile(const Rows& W, int64_t K, const float* const* xs, float* out) {
   vec acc[NW][RB];
@@ -232,19 +285,42 @@ inline void tile(const Rows& W, int64_t K, const float* const* xs, float* out) {
       for (int i = 0; i < NW; ++i)
         _mm_prefetch(reinterpret_cast<const char*>(w + i * W.rs + PREFETCH), _MM_HINT_T0);
     }
-    vec wv[NW];
-    for (int i = 0; i < NW; ++i) wv[i] = vload(w + i * W.rs);
-    for (int j = 0; j < RB; ++j) {
-      const vec xv = vload(xs[j] + k);
-      for (int i = 0; i < NW; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
-    }
+    step<NW, RB>(w, W.rs, xs, k, acc);
+  }
+  finish<NW, RB>(W, k, K, xs, &acc[0][0], out);
+}
+
+// The chunks c0 .. c1 - 1 of a packed tile, its accumulators read from and written back to accm [NW * RB] (a blocked
+// group: see BLOCK_CHUNKS); near: prefetch PREFETCH_NEAR floats ahead (the first tile of a block).
+template <int NW, int RB>
+inline void tile_span(const Rows& W, int64_t c0, int64_t c1, const float* const* xs, vec* accm, bool near) {
+  vec acc[NW][RB];
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < RB; ++j) acc[i][j] = accm[i * RB + j];
+  const float* w = W.w + c0 * W.cs;
+  for (int64_t c = c0; c < c1; ++c, w += W.cs) {
+    if (near)
+      for (int64_t h = 0; h < W.cs; h += 16) _mm_prefetch(reinterpret_cast<const char*>(w + h + PREFETCH_NEAR), _MM_HINT_T0);
+    step<NW, RB>(w, W.rs, xs, c * L, acc);
   }
   for (int i = 0; i < NW; ++i)
-    for (int j = 0; j < RB; ++j) {
-      float r = vsum(acc[i][j]);
-      for (int64_t t = k; t < K; ++t) r += W.tail[i * W.ts + (t - k)] * xs[j][t];
-      out[i * RB + j] = r;
-    }
+    for (int j = 0; j < RB; ++j) accm[i * RB + j] = acc[i][j];
+}
+
+// tile_span / finish of NW_MANY weight rows for a run-time rb of 1 .. RB_MAX
+inline void span_rows(const Rows& W, int64_t c0, int64_t c1, const float* const* xs, int rb, vec* accm, bool near) {
+  switch (rb) {
+    case 1: tile_span<NW_MANY, 1>(W, c0, c1, xs, accm, near); break;
+    case 2: tile_span<NW_MANY, 2>(W, c0, c1, xs, accm, near); break;
+    default: tile_span<NW_MANY, 3>(W, c0, c1, xs, accm, near); break;
+  }
+}
+inline void finish_rows(const Rows& W, int64_t kf, int64_t K, const float* const* xs, int rb, const vec* accm, float* out) {
+  switch (rb) {
+    case 1: finish<NW_MANY, 1>(W, kf, K, xs, accm, out); break;
+    case 2: finish<NW_MANY, 2>(W, kf, K, xs, accm, out); break;
+    default: finish<NW_MANY, 3>(W, kf, K, xs, accm, out); break;
+  }
 }
 
 // tile<NW, rb> for a run-time rb of 1 .. RB_MAX (NW = 4 only up to RB_WIDE rows: its accumulators must fit).
@@ -380,6 +456,30 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     // more rows: the fewest tiles of RB_MAX rows or fewer, balanced (7 = 4 + 3, not 6 + 1: a one-row tile has
     // NW FMA chains, latency-bound, and would cost nearly what the six-row one does)
     const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
+    if (BLOCK_CHUNKS > 0 && packed && n_tiles == BLOCK_TILES) {  // whole groups, blocked
+      static_assert(BLOCK_CHUNKS == 0 || (NW_MANY == GROUP && RB_MAX <= 3), "blocked groups: one tile per group");
+      vec accm[NW_MANY * RB_MAX * (BLOCK_TILES > 0 ? BLOCK_TILES : 1)];
+      int rbs[BLOCK_TILES > 0 ? BLOCK_TILES : 1];
+      for (int64_t t = 0, r0 = 0; t < n_tiles; ++t) {
+        rbs[t] = static_cast<int>((rows - r0 + n_tiles - t - 1) / (n_tiles - t));
+        r0 += rbs[t];
+      }
+      const int64_t chunks = K / L, kf = chunks * L;
+      for (; n + GROUP <= end && n + GROUP <= N - N % GROUP; n += GROUP) {
+        const Rows at = rows_at(wp, N, K, true, n, false);
+        for (int64_t a = 0; a < NW_MANY * rows; ++a) accm[a] = vzero();
+        for (int64_t c0 = 0; c0 < chunks; c0 += BLOCK_CHUNKS) {
+          const int64_t c1 = std::min<int64_t>(chunks, c0 + BLOCK_CHUNKS);
+          for (int64_t t = 0, r0 = 0; t < n_tiles; r0 += rbs[t], ++t)
+            span_rows(at, c0, c1, xs.data() + r0, rbs[t], accm + NW_MANY * r0, t == 0);
+        }
+        for (int64_t t = 0, r0 = 0; t < n_tiles; r0 += rbs[t], ++t) {
+          finish_rows(at, kf, K, xs.data() + r0, rbs[t], accm + NW_MANY * r0, out);
+          for (int i = 0; i < NW_MANY; ++i)
+            for (int j = 0; j < rbs[t]; ++j) emit(n + i, r0 + j, out[i * rbs[t] + j]);
+        }
+      }
+    }
     for (; n < end; n += NW_MANY) {
       const int nw = static_cast<int>(std::min<int64_t>(NW_MANY, end - n));
       const Rows at = rows_at(wp, N, K, packed, n, prefetch);
