@@ -43,7 +43,7 @@ table, the run's commit, date and machine) and copies the teaser figure of that 
                          "control": bool, "notebooks": [str], "tokens_per_s", "alpha", "alpha_low",
                          "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
                          "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf",
-                         "vs_hf_low", "vs_hf_high", "warnings": [str]}],
+                         "vs_hf_low", "vs_hf_high", "repetition", "degenerate", "warnings": [str]}],
      "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "predicted",
                    "passed", "matches_prediction"}],
      "costs": {pair: {draft: {"c", "r": {g: r(g)}, "overhead", "threads", "device", "dtype", "file",
@@ -62,6 +62,12 @@ name for every pair, as notebooks 01 and 02 do), ``notebook`` the executed noteb
 ``save_figure(fig, "m2_...")`` or ``E.figure_name("m2_...")`` call; ``null`` when none does) and ``caption``
 (:data:`spade_lib.plots.captions.CAPTIONS`, else the first sentence of the markdown cell before the saving
 cell).
+
+**Repetition of the generations** (:mod:`spade_lib.diagnose.repetition`): ``repetition`` is the mean over the
+run's generations of the 4-gram repetition rate ``rep_4`` (the share of a generation's 4-grams that
+already occurred in it), ``degenerate`` the share of generations with ``rep_4 > 0.5`` (a loop), both from
+the ``output_ids`` of the run's ``summary.jsonl``; ``null`` where the run folder has none. A greedy
+baseline near 1 means the speedups of that temperature are measured on loops.
 
 **Labels are unique per pair**: ``label`` is the run's label (``run_label``), with, where two rows of a
 pair would share it, what tells them apart in brackets (``spade-distilled-g12-T1 [max_new_tokens=128]``;
@@ -102,7 +108,8 @@ TEASER = "m2_speedup_runs-smollm2"
 REPORT_DIR = "report"
 COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "policy", "gamma", "T", "tokens_per_s",
            "alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
-           "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf", "vs_hf_low", "vs_hf_high"]
+           "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf", "vs_hf_low", "vs_hf_high",
+           "repetition", "degenerate"]
 METHOD_ORDER = {"ar": 0, "hf": 1, "spade": 2, "hf_assisted": 3}
 _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
 _PER_PAIR_FIGURE = re.compile(r"""figure_name\(\s*["'](m\d_\w+)["']""")  # E.figure_name("m2_x"[, pair])
@@ -239,6 +246,12 @@ def _configurations(runs_dir: Path, referenced: dict[tuple[str, str, str], dict[
         row["notebooks"] = list(referenced.get((row["pair"], row["suite"], row["run"])) or [])
         rows.append(row)
     _unique_labels(rows, runs_dir)
+    repetition: dict[Path, tuple] = {}
+    for row in rows:
+        folder = runs_dir / "traces" / str(row["pair"]).replace("/", "--") / str(row["suite"]) / str(row["run"])
+        if folder not in repetition:
+            repetition[folder] = _repetition(folder, errors)
+        row["repetition"], row["degenerate"] = repetition[folder]
     for row, rec in zip(rows, table.to_dict("records")):
         row["configuration"] = re.sub(r"-T[^-]*$", "", str(row["run_label"])) + str(row["label"])[len(str(row["run_label"])):]
         row["warnings"] = controls.speedup_warnings([{**rec, "label": row["label"]}])
@@ -246,6 +259,25 @@ def _configurations(runs_dir: Path, referenced: dict[tuple[str, str, str], dict[
     rows.sort(key=lambda r: (order.get(r["pair"], len(order)), r["pair"], r["suite"], r["T"], METHOD_ORDER.get(r["method"], 9), r["draft"] or "",
                              r["gamma"] or 0, r["label"], r["baseline"]))
     return rows, selection
+
+
+def _repetition(run_folder: Path, errors: list[str]) -> tuple[float | None, float | None]:
+    """(mean 4-gram repetition, share of degenerate generations) of a run's ``summary.jsonl``
+    (:func:`spade_lib.diagnose.repetition.repetition_by_generation`); ``(None, None)`` without one."""
+    from spade_lib.diagnose.repetition import repetition_by_generation
+    from spade_lib.runs.store import read_summary
+
+    if not (run_folder / "summary.jsonl").is_file():
+        return None, None
+    try:
+        g = repetition_by_generation(read_summary(run_folder))
+    except (OSError, ValueError) as e:
+        errors.append(f"{_relative(run_folder)}: no repetition rate ({e})")
+        return None, None
+    judged = g["repetition"].notna()
+    if not judged.any():
+        return None, None
+    return _num(g.loc[judged, "repetition"].mean()), _num(g.loc[judged, "degenerate"].mean())
 
 
 def _unique_labels(rows: list[dict], runs_dir: Path) -> None:
@@ -569,6 +601,13 @@ def render_markdown(summary: dict) -> str:
         lines += _md_table(header, [[r[h] for h in header] for r in rows])
     else:
         lines.append("No speedups: no finished run with an autoregressive baseline.")
+    looped = [r for r in summary["configurations"] if r["role"] == "baseline" and r.get("repetition") is not None]
+    if looped:
+        lines += ["", "## Repetition of the generations (autoregressive baselines)", "",
+                  "Mean 4-gram repetition rate of the generations and the share that are loops (more than half "
+                  "of their 4-grams repeated); near 1, the speedups of that temperature are measured on loops.", ""]
+        lines += [f"- {r['pair']} `{r['label']}`: repetition {r['repetition']:.2f}, "
+                  f"{r['degenerate']:.0%} of generations degenerate" for r in looped]
     lines += ["", "## Null-draft control", ""]
     if summary["controls"]:
         lines += [f"- {c['pair']} `{c['label']}`: {_with_interval(c, 'speedup', suffix='x')} — "

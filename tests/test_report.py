@@ -151,6 +151,11 @@ def run(tmp_path, monkeypatch):
                           {"name": "04_m3_rejection_diagnostics", "seconds": 35.0, "status": "ok"}],
             **({"builds": [{"name": "default", "seconds": 120.0, "status": "ok"},
                            {"name": "smollm2", "seconds": 180.0, "status": "ok"}]} if part == "embedded" else {})})
+    # the greedy baseline's generations: one a loop of four tokens (13 of its 17 4-grams repeats), one never repeating
+    ar0 = runs / "traces" / "smollm2" / SUITE["smollm2"] / "ar-T0-0123456789ab"
+    ar0.mkdir(parents=True)
+    (ar0 / "summary.jsonl").write_text("".join(json.dumps({"prompt_id": f"q{i}", "category": "code", "output_ids": ids}) + "\n"
+                                               for i, ids in enumerate(([1, 2, 3, 4] * 5, list(range(20))))))
     for pair, r in (("tiny", {1: 1.02, 2: 1.05}), ("smollm2", {1: 1.01, 2: 0.90, 3: 1.1})):
         for draft, c in (("distilled", 0.3), ("ngram", 0.0)):
             write_json(runs / "costs" / pair / f"{draft}-abc.json", {
@@ -182,6 +187,11 @@ def test_summary_files(run, capsys):
     assert ngram["speedup_low"] == 2.31 and ngram["alpha_low"] is None and len(ngram["warnings"]) == 2
     assert ngram["warnings"][0].startswith("physical control:") and ngram["warnings"][1].startswith(
         "cost-model control: smollm2/spade-ngram-g4-T0")  # the physics first, then measured vs predicted
+    # the repetition of each run's generations, from its summary.jsonl (none here for the others)
+    ar0 = next(r for r in saved["configurations"] if r["pair"] == "smollm2" and r["label"] == "ar-T0")
+    assert ar0["repetition"] == pytest.approx((13 / 17 + 0) / 2) and ar0["degenerate"] == 0.5
+    assert ngram["repetition"] is None and ngram["degenerate"] is None
+    assert set(report.COLUMNS) <= set(ar0)
     g1 = next(r for r in saved["configurations"] if r["label"] == "spade-distilled-g1-T0")
     assert len(g1["warnings"]) == 1 and "excludes the cost-model prediction 0.700x" in g1["warnings"][0]
     assert "overhead 0.200" in g1["warnings"][0]
@@ -240,6 +250,7 @@ def test_summary_files(run, capsys):
     assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] |" in md
     assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
     assert "control (null draft" in md and "FAILS" in md and "Test CPU 9000" in md
+    assert "- smollm2 `ar-T0`: repetition 0.38, 50% of generations degenerate" in md
     assert "passes (not faster than autoregressive); predicted 1 / (r(g) + o) = 0.900x, inside the interval" in md
     assert "| embedded/build default | 120 | ok |" in md and "of notebooks and pair builds" in md
     assert "distilled-new.json" not in md and "0.250" in md
