@@ -8,6 +8,8 @@ hot-path module :mod:`spade_lib.verify`. Notation (Leviathan et al. 2023): ``p``
   every draft block over a small vocabulary and every acceptance cut (no sampling; fp64);
   :func:`proposal_law_error` the same for any law of proposals (a cross-vocabulary draft's re-encoded
   blocks), both on :func:`forced_cuts` (every cut of a verification with its exact probability);
+  :func:`draft_text_law` the exact law of the text a draft writes, over every tokenization of it (the
+  reference for SLRS's law over target tokens);
 - :func:`monte_carlo_check` + :func:`chi_square_pvalue`: first and second emitted tokens against
   ``p`` by Pearson chi-square (a stated p-value);
 - :data:`MC_CONFIGS` / :func:`warped_pair`: the Monte-Carlo configurations (sampling warpers,
@@ -36,7 +38,7 @@ from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import check_choice
 from spade_lib.verify import VerifyResult, sample_inverse_cdf, verify, verify_tree
 
-__all__ = ["verify_reference", "draft_tree", "block_law_error", "forced_cuts", "proposal_law_error", "chi_square_pvalue", "monte_carlo_check",
+__all__ = ["verify_reference", "draft_tree", "block_law_error", "forced_cuts", "proposal_law_error", "draft_text_law", "chi_square_pvalue", "monte_carlo_check",
            "MC_CONFIGS", "warped_pair", "TREE_KINDS", "tree_tables", "prefix_ids", "TreeCase", "tree_case",
            "tree_law_error", "sample_tree", "tree_monte_carlo_check", "verify_tree_reference"]
 
@@ -297,6 +299,36 @@ def proposal_law_error(proposals: list[tuple[int, ...]], weights: list[float], p
                 add(x[:j], weight[0] * torch.nn.functional.one_hot(torch.tensor(x[j]), p.shape[-1]).double())
             add(x[:n], weight[0] * res.next_dist[0].double())
     return max(float((m - m.sum() * p_of(y).double()).abs().max()) for y, m in law.items())
+
+
+def draft_text_law(draft_strings, next_law, n_tokens: int) -> dict[str, float]:
+    """The exact law of the text a draft writes in ``n_tokens`` draws, by enumerating every sequence of its
+    ids (fp64): ``{text: probability}``, summed over every sequence (every tokenization) spelling it.
+
+    ``draft_strings[d]``: the text of draft id ``d``, ``None`` where it is not text (the text ends there and
+    nothing more is drawn); ``next_law(prefix) -> [Vd]``: the draft's distribution after the ids ``prefix``
+    (a tuple). Knows nothing of any target vocabulary: the reference that a cross-vocabulary rule's law over
+    target tokens is checked against (:func:`spade_lib.decoding.crossvocab.slrs_law`). ``Vd ** n_tokens`` leaves."""
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
+        raise ValueError(f"n_tokens: must be an int >= 1, got {n_tokens!r}")
+    law: dict[str, float] = {}
+
+    def grow(prefix: tuple[int, ...], text: str, w: float) -> None:
+        if len(prefix) == n_tokens:
+            law[text] = law.get(text, 0.0) + w
+            return
+        r = next_law(prefix).double()
+        r = r / r.sum()
+        for d, rd in enumerate(r.tolist()):
+            if rd <= 0:
+                continue
+            if draft_strings[d] is None:
+                law[text] = law.get(text, 0.0) + w * rd
+            else:
+                grow(prefix + (d,), text + draft_strings[d], w * rd)
+
+    grow((), "", 1.0)
+    return law
 
 
 def counts_chi_square_pvalue(counts, probs, min_expected: float = 5.0) -> float:

@@ -661,3 +661,287 @@ def test_sampled_tli_stopping_at_the_drafts_eos_keeps_the_target_law(tokenizers)
     print(f"first-step gamma counts {np.bincount(stops).tolist()}; chi-square p = {p_value:.4f}")
     assert 0.2 < np.mean(np.array(stops) < 3) < 0.8  # about half the first blocks end at the draft's EOS
     assert p_value > 1e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# string-level rejection sampling (SLRS): the law of the longest target token the draft's string starts with,
+# summed over every draft-token path, against a reference that enumerates the draft's text; fp64 enumeration
+# of whole blocks through the real verify; the real decoder (greedy equality, chi-square)
+
+import math
+
+from spade_lib.decoding.crossvocab import (STOP, DraftPaths, SLRSConfig, SLRSDrafter, draft_strings, sample_string,
+                                           slrs_law)
+from spade_lib.exactness import draft_text_law
+
+# a second pair with deeper paths: the target's "abc" has the draft spellings [a, b, c], [ab, c], [a, bc] (its
+# prefix "ab" two: [a, b], [ab]), the draft's "cd" and "bc" split, its last id (7) is not text (its text ends)
+SLRS_TARGET = GreedyTokenizer(["a", "b", "c", "d", "ab", "abc", "da"])
+SLRS_DRAFT = GreedyTokenizer(["a", "b", "c", "d", "ab", "bc", "cd"])
+SLRS_PAIRS = {"merges": (TARGET_TOK, DRAFT_TOK), "deep": (SLRS_TARGET, SLRS_DRAFT)}
+
+
+def _longest_target_prefix(text, target):
+    """lambda, written out: the id of the longest target string ``text`` starts with (None: none)."""
+    best = None
+    for s, i in target.ids.items():
+        if text.startswith(s) and (best is None or len(s) > len(target.strings[best])):
+            best = i
+    return best
+
+
+def _reference_laws(target, ds, next_law):
+    """From the draft's exact text law (:func:`draft_text_law`, every id sequence as long as the longest target
+    token, so every proposal is decided): the law of ``lambda(S)`` over target ids + STOP, and
+    ``psi(t) = P(S starts with t)`` (the draft's string probability of each target token, over its tokenizations)."""
+    V = len(target.strings)
+    texts = draft_text_law(ds, next_law, max(map(len, target.strings)))
+    lam, psi = [0.0] * (V + 1), [0.0] * V
+    for text, w in texts.items():
+        t = _longest_target_prefix(text, target)
+        lam[V if t is None else t] += w
+        for s, i in target.ids.items():
+            if text.startswith(s):
+                psi[i] += w
+    return torch.tensor(lam, dtype=torch.float64), torch.tensor(psi, dtype=torch.float64)
+
+
+def _draft_rows(table, ctx, sampling):
+    """The draft's adjusted rows after ``ctx + path`` (fp64), as ``SLRSDrafter`` computes them from logits."""
+    return lambda path: adjust(table(ctx + list(path)).log(), sampling, torch.float64)  # noqa: E731
+
+
+@pytest.mark.parametrize("pair", sorted(SLRS_PAIRS))
+@pytest.mark.parametrize("committed", ["cab", "ab", "d", "a"])
+def test_slrs_law_is_the_draft_string_law_summed_over_its_paths(pair, committed):
+    """``slrs_law`` (the path enumeration) equals the law of ``lambda(S)`` read off the draft's exact text law,
+    to rounding; ``q(t) = psi(t) - sum psi(t')`` over the shortest target tokens ``t'`` extending ``t``, and
+    ``sum psi > sum q`` (a target token is a prefix of another, "a" of "ab"): ``psi`` counts a string once per
+    target token it starts with, so it is no law over target tokens."""
+    target, draft = SLRS_PAIRS[pair]
+    V, Vd = len(target.strings), len(draft.strings) + 1  # the draft's last id is not text
+    ds = draft_strings(draft, Vd)
+    assert ds[-1] is None and ds[:-1] == tuple(draft.strings)
+    paths = DraftPaths(ds, token_strings(target))
+    assert (paths.n_nodes, paths.depth) == {"merges": (3, 1), "deep": (5, 2)}[pair]
+    table = _table(Vd, 0, "draft", scale=1.0)
+    ctx = draft.encode(committed)
+    for sampling in (SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3)):
+        rows = _draft_rows(table, ctx, sampling)
+        q, laws = slrs_law(paths, rows, V)
+        lam, psi = _reference_laws(target, ds, rows)
+        assert float((q - lam).abs().max()) < 1e-14 and abs(float(q.sum()) - 1) < 1e-14
+        if sampling.top_k == 0:  # every inner node has mass; the end id stops some strings; psi overcounts
+            assert len(laws) == paths.n_nodes and q[V] > 0 and float(psi.sum() - q[:V].sum()) > 1e-3
+        for s, t in target.ids.items():
+            longer = [u for u in target.strings if u.startswith(s) and u != s]
+            shortest = [u for u in longer if not any(u.startswith(v) and u != v for v in longer)]
+            assert abs(float(q[t]) - (float(psi[t]) - sum(float(psi[target.ids[u]]) for u in shortest))) < 1e-14
+
+
+def test_sample_string_walks_the_rows_of_slrs_law():
+    """Walking the rows with forced draws: each path's ids in turn, ending where its text decides."""
+    paths = DraftPaths(draft_strings(SLRS_DRAFT, 8), token_strings(SLRS_TARGET))
+    one_hot = lambda d: torch.nn.functional.one_hot(torch.tensor(d), 8).double()  # noqa: E731
+    ids = SLRS_DRAFT.ids
+    for walk, decided in ([("a", "b", "c"), "abc"], [("ab", "cd"), "abc"], [("a", "bc"), "abc"], [("ab", "d"), "ab"],
+                          [("cd",), "c"], [("d", "a"), "da"], [("d", "b"), "d"], [("a", None), "a"]):
+        rows = {tuple(ids[s] for s in walk[:i]): one_hot(7 if walk[i] is None else ids[walk[i]])
+                for i in range(len(walk))}
+        q, laws = slrs_law(paths, lambda path: rows[path], len(SLRS_TARGET.strings))
+        assert sample_string(paths, laws, None, greedy=True) == (SLRS_TARGET.ids[decided], len(walk))
+        assert q.tolist() == torch.nn.functional.one_hot(torch.tensor(SLRS_TARGET.ids[decided]), 8).double().tolist()
+    q, laws = slrs_law(paths, lambda path: one_hot(7), 7)  # the text ends at once: nothing to propose
+    assert sample_string(paths, laws, torch.Generator().manual_seed(0)) == (STOP, 1) and q[7] == 1
+
+
+def _slrs_blocks(pair, committed, sampling, q_rule, gamma=3, seed=0):
+    """Every block SLRS proposes after the text ``committed``, with its probability from the *reference* law
+    of ``lambda(S)`` at each position (the draft's context: the committed text and the proposed tokens' text,
+    re-encoded as ``SLRSDrafter`` does), and the ``q`` the verifier is told there by ``q_rule(paths, rows, ctx)``."""
+    target, draft = SLRS_PAIRS[pair]
+    V, Vd = len(target.strings), len(draft.strings) + 1
+    ds = draft_strings(draft, Vd)
+    paths = DraftPaths(ds, token_strings(target))
+    table = _table(Vd, seed, "draft", scale=1.0)
+    d_ctx = draft.encode(committed)
+    tail = tail_of(d_ctx, draft, 16)
+    blocks = []
+
+    def grow(x, w, qs, text):
+        if len(x) == gamma:
+            blocks.append((tuple(x), w, torch.stack(qs)))
+            return
+        ctx = d_ctx[:tail.start] + draft.encode(tail.text + text)
+        rows = _draft_rows(table, ctx, sampling)
+        lam, _ = _reference_laws(target, ds, rows)
+        if lam[V] > 0:  # the draft's text ended first: the block ends here
+            blocks.append((tuple(x), w * float(lam[V]), torch.stack(qs) if qs else None))
+        q = q_rule(paths, rows, ctx)
+        for t in lam[:V].nonzero()[:, 0].tolist():
+            grow(x + [t], w * float(lam[t]), qs + [q], text + target.strings[t])
+
+    grow([], 1.0, [], "")
+    return target, blocks
+
+
+def _slrs_q(paths, rows, ctx):
+    q, _ = slrs_law(paths, rows, len(paths.target_strings))
+    V = len(paths.target_strings)
+    return q[:V] / q[:V].sum()
+
+
+def _single_path_q(paths, rows, ctx):
+    """The broken variant: each target token's probability along the draft's one tokenization of its text (its
+    longest-match encoding), normalised -- the other spellings and the draft tokens that overshoot it are missed."""
+    spell = GreedyTokenizer([s for s in paths.draft_strings if s is not None])  # the text ids come first
+    q = torch.zeros(len(paths.target_strings), dtype=torch.float64)
+    for s, t in paths.target_strings.items():
+        ids = spell.encode(s)
+        q[t] = math.prod(float(rows(tuple(ids[:j]))[d]) for j, d in enumerate(ids))
+    return q / q.sum()
+
+
+def _psi_q(paths, rows, ctx):
+    """Another broken variant: ``psi(t)`` (the draft's probability of a string starting with ``t``), normalised."""
+    inv = {i: s for s, i in paths.target_strings.items()}
+    target = GreedyTokenizer([inv[i] for i in range(len(inv))])
+    _, psi = _reference_laws(target, paths.draft_strings, rows)
+    return psi / psi.sum()
+
+
+@pytest.mark.parametrize("pair", sorted(SLRS_PAIRS))
+@pytest.mark.parametrize("committed", ["cab", "d", "a"])
+def test_slrs_block_through_verify_is_lossless_and_single_path_is_not(pair, committed):
+    """A whole SLRS step (gamma = 2: the second position's law depends on the first token), every block
+    enumerated with its probability under the reference law and verified by the real ``verify`` (``exact``
+    rule) told SLRS's ``q``: the emitted law is the target's to rounding (fp64), blocks ended early by the
+    draft's end id included. Told the single-path ``q`` or the normalised ``psi`` instead: lossy."""
+    p = _table(len(SLRS_PAIRS[pair][0].strings), 0, "target")
+    cases = [("slrs", SamplingConfig(temperature=1.0)), ("slrs", SamplingConfig(temperature=0.7, top_k=3)),
+             ("single_path", SamplingConfig(temperature=1.0)), ("psi", SamplingConfig(temperature=1.0))]
+    rules = {"slrs": _slrs_q, "single_path": _single_path_q, "psi": _psi_q}
+    errors = {}
+    for name, sampling in cases:
+        target, blocks = _slrs_blocks(pair, committed, sampling, rules[name], gamma=2)
+        c = target.encode(committed)
+        p_of = lambda prefix: p(c + list(prefix))  # noqa: E731
+        proposals, weights = [x for x, _, _ in blocks], [w for _, w, _ in blocks]
+        assert abs(sum(weights) - 1) < 1e-12 and min(map(len, proposals)) < 2 == max(map(len, proposals))
+        errors[name, sampling.top_k] = proposal_law_error(proposals, weights, p_of, mode="exact",
+                                                          q_of=lambda k: blocks[k][2])
+    print(f"{pair} {committed!r}: {len(blocks)} blocks; errors {errors}")
+    assert errors["slrs", 0] < 1e-12 and errors["slrs", 3] < 1e-12
+    assert errors["single_path", 0] > 1e-3 and errors["psi", 0] > 1e-3  # rounding is 1e-16; the gap is the rule's
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0])  # long accepted blocks; mostly rejections
+def test_greedy_slrs_equals_target_greedy(tokenizers, scale):
+    """Greedy SLRS (each position walks the draft's argmax path to the longest target token it spells) on the
+    byte-level BPE pair, its draft behind a ``CheckedAdapter``: the target's greedy output, with accepted
+    drafts, rejections and draft-cache rollbacks."""
+    ttok, dtok = tokenizers
+    target, draft = _pair(tokenizers, scale)
+    accepted, rejected, crops = _greedy_equals_target(
+        target, tokenizers, lambda: SLRSDrafter(CheckedAdapter(draft), dtok, ttok, SLRSConfig()))
+    print(f"scale {scale}: {accepted} drafts accepted, {rejected} blocks rejected, {crops} draft-cache rollbacks")
+    assert accepted > 0 and rejected > 0 and crops > 0
+
+
+class VectorBiasLM(BiasedToyLM):
+    """:class:`ToyLM` plus a fixed logit bonus per id (``bias``, one per id: the synthetic tokenizers'
+    vocabularies, the draft's end id included)."""
+
+    def __init__(self, bias, seed, scale):
+        ToyLM.__init__(self, len(bias), seed, scale=scale, max_pos=32)
+        self.register_buffer("logit_bias", torch.tensor(bias, dtype=torch.float32))
+
+
+def _slrs_toy_pair():
+    """Toy LMs on the ``deep`` pair: the target favours "abc" and "da"; the draft writes them through tokens that
+    overshoot ("bc", "cd") or spell them in pieces ("a" "b"), and sometimes ends (id 7)."""
+    #                          a    b    c    d    ab   abc  da
+    target = VectorBiasLM([1.0, 0.5, 0.5, 1.0, 1.0, 2.0, 1.5], 0, 0.5)
+    #                         a    b    c    d    ab   bc   cd   end
+    draft = VectorBiasLM([1.5, 0.5, 0.5, 1.0, 1.0, 1.5, 1.0, 0.0], 1, 0.5)
+    return target, draft
+
+
+@pytest.mark.slow
+def test_sampled_slrs_has_the_target_law(record_property):
+    """Chi-square of the first two emitted target tokens (2,000 seeded T = 1 generations through
+    ``SpeculativeDecoder``) against their exact law under plain target sampling (``sequence_law``): the draft
+    writes its strings from the decoder's draft stream, the verifier is told SLRS's ``q``."""
+    target, draft = _slrs_toy_pair()
+    sampling = SamplingConfig(temperature=1.0)
+    ids = SLRS_TARGET.encode("cab")
+    drafter = SLRSDrafter(draft, SLRS_DRAFT, SLRS_TARGET, SLRSConfig())
+    dec = SpeculativeDecoder(target, drafter, gamma=3, sampling=sampling, record="light")
+    assert dec.mode == "exact"
+    V = len(SLRS_TARGET.strings)
+    counts = np.zeros(V * V, dtype=np.int64)
+    first = []
+    for seed in range(2000):
+        out = dec.generate(ids, 4, seed=seed)
+        counts[out.tokens[0] * V + out.tokens[1]] += 1
+        first.append(out.steps[0].n_accepted)
+    p_value = counts_chi_square_pvalue(counts, sequence_law(target, ids, sampling, 2))
+    record_property("p_value_slrs", p_value)
+    print(f"chi-square of the first two tokens vs the target's law, 2,000 seeded runs: SLRS p = {p_value:.4f}; "
+          f"first-step accepted counts {np.bincount(first).tolist()}")
+    assert {0, 1, 2} <= set(first)  # rejections at the first token, and blocks accepted past it
+    assert p_value > 1e-3
+
+
+def test_slrs_policy_stop_and_a_draft_that_ends_at_once():
+    """The policy is consulted after each drafted token with ``q``'s signals; a draft whose text always ends at
+    once proposes nothing (``STOP``: plain target steps), and greedy output is still the target's."""
+    target, draft = _slrs_toy_pair()
+    ids = SLRS_TARGET.encode("cab")
+    never_ends = VectorBiasLM([1.5, 0.5, 0.5, 1.0, 1.0, 1.5, 1.0, -30.0], 1, 0.5)
+    drafter = SLRSDrafter(never_ends, SLRS_DRAFT, SLRS_TARGET, SLRSConfig())
+    drafter.reset(ids, len(SLRS_TARGET.strings))
+    stop_at_one = type("Once", (), {"needs_signals": True, "keep_drafting": lambda self, top, h: False})()
+    tree = drafter.propose(3, stop_at_one, SamplingConfig(), torch.Generator().manual_seed(0))
+    assert tree.gamma == 1 and tree.stop == "policy" and abs(float(tree.q.sum()) - 1) < 1e-6
+    ending = VectorBiasLM([0.0] * 7 + [30.0], 1, 0.5)
+    greedy = SamplingConfig(temperature=0)
+    ref = AutoregressiveDecoder(target, sampling=greedy).generate(ids, 12)
+    for d in (draft, ending):
+        out = SpeculativeDecoder(target, SLRSDrafter(d, SLRS_DRAFT, SLRS_TARGET), gamma=3,
+                                 sampling=greedy).generate(ids, 12)
+        assert out.tokens == ref.tokens
+        assert (sum(out.gammas) == 0) == (d is ending)
+        if d is ending:
+            assert {s.draft_stop for s in out.steps[:-1]} == {"no_match"}
+
+
+def test_slrs_bad_arguments(tokenizers):
+    ttok, dtok = tokenizers
+    _, draft = _pair(tokenizers, 0.3)
+    with pytest.raises(ValueError, match="^window"):
+        SLRSConfig(window=0)
+    with pytest.raises(ValueError, match="^max_nodes"):
+        SLRSConfig(max_nodes=0)
+    with pytest.raises(ValueError, match="^config"):
+        SLRSDrafter(draft, dtok, ttok, TLIConfig())
+    with pytest.raises(ValueError, match=r"^max_nodes: SLRS enumerates 138 draft-token paths .* up to 7 draft tokens "
+                                         r"deep.* more than max_nodes=100"):
+        SLRSDrafter(draft, dtok, ttok, SLRSConfig(max_nodes=100))
+    with pytest.raises(ValueError, match="^tokenizer"):
+        draft_strings(object(), 5)
+    with pytest.raises(ValueError, match="^vocab_size"):
+        draft_strings(DRAFT_TOK, 0)
+    with pytest.raises(ValueError, match="^draft_strings"):
+        DraftPaths([None], {"a": 0})
+    with pytest.raises(ValueError, match="^target_strings"):
+        DraftPaths(["a"], {})
+    with pytest.raises(ValueError, match="^vocab_size"):
+        slrs_law(DraftPaths(["a", "b"], {"a": 0, "b": 5}), lambda path: torch.tensor([0.5, 0.5]), 3)
+    d = SLRSDrafter(draft, dtok, ttok)
+    with pytest.raises(ValueError, match="^propose"):
+        d.propose(3, FixedGamma(3), SamplingConfig(), None)
+    with pytest.raises(ValueError, match="^prompt_ids"):
+        d.reset([], len(ttok))
+    with pytest.raises(ValueError, match="^vocab_size"):
+        d.reset([1, 2], 3)

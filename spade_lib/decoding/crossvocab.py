@@ -1,4 +1,5 @@
-"""Speculative verification across vocabularies: token-level intersection (TLI).
+"""Speculative verification across vocabularies: string-level drafting (SLEM-style), token-level intersection
+(TLI) and string-level rejection sampling (SLRS).
 
 Timor et al., "Lossless Speculative Decoding Algorithms for Heterogeneous Vocabularies" (ICML 2025,
 arXiv 2502.05202). The draft has vocabulary ``V_q`` and the target ``V_p``; ``I`` is the set of strings that
@@ -25,7 +26,45 @@ decodes to on its own (:func:`token_strings`, :func:`vocab_intersection`; byte-l
 sentencepiece's ``"▁the"`` both decode to ``" the"``), the draft samples from ``q_I`` (:func:`tli_q`, the
 decoder's sampling config applied to the draft's logits first) and the block is verified by the standard
 rule with ``q_I`` over target ids. Both drafters keep the committed text in sync with the draft the same
-way (:class:`TextSyncDrafter`). Still to build: SLRS (string-level rejection sampling).
+way (:class:`TextSyncDrafter`).
+
+String-level rejection sampling (:class:`SLRSDrafter`, SLRS): the draft writes a string ``S`` after the
+committed text (ids ``d_1 d_2 ..`` drawn from its rows ``r = adjust(draft logits, sampling)``; the text ends
+at an id that is not text), and verification compares the target's probability of a token with the draft's
+probability of writing a string that starts with that token's text, summed over every draft-token path
+(every tokenization) that writes it:
+
+    psi(t) = Q(S starts with t) = sum over paths d_1..d_m with str(d_<m) a proper prefix of t and
+             t a prefix of str(d_<=m) of prod_j r(d_j | D, d_<j).
+
+``psi`` is no law over target tokens where one is a prefix of another (``"a"``, ``"ab"``: a string that
+starts with ``"ab"`` counts for both), so one token is proposed per string: ``lambda(S)``, the *longest*
+target token ``S`` starts with, whose law is
+
+    q(t) = P(lambda(S) = t) = psi(t) - sum_{t' in ext(t)} psi(t'),
+
+``ext(t)`` the shortest target tokens extending ``t`` (disjoint events), and ``P(STOP) = 1 - sum_t q(t)``
+where ``S`` starts with no target token. A step: at position ``i`` the draft writes ``S`` from ``D_i`` (its
+tokens of the committed text and of ``x_<i``'s text) until ``lambda(S)`` is decided (:func:`sample_string`),
+``x_i = lambda(S)`` is proposed (a ``STOP`` ends the block) and verified by the standard rule told
+``q_i = q / (1 - P(STOP))`` (:func:`slrs_law`, the sum over every path): accept with ``min(1, p(x)/q_i(x))``,
+else draw from ``norm(max(p - q_i, 0))``. **Why the law is the target's:** ``q_i`` is exactly the conditional
+law of the proposed ``x_i`` given the committed tokens, ``x_<i`` and that position ``i`` is proposed (``S`` is
+drawn afresh from ``D_i``, a function of those; the block ends on ``STOP`` alone), drawn with randomness
+independent of the verifier's uniforms, so Leviathan et al.'s Theorem 1 applies position by position. So SLRS
+reduces to the draft's marginal law over target tokens, computed by enumerating its paths. Told ``psi``
+normalised, or the probability along one tokenization of ``t``, the same rule is lossy (``tests/test_crossvocab.py``:
+:func:`slrs_law` against the draft's exact text law (:func:`spade_lib.exactness.draft_text_law`), fp64
+enumeration of whole blocks through :func:`spade_lib.verify.verify`, and a chi-square test of the decoder).
+
+**What SLRS costs** (why it is built only where tractable). ``q`` needs the draft's row at every *inner node*
+of :class:`DraftPaths` -- every draft-token path whose text is a proper prefix of a target token -- one draft
+forward each, for every drafted target token: ``n_nodes = sum_s N(s)`` over those prefixes ``s``, ``N(s)`` the
+number of draft spellings of ``s``, exponential in the target tokens' lengths where the draft has short tokens
+(Timor et al. point out the same growth). It is counted from the two tokenizers when the drafter is built and
+refused beyond ``SLRSConfig.max_nodes`` (4,096) with a ``ValueError``: the byte-level BPE pair of the tests
+(target tokens of up to 8 characters) has 138 paths, 7 deep; the zoo's tiny pair (up to 20 characters) 18,022.
+Greedy walks one path (at most ``depth + 1`` forwards a position); top-k / top-p skip paths without mass.
 
 **What a step costs.** Both drafters keep their own account of each step (:class:`DraftStepCosts`, read by
 the decoder through ``Drafter.step_costs`` into ``StepInfo.draft_costs``): the draft's forwards (``t_forward``,
@@ -33,7 +72,8 @@ how many, how many tokens fed) apart from the text work (``t_text``: decoding, r
 committed and drafted text, in ``propose`` and ``accept``) and the tokenizer calls made. The re-encodings
 are windowed (:func:`retokenize`, :func:`continuation`: ``window`` tokens of committed tail), and the
 committed tails are decoded once per step (:func:`tail_of`), not once per drafted token: a text drafter's
-``propose`` makes two tokenizer calls per draft token it draws plus a few per step.
+``propose`` makes two tokenizer calls per draft token it draws plus a few per step; SLRS one encode per drafted
+target token after the first, and ``n_nodes`` forwards per drafted target token (one path when greedy).
 """
 from __future__ import annotations
 
@@ -222,7 +262,7 @@ class DraftStepCosts:
     drafter's ``draft_tokens`` need not equal ``gamma``)."""
 
     draft_tokens: int = 0     # tokens the draft model drew (its EOS included); a text drafter's may differ from gamma
-    forwards: int = 0         # draft-model forwards (one per drawn token)
+    forwards: int = 0         # draft-model forwards (one per drawn token; SLRS: one per path it enumerates)
     fed: int = 0              # tokens fed through them (more than forwards where the draft's cache was re-synced)
     t_forward: float = 0.0    # seconds drafting outside the text work: the draft's forwards and draws
     t_text: float = 0.0       # seconds of text work: decoding, re-encoding, aligning (propose and accept)
@@ -658,3 +698,257 @@ class TLIDrafter(TextSyncDrafter):
             return DraftTree(torch.empty(0, dtype=torch.long, device=a.device),
                              torch.zeros(0, self.vocab_size, device=a.device), None, stop)
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=a.device), torch.stack(qs), None, stop)
+
+
+# ------------------------------------------------------------------------------------------------
+# string-level rejection sampling (SLRS): the draft's law of the next target token, over all its paths
+
+STOP = -2   # a path whose text holds no target token (the draft's text ended first): the block ends there
+INNER = -1  # a path whose text is still a proper prefix of a target token: the draft writes on
+
+
+def draft_strings(tokenizer, vocab_size: int) -> tuple[str | None, ...]:
+    """The text of each of the draft's ``vocab_size`` ids on its own, ``None`` where an id is not text
+    (a special token, an id the tokenizer does not have, one that decodes to nothing or to U+FFFD: part
+    of a character). Unlike :func:`token_strings` several ids may share a string: each is a path of its own.
+    ``tokenizer``: ``get_vocab()``, ``decode`` (a Hugging Face tokenizer)."""
+    if not callable(getattr(tokenizer, "get_vocab", None)):
+        raise ValueError(f"tokenizer: expected a tokenizer with get_vocab, got {type(tokenizer).__name__}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size: must be an int >= 1, got {vocab_size!r}")
+    ids = set(tokenizer.get_vocab().values()) - set(getattr(tokenizer, "all_special_ids", None) or ())
+    out = []
+    for i in range(vocab_size):
+        s = _decode(tokenizer, [i]) if i in ids else ""
+        out.append(s if s and "\ufffd" not in s else None)
+    return tuple(out)
+
+
+class DraftPaths:
+    """What SLRS enumerates, from the two tokenizers alone: the draft-token paths whose text is a proper
+    prefix of a target token (*inner nodes*, each one draft forward), and where every other path ends.
+
+    ``draft_strings[d]``: the text of draft id ``d`` or ``None`` (:func:`draft_strings`);
+    ``target_strings``: ``{text: target id}`` of the tokens that may be proposed (:func:`token_strings`).
+    A path's text ``s`` is a prefix of the draft's continuation ``S``; the proposal is
+    ``lambda(S)``, the longest target token that is a prefix of ``S``. It is decided once ``s`` is no
+    proper prefix of a target token (every target prefix of ``S`` is then one of ``s``), or when the draft
+    draws an id that is not text (its text ends: ``S = s``); ``STOP`` when no target token is a prefix.
+
+    ``n_nodes`` (inner nodes: the draft forwards of one drafted target token when every path has mass) is
+    ``sum_s N(s)`` over the proper prefixes ``s`` of target tokens, ``N(s)`` the number of draft-id
+    sequences spelling ``s``: exponential in the target tokens' lengths where the draft has short tokens
+    (``"        "``, 8 spaces, over draft tokens of 1, 2 and 4 spaces has 56 spellings of its prefixes).
+    ``depth``: the most draft tokens on an inner path. More than ``max_nodes`` is refused (``ValueError``).
+    """
+
+    def __init__(self, draft_strings: tuple[str | None, ...] | list[str | None], target_strings: dict[str, int], *,
+                 max_nodes: int = 4096):
+        if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+            raise ValueError(f"max_nodes: must be an int >= 1, got {max_nodes!r}")
+        if not target_strings or any(not s for s in target_strings):
+            raise ValueError("target_strings: need a non-empty {text: id} with non-empty texts")
+        if not any(draft_strings):
+            raise ValueError("draft_strings: no draft id is text")
+        self.draft_strings = tuple(draft_strings)
+        self.target_strings = dict(target_strings)
+        self.longest = max(map(len, self.target_strings))
+        self.prefixes = {t[:i] for t in self.target_strings for i in range(len(t))}  # P: proper prefixes, "" included
+        spell: dict[str, int] = {}
+        for s in self.draft_strings:
+            if s is not None:
+                spell[s] = spell.get(s, 0) + 1
+        longest_draft = max(map(len, spell))
+        n_paths, depth = {"": 1}, {"": 0}  # N(s), and the most draft tokens spelling s
+        for s in sorted(self.prefixes, key=len)[1:]:
+            parts = [(s[:-k], spell[s[-k:]]) for k in range(1, min(longest_draft, len(s)) + 1) if s[-k:] in spell]
+            n_paths[s] = sum(n_paths[head] * m for head, m in parts)  # every prefix of s is in P too
+            depth[s] = 1 + max((depth[head] for head, _ in parts if n_paths[head]), default=-1)
+        self.n_nodes = sum(n_paths.values())
+        self.depth = max(d for s, d in depth.items() if n_paths[s])
+        if self.n_nodes > max_nodes:
+            raise ValueError(f"max_nodes: SLRS enumerates {self.n_nodes} draft-token paths (one draft forward each, up "
+                             f"to {self.depth} draft tokens deep) per drafted target token with these tokenizers, more "
+                             f"than max_nodes={max_nodes}; the count is exponential in the target tokens' lengths: "
+                             "raise max_nodes, or draft with rule='tli' or 'text'")
+        self._slots: dict[str, tuple[torch.Tensor, list[tuple[int, str]]]] = {}
+
+    def outcome(self, text: str) -> int:
+        """``lambda``: the id of the longest target token that is a prefix of ``text``, else ``STOP``."""
+        for k in range(min(len(text), self.longest), 0, -1):
+            t = self.target_strings.get(text[:k])
+            if t is not None:
+                return t
+        return STOP
+
+    def slots(self, s: str) -> tuple[torch.Tensor, list[tuple[int, str]]]:
+        """After an inner node of text ``s``: ``leaf [Vd]`` (long), the target id each draft id decides, ``STOP``,
+        or ``INNER`` for the ids whose text keeps it a proper prefix, listed as ``(id, new text)``. Cached by text."""
+        if s not in self._slots:
+            leaf, inner = [], []
+            for d, ds in enumerate(self.draft_strings):
+                if ds is None:
+                    leaf.append(self.outcome(s))  # the text ends at s
+                elif s + ds in self.prefixes:
+                    leaf.append(INNER)
+                    inner.append((d, s + ds))
+                else:
+                    leaf.append(self.outcome(s + ds))
+            self._slots[s] = (torch.tensor(leaf, dtype=torch.long), inner)
+        return self._slots[s]
+
+
+def slrs_law(paths: DraftPaths, next_law, vocab_size: int) -> tuple[torch.Tensor, dict[tuple[int, ...], torch.Tensor]]:
+    """The law of the proposed target token ``lambda(S)`` (:class:`DraftPaths`), summed over every draft path.
+
+    ``next_law(path) -> [Vd]``: the draft's (adjusted) distribution of its next id after the committed
+    context and ``path`` (a tuple of draft ids); called parent before children, depth first, once per inner
+    node with mass (a zero-mass subtree is skipped: greedy walks one path). Each row is renormalised in fp64.
+    Returns ``q [vocab_size + 1]`` (fp64; ``q[vocab_size]`` is ``P(STOP)``; ``sum q = 1``) with
+
+        q(t) = sum over inner nodes n (text s_n, mass pi_n = prod of the path's r) of
+               pi_n * sum_{d : lambda(s_n + str(d)) = t, decided} r_n(d),
+
+    and the rows ``{path: r_n}`` visited (what :func:`sample_string` walks)."""
+    V = vocab_size
+    q = torch.zeros(V + 1, dtype=torch.float64)
+    laws: dict[tuple[int, ...], torch.Tensor] = {}
+    stack: list[tuple[tuple[int, ...], str, float]] = [((), "", 1.0)]
+    while stack:
+        path, s, w = stack.pop()
+        r = next_law(path).detach().to("cpu", torch.float64)
+        r = r / r.sum()
+        laws[path] = r
+        leaf, inner = paths.slots(s)
+        if int(leaf.max()) >= V:
+            raise ValueError(f"vocab_size: {V}, but a target id {int(leaf.max())} may be proposed")
+        done = leaf != INNER
+        q.index_add_(0, torch.where(leaf[done] == STOP, V, leaf[done]), w * r[done])
+        for d, u in reversed(inner):  # pushed reversed: visited in id order
+            if r[d] > 0:
+                stack.append((path + (d,), u, w * float(r[d])))
+    return q, laws
+
+
+def sample_string(paths: DraftPaths, laws: dict[tuple[int, ...], torch.Tensor], generator: torch.Generator | None,
+                  greedy: bool = False) -> tuple[int, int]:
+    """The draft writes its string: ids from the rows of :func:`slrs_law` (inverse CDF from ``generator``; the
+    argmax when ``greedy``) until one decides the target token. Returns ``(target id or STOP, ids drawn)``:
+    its law is :func:`slrs_law`'s ``q`` (the same rows, the same map)."""
+    path, s = (), ""
+    while True:
+        r = laws[path]
+        d = int(r.argmax()) if greedy else int(sample_categorical(r[None], generator)[0])
+        leaf, _ = paths.slots(s)
+        slot = int(leaf[d])
+        if slot != INNER:
+            return slot, len(path) + 1
+        path, s = path + (d,), s + paths.draft_strings[d]
+
+
+@dataclass(frozen=True)
+class SLRSConfig:
+    """How :class:`SLRSDrafter` drafts (its sampling is the decoder's ``SamplingConfig``)."""
+
+    window: int = 16        # tokens of committed tail re-encoded with the new text, on both sides
+    max_nodes: int = 4096   # the most draft-token paths (each a draft forward) per drafted target token; more: refused
+
+    def __post_init__(self):
+        if self.window < 1:
+            raise ValueError(f"window: must be >= 1, got {self.window}")
+        if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
+            raise ValueError(f"max_nodes: must be an int >= 1, got {self.max_nodes!r}")
+
+
+class SLRSDrafter(TextSyncDrafter):
+    """String-level rejection sampling (module docstring): the draft writes a string, the proposal is the
+    longest target token it starts with, and the verifier is told that token's exact law over target ids,
+    summed over every draft-token path (:func:`slrs_law`), for the standard (``exact``) rule.
+
+    The committed text is held on both sides as :class:`TextSyncDrafter` does. ``propose``: at drafted
+    position ``i`` the draft's context is ``D_i``, the draft's tokens of the committed text and of
+    ``x_<i``'s text (re-encoded against ``D``'s tail, :func:`tail_of`); the draft's rows ``r = adjust(logits,
+    sampling)`` are computed at every inner node of :class:`DraftPaths` with mass (one forward each, depth
+    first, the draft's cache rolled back between siblings); ``x_i ~ q_i`` is drawn by :func:`sample_string`
+    (the draft's own generator) and proposed with ``q_i = q[:V] / (1 - q[STOP])``. A ``STOP`` draw ends the
+    block (``"no_match"``), as do ``max_gamma``, the policy and the draft's context limit (``"budget"``).
+    Greedy: the rows are one-hot, one path is walked (at most ``depth + 1`` forwards a position).
+    """
+
+    deterministic = False
+    config_type = SLRSConfig
+
+    def __init__(self, model, draft_tokenizer, target_tokenizer, config: SLRSConfig = SLRSConfig(), *,
+                 max_length: int | None = None):
+        super().__init__(model, draft_tokenizer, target_tokenizer, config, max_length=max_length)
+        targets = token_strings(target_tokenizer)
+        try:
+            self.paths = DraftPaths(draft_strings(draft_tokenizer, self.adapter.vocab_size), targets,
+                                    max_nodes=config.max_nodes)
+        except ValueError as e:
+            raise ValueError(str(e).replace("draft_strings:", "draft_tokenizer:").replace(
+                "target_strings:", "target_tokenizer:")) from None
+        self._text_of = {i: s for s, i in targets.items()}  # target id -> its text
+
+    def reset(self, prompt_ids: torch.Tensor, vocab_size: int) -> None:
+        if max(self._text_of) >= vocab_size:
+            raise ValueError(f"vocab_size: {vocab_size}, but target_tokenizer has text token {max(self._text_of)}")
+        super().reset(prompt_ids, vocab_size)
+
+    def _logits_after(self, ids: list[int]) -> torch.Tensor:
+        """The draft's logits ``[Vd]`` after ``ids``: its cache rolled back to what it shares with them."""
+        keep = min(common_prefix(self._fed, ids), len(ids) - 1)
+        self.adapter.rollback(keep)
+        self._fed = self._fed[:keep]
+        return self._forward(ids[keep:])
+
+    @torch.inference_mode()
+    def propose(self, max_gamma: int, policy: Policy, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> DraftTree:
+        if self._committed is None:
+            raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
+        a, costs, paths, V = self.adapter, self._costs, self.paths, self.vocab_size
+        t0, text0 = time.perf_counter(), costs.t_text
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        stop, text = "max_gamma", ""
+        dtype = torch.promote_types(a.dtype, torch.float32)  # q's precision: the draft's, at least fp32
+        if not self._draft_ids:
+            stop, max_gamma = "no_match", 0
+        elif max_gamma > 1:
+            with self._text_work():  # the draft's committed tail, once per step
+                tail = tail_of(self._draft_ids, self._dtok, self.config.window, self._protect)
+
+        def next_law(path: tuple[int, ...]) -> torch.Tensor:
+            return adjust(self._logits_after(ctx + list(path)), sampling, dtype, validate=False)
+
+        for i in range(max_gamma):
+            if i == 0:
+                ctx = list(self._draft_ids)
+            else:
+                with self._text_work():
+                    ctx = self._draft_ids[:tail.start] + _encode(self._dtok, tail.text + text)
+            if a.max_length is not None and len(ctx) + paths.depth > a.max_length:
+                stop = "budget"  # the deepest path would not fit the draft's context
+                break
+            q, laws = slrs_law(paths, next_law, V)
+            x, drawn = sample_string(paths, laws, generator, greedy=sampling.greedy)
+            costs.draft_tokens += drawn
+            if x == STOP:
+                stop = "no_match"  # the draft's text ended before a target token: the block ends here
+                break
+            q = (q[:V] / q[:V].sum()).to(dtype)
+            tokens.append(x)
+            qs.append(q)
+            text += self._text_of[x]
+            if i + 1 < max_gamma and policy.needs_signals and not policy.keep_drafting(
+                    float(q.max()), float(torch.special.entr(q).sum())):
+                stop = "policy"
+                break
+        self._proposed = tokens
+        costs.t_forward += time.perf_counter() - t0 - (costs.t_text - text0)
+        if not tokens:
+            return DraftTree(torch.empty(0, dtype=torch.long, device=a.device),
+                             torch.zeros(0, V, device=a.device), None, stop)
+        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=a.device), torch.stack(qs).to(a.device),
+                         None, stop)
