@@ -534,12 +534,12 @@ class LeanForward:
         product that reads it and each residual add by the product that writes it where the kernel allows
         (``Kernel.normed``, ``Kernel.add_to``); the rotation of the ``H + KV`` query and key heads is one
         product with the position's rotation matrix ``R`` (``x R = x cos + rotate_half(x) sin``, built once
-        per call) and attention two batched products over the cache."""
+        per call) and attention :meth:`_attend` (two batched products over the cache)."""
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         end = start + 1
         cos, sin = self._cos["full_attention"][start], self._sin["full_attention"][start]
         x = F.embedding(ids, self.embed)  # [1, d]
-        half, g = hd // 2, H // KV
+        half = hd // 2
         rot = torch.diag(cos)
         rot[half:, :half] -= torch.diag(sin[:half])   # (x R)_i gets -x_{i+half} sin_i for i < half
         rot[:half, half:] += torch.diag(sin[half:])   # and +x_{i-half} sin_i for i >= half
@@ -548,8 +548,7 @@ class LeanForward:
             qk = torch.mm(qkv[:H + KV], rot)
             kv[0, :, start] = qk[H:]
             kv[1, :, start] = qkv[H + KV:]
-            scores = torch.bmm(qk[:H].view(KV, g, hd), kv[0, :, :end].transpose(1, 2))
-            att = torch.bmm(torch.softmax(scores, dim=-1), kv[1, :, :end]).view(1, H * hd)
+            att = self._attend(qk[:H].view(H, 1, hd), kv[0, :, :end], kv[1, :, :end], None).view(1, H * hd)
             x = layer["o"][0].add_to(x, att)
             x = layer["down"][0].add_to(x, layer["gate_up"][0].normed(x, layer["ln2"][1]), gated=True)
         self.length = end
