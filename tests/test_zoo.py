@@ -189,15 +189,21 @@ def test_a_draft_with_its_own_tokenizer_is_a_cross_vocabulary_draft(tiny, tmp_pa
         make_drafter("own", pair, tree="eagle2:nodes=16,depth=4,topk=4")
     with pytest.raises(ValueError, match=r"^options: the cross-vocabulary draft 'own' with rule 'text' takes rule"):
         make_drafter("own", pair, max_ngram=3)
-    with pytest.raises(ValueError, match=r"^rule: the cross-vocabulary draft 'own' drafts by one of"):
-        make_drafter("own", pair, rule="slrs")
-    # token-level intersection: the same greedy output
-    from spade_lib.decoding.crossvocab import TLIDrafter
+    with pytest.raises(ValueError, match=r"^rule: the cross-vocabulary draft 'own' drafts by one of \('text', 'tli', "
+                                         r"'slrs'\), not 'slem'"):
+        make_drafter("own", pair, rule="slem")
+    # token-level intersection and string-level rejection sampling: the same greedy output
+    from spade_lib.decoding.crossvocab import SLRSDrafter, TLIDrafter
 
-    tli = make_drafter("own", pair, rule="tli")
-    assert isinstance(tli, TLIDrafter)
-    out = SpeculativeDecoder(pair.target, tli, gamma=3, sampling=greedy).generate(ids, 24)
-    assert out.tokens == ref.tokens
+    # (this pair's target tokens reach 20 characters: SLRS's 18,022 draft-token paths are refused by default)
+    with pytest.raises(ValueError, match=r"^max_nodes: SLRS enumerates 18022 draft-token paths .* more than "
+                                         r"max_nodes=4096"):
+        make_drafter("own", pair, rule="slrs")
+    for rule, cls, options in (("tli", TLIDrafter, {}), ("slrs", SLRSDrafter, {"max_nodes": 20000})):
+        drafter = make_drafter("own", pair, rule=rule, **options)
+        assert isinstance(drafter, cls)
+        out = SpeculativeDecoder(pair.target, drafter, gamma=3, sampling=greedy).generate(ids, 24)
+        assert out.tokens == ref.tokens
 
 
 def test_same_seed_gives_identical_weights():

@@ -577,7 +577,7 @@ def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **opt
     """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
     pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``; a
     cross-vocabulary draft, one in ``pair.draft_tokenizers``, drafts through the text: option ``rule``,
-    ``"text"`` (a :class:`~spade_lib.decoding.crossvocab.TextDrafter`) or ``"tli"``), else
+    ``"text"`` (a :class:`~spade_lib.decoding.crossvocab.TextDrafter`), ``"tli"`` or ``"slrs"``), else
     the pair's head ``pair.heads[name]`` (its ``drafter(**options)``). ``tree``: the
     :class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or spec string) of a drafter that drafts trees;
     a drafter of chains only refuses any but the chain."""
@@ -604,7 +604,7 @@ def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **opt
                      f"{sorted(heads)} (or {sorted(_REGISTRY)}), not {name!r}")
 
 
-CROSS_VOCAB_RULES = ("text", "tli")  # how a cross-vocabulary draft drafts (decoding.crossvocab)
+CROSS_VOCAB_RULES = ("text", "tli", "slrs")  # how a cross-vocabulary draft drafts (decoding.crossvocab)
 
 
 def _cross_vocab_drafter(name: str, model, draft_tokenizer, target_tokenizer, *, rule: str = "text",
@@ -617,7 +617,11 @@ def _cross_vocab_drafter(name: str, model, draft_tokenizer, target_tokenizer, *,
       ``config``: its ``TextDraftConfig`` fields (``temperature``, ``max_draft_tokens``, ``window``, ``hold_last``);
     - ``"tli"``: token-level intersection, :class:`~spade_lib.decoding.crossvocab.TLIDrafter`: the draft's q
       (the decoder's sampling) restricted to the strings that are one token on both sides, verified by the
-      standard rule; ``config``: its ``TLIConfig`` fields (``window``, ``stop_at_eos``).
+      standard rule; ``config``: its ``TLIConfig`` fields (``window``, ``stop_at_eos``);
+    - ``"slrs"``: string-level rejection sampling, :class:`~spade_lib.decoding.crossvocab.SLRSDrafter`: the draft
+      writes a string, the longest target token it starts with is proposed with its exact law over target ids
+      (summed over every draft-token path), verified by the standard rule; ``config``: its ``SLRSConfig`` fields
+      (``window``, ``max_nodes``: the most draft forwards per drafted token, beyond which the pair is refused).
 
     Chains only."""
     from spade_lib.decoding import crossvocab  # crossvocab builds on this module
@@ -626,8 +630,9 @@ def _cross_vocab_drafter(name: str, model, draft_tokenizer, target_tokenizer, *,
         raise ValueError(f"tree: the cross-vocabulary draft {name!r} drafts chains only, not a {tree.shape!r} tree")
     if rule not in CROSS_VOCAB_RULES:
         raise ValueError(f"rule: the cross-vocabulary draft {name!r} drafts by one of {CROSS_VOCAB_RULES}, not {rule!r}")
-    config_cls, drafter_cls = ((crossvocab.TextDraftConfig, crossvocab.TextDrafter) if rule == "text" else
-                               (crossvocab.TLIConfig, crossvocab.TLIDrafter))
+    config_cls, drafter_cls = {"text": (crossvocab.TextDraftConfig, crossvocab.TextDrafter),
+                               "tli": (crossvocab.TLIConfig, crossvocab.TLIDrafter),
+                               "slrs": (crossvocab.SLRSConfig, crossvocab.SLRSDrafter)}[rule]
     fields = set(config_cls.__dataclass_fields__)
     if set(config) - fields:
         raise ValueError(f"options: the cross-vocabulary draft {name!r} with rule {rule!r} takes rule, max_length and "
