@@ -1,6 +1,7 @@
 """The expected-vs-realised sampler check (spade_lib.diagnose.expected): z has mean 0 for an exact
 sampler (the real verifier on exact inputs, and the real decoder on a tiny pair, each tested with a
-one-sample t-test), and the planted wrong-q bug re-judged on a recorded trace, with its power."""
+one-sample t-test) and no sign bias (a binomial test), its two bases correlate as stated, and the planted
+wrong-q bug re-judged on a recorded trace, with its power."""
 
 import numpy as np
 import pandas as pd
@@ -9,6 +10,7 @@ import torch
 from scipy import stats
 
 from spade_lib import diagnose as dg
+from spade_lib.diagnose.expected import basis_agreement, same_sign_chance
 from spade_lib.verify import verify
 
 ALPHA = (0.8, 0.7, 0.6, 0.5)
@@ -48,6 +50,48 @@ def test_z_has_mean_zero_for_the_real_verifier_on_exact_inputs():
         assert 0.9 < z.std() < 1.1, basis
     wrong = dg.wrong_q_power(dg.rejudge_wrong_q(trace, 0.25), by="rep")
     assert stats.ttest_1samp(wrong["z"], 0.0).pvalue < 1e-6 and wrong["z"].mean() < -1
+
+
+def test_z_has_no_sign_bias_for_the_real_verifier_and_the_bases_correlate_as_stated():
+    """1,000 exact-sampler traces through the real ``verify`` (another seed than above): on each basis a binomial
+    test finds P(z > 0) indistinguishable from 1/2 (the planted bug is rejected by the same test); the two
+    bases' z correlate as ``rho = s_a / s_t`` says (Fisher z-test against the mean rho), and the share of
+    traces with both z positive matches ``basis_agreement``'s ``p_both_positive`` (binomial test), where the
+    claim that the bases give almost equal z (rho = 1, P = 1/2) is rejected."""
+    trace = exact_blocks(1000, 40, seed=7)
+    table = dg.expected_vs_realised(trace, by="rep")
+    for basis, t in table.groupby("basis"):
+        up = int((t["z"] > 0).sum())
+        p = stats.binomtest(up, len(t), 0.5).pvalue
+        print(f"{basis}: P(z > 0) = {up / len(t):.3f} (binomial p = {p:.3f})")
+        assert p > 1e-3, basis
+    wrong = dg.wrong_q_power(dg.rejudge_wrong_q(trace, 0.25), by="rep")
+    assert stats.binomtest(int((wrong["z"] > 0).sum()), len(wrong), 0.5).pvalue < 1e-6
+
+    agree = basis_agreement(table, by="rep")
+    n = len(agree)
+    r = np.corrcoef(agree["z_accept_prob"], agree["z_tv"])[0, 1]
+    rho = float(agree["rho"].mean())
+    assert 0.2 < rho < 0.9  # an informative case: neither independent nor equal
+    fisher = abs(np.arctanh(r) - np.arctanh(rho)) * np.sqrt(n - 3)
+    print(f"corr(z_a, z_tv) {r:.3f} vs rho {rho:.3f} (Fisher |z| {fisher:.2f})")
+    assert fisher < 3.3
+    both = int(((agree["z_accept_prob"] > 0) & (agree["z_tv"] > 0)).sum())
+    assert stats.binomtest(both, n, float(agree["p_both_positive"].mean())).pvalue > 1e-3
+    assert stats.binomtest(both, n, 0.5).pvalue < 1e-6  # "the two bases give almost equal z" is wrong here
+    three = agree.iloc[:3]
+    assert same_sign_chance(three) == pytest.approx(2 * np.prod(0.25 + np.arcsin(three["rho"]) / (2 * np.pi)))
+
+
+def test_basis_agreement_needs_both_bases():
+    trace = exact_blocks(2, 10)
+    one = dg.expected_vs_realised(trace, by="rep", bases=("accept_prob",))
+    with pytest.raises(ValueError, match="both bases"):
+        basis_agreement(one, by="rep")
+    whole = basis_agreement(dg.expected_vs_realised(trace))
+    assert len(whole) == 1 and 0 < whole["rho"].iloc[0] <= 1 and 0.25 < whole["p_both_positive"].iloc[0] <= 0.5
+    with pytest.raises(ValueError, match="agreement"):
+        same_sign_chance(whole.iloc[:0])
 
 
 @pytest.mark.slow
