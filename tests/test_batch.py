@@ -424,24 +424,90 @@ def test_greedy_rows_equal_single_decoding_on_the_default_pair():
 # the study and its figure (mechanics only: no wall-clock thresholds)
 
 
-def test_batch_study_table_stops_paying_and_figure(tiny, prompts, tmp_path):
-    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study, stops_paying
+def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_path):
+    """Three timed rounds per point, each on its own prompts; the prediction with the loop overhead is the
+    cost model's; the interval is runs.metrics.bootstrap_speedup over the rounds (recomputed here)."""
+    from spade_lib import theory
+    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study
     from spade_lib.plots import save_figure
     from spade_lib.plots.batch import plot_speedup_vs_batch
+    from spade_lib.runs.batch_speedup import with_intervals
 
-    cfg = BatchStudyConfig(batch_sizes=(1, 3), max_new_tokens=4, warmup=0, cost_repeats=1, gamma=2)
-    df = batch_study(tiny.target, tiny.draft, prompts[:2], cfg)
+    cfg = BatchStudyConfig(batch_sizes=(1, 3), max_new_tokens=4, warmup=0, repeats=3, cost_repeats=1, gamma=2)
+    raw = batch_study(tiny.target, tiny.draft, prompts[:2], cfg, overhead=0.5)
+    df = with_intervals(raw, n_boot=500)
     assert list(df[["temperature", "batch_size"]].itertuples(index=False, name=None)) == [
         (0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]
-    assert (df["ar_tokens"] == 4 * df["batch_size"]).all() and (df["spec_tokens"] == df["ar_tokens"]).all()
+    assert (df["rounds"] == 3).all() and (df["prompts"] == 2).all()  # rounds 0, 1, 2 of B = 1: prompts 0, 1, 0
+    assert (df["ar_tokens"] == 4 * df["batch_size"] * 3).all() and (df["spec_tokens"] == df["ar_tokens"]).all()
+    assert df["ar_round_tokens"].map(len).eq(3).all() and df["spec_round_s"].map(len).eq(3).all()
     assert ((df["alpha"] >= 0) & (df["alpha"] <= 1)).all() and (df["r"] > 0).all() and (df["c"] > 0).all()
     np.testing.assert_allclose(df["speedup"], df["spec_tps"] / df["ar_tps"])
-    fake = df.assign(speedup=[1.5, 0.9, 1.2, 1.1], predicted=[1.1, 1.0, 0.5, 0.4])
-    assert stops_paying(fake) == {0.0: 3, 1.0: None}
-    assert stops_paying(fake, "predicted") == {0.0: None, 1.0: 1}
+    assert (df["speedup_lo"] <= df["speedup"] + 1e-12).all() and (df["speedup"] <= df["speedup_hi"] + 1e-12).all()
+    # the loop overhead: o itself at B = 1, rescaled to the B x 1 forward beyond; the prediction is the model's
+    assert (df.loc[df.batch_size == 1, "overhead"] == 0.5).all() and (df["overhead"] > 0).all()
+    for _, r in df.iterrows():
+        assert r["predicted"] == pytest.approx(theory.speedup(r["alpha"], 2, r["c"], verify_cost=r["r"],
+                                                              overhead=r["overhead"]))
+        assert r["predicted"] < r["predicted_forwards"]
+    free = batch_study(tiny.target, tiny.draft, prompts[:1], BatchStudyConfig(
+        batch_sizes=(2,), temperatures=(0.0,), max_new_tokens=2, warmup=0, repeats=1, cost_repeats=1, gamma=2))
+    assert free["overhead"].iloc[0] == 0 and free["predicted"].iloc[0] == free["predicted_forwards"].iloc[0]
+    assert np.isnan(with_intervals(free)["speedup_hi"]).all()  # one round: no interval
     paths = save_figure(plot_speedup_vs_batch(df), "m2_speedup_vs_batch", directory=tmp_path, close=True)
     assert paths["png"].stat().st_size > 0
     with pytest.raises(ValueError, match="batch_sizes"):
         BatchStudyConfig(batch_sizes=(0,))
+    with pytest.raises(ValueError, match="overhead"):
+        batch_study(tiny.target, tiny.draft, prompts[:1], cfg, overhead=-1.0)
     with pytest.raises(ValueError, match="study"):
         plot_speedup_vs_batch(df.drop(columns="predicted"))
+
+
+def test_round_rows_walk_through_the_prompts():
+    from spade_lib.decoding.batch_study import round_rows
+
+    prompts = [[i] for i in range(5)]
+    assert round_rows(prompts, 2, 0, 10) == ([[0], [1]], [10, 11], [0, 1])
+    assert round_rows(prompts, 2, 1, 10) == ([[2], [3]], [12, 13], [2, 3])
+    assert round_rows(prompts, 2, 2, 10) == ([[4], [0]], [14, 15], [4, 0])
+    assert round_rows(prompts, 7, 0, 0)[2] == [0, 1, 2, 3, 4, 0, 1]  # B > n: prompts repeat within the batch
+
+
+def test_with_intervals_is_the_speedup_bootstrap_over_rounds():
+    """The reference: runs.metrics.bootstrap_speedup on one generation per round, the round the unit."""
+    import pandas as pd
+
+    from spade_lib.runs.batch_speedup import with_intervals
+    from spade_lib.runs.metrics import bootstrap_speedup
+
+    rounds = {"ar_round_tokens": [[40, 40, 40, 40]], "spec_round_tokens": [[40, 40, 40, 40]],
+              "ar_round_s": [[1.0, 1.2, 0.9, 1.1]], "spec_round_s": [[0.5, 0.9, 0.6, 0.4]]}
+    study = pd.DataFrame({"batch_size": [4], "speedup": [(160 / 2.4) / (160 / 4.2)], **rounds})
+    got = with_intervals(study, n_boot=999, seed=3).iloc[0]
+    ref = bootstrap_speedup(
+        pd.DataFrame({"question_id": list("abcd"), "sample": 0, "new_tokens": 40, "wall_time": [0.5, 0.9, 0.6, 0.4]}),
+        pd.DataFrame({"question_id": list("abcd"), "sample": 0, "new_tokens": 40, "wall_time": [1.0, 1.2, 0.9, 1.1]}),
+        n_boot=999, seed=3, by=None, rounds=False)
+    assert (got["speedup_lo"], got["speedup_hi"]) == (ref["ratio_of_totals_low"], ref["ratio_of_totals_high"])
+    assert got["speedup_lo"] < got["speedup"] < got["speedup_hi"]
+    assert list(with_intervals(study).columns[:4]) == ["batch_size", "speedup", "speedup_lo", "speedup_hi"]
+    with pytest.raises(ValueError, match="ratio of totals"):
+        with_intervals(study.assign(speedup=1.0))
+    with pytest.raises(ValueError, match="per-round"):
+        with_intervals(study.drop(columns="ar_round_s"))
+
+
+def test_stops_paying_reads_the_interval_for_the_measurement():
+    import pandas as pd
+
+    from spade_lib.decoding.batch_study import stops_paying
+
+    fake = pd.DataFrame({"temperature": [0.0, 0.0, 1.0, 1.0], "batch_size": [1, 3, 1, 3],
+                         "speedup": [1.5, 0.9, 1.2, 0.8], "speedup_lo": [1.3, 0.8, 1.0, 0.6],
+                         "speedup_hi": [1.7, 0.95, 1.4, 1.05], "predicted": [1.1, 1.0, 0.5, 0.4]})
+    # T = 1, B = 3: the point is below 1, its interval is not: no verdict
+    assert stops_paying(fake) == {0.0: 3, 1.0: None}
+    assert stops_paying(fake, "predicted") == {0.0: None, 1.0: 1}
+    with pytest.raises(ValueError, match="with_intervals"):
+        stops_paying(fake.drop(columns="speedup_hi"))

@@ -1,10 +1,34 @@
 """Batched decoding against batch size: where speculation stops paying (``m2_speedup_vs_batch``).
 
-:func:`batch_study` decodes the same prompts with batched autoregressive and batched speculative
+:func:`batch_study` decodes batches of prompts with batched autoregressive and batched speculative
 decoding (:mod:`spade_lib.decoding.batch`) at each batch size ``B`` and temperature, in alternating
-turns, and sets the measured speedup beside the theory's prediction from the measured ``alpha`` and the
-per-batch cost ratios of :func:`forward_costs`; :func:`stops_paying` reads off the smallest ``B`` at
-which the speedup falls below 1.
+turns, over several timed **rounds**, each on its own prompts: round ``k`` decodes rows
+``prompts[(k B + b) mod n]``, ``b = 0 .. B-1`` with seeds ``seed + k B + b`` (distinct prompts within a
+batch while ``B <= n``; the rounds walk through the suite). Per point:
+
+- throughput ``= sum_k tokens_k / sum_k seconds_k`` of each method and the speedup as their ratio (the
+  ratio of totals), with every round's tokens and seconds, so that
+  :func:`spade_lib.runs.batch_speedup.with_intervals` adds its percentile bootstrap interval
+  ``speedup_lo`` / ``speedup_hi`` (:func:`spade_lib.runs.metrics.bootstrap_speedup`, the rounds resampled:
+  each round's AR and speculative batches are paired, same prompts and seeds, timed one after the other,
+  so the interval holds the prompt-to-prompt and the round-to-round spread). This module measures; the
+  interval is computed a layer up, where SPADE's one bootstrap lives;
+- the prediction from the cost model ``tau / (gamma c(B) + r(B) + o(B))`` (:func:`spade_lib.theory.speedup`)
+  with ``alpha`` measured from the speculative steps, ``r(B)`` and ``c(B)`` the batched forwards' cost
+  ratios (:func:`forward_costs`) and ``o(B)`` the loop's per-step overhead: the pair's single-sequence
+  ``o`` (in one-token target forwards, :func:`spade_lib.runs.costs.loop_overhead`), taken as the same
+  seconds per batched step and so rescaled to the ``B x 1`` forward, ``o(B) = o t(1 x 1) / t(B x 1)``
+  (its per-row part, which grows with ``B``, is not modelled). ``predicted_forwards`` is the same with
+  ``o = 0``.
+
+The batched forwards are not the single-sequence ones: :class:`spade_lib.decoding.batch.BatchLM` runs the
+model's own (Hugging Face) forward with a padding mask, position ids and a ``DynamicCache`` on the prompts'
+cache lengths, while the pair's cost table (:mod:`spade_lib.runs.costs`) times the decoding adapter's
+single-sequence forward (SPADE's lean forward where it covers the model) on a 128-token cache, so ``c`` and
+``r`` at ``B = 1`` differ from the table's; each prediction uses the costs of the loop it predicts.
+
+:func:`stops_paying` reads off, per temperature, the smallest ``B`` whose measured interval lies below 1
+(or, for the prediction, whose point falls below 1).
 """
 
 from __future__ import annotations
@@ -23,7 +47,7 @@ from spade_lib.decoding.costs import time_in_turns
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.sampling import SamplingConfig
 
-__all__ = ["BatchStudyConfig", "forward_costs", "batch_study", "stops_paying"]
+__all__ = ["BatchStudyConfig", "forward_costs", "round_rows", "batch_study", "stops_paying"]
 
 @dataclass(frozen=True)
 class BatchStudyConfig:
@@ -33,13 +57,13 @@ class BatchStudyConfig:
     gamma: int = 4                                   # draft length (fixed policy)
     temperatures: tuple[float, ...] = (0.0, 1.0)     # 0 = greedy
     max_new_tokens: int = 32                         # tokens per row
-    warmup: int = 1                                  # untimed batches per (temperature, batch size) and method
-    repeats: int = 1                                 # timed batches per point (median)
+    warmup: int = 1                                  # untimed rounds per (temperature, batch size)
+    repeats: int = 4                                 # timed rounds per point, each on its own prompts (>= 2: an interval)
     cost_repeats: int = 9                            # timed rounds of forwards per cost ratio (median)
-    seed: int = 0                                    # row b of every batch uses seed + b
+    seed: int = 0                                    # row b of round k uses seed + k B + b
 
     def __post_init__(self) -> None:
-        def check_int(name, v, min):  # spade_lib.validate (issue 15) is not on this branch yet
+        def check_int(name, v, min):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < min:
                 raise ValueError(f"{name}: must be an integer >= {min}, got {v!r}")
 
@@ -88,19 +112,29 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
     return out
 
 
-def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchStudyConfig = BatchStudyConfig(), *,
-                tokenizer=None, eos_token_id=None, progress: bool = False):
-    """Throughput (total new tokens per second) of batched autoregressive and batched speculative
-    decoding against batch size, with the theory's prediction beside it.
+def round_rows(prompts: Sequence[Sequence[int]], batch_size: int, k: int, seed: int
+               ) -> tuple[list[list[int]], list[int], list[int]]:
+    """Round ``k``'s batch (module docstring): the rows ``prompts[(k B + b) mod n]``, their seeds
+    ``seed + k B + b`` and the prompt indices, ``b = 0 .. B-1``."""
+    index = [(k * batch_size + b) % len(prompts) for b in range(batch_size)]
+    return [list(prompts[i]) for i in index], [seed + k * batch_size + b for b in range(batch_size)], index
 
-    For each temperature and batch size ``B``: rows are ``prompts[b % len(prompts)]`` with seeds
-    ``config.seed + b``; AR and speculative batches alternate, in turns (``warmup`` untimed, ``repeats``
-    timed, median); throughput = all rows' new tokens / the batch's wall time. ``alpha`` is estimated from the
-    speculative steps as ``sum n / sum min(n + 1, gamma)`` (accepted over judged drafts), ``r(B)`` and
-    ``c(B)`` by :func:`forward_costs`, and ``predicted = theory.speedup(alpha, gamma, c, verify_cost=r)``
-    ``= E[tokens] / (gamma c + r)``: the speedup if a step cost only its forwards. Returns a DataFrame,
-    one row per (temperature, batch size): ``temperature, batch_size, ar_tps, spec_tps, speedup,
-    alpha, tau, c, r, predicted, ar_tokens, spec_tokens, ar_time_s, spec_time_s``.
+
+def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchStudyConfig = BatchStudyConfig(), *,
+                tokenizer=None, eos_token_id=None, progress: bool = False, overhead: float = 0.0):
+    """Throughput (total new tokens per second) of batched autoregressive and batched speculative
+    decoding against batch size, every round's tokens and seconds (for the speedup's interval,
+    :func:`spade_lib.runs.batch_speedup.with_intervals`) and the cost model's prediction (module docstring).
+
+    For each temperature and batch size ``B``: ``config.warmup`` untimed then ``config.repeats`` timed
+    rounds (:func:`round_rows`), AR and speculative batches alternating in turns within a round.
+    ``alpha`` is estimated from the timed speculative steps as ``sum n / sum min(n + 1, gamma)`` (accepted
+    over judged drafts); ``overhead`` is the pair's single-sequence loop overhead ``o`` (target steps; 0:
+    the forwards only). Returns a DataFrame, one row per (temperature, batch size): ``temperature,
+    batch_size, rounds, prompts`` (distinct prompts decoded), ``ar_tps, spec_tps, speedup, alpha, tau, c,
+    r, overhead`` (``o(B)``), ``predicted, predicted_forwards, ar_tokens,
+    spec_tokens, ar_time_s, spec_time_s`` (totals over the timed rounds) and the per-round lists
+    ``ar_round_tokens, spec_round_tokens, ar_round_s, spec_round_s``.
     """
     import pandas as pd
 
@@ -108,6 +142,8 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         raise TypeError(f"config: expected a BatchStudyConfig, got {type(config).__name__}")
     if not prompts:
         raise ValueError("prompts: at least one prompt")
+    if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not (overhead >= 0 and math.isfinite(overhead)):
+        raise ValueError(f"overhead: must be a finite number >= 0, got {overhead!r}")
     rows = []
     points = [(T, B) for T in config.temperatures for B in config.batch_sizes]
     if progress:
@@ -120,44 +156,60 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         spec = SpeculativeDecoder(target, draft, gamma=config.gamma, sampling=sampling, record=False,
                                   tokenizer=tokenizer, eos_token_id=eos_token_id)
         ar = AutoregressiveDecoder(spec.target, sampling=sampling, tokenizer=tokenizer, eos_token_id=eos_token_id)
-        batch = [list(prompts[b % len(prompts)]) for b in range(B)]
-        seeds = [config.seed + b for b in range(B)]
-        results: dict[str, list] = {"ar": [], "spec": []}
+        results: dict[str, list] = {"ar": [], "spec": []}      # every timed round's results
+        tokens: dict[str, list[int]] = {"ar": [], "spec": []}  # per timed round
         times: dict[str, list[float]] = {"ar": [], "spec": []}
+        seen: set[int] = set()
         for k in range(config.warmup + config.repeats):
+            batch, seeds, index = round_rows(prompts, B, k, config.seed)
             for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
                 t0 = devices.clock(spec.device)
                 out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
                 dt = devices.clock(spec.device) - t0
                 if k >= config.warmup:
-                    results[name], times[name] = out, times[name] + [dt]
-        if B not in costs:
-            costs[B] = forward_costs(spec.target, spec.drafter.adapter, batch, config.gamma, config.cost_repeats)
+                    results[name] += out
+                    tokens[name].append(sum(r.new_tokens for r in out))
+                    times[name].append(dt)
+                    seen.update(index)
+        for b in sorted({B, 1} if overhead > 0 else {B}):
+            if b not in costs:
+                costs[b] = forward_costs(spec.target, spec.drafter.adapter, round_rows(prompts, b, 0, 0)[0],
+                                         config.gamma, config.cost_repeats)
         n = [s.n_accepted for r in results["spec"] for s in r.steps if s.gamma > 0]
         judged = [min(s.n_accepted + 1, s.gamma) for r in results["spec"] for s in r.steps if s.gamma > 0]
         alpha = min(sum(n) / sum(judged), 1.0) if sum(judged) else float("nan")
         tau = float(np.mean([s.n_accepted + 1 for r in results["spec"] for s in r.steps])) if n else float("nan")
-        ar_tokens = sum(r.new_tokens for r in results["ar"])
-        spec_tokens = sum(r.new_tokens for r in results["spec"])
-        ar_t, spec_t = float(np.median(times["ar"])), float(np.median(times["spec"]))
         c, r = costs[B]["c"], costs[B]["r"]
+        o_B = float(overhead) * costs[1]["t_target_1"] / costs[B]["t_target_1"] if overhead > 0 else 0.0
+        ok = alpha == alpha
+        ar_tokens, spec_tokens = sum(tokens["ar"]), sum(tokens["spec"])
+        ar_t, spec_t = float(sum(times["ar"])), float(sum(times["spec"]))
         rows.append({
-            "temperature": float(T), "batch_size": B, "ar_tps": ar_tokens / ar_t, "spec_tps": spec_tokens / spec_t,
-            "alpha": alpha, "tau": tau, "c": c, "r": r,
-            "predicted": float(theory.speedup(alpha, config.gamma, c, verify_cost=r)) if alpha == alpha else math.nan,
+            "temperature": float(T), "batch_size": B, "rounds": config.repeats, "prompts": len(seen),
+            "ar_tps": ar_tokens / ar_t, "spec_tps": spec_tokens / spec_t,
+            "speedup": (spec_tokens / spec_t) / (ar_tokens / ar_t),
+            "alpha": alpha, "tau": tau, "c": c, "r": r, "overhead": o_B,
+            "predicted": float(theory.speedup(alpha, config.gamma, c, verify_cost=r, overhead=o_B)) if ok else math.nan,
+            "predicted_forwards": float(theory.speedup(alpha, config.gamma, c, verify_cost=r)) if ok else math.nan,
             "ar_tokens": ar_tokens, "spec_tokens": spec_tokens, "ar_time_s": ar_t, "spec_time_s": spec_t,
+            "ar_round_tokens": tokens["ar"], "spec_round_tokens": tokens["spec"],
+            "ar_round_s": times["ar"], "spec_round_s": times["spec"],
         })
-        rows[-1]["speedup"] = rows[-1]["spec_tps"] / rows[-1]["ar_tps"]
-    cols = ["temperature", "batch_size", "ar_tps", "spec_tps", "speedup", "alpha", "tau", "c", "r", "predicted",
-            "ar_tokens", "spec_tokens", "ar_time_s", "spec_time_s"]
-    return pd.DataFrame(rows)[cols]
+    return pd.DataFrame(rows)
 
 
 def stops_paying(study, column: str = "speedup") -> dict[float, int | None]:
-    """Per temperature, the smallest batch size at which ``column`` (``"speedup"`` measured, or
-    ``"predicted"``) is below 1, i.e. speculation stops paying; ``None`` if it pays at every size."""
+    """Per temperature, the smallest batch size at which speculation stops paying: for the measured
+    ``"speedup"``, the first ``B`` whose interval lies wholly below 1 (``speedup_hi < 1``: beyond its
+    interval); for ``"predicted"`` (or another column without an interval), the first ``B`` whose value is
+    below 1. ``None`` if there is none in the study's range (for the measurement: no verdict, not "it pays")."""
     out: dict[float, int | None] = {}
+    bound = "speedup_hi" if column == "speedup" else column
+    if bound not in study.columns:
+        raise ValueError(f"study: no column {bound!r}" + (" (the measured speedup's interval: "
+                                                          "spade_lib.runs.batch_speedup.with_intervals)"
+                                                          if column == "speedup" else ""))
     for T, sub in study.sort_values("batch_size").groupby("temperature", sort=True):
-        below = sub.loc[sub[column] < 1.0, "batch_size"]
+        below = sub.loc[sub[bound] < 1.0, "batch_size"]
         out[float(T)] = int(below.iloc[0]) if len(below) else None
     return out
