@@ -945,3 +945,26 @@ def test_slrs_bad_arguments(tokenizers):
         d.reset([], len(ttok))
     with pytest.raises(ValueError, match="^vocab_size"):
         d.reset([1, 2], 3)
+
+
+def test_slrs_accounts_for_its_paths(tokenizers):
+    """What an SLRS step costs, from its own account: greedy walks one path a position (at most ``depth + 1``
+    forwards, the root's included), sampling enumerates at most ``n_nodes`` a position; one forward per
+    fed token except the re-sync of the committed text; tokenizer calls a few per position, never per path."""
+    ttok, dtok = tokenizers
+    target, draft = _pair(tokenizers, 0.3)
+    ids = ttok.encode(PROMPTS[0], add_special_tokens=False)
+    for sampling, per_position in ((SamplingConfig(temperature=0), "depth"), (SamplingConfig(temperature=1.0), "nodes")):
+        drafter = SLRSDrafter(draft, dtok, ttok)
+        paths = drafter.paths
+        assert (paths.n_nodes, paths.depth) == (138, 7)
+        out = SpeculativeDecoder(target, drafter, gamma=3, sampling=sampling).generate(ids, 16, seed=0)
+        limit = paths.depth + 1 if per_position == "depth" else paths.n_nodes
+        for s in out.steps:
+            c = s.draft_costs
+            assert c["forwards"] <= 3 * limit and c["fed"] >= c["forwards"] >= c["draft_tokens"] >= s.gamma
+            assert c["encode_calls"] + c["decode_calls"] <= 16
+        forwards = [s.draft_costs["forwards"] for s in out.steps]
+        print(f"{sampling}: forwards per step {forwards}")
+        if per_position == "nodes":
+            assert max(forwards) > 3 * (paths.depth + 1)  # the sum over paths, not one walk
