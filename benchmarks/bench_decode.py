@@ -424,7 +424,7 @@ def main(argv=None) -> None:
     tr = pd.DataFrame(records)
     alpha = metrics.acceptance_rate(tr)
     spade_rows = df[(df["method"] == "spade") & df["round"].isin(first["round"])]
-    tau = float(np.mean(np.concatenate([np.asarray(a) for a in spade_rows["accept_lengths"]])))
+    tau = metrics.mean_accepted_length(spade_rows)
     g, c, r = args.gamma, costs["c"], costs["r"].get(args.gamma)
     if r is None:
         r = measure_costs(tgt_ad, dr_ad, args.gamma, args.context, clock, device=device)["r"][args.gamma]
@@ -531,7 +531,7 @@ def report_tree(args, df, first, per, sp, tgt_ad, dr_ad, prompts, sampling, cloc
     untimed pass on the first prompt gives its parents), the speedup over AR and over the chain (paired per
     round, with the IQR); returns the physical-control violations (a speedup above tau)."""
     rows = df[(df["method"] == "spade_tree") & df["round"].isin(first["round"])]
-    tau = float(np.mean(np.concatenate([np.asarray(a) for a in rows["accept_lengths"]])))
+    tau = metrics.mean_accepted_length(rows)
     nodes = np.concatenate([np.asarray(g, dtype=float) for g in rows["gammas"]])
     nodes = nodes[nodes > 0]
     rec = SpeculativeDecoder(tgt_ad, ModelDrafter(dr_ad, tree=args.tree), gamma=args.tree.max_depth,

@@ -1,4 +1,5 @@
-"""Distances between the target distribution ``p`` and the draft distribution ``q``.
+"""Distances between the target distribution ``p`` and the draft distribution ``q``, and the one
+definition of the mean accepted length ``tau``.
 
 All functions reduce over the last (vocabulary) dimension and keep every leading dimension, so a
 ``[B, gamma, V]`` pair gives per-position ``[B, gamma]`` values. Logarithms are natural (nats).
@@ -8,11 +9,17 @@ All functions reduce over the last (vocabulary) dimension and keep every leading
 - total variation  ``TV(p, q) = 1/2 sum_x |p(x) - q(x)|``, and ``alpha = 1 - TV``;
 - Kullback-Leibler ``KL(p || q) = sum_x p(x) log(p(x) / q(x))`` with ``0 log 0 = 0`` (``+inf`` where
   ``p > 0 = q``);
-- entropy          ``H(p) = -sum_x p(x) log p(x)``.
+- entropy          ``H(p) = -sum_x p(x) log p(x)``;
+- mean accepted length ``tau`` (:func:`tau`): tokens emitted per verification step.
+
+``tau`` is defined here, in the lowest layer, because every layer that reports it imports this one:
+``decoding.common.GenerationResult.tau``, ``runs.metrics``, ``diagnose``, ``whatif`` and the
+benchmarks (``decoding`` sits below ``runs``, so a definition in ``runs.metrics`` could not serve it).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -53,3 +60,28 @@ def distribution_stats(p: torch.Tensor, q: torch.Tensor) -> dict[str, torch.Tens
     """All measures at once: ``{"alpha", "tv", "kl", "h_p", "h_q"}``, each of shape ``p.shape[:-1]``."""
     _check_pair(p, q)
     return {"alpha": alpha(p, q), "tv": tv(p, q), "kl": kl(p, q), "h_p": entropy(p), "h_q": entropy(q)}
+
+
+def tau(accepted, steps, *, with_bonus: bool = True):
+    """Mean accepted length from totals: ``accepted = sum_s N_s`` accepted drafts over ``steps = S``
+    verification steps (numbers, or arrays / Series of per-group totals, elementwise).
+
+    A step drafts ``gamma`` tokens, accepts a prefix of ``N_s`` of them and then emits one more token
+    (the residual sample at the first rejection, or the *bonus* token when all were accepted), so:
+
+    - ``tau = (sum_s N_s + S) / S = mean_s (N_s + 1)`` (``with_bonus=True``, *the* ``tau``: tokens
+      emitted per target forward, Spec-Bench's mean ``accept_lengths``; the speedup if drafting and
+      verifying were free);
+    - ``tau_no_bonus = sum_s N_s / S = mean_s N_s`` (``with_bonus=False``: accepted drafts per step).
+
+    Which steps ``S`` counts names the variant: ``tau`` counts every verification step of the
+    generations (a run's summary, :class:`~spade_lib.decoding.common.GenerationResult`); a trace has
+    rows only for the steps that drafted at least one token, so over a trace this is
+    ``tau_drafting_steps`` (steps that drafted nothing, ``N_s = 0``, left out: >= ``tau``, equal when
+    every step drafted). Block efficiency (Chen et al., 2023) is this ratio over the tokens actually
+    emitted (after ``max_new_tokens`` / EOS truncation), ``accepted = new_tokens - S``. ``S = 0``
+    gives NaN. One division of the exact total (correctly rounded for integer counts).
+    """
+    tokens = accepted + steps if with_bonus else accepted
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.true_divide(tokens, steps)

@@ -419,8 +419,8 @@ def test_category_summary_in_spec_bench_shape(trace):
     steps = trace[trace["pos"] == 0]
     for cat, sub in list(steps.groupby("category")) + [("overall", steps)]:
         row = s.set_index("category").loc[cat]
-        assert row["tau"] == pytest.approx((sub["n_accepted"] + 1).mean())
-        assert row["tau_no_bonus"] == pytest.approx(sub["n_accepted"].mean())
+        assert row["tau_drafting_steps"] == pytest.approx((sub["n_accepted"] + 1).mean())
+        assert row["tau_no_bonus_drafting_steps"] == pytest.approx(sub["n_accepted"].mean())
         assert row["generations"] == sub["prompt_id"].nunique()
         toks = trace if cat == "overall" else trace[trace["category"] == cat]
         assert row["acceptance"] == pytest.approx(toks["accepted"].sum() / len(toks))

@@ -59,3 +59,20 @@ def test_validation():
         tv(torch.ones(3) / 3, [1 / 3] * 3)
     with pytest.raises(ValueError, match="p must be"):
         entropy(torch.tensor([1, 0]))
+
+
+def test_tau_is_the_mean_of_n_plus_one_with_and_without_the_bonus():
+    """The one tau against its plain definition over per-step accepted counts, as numbers and per group."""
+    import numpy as np
+    import pandas as pd
+
+    from spade_lib.measures import tau
+
+    n = [2, 3, 0, 0, 4, 1, 1]
+    assert tau(sum(n), len(n)) == sum(k + 1 for k in n) / len(n)
+    assert tau(sum(n), len(n), with_bonus=False) == sum(n) / len(n)
+    assert math.isnan(tau(0, 0))
+    per_group = tau(pd.Series([5, 0, 6]), pd.Series([3, 2, 4]))
+    assert isinstance(per_group, pd.Series)
+    assert per_group.tolist() == [8 / 3, 1.0, 10 / 4]
+    assert tau(np.array([5, 6]), np.array([3, 4]), with_bonus=False).tolist() == [5 / 3, 6 / 4]

@@ -49,6 +49,24 @@ def test_hand_computed_block_metrics():
     assert pa_["unconditional"].tolist() == pytest.approx([2 / 3, 2 / 3, 1 / 3])
 
 
+def test_tau_drafting_steps_leaves_out_steps_that_drafted_nothing():
+    """A run's tau counts every step (summary); its trace has rows only for the steps that drafted, so
+    the trace gives tau_drafting_steps, larger when some steps drafted nothing; a decoder's result
+    carries the run's tau."""
+    from spade_lib.decoding.common import GenerationResult, StepInfo
+
+    t = trace_from_blocks([("a", 2, 3), ("a", 3, 3)])  # two drafting steps ...
+    s = summary(["a"], [8], [1.0], [[3, 4, 1]])       # ... and one that drafted nothing (n = 0)
+    assert metrics.tau_drafting_steps(t) == pytest.approx((3 + 4) / 2)
+    assert metrics.tau_drafting_steps(t, with_bonus=False) == pytest.approx(5 / 2)
+    assert metrics.mean_accepted_length(t) == metrics.tau_drafting_steps(t)  # a trace: the named variant
+    assert metrics.mean_accepted_length(s) == pytest.approx((3 + 4 + 1) / 3)
+    steps = [StepInfo(g, n, 7, n + 1, 0, "max_gamma") for g, n in ((3, 2), (3, 3), (0, 0))]
+    out = GenerationResult([7] * 8, 4, "max_new_tokens", steps)
+    assert out.tau == metrics.mean_accepted_length(s) == sum(out.accept_lengths) / out.n_steps
+    assert math.isnan(GenerationResult([], 4, "max_new_tokens").tau)
+
+
 def test_summary_metrics_and_truncation_rule():
     # the last step of "a" yielded 4 tokens but only 2 fit in max_new_tokens: new_tokens counts 2
     s = summary(["a", "b"], [6, 4], [2.0, 1.0], [[4, 4], [1, 1, 2]])

@@ -183,7 +183,7 @@ def test_one_category_is_one_panel_without_a_category_split():
     both = dg.combine_runs({"distilled": trace, "data_only": trace}, "draft")
     summary = dg.category_summary(both, by="draft")
     summary = summary[summary.category == summary.category.iloc[0]]
-    fig = m3.category_summary(summary, by="draft")
+    fig = m3.category_summary(summary, by="draft", value="tau_drafting_steps")
     ax = fig.axes[0]
     assert sorted(t.get_text() for t in ax.get_xticklabels()) == ["data_only", "distilled"]
     assert summary.category.iloc[0] in ax.get_title() and ax.get_legend() is None

@@ -33,7 +33,7 @@ def _figures(t):
         "expected_by_category": m3.expected_vs_realised(t["expected_by_category"], x="category", by="draft"),
         "token_rejections": m3.token_rejections(t["tokens"], by="draft", top=8),
         "acceptance_heatmap": m3.acceptance_heatmap(t["heatmap"], by="draft"),
-        "category_summary": m3.category_summary(t["summary"], by="draft"),
+        "category_summary": m3.category_summary(t["summary"], by="draft", value="tau_drafting_steps"),
     }
 
 
@@ -55,7 +55,8 @@ def _saves_twice_identically(fig, name, tmp_path):
 def test_figures_save_deterministically(tables, tmp_path):
     _saves_twice_identically(m3.acceptance_by_position(tables["position"], by="draft"),
                              "m3_acceptance_by_position", tmp_path)
-    _saves_twice_identically(m3.category_summary(tables["summary"], by="draft"), "m3_category_summary", tmp_path)
+    _saves_twice_identically(m3.category_summary(tables["summary"], by="draft", value="tau_drafting_steps"),
+                             "m3_category_summary", tmp_path)
 
 
 @pytest.mark.slow
@@ -173,11 +174,11 @@ def test_every_bar_and_bin_carries_its_count(tables):
     fig = m3.entropy_rejected_vs_accepted(t["entropy"], by="draft")
     assert sorted(x for ax in fig.axes for x in _count_labels(ax)) == counts("n", t["entropy"])
     per_cat = t["summary"][t["summary"].category != "overall"]
-    fig = m3.category_summary(per_cat, by="draft")
+    fig = m3.category_summary(per_cat, by="draft", value="tau_drafting_steps")
     assert sorted(_count_labels(fig.axes[0])) == counts("generations", per_cat)
     assert "generations" in fig.axes[0].get_ylabel()
     fig = m3.expected_vs_realised(t["expected_by_position"], x="pos", by="draft")
     assert all(", n=" in x for ax in fig.axes for x in _count_labels(ax))
     plt.close("all")
     with pytest.raises(ValueError, match="count"):
-        m3.category_summary(per_cat, by="draft", count="nope")
+        m3.category_summary(per_cat, by="draft", value="tau_drafting_steps", count="nope")

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from spade_lib import measures
 from spade_lib.decoding.records import rows
 
 __all__ = ["GenerationResult", "StepInfo", "STREAMS", "seed_streams"]
@@ -83,6 +84,12 @@ class GenerationResult:
     def accept_lengths(self) -> list[int]:
         """``n + 1`` per step, the verification's outcome before truncation (``spade_lib.runs.metrics``)."""
         return [s.n_accepted + 1 for s in self.steps]
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length ``mean_s (n_s + 1)`` over this generation's steps (:func:`spade_lib.measures.tau`,
+        the one definition): tokens per target forward before truncation; NaN without steps."""
+        return float(measures.tau(sum(s.n_accepted for s in self.steps), self.n_steps))
 
     @property
     def emitted_lengths(self) -> list[int]:

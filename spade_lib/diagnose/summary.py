@@ -6,8 +6,11 @@ reached (judged) positions (all computed from the step-level columns):
 
 - ``acceptance = |A| / sum_s gamma_s``        acceptance per drafted token
 - ``alpha = |A| / |R|``                         acceptance per judged (reached) token
-- ``tau = mean_s (N_s + 1)``                    mean accepted length with the bonus/residual token
-  (Spec-Bench's mean of ``accept_lengths``); ``tau_no_bonus = mean_s N_s``
+- ``tau_drafting_steps = mean_s (N_s + 1)``     mean accepted length with the bonus/residual token over
+  the trace's steps (:func:`spade_lib.measures.tau`); ``tau_no_bonus_drafting_steps = mean_s N_s``.
+  A trace has rows only for the steps that drafted, so this is not a run's ``tau`` (Spec-Bench's mean
+  of ``accept_lengths``, every step: :func:`spade_lib.runs.metrics.mean_accepted_length` of its
+  summary) when a drafter sometimes drafts nothing (prompt lookup without a match)
 - ``emitted = sum_s (N_s + 1)``, the tokens the drafted steps produced (Spec-Bench's ``new_tokens``
   up to truncation: the last step of a generation may be cut by ``max_new_tokens``, and steps that
   drafted nothing have no trace rows);
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from spade_lib import measures
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, categorize, group_keys, step_rows
 
 TIME_COLUMNS = ("t_draft", "t_verify", "t_overhead")
@@ -34,7 +38,8 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
                      baseline_tokens_per_second: float | Mapping[str, float] | None = None) -> pd.DataFrame:
     """One row per ``by`` group and ``category`` (plus ``"overall"`` rows when ``overall``):
     ``generations``, ``steps``, ``drafted``, ``reached``, ``accepted``, ``emitted``, ``acceptance``,
-    ``alpha``, ``tau``, ``tau_no_bonus``, ``time``, ``tokens_per_second``, ``speedup``.
+    ``alpha``, ``tau_drafting_steps``, ``tau_no_bonus_drafting_steps``, ``time``, ``tokens_per_second``,
+    ``speedup``.
 
     ``baseline_tokens_per_second`` is one rate, or a mapping from category (and ``"overall"``) to rate.
     """
@@ -78,8 +83,8 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     with np.errstate(invalid="ignore", divide="ignore"):
         out["acceptance"] = out["accepted"] / out["drafted"]
         out["alpha"] = out["accepted"] / out["reached"]
-        out["tau"] = out["emitted"] / out["steps"]
-        out["tau_no_bonus"] = out["n_acc"] / out["steps"]
+        out["tau_drafting_steps"] = measures.tau(out["n_acc"], out["steps"])
+        out["tau_no_bonus_drafting_steps"] = measures.tau(out["n_acc"], out["steps"], with_bonus=False)
         out["tokens_per_second"] = out["emitted"] / out["time"]
     if baseline_tokens_per_second is None:
         base = np.nan
@@ -88,8 +93,8 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     else:
         base = float(baseline_tokens_per_second)
     out["speedup"] = out["tokens_per_second"] / base
-    cols = keys + [category, "generations", "steps", "drafted", "reached", "accepted", "emitted",
-                   "acceptance", "alpha", "tau", "tau_no_bonus", "time", "tokens_per_second", "speedup"]
+    cols = keys + [category, "generations", "steps", "drafted", "reached", "accepted", "emitted", "acceptance",
+                   "alpha", "tau_drafting_steps", "tau_no_bonus_drafting_steps", "time", "tokens_per_second", "speedup"]
     return out[cols].reset_index(drop=True)
 
 

@@ -21,9 +21,10 @@ a child in the tree):
   parent on the path and the ``k`` earlier siblings rejected) and ``share``, the fraction of the
   steps accepting at depth ``d`` that accepted the rank-``k`` child;
 - accepted length ``N`` per step (``0 .. max depth + 1``), its histogram and survival ``P(N >= k)``;
-  ``tau = mean(N) + 1`` over the trace's steps (the tokens a step emits: the path and the residual or
-  bonus token; steps that drafted nothing have no rows and are not counted, as
-  ``metrics.mean_accepted_length`` of a trace).
+  ``tau = mean(N) + 1`` over the trace's steps (:func:`spade_lib.measures.tau`: the tokens a step emits,
+  the path and the residual or bonus token; steps that drafted nothing have no rows and are not counted,
+  so over a run whose drafter may draft nothing this is ``tau_drafting_steps``, as
+  ``metrics.tau_drafting_steps`` of a trace).
 
 Intervals are binomial (:func:`spade_lib.intervals.binomial_ci`, Wilson by default), over steps (or
 judged nodes) as independent trials.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from spade_lib import measures
 from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import add_rate, mean_ci
 from spade_lib.decoding.records import STEP_KEYS
@@ -119,8 +121,9 @@ def tree_accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
 
 def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.DataFrame:
     """One row per ``by`` group: ``steps``, ``nodes`` (mean node count per step, the verification width),
-    ``tree_depth`` (mean), ``mean_accepted`` (mean ``N``), ``tau = mean_accepted + 1`` with normal bounds
-    ``tau_low``, ``tau_high`` (``tau +- z sd(N) / sqrt(steps)``, steps as independent), ``max_accepted``,
+    ``tree_depth`` (mean), ``mean_accepted`` (mean ``N``), ``tau = mean_accepted + 1`` (over the trace's
+    steps, :func:`spade_lib.measures.tau`) with normal bounds ``tau_low``, ``tau_high`` (``tau +- z sd(N) /
+    sqrt(steps)``, steps as independent), ``max_accepted``,
     ``alpha_judged`` (accepted / judged nodes) and ``accepted_per_node`` (mean ``N`` / mean nodes, the
     fraction of the verified nodes that were kept)."""
     df = as_trace(trace, COLUMNS)
@@ -129,9 +132,10 @@ def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.
     group = keys or (lambda _: 0)  # no by: one group
     out = steps.groupby(group, observed=True, sort=True).agg(
         steps=("nodes", "size"), nodes=("nodes", "mean"), tree_depth=("tree_depth", "mean"),
-        mean_accepted=("n_accepted", "mean"), max_accepted=("n_accepted", "max"), sd=("n_accepted", "std"))
+        mean_accepted=("n_accepted", "mean"), max_accepted=("n_accepted", "max"), sd=("n_accepted", "std"),
+        accepted=("n_accepted", "sum"))
     out["steps"] = out["steps"].astype(np.int64)
-    out["tau"] = out["mean_accepted"] + 1.0
+    out["tau"] = measures.tau(out.pop("accepted"), out["steps"])
     out["tau_low"], out["tau_high"] = mean_ci(out["tau"], out.pop("sd"), out["steps"], level)
     judged = df.groupby(group, observed=True, sort=True)[["reached", "accepted"]].sum().reindex(out.index)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -32,9 +32,15 @@ figures):
                                 ``P(x_i accepted | x_0..x_{i-1} accepted) = accepted_i / reached_i``
                                 (i.i.d.: ``alpha``).
 ``mean_accepted_length``        ``tau = mean over steps of (n + 1)`` with the bonus / residual token,
-                                or ``mean(n)`` without it; each step weighs 1 (pooled over prompts).
+                                or ``tau_no_bonus = mean(n)`` without it, over every step of a
+                                summary's ``accept_lengths``; each step weighs 1 (pooled over
+                                prompts). The formula is :func:`spade_lib.measures.tau`, the one
+                                definition every layer calls.
+``tau_drafting_steps``          the same mean over a trace's steps only (steps that drafted nothing
+                                have no rows): ``>= tau``, equal when every step drafted.
 ``block_efficiency``            ``sum(new_tokens) / sum(steps)``: tokens emitted per target
-                                verification call (Chen et al., 2023's "block efficiency").
+                                verification call (Chen et al., 2023's "block efficiency"; ``tau``
+                                over the tokens left after truncation).
 ``tokens_per_second``           ``sum(new_tokens) / sum(wall_time)`` (ratio of totals), or per
                                 generation with ``per_generation=True``.
 ``speedup_ratio_of_totals``     ``tokens_per_second(method) / tokens_per_second(baseline)`` over the
@@ -75,6 +81,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from spade_lib import measures
 from spade_lib.decoding.records import STEP_KEYS
 
 GENERATION_KEYS = ["question_id", "sample"]
@@ -146,27 +153,34 @@ def steps(trace: pd.DataFrame) -> pd.DataFrame:
 
 
 def mean_accepted_length(frame: pd.DataFrame, with_bonus: bool = True) -> float:
-    """``tau``: mean over steps of ``n + 1`` (``with_bonus``) or ``n``.
+    """``tau``: mean over steps of ``n + 1`` (``with_bonus``) or ``n`` (:func:`spade_lib.measures.tau`).
 
-    ``frame`` is a trace (steps that drafted nothing are absent from it) or a summary with
-    ``accept_lengths`` (every step, ``n + 1`` each) — prefer the summary when a policy may draft 0.
+    ``frame`` is a summary with ``accept_lengths`` (every step, ``n + 1`` each). A trace (no
+    ``accept_lengths``) gives :func:`tau_drafting_steps`, its steps being only those that drafted.
     """
-    if "accept_lengths" in frame.columns:
-        lengths = np.concatenate([np.asarray(a, dtype=np.float64) for a in frame["accept_lengths"]]
-                                 or [np.zeros(0)])
-        n = lengths - 1.0
-    else:
-        n = steps(frame)["n_accepted"].to_numpy(dtype=np.float64)
-    _nonempty(len(n), "mean_accepted_length")
-    return float(n.mean() + (1.0 if with_bonus else 0.0))
+    if "accept_lengths" not in frame.columns:
+        return tau_drafting_steps(frame, with_bonus=with_bonus)
+    lengths = np.concatenate([np.asarray(a, dtype=np.float64) for a in frame["accept_lengths"]] or [np.zeros(0)])
+    _nonempty(len(lengths), "mean_accepted_length")
+    return float(measures.tau(lengths.sum() - len(lengths), len(lengths), with_bonus=with_bonus))
+
+
+def tau_drafting_steps(trace: pd.DataFrame, with_bonus: bool = True) -> float:
+    """``tau_drafting_steps``: :func:`spade_lib.measures.tau` over the trace's steps, the steps that drafted
+    at least one token (a step that drafted nothing has no trace rows); ``tau`` of a run counts every step
+    (:func:`mean_accepted_length` of its summary)."""
+    n = steps(trace)["n_accepted"].to_numpy(dtype=np.float64)
+    _nonempty(len(n), "tau_drafting_steps")
+    return float(measures.tau(n.sum(), len(n), with_bonus=with_bonus))
 
 
 def block_efficiency(summary: pd.DataFrame) -> float:
-    """``sum(new_tokens) / sum(len(accept_lengths))``: emitted tokens per target verification."""
+    """``sum(new_tokens) / sum(len(accept_lengths))``: emitted tokens per target verification
+    (:func:`spade_lib.measures.tau` of the emitted tokens, ``accepted = new_tokens - steps``)."""
     _require(summary, ["new_tokens", "accept_lengths"], "summary")
     n_steps = int(sum(len(a) for a in summary["accept_lengths"]))
     _nonempty(n_steps, "block_efficiency")
-    return float(summary["new_tokens"].sum()) / n_steps
+    return float(measures.tau(float(summary["new_tokens"].sum()) - n_steps, n_steps))
 
 
 def tokens_per_second(summary: pd.DataFrame, per_generation: bool = False) -> float | pd.Series:
@@ -331,17 +345,23 @@ def _cluster_sums(frame: pd.DataFrame, key: str, num: pd.Series, den: pd.Series)
                          "unit": frame[key].astype(str).to_numpy()}).groupby("unit", sort=True).sum()
 
 
-def _ratio_boot(sums: list[pd.DataFrame], n_boot: int, level: float, seed: int) -> list[tuple[float, float]]:
-    """Percentile intervals of ``sum num / sum den`` for each frame of per-unit sums, the same units
-    drawn for every frame (units are aligned on their index; a unit missing from a frame adds 0)."""
+def _ratio(num, den):
+    return num / den
+
+
+def _ratio_boot(sums: list[pd.DataFrame], n_boot: int, level: float, seed: int,
+                stats: Sequence | None = None) -> list[tuple[float, float]]:
+    """Percentile intervals of ``stat(sum num, sum den)`` (default ``sum num / sum den``) for each frame of
+    per-unit sums, the same units drawn for every frame (units are aligned on their index; a unit missing
+    from a frame adds 0)."""
     units = sorted(set().union(*(s.index for s in sums)))
     rng = np.random.default_rng(seed)
     draw = rng.integers(0, len(units), size=(n_boot, len(units)))
     out = []
-    for s in sums:
+    for s, stat in zip(sums, stats or [_ratio] * len(sums)):
         s = s.reindex(units, fill_value=0.0)
         num, den = s["num"].to_numpy()[draw].sum(1), s["den"].to_numpy()[draw].sum(1)
-        vals = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        vals = np.where(den > 0, stat(num, np.where(den > 0, den, 1.0)), np.nan)
         vals = vals[np.isfinite(vals)]
         lo, hi = (1 - level) / 2, (1 + level) / 2
         out.append((float(np.quantile(vals, lo)), float(np.quantile(vals, hi))) if len(vals) else (np.nan, np.nan))
@@ -355,7 +375,8 @@ def _alpha_sums(trace: pd.DataFrame) -> pd.DataFrame:
 
 def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = None, *, n_boot: int = 2000,
                          level: float = 0.95, seed: int = 0) -> dict[str, float]:
-    """``alpha`` (accepted / judged) and, with ``summary``, ``tau`` (mean ``n + 1`` per step) with
+    """``alpha`` (accepted / judged) and, with ``summary``, ``tau`` (mean ``n + 1`` per step,
+    :func:`spade_lib.measures.tau`) with
     percentile bootstrap intervals over prompts: each resample draws the prompts with replacement and
     recomputes the ratio of sums, so the interval holds the prompt-to-prompt spread (positions of one
     prompt are dependent). Returns ``alpha, alpha_low, alpha_high, tau, tau_low, tau_high, prompts``."""
@@ -368,11 +389,12 @@ def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = Non
     frames = [a]
     if summary is not None:
         _require(summary, ["question_id", "accept_lengths"], "summary")
-        t = _cluster_sums(summary, "question_id", summary["accept_lengths"].map(lambda x: float(np.sum(x))),
+        # per prompt: accepted drafts sum(n) = sum(n + 1) - steps, and steps
+        t = _cluster_sums(summary, "question_id", summary["accept_lengths"].map(lambda x: float(np.sum(x)) - len(x)),
                           summary["accept_lengths"].map(lambda x: float(len(x))))
-        out["tau"] = float(t["num"].sum() / t["den"].sum()) if t["den"].sum() > 0 else np.nan
+        out["tau"] = float(measures.tau(t["num"].sum(), t["den"].sum())) if t["den"].sum() > 0 else np.nan
         frames.append(t)
-    intervals = _ratio_boot(frames, n_boot, level, seed)
+    intervals = _ratio_boot(frames, n_boot, level, seed, stats=[_ratio, measures.tau][:len(frames)])
     out["alpha_low"], out["alpha_high"] = intervals[0]
     if summary is not None:
         out["tau_low"], out["tau_high"] = intervals[1]

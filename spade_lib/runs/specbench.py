@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from spade_lib import measures
 from spade_lib.bench.sources import MT_BENCH_CATEGORIES
 from spade_lib.io import write_text
 from spade_lib.runs import trace
@@ -272,7 +273,7 @@ def _summary(gen: pd.DataFrame, has_baseline: bool) -> pd.DataFrame:
         sub = gen[mask]
         lengths = np.concatenate([np.asarray(a, dtype=np.float64) for a in sub["accept_lengths"]] or [np.zeros(0)])
         row = {"category": name, "generations": len(sub), "steps": len(lengths),
-               "tau": float(lengths.mean()) if len(lengths) else math.nan,
+               "tau": float(measures.tau(lengths.sum() - len(lengths), len(lengths))) if len(lengths) else math.nan,
                "new_tokens": float(sub["new_tokens"].sum()), "wall_time": float(sub["wall_time"].sum()),
                "tokens_per_s": float(sub["tokens_per_s"].mean())}
         if has_baseline:

@@ -299,7 +299,7 @@ def predict_tau(alphas: Sequence[np.ndarray], gammas: Iterable[int],
                 tau = float(np.nanmean(np.where(np.isnan(mat), np.nan, block_tokens(mat, gamma))))
             else:
                 tokens, steps = renewal_tau(mat, lengths, gamma)
-                tau = tokens / steps
+                tau = float(measures.tau(tokens - steps, steps))  # expected accepted drafts over expected steps
             rows.append({"gamma": gamma, "method": method, "tau": tau})
     return pd.DataFrame(rows)
 
@@ -426,8 +426,8 @@ def greedy_walk(agree: Sequence[bool] | np.ndarray, gamma: int) -> pd.DataFrame:
 
 
 def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, float, int]:
-    """Decoding-measured tau ``= mean(n + 1)`` over the steps that drafted ``gamma`` tokens (all steps
-    when ``None``; blocks capped by ``max_new_tokens`` are left out when ``gamma`` is given), with its
+    """Decoding-measured tau ``= mean(n + 1)`` over the steps that drafted ``gamma`` tokens (all the trace's
+    steps, :func:`spade_lib.runs.metrics.tau_drafting_steps`, when ``None``; blocks capped by ``max_new_tokens`` are left out when ``gamma`` is given), with its
     standard error and the number of steps."""
     from spade_lib.runs import metrics
 
@@ -438,4 +438,4 @@ def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, 
         raise ValueError(f"trace has no steps with gamma = {gamma}")
     n = steps["n_accepted"].to_numpy(np.float64) + 1.0
     se = float(n.std(ddof=1) / np.sqrt(len(n))) if len(n) > 1 else float("nan")
-    return metrics.mean_accepted_length(steps), se, int(len(n))
+    return metrics.tau_drafting_steps(steps), se, int(len(n))

@@ -73,6 +73,7 @@ import torch
 
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
 from spade_lib.decoding import policies as _policies
+from spade_lib import measures
 from spade_lib import rules as _rules
 from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.theory import step_cost
@@ -205,7 +206,7 @@ def counterfactual(trace: pd.DataFrame, rules: Sequence[str] | None = None, para
 
     Columns: ``acceptance_path`` (accepted drafts / drafted tokens, pathwise), ``tau_path`` (mean
     ``n_path + 1`` over steps whose pathwise length is known), ``tau_expected`` (mean
-    ``E[n + 1 | block]``), ``coverage_path`` (fraction of steps with a known pathwise length),
+    ``E[n + 1 | block]``; each a :func:`spade_lib.measures.tau` over the trace's steps), ``coverage_path`` (fraction of steps with a known pathwise length),
     ``needs`` and ``exactness`` (what the rule reads, and how exact its replay is).
     """
     per_step = counterfactual_steps(trace, rules, params)
@@ -219,9 +220,9 @@ def counterfactual(trace: pd.DataFrame, rules: Sequence[str] | None = None, para
         row.update({
             "steps": int(len(g)),
             "acceptance_path": float(g.loc[known, "n_path"].sum() / g.loc[known, "gamma"].sum()) if known.any() else math.nan,
-            "tau_path": float((g.loc[known, "n_path"] + 1).mean()) if known.any() else math.nan,
-            "tau_expected": float(g["tokens_expected"].mean()),
-            "tau_recorded": float((g["n_accepted"] + 1).mean()),
+            "tau_path": float(measures.tau(g.loc[known, "n_path"].sum(), int(known.sum()))) if known.any() else math.nan,
+            "tau_expected": float(measures.tau(g["tokens_expected"].sum() - len(g), len(g))),
+            "tau_recorded": float(measures.tau(g["n_accepted"].sum(), len(g))),
             "coverage_path": float(known.mean()),
             "needs": ", ".join(_rule(rule).needs),
             "exactness": _rule(rule).exactness,
@@ -335,7 +336,8 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
     Per step: ``g`` drafted, ``n = min(n_recorded, g)`` accepted (pathwise, exact), ``tokens = n + 1``,
     ``tokens_expected = sum_{k<=g} prod_{i<k} accept_prob_i``, ``cost = g c + r(g) + o`` (``o``:
     ``overhead``, the pair's measured per-step loop cost in target steps; 0 is the paper's model). Aggregates
-    (optionally by ``by``): mean ``g``, ``tau`` (tokens per step), ``tau_expected``, ``cost`` per step,
+    (optionally by ``by``): mean ``g``, ``tau`` (tokens per step, :func:`spade_lib.measures.tau`),
+    ``tau_expected``, ``cost`` per step,
     ``speedup = sum tokens / sum cost`` (ratio of totals) and ``speedup_expected``.
     """
     c = check_float("c", c, min=0.0)
@@ -366,8 +368,8 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
             "label": policy.label,
             "steps": int(len(grp)),
             "g_mean": float(grp["g"].mean()),
-            "tau": float(grp["tokens"].mean()),
-            "tau_expected": float(grp["tokens_expected"].mean()),
+            "tau": float(measures.tau(grp["n"].sum(), len(grp))),
+            "tau_expected": float(measures.tau(grp["tokens_expected"].sum() - len(grp), len(grp))),
             "cost": float(grp["cost"].mean()),
             "speedup": float(grp["tokens"].sum() / grp["cost"].sum()),
             "speedup_expected": float(grp["tokens_expected"].sum() / grp["cost"].sum()),

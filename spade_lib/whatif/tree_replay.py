@@ -10,7 +10,8 @@ node ``i`` of a sub-tree ``S`` is accepted iff
 
     ``i in S``, ``m_i``, ``parent(i)`` is accepted (or is the root), and no earlier sibling in ``S`` is,
 
-and the step's accepted length ``N_S`` is the number of accepted nodes; ``tau_S = mean(N_S) + 1``.
+and the step's accepted length ``N_S`` is the number of accepted nodes; ``tau_S = mean(N_S) + 1`` over the
+wide trace's steps (:func:`spade_lib.measures.tau`).
 A sub-tree is a set of nodes closed under parent (:class:`SubTree`: the first ``nodes`` in drafting
 order or by the draft's cumulative path probability, a depth cap, a width cap on sibling rank).
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from spade_lib import measures
 from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.validate import check_choice, check_int
 
@@ -203,10 +205,10 @@ def replay_tau(trace, subtrees: Mapping[str, SubTree], by: str | Sequence[str] |
         s = replay_steps(df, st, by=keys or None)
         g = s.groupby(keys or (lambda _: 0), observed=True, sort=True)
         t = g.agg(steps=("n_accepted", "size"), nodes=("nodes", "mean"), mean_accepted=("n_accepted", "mean"),
-                  sd=("n_accepted", "std"))
+                  sd=("n_accepted", "std"), accepted=("n_accepted", "sum"))
         t = t.reset_index() if keys else t.reset_index(drop=True)
         t.insert(0, "subtree", label)
-        t["tau"] = t["mean_accepted"] + 1.0
+        t["tau"] = measures.tau(t.pop("accepted"), t["steps"])
         t["tau_se"] = t.pop("sd") / np.sqrt(t["steps"])
         out.append(t)
     return pd.concat(out, ignore_index=True)
@@ -264,7 +266,7 @@ def check_against_runs(wide, runs: Mapping[str, tuple[SubTree, object]], *, z: f
         real = check_greedy(trace)
         rep = replay_tau(df, {label: subtree}).iloc[0]
         steps = real.loc[real["node"] == 0, "n_accepted"].to_numpy(dtype=np.float64)
-        tau = float(steps.mean()) + 1.0 if len(steps) else float("nan")
+        tau = float(measures.tau(steps.sum(), len(steps)))  # NaN without steps
         se = float(steps.std(ddof=1) / np.sqrt(len(steps))) if len(steps) > 1 else float("nan")
         nodes = float(real.loc[real["node"] == 0, "gamma"].mean()) if len(steps) else float("nan")
         sh = shared_steps(df, real, subtree)
