@@ -1,9 +1,10 @@
 """Batch benchmark: throughput of batched speculative vs batched autoregressive decoding against batch size.
 
 Not a test: it prints ratios measured in one run on one machine. On an embedded pair it runs
-:func:`spade_lib.decoding.batch_study.batch_study` (for each batch size ``B``, ``B`` suite prompts decoded together by
-both methods, alternating, ``--repeats`` timed batches after a warm-up, median kept; throughput = all
-rows' new tokens / the batch's wall time) with the theory's prediction ``E[tokens] / (gamma c(B) +
+:func:`spade_lib.decoding.batch_study.batch_study` (for each batch size ``B``, ``--repeats`` timed rounds after a
+warm-up, each decoding its own ``B`` suite prompts with both methods, alternating; throughput = all rows' new
+tokens / the rounds' wall time; the speedup's bootstrap interval over the rounds from
+:func:`spade_lib.runs.batch_speedup.with_intervals`) with the theory's prediction ``E[tokens] / (gamma c(B) +
 r(B))`` from the measured ``alpha``, draft cost ``c(B)`` and verification cost ``r(B)``. Then it decodes
 one batch of 8 prompts and counts the rows identical to single-sequence ``generate`` with the same seed.
 The last line is exactly::
@@ -40,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--batch-sizes", default="1,2,4,8,16", help="comma-separated batch sizes (include 1 and 8)")
-    ap.add_argument("--repeats", type=int, default=3, help="timed batches per point (median)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds per point, each on its own prompts")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all CPUs of this process)")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--seed", type=int, default=0)
@@ -50,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.runs.batch_speedup import ROUND_COLUMNS, with_intervals
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import SpeculativeDecoder
     from spade_lib.sampling import SamplingConfig
@@ -74,11 +76,11 @@ def main(argv=None) -> None:
     study_cfg = BatchStudyConfig(batch_sizes=sizes, gamma=args.gamma, temperatures=(args.temperature,),
                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
     t1 = time.perf_counter()
-    study = batch_study(pair.target, draft, prompts, study_cfg, tokenizer=pair.tokenizer)
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(study.round(3).to_string(index=False))
+    study = with_intervals(batch_study(pair.target, draft, prompts, study_cfg, tokenizer=pair.tokenizer), seed=args.seed)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(study.drop(columns=list(ROUND_COLUMNS)).round(3).to_string(index=False))
     T = float(args.temperature)
-    print(f"speculation stops paying at B = {stops_paying(study)[T]} (measured), "
+    print(f"speculation stops paying at B = {stops_paying(study)[T]} (measured: its interval below 1), "
           f"{stops_paying(study, 'predicted')[T]} (predicted); study {time.perf_counter() - t1:.0f} s")
 
     dec = SpeculativeDecoder(pair.target, draft, gamma=args.gamma, sampling=SamplingConfig(temperature=T),
