@@ -61,12 +61,18 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def synchronize(device: str | torch.device | None) -> None:
     """Wait for queued kernels on ``device`` (a no-op on CPU)."""
-    if device is not None and torch.device(device).type == "cuda":
+    if device is None:
+        return
+    if not isinstance(device, torch.device):  # a torch.device is used as is: the decoders call this per step
+        device = torch.device(device)
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def clock(device: str | torch.device | None = None) -> float:
-    """``time.perf_counter()`` after synchronising ``device``."""
+    """``time.perf_counter()`` after synchronising ``device``: the one clock of every timing in SPADE (the
+    decoders' per-step ``t_draft`` / ``t_verify``, the cost measurement, the timing protocol), so a CUDA
+    interval ends when its kernels do, not when they were queued."""
     synchronize(device)
     return time.perf_counter()
 

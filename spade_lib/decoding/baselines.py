@@ -64,9 +64,10 @@ from collections.abc import Sequence
 import torch
 
 from spade_lib.decoding.adapter import as_token_tensor, context_limit
-from spade_lib.decoding.common import GenerationResult, _check_budget, _clock
+from spade_lib.decoding.common import GenerationResult, _check_budget
 from spade_lib.decoding.decode import _eos_set
 from spade_lib.decoding.drafters import HEAD_DRAFTERS, drafter_names
+from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig
 
 __all__ = ["hf_generate", "hf_sampling_kwargs", "assistant_model", "check_assistant_name", "clear_usd_copies"]
@@ -209,9 +210,9 @@ def hf_generate(target: torch.nn.Module, prompt_ids, max_new_tokens: int, *,
         kwargs["assistant_model"] = assistant
     try:
         torch.manual_seed(seed)
-        t0 = _clock(device)
+        t0 = clock(device)
         out = target.generate(prompt[None], **kwargs) if kwargs["max_new_tokens"] > 0 else prompt[None]
-        t1 = _clock(device)
+        t1 = clock(device)
     finally:
         if saved is not None:
             assistant.generation_config = saved

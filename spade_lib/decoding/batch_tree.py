@@ -37,11 +37,12 @@ import torch
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import (BatchGenerationResult, BatchLM, BatchStepInfo, RowBook, batch_results, close_step,
                                       left_pad, prompt_tensors, row_seeds, timing_totals)
-from spade_lib.decoding.common import _check_budget, _clock, _truncate, seed_streams
+from spade_lib.decoding.common import _check_budget, _truncate, seed_streams
 from spade_lib.decoding.drafters import ModelDrafter
 from spade_lib.decoding.policies import step_cap
 from spade_lib.decoding.step import Step
 from spade_lib.decoding.tree import ancestor_mask
+from spade_lib.devices import clock
 from spade_lib.sampling import adjust
 
 __all__ = ["tree_generate_batch"]
@@ -77,7 +78,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
                for n in lens]
     context = dec.target.max_length  # the single loop's cut of a tree to the target's context
 
-    t_start = _clock(dev)
+    t_start = clock(dev)
     T = BatchLM(dec.target, B, "target")
     if max(lens) > 1:
         ids, valid = left_pad([p[:-1] for p in prompts_t], dev)
@@ -86,7 +87,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
     for d, p in zip(drafters, prompts_t):
         d.reset(p, dec.target.vocab_size)
     pending = [int(p[-1]) for p in prompts_t]  # each row's root t_b
-    t_prefill = _clock(dev)
+    t_prefill = clock(dev)
 
     rows = RowBook(B)
     batch_totals = timing_totals()
@@ -103,7 +104,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
     step = 0
     while active:
         R = len(active)
-        ta = _clock(dev) if timed else 0.0
+        ta = clock(dev) if timed else 0.0
         # -- draft: each row's tree with its own drafter (the single loop's call)
         drafts, budgets = [], []
         for b in active:
@@ -123,7 +124,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
                     draft.stop = "budget"
             drafts.append(draft)
             budgets.append(budget)
-        tb = _clock(dev) if timed else 0.0
+        tb = clock(dev) if timed else 0.0
 
         # -- score: one target forward over every row's [t, x_0 .. x_{N-1}] under its tree mask
         n_nodes = [0 if d is None else d.gamma for d in drafts]
@@ -153,7 +154,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
                 f = step_.verify_tree(logits_p[i, :n + 1], p[i, :n + 1], drafts[i], parents[i], gens[b],
                                       budgets[i], dec.eos)
                 facts.append((f.n, f.next_token, f.emitted, f.hit_eos, f.stats, f.topk, f.path, f.tree))
-        tc = _clock(dev) if timed else 0.0
+        tc = clock(dev) if timed else 0.0
 
         # -- commit: keep each row's root and accepted path, tell its drafter, emit
         T.keep([[0] + [j + 1 for j in f[6]] for f in facts], start=start)
@@ -186,5 +187,5 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
         T.tidy()
         active = close_step(rows, active, finished, batch_totals, (ta, tb, tc), t_start, dev, timed)
         step += 1
-    t_end = _clock(dev)
+    t_end = clock(dev)
     return batch_results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)

@@ -1,4 +1,5 @@
-"""What the decoders share: their results, seeded random streams, the clock and input checks.
+"""What the decoders share: their results, seeded random streams and input checks (their clock is
+:func:`spade_lib.devices.clock`).
 
 :class:`GenerationResult` (with its :class:`StepInfo` per verification step) is what
 :class:`~spade_lib.decoding.decode.SpeculativeDecoder`, :class:`~spade_lib.decoding.decode.AutoregressiveDecoder`,
@@ -10,7 +11,6 @@ acceptance uniforms, residual/bonus sampling) from one seed.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 
 from spade_lib import measures
 from spade_lib.decoding.records import rows
+from spade_lib.devices import clock as _clock  # noqa: F401  decoding/batch.py's name for devices.clock, until it imports that
 
 __all__ = ["GenerationResult", "StepInfo", "STREAMS", "seed_streams"]
 
@@ -32,12 +33,6 @@ def seed_streams(seed: int, device: torch.device | str) -> dict[str, torch.Gener
     states = np.random.SeedSequence(int(seed)).spawn(len(STREAMS))
     return {name: torch.Generator(device=device).manual_seed(int(s.generate_state(1, np.uint64)[0] >> 1))
             for name, s in zip(STREAMS, states)}
-
-
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 @dataclass

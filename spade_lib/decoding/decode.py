@@ -62,11 +62,12 @@ from spade_lib import rules
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_generate_batch
 from spade_lib.decoding.batch_tree import tree_generate_batch
-from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, _truncate,
+from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _truncate,
                                        seed_streams)
 from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
 from spade_lib.decoding.policies import Policy, as_policy, step_cap
 from spade_lib.decoding.step import Step, commit, sample_next
+from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int, check_token_ids
 
@@ -192,7 +193,7 @@ class SpeculativeDecoder(_Base):
         observes = bool(layers) or type(drafter).observe is not Drafter.observe
         hid = {"hidden_layers": layers} if layers else {}  # the target's extends are the plain ones without
 
-        t_start = _clock(dev)
+        t_start = clock(dev)
         target.reset()
         hidden = {i: torch.empty(0, target.hidden_size or 0, device=dev, dtype=target.dtype) for i in layers}
         if L > 1:
@@ -203,7 +204,7 @@ class SpeculativeDecoder(_Base):
         if observes:
             drafter.observe(TargetView(prompt[:-1], 0, hidden, int(prompt[-1])))
         pending = prompt[-1:]
-        t_prefill = _clock(dev)
+        t_prefill = clock(dev)
 
         tokens: list[int] = []
         steps: list[StepInfo] = []
@@ -221,7 +222,7 @@ class SpeculativeDecoder(_Base):
                 break
             cap = step_cap(policy, state)
             max_gamma = min(cap, budget - 1)
-            ta = _clock(dev) if timed else 0.0
+            ta = clock(dev) if timed else 0.0
             cur = target.length
             if max_gamma > 0:
                 draft = drafter.propose(max_gamma, policy, sampling, gens["draft"])
@@ -235,7 +236,7 @@ class SpeculativeDecoder(_Base):
                 draft = None
             g = 0 if draft is None else draft.gamma
             tree = None  # a tree step: its TREE_COLUMNS per node
-            tb = _clock(dev) if timed else 0.0
+            tb = clock(dev) if timed else 0.0
 
             if g == 0:  # plain target step
                 out = target.extend(pending, last_only=True, **hid)
@@ -263,7 +264,7 @@ class SpeculativeDecoder(_Base):
                 f = step.verify_tree(logits_p, p, draft, parents, gens, budget, self.eos)
                 n_acc, next_token, stats, topk, emitted, hit_eos = f.n, f.next_token, f.stats, f.topk, f.emitted, f.hit_eos
                 path, tree, t_rec = f.path, f.tree, f.t_records
-            tc = _clock(dev) if timed else 0.0
+            tc = clock(dev) if timed else 0.0
 
             if g == 0 or draft.parents is None:  # a chain, or no draft
                 target.rollback(cur + 1 + n_acc)
@@ -285,7 +286,7 @@ class SpeculativeDecoder(_Base):
                                   draft_costs=drafter.step_costs()))
             tokens.extend(emitted)
             if timed:
-                td = _clock(dev)
+                td = clock(dev)
                 s = steps[-1]
                 s.t_draft, s.t_verify, s.t_overhead = tb - ta, tc - tb - t_rec, td - tc
                 totals["records"] += t_rec
@@ -295,7 +296,7 @@ class SpeculativeDecoder(_Base):
             if hit_eos:
                 stop_reason = "eos"
                 break
-        t_end = _clock(dev)
+        t_end = clock(dev)
         timing = {"prefill": t_prefill - t_start, **totals, "total": t_end - t_start}
         if not timed:
             timing.update(draft=float("nan"), verify=float("nan"), overhead=float("nan"))
@@ -333,13 +334,13 @@ class AutoregressiveDecoder(_Base):
         L = int(prompt.numel())
         limit = self.max_length if self.max_length is not None else L + max_new_tokens
         budget = min(max_new_tokens, limit - L)
-        t_start = _clock(dev)
+        t_start = clock(dev)
         tokens: list[int] = []
         steps: list[StepInfo] = []
         stop_reason = "max_new_tokens" if budget == max_new_tokens else "context_limit"
         if budget > 0:
             logits = target.prefill(prompt)[None]
-        t_prefill = _clock(dev)
+        t_prefill = clock(dev)
         for i in range(budget):
             if i > 0:
                 logits = target.extend(nxt, last_only=True)
@@ -350,7 +351,7 @@ class AutoregressiveDecoder(_Base):
             if t in self.eos:
                 stop_reason = "eos"
                 break
-        t_end = _clock(dev)
+        t_end = clock(dev)
         timing = {"prefill": t_prefill - t_start, "draft": 0.0, "verify": t_end - t_prefill, "overhead": 0.0,
                   "records": 0.0, "total": t_end - t_start}
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))

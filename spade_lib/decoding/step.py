@@ -44,8 +44,9 @@ from types import SimpleNamespace
 import torch
 
 from spade_lib import rules
+from spade_lib.devices import clock
 from spade_lib.decoding import records
-from spade_lib.decoding.common import _clock, _truncate
+from spade_lib.decoding.common import _truncate
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
@@ -137,13 +138,13 @@ class Step:
                          **self.mode_options)
         if not self.full:
             return Verdict(res.n_accepted, res.next_token)
-        t0 = _clock(p.device)
+        t0 = clock(p.device)
         names, table = records.position_stats(records.StatInputs(logits_p, p, x, q, q_logits, res))
         topk = None
         if self.topk:
             parts = topk_lists(p[:, :x.shape[1]], q, self.topk)
             topk = [[part[r] for part in parts] for r in range(len(streams))]
-        return Verdict(res.n_accepted, res.next_token, names, table, topk, _clock(p.device) - t0)
+        return Verdict(res.n_accepted, res.next_token, names, table, topk, clock(p.device) - t0)
 
     def verify_tree(self, logits_p: torch.Tensor, p: torch.Tensor, draft: DraftTree, parents: list[int],
                     streams: Streams, budget: int, eos: frozenset[int]) -> RowFacts:
@@ -160,14 +161,14 @@ class Step:
         stats = tree = topk = None
         t_records = 0.0
         if self.full:  # the same one transfer, with the statistics and each node's depth and sibling rank
-            t0 = _clock(p.device)
+            t0 = clock(p.device)
             rows = torch.tensor(parents, dtype=torch.long, device=p.device) + 1
             inputs = _tree_inputs(logits_p, p, draft, res, rows)
             names, tab = records.position_stats(inputs)
             cols = names + ("depth", "sibling_rank")
             flat = torch.cat([tab[0], torch.stack([draft.depth, draft.sibling_rank]).to(torch.float64)])
             topk = topk_lists(inputs.p[0], inputs.q[0], self.topk) if self.topk else None
-            t_records = _clock(p.device) - t0
+            t_records = clock(p.device) - t0
             host = torch.cat([head, flat.flatten()]).tolist()
             o = 2 + 2 * g
             stats = {name: host[o + j * g:o + (j + 1) * g] for j, name in enumerate(cols)}
