@@ -19,9 +19,9 @@ Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.
   ratio, a number or a callable of ``gamma``, and ``o`` the decoding loop's own per-step cost beyond its
   forwards (``overhead``, default 0: the paper's model; measured once per pair by
   :func:`spade_lib.decoding.costs.measure_loop_overhead`) (:func:`step_cost`); :func:`linear_verify_cost` builds
-  ``r(g) = 1 + (ratio - 1) g / at_gamma`` through one measured point, :func:`pair_costs` reads ``(c, r)``
-  from an embedded pair's build manifest. Every speedup in SPADE (``replay``, ``align``, notebooks) is
-  ``tokens / C`` with this ``C``.
+  ``r(g) = 1 + (ratio - 1) g / at_gamma`` through one measured point (the measured ``c`` and ``r(g)`` of a
+  pair are :func:`spade_lib.runs.costs.pair_costs`). Every speedup in SPADE (``replay``, ``align``,
+  notebooks) is ``tokens / C`` with this ``C``.
 
 Scalar ``alpha`` broadcasts against array ``gamma``, ``c``, ``c_hat`` and ``verify_cost`` (NumPy
 semantics). An ``alpha`` of one or more dimensions is a vector of position-wise rates along its last
@@ -137,15 +137,6 @@ def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
         raise ValueError(f"ratio must be >= 1 and at_gamma >= 1, got {ratio}, {at_gamma}")
     slope = (ratio - 1.0) / at_gamma
     return lambda g: 1.0 + slope * g
-
-
-def pair_costs(manifest: dict, draft: str) -> tuple[float, Callable[[int], float]]:
-    """``(c, r)`` of an embedded pair from its build manifest: the draft's measured cost ratio ``c``
-    and :func:`linear_verify_cost` through the measured verify-cost ratio."""
-    costs = manifest.get("costs") if isinstance(manifest, dict) else None
-    if not costs or draft not in costs.get("drafts", {}):
-        raise KeyError(f"manifest has no measured costs for draft {draft!r}")
-    return float(costs["drafts"][draft]["c"]), linear_verify_cost(float(costs["verify_cost_ratio"]), int(costs["gamma"]))
 
 
 def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: VerifyCost = 1.0,

@@ -121,7 +121,7 @@ def test_arrays_of_floats_still_work():
 
 
 def test_cost_model_takes_a_number_or_a_callable():
-    from spade_lib.theory import linear_verify_cost, pair_costs, step_cost, verify_cost_at
+    from spade_lib.theory import linear_verify_cost, step_cost, verify_cost_at
 
     r = linear_verify_cost(1.5, 4)
     assert r(4) == pytest.approx(1.5) and r(0) == 1.0
@@ -132,8 +132,6 @@ def test_cost_model_takes_a_number_or_a_callable():
     grid = np.arange(1, 9)
     assert optimal_gamma(0.8, 0.02, max_gamma=8, verify_cost=r) == \
         optimal_gamma(0.8, 0.02, max_gamma=8, verify_cost=np.array([r(g) for g in grid]))
-    c, rr = pair_costs({"costs": {"drafts": {"d": {"c": 0.05}}, "verify_cost_ratio": 1.2, "gamma": 4}}, "d")
-    assert c == 0.05 and rr(4) == pytest.approx(1.2)
     with pytest.raises(ValueError, match="verify_cost"):
         step_cost(2, 0.1, lambda g: 0.0)
 
