@@ -72,7 +72,7 @@ def test_run_metrics_prices_predictions_with_given_costs():
     base = metrics.run_metrics(t, s, ar, gamma=3)
     got = metrics.run_metrics(t, s, ar, gamma=3, costs={"c": 0.1, "r": {1: 1.2, 2: 1.4, 3: 1.5}})
     assert got["c"] == 0.1 and got["r"] == 1.5
-    assert got["c_trace"] == base["c"] and got["r_trace"] == base["r"]
+    assert got["c_trace"] == base["c_trace"] and got["r_trace"] == base["r_trace"]
     assert got["predicted"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, 0.1, verify_cost=1.5))
     assert got["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, 0.1))
 

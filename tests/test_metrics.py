@@ -140,7 +140,9 @@ def test_run_metrics_collects_everything():
     assert m["alpha"] == pytest.approx(5 / 7) and m["tau"] == pytest.approx(8 / 3)
     assert (m["accepted"], m["judged"]) == (5, 7)  # the counts behind alpha
     assert m["speedup"] == pytest.approx(2.0) and m["mean_gamma"] == 3
-    assert m["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c"]))
+    assert m["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c_trace"]))
+    # no cost table: the trace's estimates only, under their own names; c and r are the measurement's
+    assert m["c_trace"] == metrics.cost_ratio(t, ar) and math.isnan(m["c"]) and math.isnan(m["r"])
     assert m["predicted"] == pytest.approx(m["predicted_thm38"])  # every step drafted 3, r unmeasured (0 s)
     assert m["speedup_low"] <= m["speedup"] <= m["speedup_high"]
     assert m["fraction_of_prediction"] == pytest.approx(2.0 / m["predicted"])

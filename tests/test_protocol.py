@@ -96,7 +96,7 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     assert table.loc[table.method == "ar", "speedup"].tolist() == pytest.approx([1.0])
     sp = table[table.method == "spade"]
     assert (sp["speedup_low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["speedup_high"]).all()
-    assert sp["predicted"].notna().all() and sp["r"].gt(0).all()
+    assert sp["predicted"].notna().all() and sp["r_trace"].gt(0).all()
     # each row carries its physical controls: what controls.speedup_warnings says of that row alone
     from spade_lib.runs import controls
 

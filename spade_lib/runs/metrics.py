@@ -54,11 +54,16 @@ figures):
                                 independent draws, its text decides many of them together).
 ``paired_alpha_difference``     ``alpha_a - alpha_b`` of two runs over the same prompts, with an
                                 interval from resampling prompts *jointly* (the runs are dependent).
-``cost_ratio``                  ``c_hat = (sum t_draft / n_drafted) / (sum wall_time_AR /
+``cost_ratio``                  ``c_trace = (sum t_draft / n_drafted) / (sum wall_time_AR /
                                 sum new_tokens_AR)``: one draft forward relative to one
-                                autoregressive target step, both measured.
-``verify_cost_ratio``           ``r_hat = mean t_verify per step / (sum wall_time_AR / sum
-                                new_tokens_AR)``: one verification forward relative to one AR step.
+                                autoregressive target step, estimated from the run's step timings.
+``verify_cost_ratio``           ``r_trace = mean t_verify per step / (sum wall_time_AR / sum
+                                new_tokens_AR)``: one verification forward relative to one AR step,
+                                from the same timings. Both are estimates from a trace, normalised
+                                by the AR run's time per token (prefill included, so they run low on
+                                short generations); the cost *measurement* is ``c`` and ``r(g)`` of
+                                :func:`spade_lib.decoding.costs.measure_costs` (forwards timed in
+                                turns), cached per pair by :func:`spade_lib.runs.costs.pair_costs`.
 ``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost and the loop's
                                 per-step cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r +
                                 o))``, from measured alpha, c, r and o; with per-step drafted counts
@@ -427,7 +432,8 @@ def paired_alpha_difference(trace_a: pd.DataFrame, trace_b: pd.DataFrame, *, n_b
 
 
 def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
-    """``c_hat``: measured seconds per drafted token over measured seconds per AR target step.
+    """``c_trace``: the trace's seconds per drafted token over the AR run's seconds per token (an estimate
+    from run timings, not the cost measurement ``c`` of :func:`spade_lib.decoding.costs.measure_costs`).
 
     ``t_draft`` is step-level (repeated on each row of a step), so it is summed once per step.
     """
@@ -440,8 +446,9 @@ def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
 
 
 def verify_cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
-    """``r_hat``: measured seconds per verification forward (``gamma + 1`` tokens, ``t_verify``, once
-    per step) over measured seconds per AR target step. Theorem 3.8 assumes ``r = 1``."""
+    """``r_trace``: the trace's seconds per verification forward (``gamma + 1`` tokens, ``t_verify``, once
+    per step) over the AR run's seconds per token (an estimate from run timings, not the cost measurement
+    ``r(gamma)`` of :func:`spade_lib.decoding.costs.measure_costs`). Theorem 3.8 assumes ``r = 1``."""
     st = steps(trace)
     _require(st, ["t_verify"], "trace")
     _nonempty(len(st), "verify_cost_ratio")
@@ -500,20 +507,22 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
 
     ``baseline`` (an autoregressive run over the same generations) adds the speedups (with their
     bootstrap intervals, the numbers of prompts and of rounds resampled, ``speedup_prompts`` and
-    ``speedup_rounds``, and the ``disagree`` flag of :func:`bootstrap_speedup`), the measured cost
-    ratio ``c`` and verify-cost ratio ``r``, and two predictions from the measured ``alpha``:
+    ``speedup_rounds``, and the ``disagree`` flag of :func:`bootstrap_speedup`), the cost ratios, and two
+    predictions from the measured ``alpha``:
     ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says)
     and ``predicted`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
     ``g c + r``: the model the measurement should meet, up to the decoder's per-step overheads), and
     the gaps ``fraction_of_prediction = speedup / predicted`` and ``gap = predicted - speedup``.
     Trace-based entries are NaN for runs that drafted nothing (baselines).
 
-    ``costs`` (the draft's :func:`spade_lib.runs.costs.pair_costs` table, paired micro-benchmarks)
-    supplies ``c``, ``r = r(gamma)`` and the loop's per-step cost ``overhead`` (``o``, 0 when the table
-    has none) and prices each step at ``g_s c + r(g_s) + o``; the ratios from the run's own step timings
-    are then reported as ``c_trace`` and ``r_trace`` (they are normalised by the AR run's time per token,
-    prefill included, so they run low on short generations). ``overhead`` is in the result (0 without
-    ``costs``: the model then has no loop cost).
+    Two kinds of cost ratio, never in the same column: ``c_trace`` and ``r_trace`` (:func:`cost_ratio`,
+    :func:`verify_cost_ratio`: estimates from the run's own step timings over the AR run's time per token,
+    prefill included, so they run low on short generations), always; ``c`` and ``r = r(gamma)``, the cost
+    measurement (``costs``: the draft's :func:`spade_lib.runs.costs.pair_costs` table, forwards timed in
+    turns by :func:`spade_lib.decoding.costs.measure_costs`), NaN without ``costs``. The predictions are
+    priced with ``c``, ``r(g_s)`` and the table's loop cost ``overhead`` (``o``, 0 when it has none) at
+    ``g_s c + r(g_s) + o`` per step; without ``costs`` with ``c_trace`` and ``r_trace`` (``r = 1`` where
+    no verify time was recorded) and no loop cost. ``overhead`` is in the result (0 without ``costs``).
 
     ``stalls`` is the number of timed readings of the run's generations that
     :mod:`spade_lib.runs.protocol` re-timed as stalls (:func:`spade_lib.runs.timing.find_stalls`; the
@@ -551,25 +560,26 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["speedup_mean_of_ratios_high"] = boot["mean_of_ratios_high"]
         out["estimators_disagree"] = float(boot["disagree"])
         out["speedup_prompts"], out["speedup_rounds"] = boot["units"], boot["rounds"]
-        out["c"] = cost_ratio(trace, baseline) if drafted else nan
-        out["r"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
+        out["c_trace"] = cost_ratio(trace, baseline) if drafted else nan
+        out["r_trace"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
+        out["c"] = out["r"] = nan  # the cost measurement's, from a costs table only
         r_fn, overhead = None, 0.0
         if costs is not None and drafted and gamma is not None:
             from spade_lib.decoding.costs import verify_cost_fn
 
             r_fn = verify_cost_fn(costs)
-            out["c_trace"], out["r_trace"] = out["c"], out["r"]
             out["c"], out["r"] = float(costs["c"]), r_fn(gamma)
             overhead = float(costs.get("overhead") or 0.0)
         out["overhead"] = overhead
         if drafted and gamma is not None:
-            out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, out["c"])
+            c = out["c"] if r_fn is not None else out["c_trace"]
+            out["predicted_thm38"] = predicted_speedup(out["alpha"], gamma, c)
             g = drafted_per_step(trace, summary)
             if r_fn is not None:
                 r = np.array([r_fn(x) for x in g])
-            else:
-                r = out["r"] if np.isfinite(out["r"]) and out["r"] > 0 else 1.0  # not measured: Thm 3.8's 1
-            out["predicted"] = predicted_speedup(out["alpha"], g, out["c"], verify_cost=r, overhead=overhead)
+            else:  # the trace's estimate; no verify time recorded: Thm 3.8's 1
+                r = out["r_trace"] if np.isfinite(out["r_trace"]) and out["r_trace"] > 0 else 1.0
+            out["predicted"] = predicted_speedup(out["alpha"], g, c, verify_cost=r, overhead=overhead)
             out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
             out["gap"] = out["predicted"] - out["speedup"]
         else:
