@@ -6,10 +6,13 @@ One prepared script for a GPU machine (it also runs on CPU with ``--shapes tiny`
    below (Qwen2.5-0.5B -> Qwen2.5-7B, Llama-3.2-1B -> Llama-3.1-8B; written here from their public
    ``config.json`` files, nothing is downloaded), in ``--dtype`` (bf16) on ``--device``, batch 1, a
    ``--context``-token KV cache (512). Each decode forward goes through :class:`spade_lib.decoding.adapter.CausalLMAdapter`
-   exactly as in decoding (extend ``k`` tokens, roll back), timed with CUDA synchronisation, median
-   of ``--reps``, forwards of every size interleaved within a round. From them:
-   ``c = t_draft(1) / t_target(1)`` and ``r(gamma) = t_target(gamma + 1) / t_target(1)``, gamma 1..8.
-   Random weights cost exactly what trained ones do (same shapes, same kernels).
+   exactly as in decoding (extend ``k`` tokens, roll back), and the pair's draft and target forwards are
+   timed **in turns** by SPADE's one cost measurement, :func:`spade_lib.decoding.costs.measure_costs`
+   (every round runs each forward, in a rotated order, with CUDA synchronisation; ``--reps`` rounds):
+   ``c = t_draft(1) / t_target(1)`` and ``r(gamma) = t_target(gamma + 1) / t_target(1)``, gamma 1..8, each
+   the median of the per-round ratios, so load that hits one round hits numerator and denominator alike.
+   The ``forward`` rows are the medians of the same timings. Both models of a pair are resident while
+   they are timed. Random weights cost exactly what trained ones do (same shapes, same kernels).
 2. **Predicted speedups.** ``theory.speedup(alpha, gamma, c, verify_cost=r(gamma))`` at the optimal
    gamma for an *assumed* acceptance grid (``--alphas``, default 0.6/0.7/0.8: the range Leviathan et al.
    2023, Table 3, report for drafts 10-100x smaller than their targets). These alphas are not measured
@@ -38,13 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from spade_lib import io as sio  # noqa: E402
 from spade_lib import devices  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
 from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib.decoding.costs import measure_costs  # noqa: E402
 from spade_lib.theory import optimal_gamma, speedup  # noqa: E402
 
 # Architecture configs (public config.json values; weights are random).
@@ -149,32 +152,14 @@ def build(name: str, shapes: dict, device: torch.device, dtype: torch.dtype) -> 
     return model.to(device=device, dtype=dtype).eval()
 
 
-@torch.inference_mode()
-def forward_times(model, *, device, context: int, max_k: int, reps: int, backend: str, clock=time.perf_counter
-                  ) -> tuple[dict, str]:
-    """Median seconds of a ``k``-token decode forward (k = 1 .. max_k) after ``context`` cached tokens."""
-    ad = CausalLMAdapter(model, backend=backend, max_length=context + max_k + 1)
-    ids = torch.randint(0, ad.vocab_size, (context + max_k,), generator=torch.Generator().manual_seed(0)).to(device)
-    ad.prefill(ids[:context])
-    new = ids[context:]
-
-    def once(k):
-        devices.synchronize(device)
-        t0 = clock()
-        ad.extend(new[:k], last_only=k == 1)
-        devices.synchronize(device)
-        dt = clock() - t0
-        ad.rollback(context)
-        return dt
-
-    for _ in range(3):
-        for k in range(1, max_k + 1):
-            once(k)
-    times = {k: [] for k in range(1, max_k + 1)}
-    for _ in range(reps):
-        for k in times:
-            times[k].append(once(k))
-    return {k: float(np.median(v)) for k, v in times.items()}, ad.backend
+def costs_in_turns(draft, target, *, device, context: int, max_gamma: int, reps: int, backend: str, clock=None
+                   ) -> tuple[dict, str]:
+    """:func:`spade_lib.decoding.costs.measure_costs` of two models on decoding adapters with a ``context``-token
+    cache: ``c``, ``r(g)`` for ``g = 1 .. max_gamma`` and the median forward times, all from the same
+    rounds (each round times every forward in turn); also the adapters' backend."""
+    ads = [CausalLMAdapter(m, backend=backend, max_length=context + max_gamma + 2) for m in (target, draft)]
+    costs = measure_costs(ads[0], ads[1], max_gamma, context=context, clock=clock, reps=reps, device=device)
+    return costs, ads[0].backend
 
 
 def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]:
@@ -195,12 +180,10 @@ def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]
     same, t_sp, t_ar, n_sp, n_ar = 0, [], [], 0, 0
     spade.generate(prompts[0], 8), ar.generate(prompts[0], 8)  # warm-up
     for ids in prompts:
-        for dec, ts in ((ar, t_ar), (spade, t_sp)):
-            devices.synchronize(device)
-            t0 = time.perf_counter()
+        for dec, ts in ((ar, t_ar), (spade, t_sp)):  # in turns, prompt by prompt
+            t0 = devices.clock(device)
             out = dec.generate(ids, n_tokens)
-            devices.synchronize(device)
-            ts.append(time.perf_counter() - t0)
+            ts.append(devices.clock(device) - t0)
             if dec is ar:
                 ref, n_ar = out.tokens, n_ar + len(out.tokens)
             else:
@@ -229,7 +212,7 @@ def main(argv=None) -> list[dict]:
     for p in pairs:
         if p not in known:
             raise ValueError(f"pairs: unknown pair {p!r}; known: {sorted(known)}")
-    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    clock = time.process_time if args.clock == "cpu" else None  # None: devices.clock, synchronised wall time
     if args.clock == "cpu" or args.threads:
         timing.fix_threads(1 if args.clock == "cpu" else args.threads)  # CPU time of spinning threads is not work
     t_start = time.perf_counter()
@@ -240,27 +223,33 @@ def main(argv=None) -> list[dict]:
           f"shapes={args.shapes} backend={args.backend} "
           f"threads={torch.get_num_threads()} clock={args.clock}")
     for pair in pairs:
-        times = {}
+        models, built = {}, {}
         for role, name in zip(("draft", "target"), known[pair]):
             t0 = time.perf_counter()
-            model = build(name, shapes, device, dtype)
-            n_params = sum(p.numel() for p in model.parameters())
-            max_k = args.max_gamma + 1 if role == "target" else 1
-            times[role], backend = forward_times(model, device=device, context=args.context, max_k=max_k,
-                                                 reps=args.reps, backend=args.backend, clock=clock)
+            models[role] = build(name, shapes, device, dtype)
+            built[role] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        costs, backend = costs_in_turns(models["draft"], models["target"], device=device, context=args.context,
+                                            max_gamma=args.max_gamma, reps=args.reps, backend=args.backend, clock=clock)
+        timed = time.perf_counter() - t0
+        # median forward times of the same rounds: the draft's 1-token forward, the target's 1 .. max_gamma + 1
+        times = {"draft": {1: costs["t_draft"]},
+                 "target": {1: costs["t_target"], **{g + 1: t for g, t in costs["t_verify"].items()}}}
+        for role, name in zip(("draft", "target"), known[pair]):
+            n_params = sum(p.numel() for p in models[role].parameters())
             for k, s in times[role].items():
                 rows.append({"section": "forward", "pair": pair, "model": name, "quantity": f"t_forward_{k}tok",
                              "value": s, "unit": "s", "backend": backend})
             rows.append({"section": "forward", "pair": pair, "model": name, "quantity": "params",
                          "value": n_params, "unit": "count", "backend": backend})
             print(f"{pair:<22} {role:<6} {name:<14} {n_params / 1e9:6.2f} B params  1-token forward "
-                  f"{times[role][1] * 1e3:7.2f} ms  (built+timed in {time.perf_counter() - t0:.0f} s, {backend})")
-            del model
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        t1 = times["target"][1]
-        c = times["draft"][1] / t1
-        r = [times["target"][g + 1] / t1 for g in range(1, args.max_gamma + 1)]
+                  f"{times[role][1] * 1e3:7.2f} ms  (built in {built[role]:.0f} s, {backend})")
+        del models
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        c = costs["c"]
+        r = [costs["r"][g] for g in range(1, args.max_gamma + 1)]
+        print(f"{pair:<22} c and r(g) timed in turns ({args.reps} rounds, {timed:.0f} s): medians of per-round ratios")
         rows.append({"section": "costs", "pair": pair, "quantity": "c", "value": c, "unit": "ratio"})
         for g, rg in enumerate(r, start=1):
             rows.append({"section": "costs", "pair": pair, "quantity": "r", "gamma": g, "value": rg, "unit": "ratio"})
