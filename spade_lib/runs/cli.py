@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spade_lib import devices, paths
+from spade_lib import devices, measures, paths
 
 from spade_lib.runs import launch, runner
 from spade_lib.runs.config import RunConfig
@@ -189,7 +189,8 @@ def summarize(run_dir: Path, world_size: int, seconds: float, decoded: int) -> d
     decode_s = float(s["wall_time"].sum())
     return {
         "run_dir": str(run_dir), "prompts": int(s["question_id"].nunique()), "generations": len(s),
-        "new_tokens": tokens, "tokens_per_step": tokens / steps if steps else None,
+        # tokens emitted per target verification (block efficiency: tau of the tokens left after truncation)
+        "new_tokens": tokens, "tokens_per_step": float(measures.tau(tokens - steps, steps)) if steps else None,
         "decode_seconds": decode_s, "tokens_per_second": tokens / decode_s if decode_s > 0 else None,
         "stop_reasons": {str(k): int(v) for k, v in s["stop_reason"].value_counts().sort_index().items()},
         "processes": world_size, "decoded_now": decoded, "elapsed_seconds": seconds,

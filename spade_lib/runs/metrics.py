@@ -378,6 +378,11 @@ def _alpha_sums(trace: pd.DataFrame) -> pd.DataFrame:
     return _cluster_sums(trace, "prompt_id", trace["accepted"].astype(np.float64), trace["reached"].astype(np.float64))
 
 
+def _drafts_accepted(accept_lengths) -> float:
+    """``sum(n)`` over one generation's steps, from its ``accept_lengths`` (``n + 1`` each)."""
+    return float((np.asarray(accept_lengths, dtype=np.float64) - 1.0).sum())
+
+
 def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = None, *, n_boot: int = 2000,
                          level: float = 0.95, seed: int = 0) -> dict[str, float]:
     """``alpha`` (accepted / judged) and, with ``summary``, ``tau`` (mean ``n + 1`` per step,
@@ -394,8 +399,8 @@ def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = Non
     frames = [a]
     if summary is not None:
         _require(summary, ["question_id", "accept_lengths"], "summary")
-        # per prompt: accepted drafts sum(n) = sum(n + 1) - steps, and steps
-        t = _cluster_sums(summary, "question_id", summary["accept_lengths"].map(lambda x: float(np.sum(x)) - len(x)),
+        # per prompt: accepted drafts sum(n) and steps
+        t = _cluster_sums(summary, "question_id", summary["accept_lengths"].map(_drafts_accepted),
                           summary["accept_lengths"].map(lambda x: float(len(x))))
         out["tau"] = float(measures.tau(t["num"].sum(), t["den"].sum())) if t["den"].sum() > 0 else np.nan
         frames.append(t)
