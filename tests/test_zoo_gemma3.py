@@ -61,6 +61,16 @@ def tiny_gemma3(seed: int = 0):
     return model
 
 
+def lively_gemma3(seed: int = 0):
+    """``tiny_gemma3`` with a small embedding (std 0.01 before the sqrt(H) scale): its greedy text varies and
+    depends on the context and the window (``tiny_gemma3``'s large tied embedding makes it repeat its last token,
+    which any draft guesses)."""
+    model = tiny_gemma3(seed)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 0.01, generator=torch.Generator().manual_seed(seed + 100))
+    return model
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     from spade_lib.zoo.gemma3 import load_gemma3, save_clean

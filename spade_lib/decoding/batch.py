@@ -24,8 +24,16 @@ it, and row ``b`` attends to exactly the keys/values a single-sequence decode of
 the batched logits equal the single ones up to floating-point rounding. Trailing slots that are holes in
 every row are cropped after each step, finished rows leave the batch (``batch_select_indices``), and
 when the slots outnumber twice the longest row (plus :data:`COMPACT_SLACK`) the cache is compacted (each
-row's valid slots gathered, order kept). Models with sliding-window layers are refused (their window
-counts slots, not positions); the draft must be a model (prompt lookup is not batched).
+row's valid slots gathered, order kept). The draft must be a model (prompt lookup is not batched).
+
+**Sliding-window layers** (Gemma-3: a query at position ``p`` sees keys at positions ``> p - window``). A
+Hugging Face sliding cache keeps the last ``window - 1`` *slots*, which with holes are not the last
+positions, so such a model gets a cache whose every layer keeps every slot, the position of each slot
+(``BatchLM.pos [R, S]``), and its own per-row masks by layer type (a dict, which the model takes as
+given): a full layer lets query ``i`` of row ``r`` see the row's valid slots up to its own; a sliding layer
+those of them whose position is ``> p_{r,i} - window``; every query sees its own slot (a hole then computes
+a finite junk state that no valid query ever reads). Row ``r`` attends to exactly the positions a
+single-sequence decode of it attends to, in every layer.
 
 **Ragged acceptance.** The step's width is ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` tokens
 (its cap, its budget, its policy's ``keep_drafting``), the rest of its columns are holes. A stateful
@@ -180,12 +188,23 @@ class BatchLM:
         self.adapter = adapter
         self.model = adapter.model
         self.cache = DynamicCache(config=self.model.config)
-        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
-            raise ValueError(f"{what}: sliding-window attention counts cache slots, not positions; batched "
-                             "decoding with masked holes does not support it")
         self.device = adapter.device
         self.mask = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)   # [R, S] 1 = valid slot
         self.length = torch.zeros(n_rows, dtype=torch.long, device=self.device)    # [R] valid slots per row
+        # sliding-window layers (module docstring): every slot kept, the masks per layer type built here
+        self.window: int | None = None
+        if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
+            text = self.model.config.get_text_config()
+            self.layer_types = tuple(text.layer_types)
+            self.window = int(text.sliding_window)
+            if "sliding_attention" not in self.layer_types or set(self.layer_types) - {"sliding_attention",
+                                                                                       "full_attention"}:
+                raise ValueError(f"{what}: layer types {sorted(set(self.layer_types))}: batched decoding masks "
+                                 "'sliding_attention' and 'full_attention' layers")
+            if getattr(text, "use_bidirectional_attention", False):
+                raise ValueError(f"{what}: bidirectional attention is not causal decoding")
+            self.cache = DynamicCache()  # no config: every layer a full one, keeping every slot
+        self.pos = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)     # [R, S] position of each slot
 
     @property
     def slots(self) -> int:
@@ -198,12 +217,20 @@ class BatchLM:
         rank = valid_l.cumsum(dim=-1)
         positions = (self.length[:, None] + rank - 1).clamp(min=0)
         mask = torch.cat([self.mask, valid_l], dim=1)
-        kwargs = {self.adapter._cache_kw: self.cache, "use_cache": True, "attention_mask": mask,
+        attention = mask
+        if self.window is not None:  # a query sees the row's valid slots up to its own (and its own slot)
+            k, S = ids.shape[1], self.slots
+            slot = torch.arange(S + k, device=self.device)[None, None, :]
+            own = (S + torch.arange(k, device=self.device))[None, :, None]
+            allowed = mask.bool()[:, None, :] & (slot <= own) | (slot == own)
+            attention = self._masks(allowed, positions, torch.cat([self.pos, positions], dim=1))
+        kwargs = {self.adapter._cache_kw: self.cache, "use_cache": True, "attention_mask": attention,
                   "position_ids": positions}
         if self.adapter._has_logits_to_keep:
             kwargs["logits_to_keep"] = keep
         out = self.model(ids, **kwargs)
         self.mask = mask
+        self.pos = torch.cat([self.pos, positions], dim=1)
         self.length = self.length + rank[:, -1]
         logits = out.logits
         return logits if keep == 0 or logits.shape[1] == keep else logits[:, -keep:]
@@ -223,16 +250,34 @@ class BatchLM:
         depth = see.sum(dim=-1) - 1
         see = see | torch.eye(k, dtype=torch.bool, device=self.device)        # a hole attends to itself only
         allowed = torch.cat([self.mask.bool()[:, None, :].expand(R, k, self.slots), see], dim=2)
-        dtype = self.adapter.dtype
-        mask4 = torch.zeros(R, 1, k, self.slots + k, dtype=dtype, device=self.device)
-        mask4.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
         positions = self.length[:, None] + depth.clamp(min=0)
+        mask4 = self._masks(allowed, positions, torch.cat([self.pos, positions], dim=1))
         out = self.model(ids, **{self.adapter._cache_kw: self.cache, "use_cache": True, "attention_mask": mask4,
                                  "position_ids": positions})
         valid_l = valid.to(torch.long)
         self.mask = torch.cat([self.mask, valid_l], dim=1)
+        self.pos = torch.cat([self.pos, positions], dim=1)
         self.length = self.length + valid_l.sum(dim=-1)
         return out.logits
+
+    def _masks(self, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """Additive masks ``[R, 1, k, S']`` (0 or the dtype's minimum) from ``allowed [R, k, S']``: one for a
+        model without sliding-window layers, else ``{layer type: mask}``, the sliding one also hiding keys at
+        positions ``<= p - window`` from a query at ``p`` (``q_pos [R, k]``, ``k_pos [R, S']``) but never a
+        query's own slot (``allowed``'s diagonal)."""
+        dtype = self.adapter.dtype
+
+        def additive(ok: torch.Tensor) -> torch.Tensor:
+            m = torch.zeros(ok.shape[0], 1, *ok.shape[1:], dtype=dtype, device=self.device)
+            return m.masked_fill_(~ok[:, None], torch.finfo(dtype).min)
+
+        if self.window is None:
+            return additive(allowed)
+        S = k_pos.shape[1] - q_pos.shape[1]
+        own = torch.zeros_like(allowed)
+        own[:, :, S:] = torch.eye(q_pos.shape[1], dtype=torch.bool, device=self.device)
+        near = (q_pos[:, :, None] - k_pos[:, None, :]) < self.window
+        return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & near | own)}
 
     def keep(self, slots: Sequence[Sequence[int]], *, start: int) -> None:
         """Keep each row's slots before ``start`` and its block slots ``start + slots[r]`` (increasing;
@@ -257,6 +302,7 @@ class BatchLM:
         """Keep only these rows of the batch."""
         self.cache.batch_select_indices(rows)
         self.mask = self.mask[rows]
+        self.pos = self.pos[rows]
         self.length = self.length[rows]
 
     def tidy(self) -> None:
@@ -267,6 +313,7 @@ class BatchLM:
         if last < S:
             self.cache.crop(last - S)
             self.mask = self.mask[:, :last]
+            self.pos = self.pos[:, :last]
         width = int(self.length.max()) if self.length.numel() else 0
         if self.slots > 2 * width + COMPACT_SLACK:
             self._compact(width)
@@ -278,6 +325,7 @@ class BatchLM:
         key = torch.where(self.mask.bool(), order, order - S)  # holes sort first, valid slots keep their order
         idx = key.argsort(dim=-1, stable=True)[:, S - width:]   # [R, width]
         new_mask = self.mask.gather(1, idx)
+        self.pos = self.pos.gather(1, idx)
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
