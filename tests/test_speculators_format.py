@@ -168,3 +168,82 @@ def test_load_pair_takes_a_speculators_folder_as_a_head(tmp_path):
     assert pair.heads["draft"].embed_tokens.weight is pair.target.get_input_embeddings().weight
     assert pair.manifest["heads"] == {"draft": str(tmp_path / "eagle3")}
     assert isinstance(make_drafter("draft", pair), EagleDrafter) and isinstance(make_drafter("eagle", pair), EagleDrafter)
+
+
+# --------------------------------------------------------------------------------- a Gemma-3 verifier (issue 40)
+
+def gemma_head(target, vocab=VD, seed=1):
+    """An EAGLE-3 head over the tiny Gemma-3 of test_zoo_gemma3 (4 layers: features (1, 2, 3)), a pruned vocabulary."""
+    from test_zoo_gemma3 import VOCAB
+
+    torch.manual_seed(seed)
+    head = EagleHead.from_target(target, draft_token_ids=torch.randperm(VOCAB)[:vocab], feature_layers=(1, 2, 3))
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if not name.startswith("embed_tokens"):
+                p.add_(0.1 * torch.randn_like(p))
+    return head
+
+
+def test_a_gemma_verifier_head_round_trips_identical(tmp_path):
+    """Gemma3ForCausalLM as the verifier, d2t / t2d of the reduced vocabulary, the embedding scale kept."""
+    from test_zoo_gemma3 import VOCAB, tiny_gemma3
+
+    target = tiny_gemma3()
+    head = gemma_head(target)
+    folder = save_speculators(head, tmp_path / "g", verifier_name_or_path="google/gemma-3-270m")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["speculators_config"]["verifier"] == {"name_or_path": "google/gemma-3-270m",
+                                                        "architectures": ["Gemma3ForCausalLM"]}
+    assert config["embed_scale"] == 8.0 and config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    tl = config["transformer_layer_config"]
+    assert tl["model_type"] == "llama" and tl["vocab_size"] == VOCAB and tl["hidden_act"] == "silu"
+    tensors = load_file(str(folder / "model.safetensors"))
+    assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == VD
+    ids = torch.arange(VD) + tensors["d2t"]
+    assert torch.equal(ids, head.draft_ids) and bool(tensors["t2d"][ids].all())
+    back = load_speculators(folder, target=target)
+    assert back.config.embed_scale == 8.0 and back.config.meta["verifier_architectures"] == ["Gemma3ForCausalLM"]
+    assert back.embed_tokens.weight is target.get_input_embeddings().weight
+    sd, sd_back = head.state_dict(), back.state_dict()
+    assert sd.keys() == sd_back.keys() and all(torch.equal(sd[k], sd_back[k]) for k in sd)
+    x = torch.randint(0, VOCAB, (9,))
+    with torch.no_grad():
+        assert torch.equal(back.embed(x), target.get_input_embeddings()(x))
+        feats, toks = torch.randn(1, 7, 3 * 64), torch.randint(0, VOCAB, (1, 9))
+        for a, b in zip(head.unrolled(feats, toks, 3)[0], back.unrolled(feats, toks, 3)[0]):
+            assert torch.equal(a, b)
+    config.pop("embed_scale")  # a folder speculators wrote for a Gemma verifier: its plain embedding (s = 1)
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_speculators(folder, target=target).config.embed_scale == 1.0
+
+
+def test_a_gemma_verifier_folder_written_by_spade_loads_in_speculators(speculators, tmp_path):
+    """speculators loads the folder with its Gemma-3 verifier (weights from the verifier's own folder) and
+    computes SPADE's function with a plain embedding: equal to SPADE's head with s = 1, and to the scaled
+    head up to the input norm's eps (module docstring of speculators_format)."""
+    import dataclasses
+
+    from test_zoo_gemma3 import VOCAB, tiny_gemma3
+
+    target = tiny_gemma3()
+    target.save_pretrained(tmp_path / "verifier")
+    head = gemma_head(target)
+    folder = save_speculators(head, tmp_path / "head", include_embeddings=True,
+                              verifier_name_or_path=str(tmp_path / "verifier"))
+    hidden_states, input_ids = torch.randn(1, 10, 3 * 64), torch.randint(0, VOCAB, (1, 10))
+    save_file({"hidden_states": hidden_states, "input_ids": input_ids}, str(tmp_path / "io.safetensors"))
+    out = run_with_speculators(speculators, REF, "forward", str(folder), str(tmp_path / "io.safetensors"),
+                               str(tmp_path / "out.safetensors"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    ref = load_file(str(tmp_path / "out.safetensors"))
+    plain = EagleHead(dataclasses.replace(head.config, embed_scale=1.0))
+    plain.load_state_dict(head.state_dict())
+    plain.tie_to_target(target)
+    toks = torch.cat([input_ids, torch.zeros(1, 2, dtype=torch.long)], 1)
+    with torch.no_grad():
+        unscaled, _ = plain.eval().unrolled(hidden_states, toks, 3)
+        scaled, _ = head.unrolled(hidden_states, toks, 3)
+    for i in range(3):
+        torch.testing.assert_close(unscaled[i], ref[f"logits_{i}"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(scaled[i], ref[f"logits_{i}"], rtol=1e-4, atol=1e-4)

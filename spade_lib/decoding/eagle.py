@@ -29,6 +29,11 @@ keys at ``<= t`` plus the keys of steps ``1 .. i`` *at ``t`` only* (one diagonal
 cache a chain of ``i + 1`` drafted tokens after position ``t`` sees at inference. Step ``i`` predicts
 ``x_{t+2+i}``; the loss is ``sum_i 0.8^i CE_i`` (:func:`step_weights`).
 
+**Targets.** A Llama-type target's head copies its layer's shape; a Gemma-3 target's keeps the Llama layer
+above (SiLU MLP, no QK-norm; speculators too fixes only the draft layer, whatever the verifier) over the
+Gemma features, and ``E x`` is what the target feeds its own first layer: ``s E x`` with Gemma's
+``s = sqrt(H)`` (``EagleConfig.embed_scale``, 1 for Llama), on every path that embeds a token.
+
 **EAGLE-1 variant** (``variant="eagle1"``; Li et al. 2024): a single feature, by default the target's
 last hidden state ``h^L`` (what its LM head reads), and the prediction fed back *through* ``fc``
 (``g = fc(o_t)``) because ``o_t`` is trained to regress onto the target's next feature ``h^L_{t+1}``
@@ -52,6 +57,7 @@ top-``k`` tree of a given depth as plain tensors (tokens, parents, depth, q).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +78,10 @@ __all__ = ["EagleConfig", "EagleHead", "EagleDrafter", "NativeRunner", "default_
            "VARIANTS"]
 
 VARIANTS = ("eagle3", "eagle1")
+LLAMA_TYPES = ("llama", "spade_frspec_llama")  # targets whose own layer the head's layer copies
+GEMMA_TYPES = ("gemma3_text", "gemma3")         # Gemma-3 targets: a Llama draft layer over their features
 STEP_DECAY = 0.8  # weight of unrolled step i is STEP_DECAY ** i (EAGLE-3's training-time test)
+EMBED_INIT_MAX = 1 << 26  # an EagleHead initialises its (to be tied) embedding only up to this many numbers
 
 # LlamaConfig fields the decoder layer is built from (the rest of a target's config is irrelevant to it)
 LAYER_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
@@ -108,6 +117,7 @@ class EagleConfig:
     norm_before_residual: bool = False     # speculators' option: the residual is hidden_norm(g), not g
     norm_output: bool = False              # speculators' option (EAGLE 3.1): feed norm(o) back, not o
     target_layers: int | None = None       # L of the target the head was built for (checked when known)
+    embed_scale: float = 1.0               # s: the head embeds s * E x, as the target does (Gemma-3: sqrt(H))
     meta: dict = field(default_factory=dict)  # free-form facts saved with the head (verifier, training)
 
     def __post_init__(self) -> None:
@@ -128,6 +138,10 @@ class EagleConfig:
         if not 0 < int(self.draft_vocab_size) <= int(self.layer["vocab_size"]):
             raise ValueError(f"draft_vocab_size: must lie in [1, vocab_size={self.layer['vocab_size']}], "
                              f"got {self.draft_vocab_size}")
+        s = self.embed_scale
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s <= 0:
+            raise ValueError(f"embed_scale: must be a finite number > 0, got {self.embed_scale!r}")
+        self.embed_scale = float(self.embed_scale)
         if self.variant == "eagle1" and self.feature_width != self.hidden_size:
             raise ValueError("target_hidden_size: the eagle1 variant feeds its output back through fc, so the "
                              f"target's width ({self.feature_width}) must equal the layer's ({self.hidden_size})")
@@ -154,13 +168,24 @@ class EagleConfig:
     @classmethod
     def for_target(cls, target_config, *, variant: str = "eagle3", feature_layers=None,
                    draft_vocab_size: int | None = None, **options) -> "EagleConfig":
-        """A head shaped like the target's own layers (speculators builds its layer from the verifier's config)."""
+        """A head for a target of config ``target_config``: a Llama-type target's head is shaped like its own
+        layers (speculators builds its layer from the verifier's config); a Gemma-3 target's keeps a Llama
+        layer (SiLU MLP, no QK-norm, the global layers' RoPE) of the target's widths over its features, and
+        embeds with its scale ``sqrt(H)`` (:attr:`EagleConfig.embed_scale`)."""
         tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-        if getattr(tc, "model_type", "llama") not in ("llama", "spade_frspec_llama"):
-            raise ValueError(f"target_config: only Llama-type targets are supported, got model_type {tc.model_type!r}")
+        model_type = getattr(tc, "model_type", "llama")
+        if model_type not in LLAMA_TYPES + GEMMA_TYPES:
+            raise ValueError(f"target_config: EAGLE heads support Llama-type and Gemma-3 targets "
+                             f"({LLAMA_TYPES + GEMMA_TYPES}), got model_type {model_type!r}")
         full = tc.to_dict()
         layer = {k: full[k] for k in LAYER_KEYS if k in full and full[k] is not None}
         layer.setdefault("head_dim", tc.hidden_size // tc.num_attention_heads)
+        if model_type in GEMMA_TYPES:
+            layer["hidden_act"] = "silu"  # the draft layer is a Llama layer (speculators fixes only the draft layer)
+            rope = layer.get("rope_parameters") or {}
+            if "full_attention" in rope:  # per layer type: the head attends globally
+                layer["rope_parameters"] = dict(rope["full_attention"])
+            options.setdefault("embed_scale", float(tc.hidden_size) ** 0.5)
         n = int(tc.num_hidden_layers)
         layers = default_feature_layers(n, variant) if feature_layers is None else tuple(feature_layers)
         vd = int(tc.vocab_size if draft_vocab_size is None else draft_vocab_size)
@@ -170,7 +195,8 @@ class EagleConfig:
         return {"layer": dict(self.layer), "feature_layers": list(self.feature_layers),
                 "draft_vocab_size": int(self.draft_vocab_size), "variant": self.variant,
                 "target_hidden_size": self.target_hidden_size, "norm_before_residual": self.norm_before_residual,
-                "norm_output": self.norm_output, "target_layers": self.target_layers, "meta": dict(self.meta)}
+                "norm_output": self.norm_output, "target_layers": self.target_layers, "embed_scale": self.embed_scale,
+                "meta": dict(self.meta)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
@@ -334,8 +360,8 @@ class NativeRunner:
             self._grow(max(2 * self._size, start + m))
         positions = positions.reshape(-1).cpu()
         hidden = F.rms_norm(g, (self.hidden,), self.g_hidden, self.eps)
-        u = torch.cat([F.rms_norm(F.embedding(tokens.reshape(-1), self.head.embed_tokens.weight), (self.hidden,),
-                                  self.g_in, self.eps), hidden], dim=-1)
+        u = torch.cat([F.rms_norm(self.head.embed(tokens.reshape(-1)), (self.hidden,), self.g_in, self.eps), hidden],
+                      dim=-1)
         qkv = native.linear(u, self.w_qkv, self.b_qkv, packed=True)
         att = native.attend(qkv, self.kv, start, self._cos[positions], self._sin[positions], self.n_heads,
                             tree_from, ancestors)
@@ -363,7 +389,10 @@ class EagleHead(DraftHead):
         lc = config.llama_config()
         self.layer_config = lc
         h, v, vd = config.hidden_size, config.vocab_size, config.draft_vocab_size
-        self.embed_tokens = nn.Embedding(v, h)
+        # the target's input embedding, tied (tie_embeddings) or loaded: a real-size vocabulary's is never
+        # drawn at random here (a Gemma-3 one is 168 M numbers); a small one is, as before
+        init = None if v * h <= EMBED_INIT_MAX else torch.empty(v, h)
+        self.embed_tokens = nn.Embedding(v, h, _weight=init)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(len(config.feature_layers) * config.feature_width, h, bias=False)
         self.layers = nn.ModuleList([EagleDecoderLayer(lc, config.norm_before_residual)])
@@ -432,11 +461,17 @@ class EagleHead(DraftHead):
     @classmethod
     def from_target(cls, target, config: EagleConfig | None = None, *, draft_token_ids=None,
                     init_from_target: bool = True, **config_options) -> "EagleHead":
-        """A head for ``target`` (a Llama causal LM) with its embeddings tied; ``init_from_target``: the layer
-        from the target's last layer (both halves of q/k/v ``W / 2``), ``norm`` from its final norm and the
-        head from its output rows of the draft vocabulary (``draft_token_ids``; all ``V`` when ``None``)."""
-        config = config or EagleConfig.for_target(
-            target.config, draft_vocab_size=None if draft_token_ids is None else len(draft_token_ids), **config_options)
+        """A head for ``target`` (a Llama or Gemma-3 causal LM, :meth:`EagleConfig.for_target`) with its embeddings
+        tied; ``init_from_target``: the layer from the target's last layer (both halves of q/k/v ``W / 2``), ``norm``
+        from its final norm and the head from its output rows of the draft vocabulary (``draft_token_ids``; all
+        ``V`` when ``None``). A Gemma-3 layer gives what a Llama layer has: its projections, its pre-norms'
+        gains ``1 + w`` (``post_attention_layernorm`` from its pre-MLP norm); its QK- and post-norms have no
+        place in the draft layer."""
+        if config is None:
+            config = EagleConfig.for_target(
+                target.config, draft_vocab_size=None if draft_token_ids is None else len(draft_token_ids),
+                **config_options)
+            config.meta.setdefault("verifier_architectures", [type(target).__name__])  # its speculators folder's
         head = cls(config)
         head.tie_embeddings(target.get_input_embeddings())
         if draft_token_ids is not None:
@@ -444,16 +479,26 @@ class EagleHead(DraftHead):
         if init_from_target:
             src = target.model.layers[-1]
             dst = head.layers[0]
+            gemma = hasattr(src, "pre_feedforward_layernorm")
+
+            def gain(norm: nn.Module) -> torch.Tensor:  # Gemma's RMSNorm multiplies by 1 + w, Llama's by w
+                return 1.0 + norm.weight if gemma else norm.weight
+
             with torch.no_grad():
                 for name in ("q_proj", "k_proj", "v_proj"):
                     w = getattr(src.self_attn, name).weight
                     getattr(dst.self_attn, name).weight.copy_(torch.cat([w, w], dim=1) / 2)
                 dst.self_attn.o_proj.load_state_dict(src.self_attn.o_proj.state_dict())
-                dst.mlp.load_state_dict(src.mlp.state_dict())
-                for name in ("input_layernorm", "post_attention_layernorm"):
-                    getattr(dst, name).load_state_dict(getattr(src, name).state_dict())
-                dst.hidden_norm.weight.copy_(src.input_layernorm.weight)
-                head.norm.load_state_dict(target.model.norm.state_dict())
+                if gemma:  # (its MLP is GELU: the weights only start the SiLU one)
+                    for name in ("gate_proj", "up_proj", "down_proj"):
+                        getattr(dst.mlp, name).weight.copy_(getattr(src.mlp, name).weight)
+                else:
+                    dst.mlp.load_state_dict(src.mlp.state_dict())
+                dst.input_layernorm.weight.copy_(gain(src.input_layernorm))
+                dst.post_attention_layernorm.weight.copy_(
+                    gain(src.pre_feedforward_layernorm if gemma else src.post_attention_layernorm))
+                dst.hidden_norm.weight.copy_(gain(src.input_layernorm))
+                head.norm.weight.copy_(gain(target.model.norm))
                 head.lm_head.weight.copy_(target.get_output_embeddings().weight[head.draft_ids.cpu()])
         return head.to(next(target.parameters()).device).eval()
 
@@ -469,12 +514,19 @@ class EagleHead(DraftHead):
             return self.fc(o)
         return self.norm(o) if self.config.norm_output else o
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``s E x``: the target's input embedding of ``tokens`` times its scale ``s`` (``embed_scale``;
+        Gemma-3 multiplies by ``sqrt(H)`` in the model's dtype, and so does this)."""
+        e = self.embed_tokens(tokens)
+        s = self.config.embed_scale
+        return e if s == 1.0 else e * torch.tensor(s, dtype=e.dtype, device=e.device)
+
     def layer(self, g: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, attention_mask=None,
               cache=None) -> torch.Tensor:
         """One pass of the decoder layer: ``g [B, m, H]``, ``tokens [B, m]`` (the token after each
         feature), ``positions [B, m]`` -> ``o [B, m, H]``; appends the keys/values to ``cache``."""
         pe = self.rotary_emb(g, positions)
-        return self.layers[0](self.embed_tokens(tokens), g, pe, attention_mask=attention_mask, cache=cache)
+        return self.layers[0](self.embed(tokens), g, pe, attention_mask=attention_mask, cache=cache)
 
     def draft_logits(self, o: torch.Tensor) -> torch.Tensor:
         """``lm_head(norm(o))`` over the draft vocabulary: ``[..., Vd]``."""

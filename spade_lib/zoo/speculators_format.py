@@ -21,6 +21,15 @@ A speculators EAGLE-3 folder (``Eagle3DraftModel.save_pretrained``, checked agai
   ``t2d [V]`` bool (present only when ``Vd < V``); ``embed_tokens.weight [V, H]`` optional (speculators
   saves it; loaders fill it from the verifier when absent; vLLM then shares the target's).
 
+**A Gemma-3 verifier** (``verifier.architectures: ["Gemma3ForCausalLM"]``): the draft layer stays a Llama layer
+(speculators fixes only the draft layer), ``d2t`` / ``t2d`` map the reduced draft vocabulary into Gemma's 262,144
+ids, and SPADE's head embeds ``s E x`` as Gemma does (``s = sqrt(H)``), written as the extra key
+``embed_scale`` (speculators' config allows extra keys). speculators' ``Eagle3DraftModel`` (0.9.0) embeds with
+a plain ``nn.Embedding``, so it computes ``input_layernorm(E x)`` where SPADE computes ``input_layernorm(s E x)``:
+an RMSNorm is scale-free up to its ``eps`` (``rmsnorm(s e; eps) = rmsnorm(e; eps / s^2)``), so the two differ
+only through ``eps`` (``1e-6`` against Gemma's ``mean(e^2)``). A folder without the key loads with ``s = 1``:
+exactly what speculators computes.
+
 SPADE's parameter names are these names, so saving is ``state_dict`` minus the tied embedding (kept with
 ``include_embeddings=True``); loading refuses what SPADE's head does not implement (a layer config that
 is not Llama, e.g. speculators' Qwen3 default with q/k norms; more than one decoder layer;
@@ -72,14 +81,33 @@ def _layer_config(head: EagleHead) -> dict:
     return d
 
 
+def _verifier_architectures(head: EagleHead, verifier_name_or_path) -> list[str]:
+    """The verifier's architectures: the head's record of its target (``from_target``), else the verifier
+    folder's ``config.json``, else a Llama."""
+    known = head.config.meta.get("verifier_architectures")
+    if known:
+        return list(known)
+    if verifier_name_or_path is not None:
+        try:
+            found = _read_config(Path(verifier_name_or_path)).get("architectures")
+        except (OSError, TypeError):
+            found = None
+        if found:
+            return list(found)
+    return ["LlamaForCausalLM"]
+
+
 def save_speculators(head: EagleHead, folder, *, verifier_name_or_path: str | None = None,
-                     verifier_architectures: tuple[str, ...] = ("LlamaForCausalLM",), speculative_tokens: int = 3,
+                     verifier_architectures: tuple[str, ...] | None = None, speculative_tokens: int = 3,
                      include_embeddings: bool = False) -> Path:
     """Write ``head`` (an ``eagle3`` :class:`EagleHead`) as a speculators EAGLE-3 folder; returns it.
 
     ``verifier_name_or_path``: the target's hub id or folder (vLLM and speculators load the verifier's
-    embedding and norms from it; ``None`` leaves it unset); ``speculative_tokens``: the proposal length
-    written to ``speculators_config``; ``include_embeddings``: also write ``embed_tokens.weight``."""
+    embedding and norms from it; ``None`` leaves it unset); ``verifier_architectures``: its classes (default:
+    what the head was built on, :func:`_verifier_architectures`; ``["Gemma3ForCausalLM"]`` for Gemma-3);
+    ``speculative_tokens``: the proposal length written to ``speculators_config``; ``include_embeddings``:
+    also write ``embed_tokens.weight``. A head whose ``embed_scale`` is not 1 (a Gemma verifier) writes it as
+    the extra key ``embed_scale`` (module docstring)."""
     from safetensors.torch import save_file
 
     if not isinstance(head, EagleHead):
@@ -90,6 +118,8 @@ def save_speculators(head: EagleHead, folder, *, verifier_name_or_path: str | No
                          "(it feeds its output back through fc)")
     if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 1:
         raise ValueError(f"speculative_tokens: must be an integer >= 1, got {speculative_tokens!r}")
+    architectures = (_verifier_architectures(head, verifier_name_or_path) if verifier_architectures is None
+                     else list(verifier_architectures))
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dtype = head.fc.weight.dtype
@@ -115,10 +145,12 @@ def save_speculators(head: EagleHead, folder, *, verifier_name_or_path: str | No
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
                                   "accept_tolerance": 0.0, "verifier_accept_k": 1}],
-            "verifier": {"name_or_path": verifier_name_or_path, "architectures": list(verifier_architectures)},
+            "verifier": {"name_or_path": verifier_name_or_path, "architectures": architectures},
         },
         "transformers_version": transformers.__version__,
     }
+    if c.embed_scale != 1.0:
+        config["embed_scale"] = c.embed_scale
     state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
     if not include_embeddings:
         state.pop("embed_tokens.weight")
@@ -176,8 +208,9 @@ def load_speculators(folder, *, target=None, dtype: torch.dtype | None = None, d
         variant="eagle3", target_hidden_size=config.get("target_hidden_size"),
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)), target_layers=n_target,
+        embed_scale=float(config.get("embed_scale", 1.0)),
         meta={"source": "speculators", "folder": str(folder), "speculators_version": config.get("speculators_version"),
-              "verifier": verifier.get("name_or_path")})
+              "verifier": verifier.get("name_or_path"), "verifier_architectures": verifier.get("architectures")})
     if target is not None:
         tv = int(target.get_input_embeddings().weight.shape[0])
         if tv != head_config.vocab_size:
