@@ -29,8 +29,13 @@ converted target, 49,152 tokens, its own tokenizer in ``pair.draft_tokenizers``)
 ``make_drafter("smollm2", pair)`` drafts with through the text (``decoding.crossvocab``). The model-free
 *tree* drafters (``"suffix"``, ``"ngram_tree"``) run on the lean forward, which masks each tree row by its
 own position's window (the Hugging Face backend refuses them: its sliding layers hold the last
-``window - 1`` slots, not positions). A distilled small draft and EAGLE / Medusa heads with a reduced
-draft vocabulary come later (issue 40).
+``window - 1`` slots, not positions).
+
+Heads (issue 40): EAGLE-3 and Medusa heads over a reduced draft vocabulary ranked by the target's own
+generated tokens (``HeadConfig.vocab_source="generations"``; recipes ``PAIR_PROFILES["gemma3"]`` in
+``zoo/heads.py``), built by :func:`head_entry` and attached by ``load_gemma3(heads=("eagle3", ...))`` /
+``load_pair("gemma3", heads=...)``; the EAGLE layer is a Llama layer over Gemma's features that embeds with
+Gemma's ``sqrt(H)`` scale (``decoding/eagle.py``). A distilled small draft comes later.
 Licence: the Gemma Terms of Use (``data/gemma3/README.md``); no weights are committed.
 """
 
@@ -172,16 +177,34 @@ def target_entry(*, rebuild: bool = False, create: bool = True) -> Path:
     return get_or_build(entry, build, rebuild=rebuild)
 
 
+def head_entry(kind: str = "eagle3", profile: str = "make", *, rebuild: bool = False, config=None,
+               target_folder: Path | str | None = None) -> Path:
+    """The cache entry of the target's ``kind`` head (``"eagle3"``, ``"medusa"``, ...) built by its ``profile``
+    recipe (``spade_lib.zoo.heads.PAIR_PROFILES["gemma3"]``) or by ``config`` (a ``HeadConfig``), built if
+    needed; the head is ``<entry>/head``. ``target_folder``: a saved Gemma-3 folder instead of the real target
+    (tests: a tiny one)."""
+    from spade_lib.zoo import heads
+
+    cfg = config if config is not None else heads.head_config(kind, profile, pair="gemma3")
+    folder = Path(target_folder) if target_folder is not None else target_entry() / "target"
+    return heads.head_entry(folder, "gemma3", cfg, rebuild=rebuild)
+
+
 def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
                 placement: dict | None = None, target_folder: Path | str | None = None,
-                cross_drafts: dict[str, Path | str] | None = None):
+                cross_drafts: dict[str, Path | str] | None = None, heads: tuple[str, ...] = (),
+                head_profile: str = "make", head_configs: dict | None = None):
     """``load_pair("gemma3")``: the converted target with the model-free drafts (:data:`DRAFTS`) and the
     cross-vocabulary draft SmolLM2-135M-Instruct (``pair.drafts["smollm2"]``, built if needed).
 
     ``draft`` names the default drafter (``"ngram"`` unless given; a cross-vocabulary draft may be named).
     ``target_folder``: load a saved Gemma-3 folder instead of building the real one (tests pass a tiny
     random model through the same path); ``cross_drafts`` (``{name: folder}``) then replaces the
-    cross-vocabulary drafts (none unless given)."""
+    cross-vocabulary drafts (none unless given).
+
+    ``heads``: head kinds built if needed (:func:`head_entry`, recipe ``head_profile``, or
+    ``head_configs[kind]``, a ``HeadConfig``) and attached as ``pair.heads[kind]``; the drafters ``"eagle"`` /
+    ``"medusa"`` then find them."""
     if target_folder is None and cross_drafts is not None:
         raise ValueError("cross_drafts: only with target_folder= (the real pair's draft is SmolLM2)")
     default = draft if draft is not None else DEFAULT_DRAFT
@@ -204,14 +227,21 @@ def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, 
     pair.name, pair.path = "gemma3", entry
     n_params = tm.get("n_parameters") or sum(p.numel() for p in pair.target.parameters())
     pair.manifest = {"kind": "gemma3", "name": "gemma3", "default_draft": default, "drafts": list(DRAFTS),
-                     "model_drafts": [], "heads": [],
+                     "model_drafts": [], "heads": {},
                      "cross_vocab_drafts": {n: {"path": r, "vocab": len(pair.draft_tokenizers[n])}
                                             for n, r in cross.items() if n in pair.draft_tokenizers},
-                     "drafts_note": ("prompt lookup, suffix and n-gram trees (on the lean forward) and the "
-                                    "cross-vocabulary SmolLM2 draft; a distilled draft and heads come later (issue 40)"),
+                     "drafts_note": ("prompt lookup, suffix and n-gram trees (on the lean forward), the "
+                                    "cross-vocabulary SmolLM2 draft, and EAGLE-3 / Medusa heads (heads=); "
+                                    "a distilled draft comes later"),
                      "target": {k: v for k, v in tm.items() if k != "files"},
                      "target_path": str(entry) if entry else str(folder),
                      "models": {"target": {"n_parameters": n_params}},
                      "prompts": "completion (base model: no chat template; <bos> prepended)",
                      "license": LICENSE, "seconds": {"target": (tm.get("seconds") or {}).get("total")}}
+    if heads:
+        from spade_lib.zoo.heads import attach_heads
+
+        configs = head_configs or {}
+        attach_heads(pair, {kind: head_entry(kind, head_profile, config=configs.get(kind), target_folder=target_folder)
+                            for kind in heads})
     return pair

@@ -1,6 +1,6 @@
-"""The command line of the draft heads: ``python -m spade_lib.zoo.head_cli build --pair default|smollm2
---kind eagle3|eagle1|medusa [--profile make|long]`` builds a head (cached, :mod:`spade_lib.zoo.heads`) and
-prints the build facts of its manifest (seconds, data tokens, steps, ``budget_hit``, ``c``); ``... eval
+"""The command line of the draft heads: ``python -m spade_lib.zoo.head_cli build --pair default|smollm2|gemma3
+--kind eagle3|eagle1|medusa [--profile make|long]`` (gemma3's recipes: ``eagle3`` / ``medusa``) builds a head
+(cached, :mod:`spade_lib.zoo.heads`) and prints the build facts of its manifest (seconds, data tokens, steps, ``budget_hit``, ``c``); ``... eval
 ...`` also prints the held-out teacher-forced top-1 and alpha by depth (:mod:`spade_lib.zoo.head_eval`).
 """
 
@@ -38,7 +38,7 @@ def _parser():
     for name, text in (("build", "build the head if it is not cached, print its build facts"),
                        ("eval", "build if needed, then the held-out teacher-forced top-1 by depth")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--pair", required=True, help="'default' (embedded) or 'smollm2'")
+        s.add_argument("--pair", required=True, help="'default' (embedded), 'smollm2' or 'gemma3'")
         s.add_argument("--kind", required=True, choices=head_kinds())
         s.add_argument("--profile", default="make", choices=("make", "long"))
         s.add_argument("--rebuild", action="store_true", help="rebuild the head entry even if cached")

@@ -1,7 +1,8 @@
 """Teacher data of the draft heads: token sequences, then the target's features and soft labels on them.
 
 A head learns to predict what the *target* will say from the target's own hidden states, so the
-data are (1) the target's own greedy answers to prompts cut from the embedded corpus's training split
+data are (1) the target's own greedy answers (decoded by SPADE's batched decoder, :func:`generations`) to
+prompts cut from the embedded corpus's training split
 (the distilled draft's prompts, :func:`spade_lib.zoo.distill.teacher_prompts`: complete-this-function
 and explain-this-paragraph, in the target's chat template when it has one) — text distributed like
 what the head will draft — and (2) windows of the training split's source files, cheap to label
@@ -19,6 +20,7 @@ are recomputed per build (hundreds of MB for a real target), which takes seconds
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from dataclasses import dataclass
@@ -28,16 +30,22 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 
+GENERATORS = {"spade": "spade_lib.decoding.decode.AutoregressiveDecoder.generate_batch (greedy, BatchLM caches)",
+              "hf": "transformers generate (greedy, left padding)"}
+
+
 @dataclass(frozen=True)
 class HeadDataConfig:
     n_prompts: int = 48            # corpus prompts the target answers (greedy): its own text
     code_fraction: float = 0.75    # share of complete-this-function prompts (the rest: explain a paragraph)
     max_prompt_tokens: int = 160   # prompts longer than this (after the chat template) are skipped
     gen_tokens: int = 96           # new tokens per answer
-    gen_batch: int = 16            # prompts per batched generate call (left padding)
+    gen_batch: int = 16            # prompts decoded together (left holes / left padding)
+    generator: str = "spade"       # "spade": SPADE's batched decoder (decoding.batch); "hf": HF generate
     n_windows: int = 96            # teacher-forced windows of training-split source code
     window: int = 256              # tokens per window
     heldout_every: int = 8         # every this-many-th sequence is held out for evaluation
+    bos: bool = False              # prepend the tokenizer's <bos> to every prompt and window (Gemma needs it)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -47,6 +55,8 @@ class HeadDataConfig:
         for name in ("max_prompt_tokens", "gen_tokens", "gen_batch", "window", "heldout_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator: must be one of {tuple(GENERATORS)}, got {self.generator!r}")
         if self.heldout_every < 2:
             raise ValueError(f"heldout_every: must be >= 2 (one sequence in heldout_every is held out), "
                              f"got {self.heldout_every}")
@@ -77,32 +87,57 @@ class Sequences:
         return cls([s.clone() for s in seqs], t["starts"].tolist(), kinds)
 
 
-def _encode_prompt(tokenizer, text: str) -> list[int]:
+def _encode_prompt(tokenizer, text: str, bos: bool = False) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                  add_generation_prompt=True)
-        return tokenizer.encode(rendered, add_special_tokens=False)
-    return tokenizer.encode(text, add_special_tokens=False)
+        ids = tokenizer.encode(rendered, add_special_tokens=False)
+    else:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    return _with_bos(tokenizer, ids) if bos else ids
+
+
+def _with_bos(tokenizer, ids: list[int]) -> list[int]:
+    """``ids`` starting with the tokenizer's ``<bos>`` (``ValueError`` naming ``bos`` if it has none)."""
+    b = tokenizer.bos_token_id
+    if b is None:
+        raise ValueError("bos: the tokenizer has no bos_token_id to prepend")
+    return ids if ids[:1] == [b] else [b] + list(ids)
 
 
 @torch.no_grad()
 def generations(target, prompt_ids: list[list[int]], cfg: HeadDataConfig, *, pad_id: int, eos_ids=(),
                 desc: str = "head data: generations") -> Sequences:
     """The target's greedy answers (``cfg.gen_tokens`` new tokens, cut after an eos) to ``prompt_ids``,
-    in batches with left padding; each sequence is ``prompt + answer``."""
+    ``cfg.gen_batch`` prompts at a time; each sequence is ``prompt + answer``.
+
+    ``cfg.generator="spade"``: SPADE's own batched decoder (:meth:`AutoregressiveDecoder.generate_batch`: one
+    forward per new token for all the rows still running, ragged prompts as left holes, a row leaving at its
+    eos; sliding-window models too, :class:`spade_lib.decoding.batch.BatchLM`), so the tokens per minute grow
+    with the batch; ``"hf"``: Hugging Face ``generate`` on left-padded batches (the former way, kept to
+    compare). Both are greedy: the same answers up to near ties of the target's top two logits."""
     out = Sequences([], [], [])
     dev = next(target.parameters()).device
     batches = [prompt_ids[i: i + cfg.gen_batch] for i in range(0, len(prompt_ids), cfg.gen_batch)]
+    eos = sorted(set(eos_ids))
+    if cfg.generator == "spade":
+        from spade_lib.decoding.decode import AutoregressiveDecoder
+        from spade_lib.sampling import SamplingConfig
+
+        decoder = AutoregressiveDecoder(target, sampling=SamplingConfig(temperature=0), eos_token_id=eos)
     for batch in tqdm(batches, desc=desc, file=sys.stderr, leave=False):
-        width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=dev)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
-        gen = target.generate(ids, attention_mask=mask, max_new_tokens=cfg.gen_tokens, do_sample=False,
-                              pad_token_id=pad_id, temperature=None, top_k=None, top_p=None)
-        for r, p in enumerate(batch):
-            new = gen[r, width:].tolist()
+        if cfg.generator == "spade":
+            answers = [r.tokens for r in decoder.generate_batch(batch, cfg.gen_tokens)]
+        else:
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=dev)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
+            gen = target.generate(ids, attention_mask=mask, max_new_tokens=cfg.gen_tokens, do_sample=False,
+                                  pad_token_id=pad_id, temperature=None, top_k=None, top_p=None)
+            answers = [gen[r, width:].tolist() for r in range(len(batch))]
+        for p, new in zip(batch, answers):
             for j, t in enumerate(new):
-                if t in eos_ids:
+                if t in eos:
                     new = new[: j + 1]
                     break
             if len(new) >= 2:
@@ -123,7 +158,8 @@ def windows(tokenizer, documents: list[str], cfg: HeadDataConfig) -> Sequences:
         if len(ids) <= cfg.window:
             continue
         start = int(torch.randint(0, len(ids) - cfg.window, (1,), generator=g))
-        out.seqs.append(torch.tensor(ids[start: start + cfg.window], dtype=torch.long))
+        window = ids[start: start + cfg.window]
+        out.seqs.append(torch.tensor(_with_bos(tokenizer, window) if cfg.bos else window, dtype=torch.long))
         out.starts.append(0)
         out.kinds.append("window")
         if len(out.seqs) == cfg.n_windows:
@@ -151,19 +187,27 @@ def teacher_sequences(target, tokenizer, cfg: HeadDataConfig, *, prompts: list[s
         default_prompts, default_documents = corpus_texts(cfg)
         prompts = default_prompts if prompts is None else prompts
         documents = default_documents if documents is None else documents
-    encoded = [_encode_prompt(tokenizer, p) for p in prompts[: cfg.n_prompts]]
+    encoded = [_encode_prompt(tokenizer, p, cfg.bos) for p in prompts[: cfg.n_prompts]]
     kept = [e for e in encoded if 0 < len(e) <= cfg.max_prompt_tokens]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos = getattr(target.generation_config, "eos_token_id", None)
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
     eos |= {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    t1, cpu1 = time.perf_counter(), time.process_time()
     gens = generations(target, kept, cfg, pad_id=int(pad if pad is not None else 0), eos_ids=eos)
-    t_gen = time.perf_counter() - t0
+    t_gen, cpu_gen = time.perf_counter() - t1, time.process_time() - cpu1
+    n_gen = sum(int(s.numel()) - st for s, st in zip(gens.seqs, gens.starts))
     wins = windows(tokenizer, list(documents), cfg)
     seqs = Sequences(gens.seqs + wins.seqs, gens.starts + wins.starts, gens.kinds + wins.kinds)
     facts = {"prompts": len(encoded), "prompts_kept": len(kept), "generations": len(gens.seqs),
-             "generated_tokens": sum(int(s.numel()) - st for s, st in zip(gens.seqs, gens.starts)),
-             "windows": len(wins.seqs), "tokens": seqs.n_tokens(),
+             "generated_tokens": n_gen, "windows": len(wins.seqs), "tokens": seqs.n_tokens(),
+             "generation": {"decoder": GENERATORS[cfg.generator], "generator": cfg.generator,
+                            "batch_size": cfg.gen_batch, "prompts": len(kept), "max_new_tokens": cfg.gen_tokens,
+                            "tokens": n_gen, "seconds": t_gen, "cpu_seconds": cpu_gen,
+                            "threads": torch.get_num_threads(),
+                            "tokens_per_minute": 60.0 * n_gen / t_gen if t_gen > 0 else None,
+                            "note": "wall-clock on the build machine (inflated if it was shared); cpu_seconds "
+                                    "counts every thread"},
              "seconds": {"generations": t_gen, "total": time.perf_counter() - t0}}
     return seqs, facts
 
@@ -187,12 +231,28 @@ class HeadData:
                           for f in ("seqs", "starts", "feats", "topv", "topi", "lse")))
 
 
+def output_logits(target, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's logits from its last hidden state ``h^L`` (after the final norm, ``hidden_states[L]``):
+    its output layer, then the final soft-capping ``c tanh(z / c)`` where the config has one (Gemma-2 style)."""
+    logits = target.get_output_embeddings()(hidden)
+    cap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
 @torch.no_grad()
 def extract(target, seqs: Sequences, layers: tuple[int, ...], *, top_k: int = 32, batch: int = 8,
-            feature_dtype: torch.dtype = torch.bfloat16, desc: str = "head data: features") -> HeadData:
+            feature_dtype: torch.dtype = torch.bfloat16, logit_rows: int = 512,
+            desc: str = "head data: features") -> HeadData:
     """One teacher-forced forward per batch (right padding: causal, so padding never reaches a real
-    position) with ``output_hidden_states``: the states of ``layers`` and the top-``k`` logits."""
+    position) with ``output_hidden_states``: the states of ``layers`` and the top-``k`` logits.
+
+    The logits are never held for a whole batch: the forward keeps only the last position's, and the
+    top-``k`` and ``lse`` come from :func:`output_logits` of ``h^L`` over ``logit_rows`` positions at a time
+    (Gemma-3's ``V = 262,144``: a batch of 8 x 256 positions is 2.1 GB of fp32 logits; 512 rows are 0.5 GB)."""
+    if logit_rows < 1:
+        raise ValueError(f"logit_rows: must be >= 1, got {logit_rows}")
     dev = next(target.parameters()).device
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(target.forward).parameters else {}
     data = HeadData([], [], [], [], [], [])
     order = sorted(range(len(seqs.seqs)), key=lambda i: -int(seqs.seqs[i].numel()))  # similar lengths together
     out: dict[int, tuple] = {}
@@ -200,11 +260,20 @@ def extract(target, seqs: Sequences, layers: tuple[int, ...], *, top_k: int = 32
         chunk = order[b: b + batch]
         width = max(int(seqs.seqs[i].numel()) for i in chunk)
         ids = torch.stack([F.pad(seqs.seqs[i], (0, width - int(seqs.seqs[i].numel()))) for i in chunk]).to(dev)
-        res = target(input_ids=ids, output_hidden_states=True, use_cache=False)
+        res = target(input_ids=ids, output_hidden_states=True, use_cache=False, **keep)
         feats = torch.cat([res.hidden_states[layer] for layer in layers], dim=-1)
-        logits = res.logits.float()
-        topv, topi = logits.topk(top_k, dim=-1)
-        lse = logits.logsumexp(dim=-1)
+        last = res.hidden_states[-1].reshape(-1, res.hidden_states[-1].shape[-1])  # [B * width, H]
+        topv, topi, lse = [], [], []
+        for a in range(0, last.shape[0], logit_rows):
+            logits = output_logits(target, last[a: a + logit_rows]).float()
+            v, i = logits.topk(top_k, dim=-1)
+            topv.append(v)
+            topi.append(i)
+            lse.append(logits.logsumexp(dim=-1))
+            del logits
+        shape = (len(chunk), width)
+        topv, topi = torch.cat(topv).view(*shape, top_k), torch.cat(topi).view(*shape, top_k)
+        lse = torch.cat(lse).view(shape)
         for r, i in enumerate(chunk):
             n = int(seqs.seqs[i].numel())
             out[i] = (feats[r, :n].to("cpu", feature_dtype), topv[r, :n].to("cpu", torch.float16),

