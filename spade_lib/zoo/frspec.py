@@ -16,6 +16,12 @@ and ``FRSpecLlamaForCausalLM`` are registered with ``AutoConfig`` / ``AutoModelF
 module is imported (``spade_lib.zoo.smollm2.load_smollm2`` imports it), so ``AutoModelForCausalLM.from_pretrained``
 loads a saved draft from its safetensors folder without ``trust_remote_code``. The token ids are a
 persistent buffer saved with the weights.
+
+:func:`trim_head` does the same to any loaded ``*ForCausalLM`` in place (Llama, Gemma-3, ...; a draft, never
+the target): its LM head becomes :class:`SubsetLMHead`, the rows ``token_ids`` of its output matrix copied
+(so a tied embedding stays whole and untouched), whose forward scatters through
+:func:`spade_lib.decoding.heads.scatter_vocab`, and the model carries ``head_token_ids``, which the lean
+forward (``decoding.lean``) honours the same way. Nothing is saved: trim after loading.
 """
 
 from __future__ import annotations
@@ -27,7 +33,70 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from spade_lib.decoding.heads import scatter_vocab
 
+__all__ = ["FRSpecLlamaConfig", "FRSpecLlamaForCausalLM", "SubsetLMHead", "trim_head"]
+
 MODEL_TYPE = "spade_frspec_llama"
+
+
+class SubsetLMHead(nn.Linear):
+    """An LM head over ``Vd`` token ids of a ``V``-token vocabulary: ``weight [Vd, H]`` (row ``j`` scores
+    ``token_ids[j]``), forward ``[..., H] -> [..., V]`` logits with ``-inf`` off ``token_ids``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, token_ids: torch.Tensor, vocab_size: int):
+        super().__init__(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
+                         dtype=weight.dtype)
+        with torch.no_grad():
+            self.weight.copy_(weight)
+            if bias is not None:
+                self.bias.copy_(bias)
+        self.register_buffer("token_ids", token_ids.to(weight.device), persistent=False)
+        self.vocab_size = int(vocab_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return scatter_vocab(super().forward(hidden), self.token_ids, self.vocab_size)
+
+
+def trim_head(model, token_ids) -> nn.Module:
+    """Trim ``model``'s LM head to ``token_ids`` in place (module docstring) and return ``model``: its logits
+    are then the full model's on ``token_ids`` and ``-inf`` elsewhere, so its ``q`` is FR-Spec's, ``q = 0``
+    off the subset (still lossless as a draft).
+
+    ``token_ids``: distinct ids in ``[0, V)`` (sorted here); a model whose head is already trimmed is trimmed
+    again from its remaining rows only, and one with final logit soft-capping is refused (``-inf`` would
+    come out as ``-cap``)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        raise ValueError(f"model: a causal LM with a linear LM head expected, got {type(model).__name__}")
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(text, "final_logit_softcapping", None) is not None:
+        raise ValueError("model: final_logit_softcapping is set; a trimmed head's -inf would be soft-capped to -cap")
+    v = int(text.vocab_size)
+    ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().sort().values
+    if ids.numel() == 0 or ids.unique().numel() != ids.numel() or ids.min() < 0 or ids.max() >= v:
+        raise ValueError(f"token_ids: need distinct ids in [0, {v}), got {ids.numel()} "
+                         f"({ids.unique().numel()} distinct)")
+    if isinstance(head, SubsetLMHead):  # trimmed before: pick from the rows it still has
+        have = head.token_ids.cpu()
+        rows = torch.searchsorted(have, ids).clamp(max=have.numel() - 1)
+        if not torch.equal(have[rows], ids):
+            raise ValueError("token_ids: the head is already trimmed and lacks some of these ids")
+    elif getattr(model, "head_token_ids", None) is not None:
+        raise ValueError(f"model: a {type(model).__name__} scores a subset of its own (head_token_ids); "
+                         "set its tokens instead (FRSpecLlamaForCausalLM.set_head_tokens)")
+    else:
+        rows = ids
+    dev = head.weight.device
+    with torch.no_grad():
+        weight = head.weight[rows.to(dev)].clone()
+        bias = None if head.bias is None else head.bias[rows.to(dev)].clone()
+    model.set_output_embeddings(SubsetLMHead(weight, bias, ids, v))
+    for config in {id(model.config): model.config, id(text): text}.values():
+        config.tie_word_embeddings = False  # the head is a copy of some rows now: never tie it back
+    if "head_token_ids" in dict(model.named_buffers(recurse=False)):
+        model.head_token_ids = ids.to(dev)
+    else:
+        model.register_buffer("head_token_ids", ids.to(dev), persistent=False)
+    return model
 
 
 class FRSpecLlamaConfig(LlamaConfig):
