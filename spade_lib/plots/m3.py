@@ -321,10 +321,11 @@ def logit_coefficients(table: pd.DataFrame, by: str | None = None) -> Figure:
     return fig
 
 
-def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str = "tau",
+def category_summary(table: pd.DataFrame, by: str | None = None, *, value: str = "tau_drafting_steps",
                      count: str | None = "generations") -> Figure:
     """One bar per category (and group) of a :func:`~spade_lib.diagnose.category_summary` column
-    (default ``tau``, the mean accepted length with the bonus token), each labelled with its ``count``
+    (default ``tau_drafting_steps``, the mean accepted length with the bonus token over the trace's drafting
+    steps: :func:`spade_lib.measures.tau`), each labelled with its ``count``
     column (default ``generations``; ``None``: no labels).
 
     With one category there is no category split to draw: one bar per group, the groups on the x axis
