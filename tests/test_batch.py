@@ -443,7 +443,7 @@ def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_p
     assert df["ar_round_tokens"].map(len).eq(3).all() and df["spec_round_s"].map(len).eq(3).all()
     assert ((df["alpha"] >= 0) & (df["alpha"] <= 1)).all() and (df["r"] > 0).all() and (df["c"] > 0).all()
     np.testing.assert_allclose(df["speedup"], df["spec_tps"] / df["ar_tps"])
-    assert (df["speedup_lo"] <= df["speedup"] + 1e-12).all() and (df["speedup"] <= df["speedup_hi"] + 1e-12).all()
+    assert (df["speedup_low"] <= df["speedup"] + 1e-12).all() and (df["speedup"] <= df["speedup_high"] + 1e-12).all()
     # the loop overhead: o itself at B = 1, rescaled to the B x 1 forward beyond; the prediction is the model's
     assert (df.loc[df.batch_size == 1, "overhead"] == 0.5).all() and (df["overhead"] > 0).all()
     for _, r in df.iterrows():
@@ -453,7 +453,7 @@ def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_p
     free = batch_study(tiny.target, tiny.draft, prompts[:1], BatchStudyConfig(
         batch_sizes=(2,), temperatures=(0.0,), max_new_tokens=2, warmup=0, repeats=1, cost_repeats=1, gamma=2))
     assert free["overhead"].iloc[0] == 0 and free["predicted"].iloc[0] == free["predicted_forwards"].iloc[0]
-    assert np.isnan(with_intervals(free)["speedup_hi"]).all()  # one round: no interval
+    assert np.isnan(with_intervals(free)["speedup_high"]).all()  # one round: no interval
     paths = save_figure(plot_speedup_vs_batch(df), "m2_speedup_vs_batch", directory=tmp_path, close=True)
     assert paths["png"].stat().st_size > 0
     with pytest.raises(ValueError, match="batch_sizes"):
@@ -489,9 +489,9 @@ def test_with_intervals_is_the_speedup_bootstrap_over_rounds():
         pd.DataFrame({"question_id": list("abcd"), "sample": 0, "new_tokens": 40, "wall_time": [0.5, 0.9, 0.6, 0.4]}),
         pd.DataFrame({"question_id": list("abcd"), "sample": 0, "new_tokens": 40, "wall_time": [1.0, 1.2, 0.9, 1.1]}),
         n_boot=999, seed=3, by=None, rounds=False)
-    assert (got["speedup_lo"], got["speedup_hi"]) == (ref["ratio_of_totals_low"], ref["ratio_of_totals_high"])
-    assert got["speedup_lo"] < got["speedup"] < got["speedup_hi"]
-    assert list(with_intervals(study).columns[:4]) == ["batch_size", "speedup", "speedup_lo", "speedup_hi"]
+    assert (got["speedup_low"], got["speedup_high"]) == (ref["ratio_of_totals_low"], ref["ratio_of_totals_high"])
+    assert got["speedup_low"] < got["speedup"] < got["speedup_high"]
+    assert list(with_intervals(study).columns[:4]) == ["batch_size", "speedup", "speedup_low", "speedup_high"]
     with pytest.raises(ValueError, match="ratio of totals"):
         with_intervals(study.assign(speedup=1.0))
     with pytest.raises(ValueError, match="per-round"):
@@ -504,10 +504,10 @@ def test_stops_paying_reads_the_interval_for_the_measurement():
     from spade_lib.decoding.batch_study import stops_paying
 
     fake = pd.DataFrame({"temperature": [0.0, 0.0, 1.0, 1.0], "batch_size": [1, 3, 1, 3],
-                         "speedup": [1.5, 0.9, 1.2, 0.8], "speedup_lo": [1.3, 0.8, 1.0, 0.6],
-                         "speedup_hi": [1.7, 0.95, 1.4, 1.05], "predicted": [1.1, 1.0, 0.5, 0.4]})
+                         "speedup": [1.5, 0.9, 1.2, 0.8], "speedup_low": [1.3, 0.8, 1.0, 0.6],
+                         "speedup_high": [1.7, 0.95, 1.4, 1.05], "predicted": [1.1, 1.0, 0.5, 0.4]})
     # T = 1, B = 3: the point is below 1, its interval is not: no verdict
     assert stops_paying(fake) == {0.0: 3, 1.0: None}
     assert stops_paying(fake, "predicted") == {0.0: None, 1.0: 1}
     with pytest.raises(ValueError, match="with_intervals"):
-        stops_paying(fake.drop(columns="speedup_hi"))
+        stops_paying(fake.drop(columns="speedup_high"))

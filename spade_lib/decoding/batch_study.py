@@ -9,7 +9,7 @@ batch while ``B <= n``; the rounds walk through the suite). Per point:
 - throughput ``= sum_k tokens_k / sum_k seconds_k`` of each method and the speedup as their ratio (the
   ratio of totals), with every round's tokens and seconds, so that
   :func:`spade_lib.runs.batch_speedup.with_intervals` adds its percentile bootstrap interval
-  ``speedup_lo`` / ``speedup_hi`` (:func:`spade_lib.runs.metrics.bootstrap_speedup`, the rounds resampled:
+  ``speedup_low`` / ``speedup_high`` (:func:`spade_lib.runs.metrics.bootstrap_speedup`, the rounds resampled:
   each round's AR and speculative batches are paired, same prompts and seeds, timed one after the other,
   so the interval holds the prompt-to-prompt and the round-to-round spread). This module measures; the
   interval is computed a layer up, where SPADE's one bootstrap lives;
@@ -200,11 +200,11 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
 
 def stops_paying(study, column: str = "speedup") -> dict[float, int | None]:
     """Per temperature, the smallest batch size at which speculation stops paying: for the measured
-    ``"speedup"``, the first ``B`` whose interval lies wholly below 1 (``speedup_hi < 1``: beyond its
+    ``"speedup"``, the first ``B`` whose interval lies wholly below 1 (``speedup_high < 1``: beyond its
     interval); for ``"predicted"`` (or another column without an interval), the first ``B`` whose value is
     below 1. ``None`` if there is none in the study's range (for the measurement: no verdict, not "it pays")."""
     out: dict[float, int | None] = {}
-    bound = "speedup_hi" if column == "speedup" else column
+    bound = "speedup_high" if column == "speedup" else column
     if bound not in study.columns:
         raise ValueError(f"study: no column {bound!r}" + (" (the measured speedup's interval: "
                                                           "spade_lib.runs.batch_speedup.with_intervals)"

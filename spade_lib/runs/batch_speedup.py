@@ -5,8 +5,8 @@ autoregressive and batched speculative decoding (its module docstring: round ``k
 prompts, both methods one after the other). :func:`with_intervals` treats each timed round as one paired
 generation (``new_tokens`` = the batch's tokens, ``wall_time`` = its seconds) and hands them to
 :func:`spade_lib.runs.metrics.bootstrap_speedup` with the round as the unit (``by=None``): the speedup is its
-ratio of totals ``(sum_k N_spec,k / sum_k t_spec,k) / (sum_k N_AR,k / sum_k t_AR,k)`` and ``speedup_lo`` /
-``speedup_hi`` its percentile interval. With ``R`` rounds there are at most ``R^R`` distinct resamples, so a
+ratio of totals ``(sum_k N_spec,k / sum_k t_spec,k) / (sum_k N_AR,k / sum_k t_AR,k)`` and ``speedup_low`` /
+``speedup_high`` its percentile interval. With ``R`` rounds there are at most ``R^R`` distinct resamples, so a
 few rounds give a coarse interval; one round gives none (NaN). The decoding layer measures and cannot
 import this layer (the import-linter contract), hence the separate step.
 """
@@ -26,7 +26,7 @@ ROUND_COLUMNS = ("ar_round_tokens", "spec_round_tokens", "ar_round_s", "spec_rou
 
 
 def with_intervals(study: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """``study`` with ``speedup_lo`` and ``speedup_hi`` after ``speedup`` (module docstring); ``speedup`` is
+    """``study`` with ``speedup_low`` and ``speedup_high`` after ``speedup`` (module docstring); ``speedup`` is
     checked to be the bootstrap's ratio of totals of the same rounds."""
     missing = [c for c in ("speedup", *ROUND_COLUMNS) if c not in study.columns]
     if missing:
@@ -50,6 +50,6 @@ def with_intervals(study: pd.DataFrame, *, n_boot: int = 2000, level: float = 0.
         hi.append(math.nan if one else boot["ratio_of_totals_high"])
     out = study.copy()
     at = list(out.columns).index("speedup") + 1
-    out.insert(at, "speedup_lo", lo)
-    out.insert(at + 1, "speedup_hi", hi)
+    out.insert(at, "speedup_low", lo)
+    out.insert(at + 1, "speedup_high", hi)
     return out
