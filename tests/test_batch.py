@@ -424,7 +424,7 @@ def test_greedy_rows_equal_single_decoding_on_the_default_pair():
 # the study and its figure (mechanics only: no wall-clock thresholds)
 
 
-def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_path):
+def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_path, monkeypatch):
     """Three timed rounds per point, each on its own prompts; the prediction with the loop overhead is the
     cost model's; the interval is runs.metrics.bootstrap_speedup over the rounds (recomputed here)."""
     from spade_lib import theory
@@ -433,8 +433,25 @@ def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_p
     from spade_lib.plots.batch import plot_speedup_vs_batch
     from spade_lib.runs.batch_speedup import with_intervals
 
+    from spade_lib.decoding.decode import SpeculativeDecoder
+
     cfg = BatchStudyConfig(batch_sizes=(1, 3), max_new_tokens=4, warmup=0, repeats=3, cost_repeats=1, gamma=2)
+    batches = []  # every (timed: warmup 0) speculative batch, to recompute tau by hand
+    real_generate_batch = SpeculativeDecoder.generate_batch
+
+    def spy(self, *args, **kwargs):
+        out = real_generate_batch(self, *args, **kwargs)
+        batches.append(out)
+        return out
+
+    monkeypatch.setattr(SpeculativeDecoder, "generate_batch", spy)
     raw = batch_study(tiny.target, tiny.draft, prompts[:2], cfg, overhead=0.5)
+    monkeypatch.undo()
+    # tau, the reference: the plain mean of n_accepted + 1 over every step of a point's three rounds
+    assert len(batches) == 4 * 3
+    ref_tau = [float(np.mean([s.n_accepted + 1 for out in batches[i:i + 3] for r in out for s in r.steps]))
+               for i in range(0, 12, 3)]
+    np.testing.assert_allclose(raw["tau"], ref_tau, rtol=1e-12)
     df = with_intervals(raw, n_boot=500)
     assert list(df[["temperature", "batch_size"]].itertuples(index=False, name=None)) == [
         (0.0, 1), (0.0, 3), (1.0, 1), (1.0, 3)]

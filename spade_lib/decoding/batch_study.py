@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spade_lib import devices, theory
+from spade_lib import devices, measures, theory
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.costs import time_in_turns
@@ -178,7 +178,8 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         n = [s.n_accepted for r in results["spec"] for s in r.steps if s.gamma > 0]
         judged = [min(s.n_accepted + 1, s.gamma) for r in results["spec"] for s in r.steps if s.gamma > 0]
         alpha = min(sum(n) / sum(judged), 1.0) if sum(judged) else float("nan")
-        tau = float(np.mean([s.n_accepted + 1 for r in results["spec"] for s in r.steps])) if n else float("nan")
+        steps = [s for r in results["spec"] for s in r.steps]  # every step, as a summary counts them
+        tau = float(measures.tau(sum(s.n_accepted for s in steps), len(steps))) if n else float("nan")
         c, r = costs[B]["c"], costs[B]["r"]
         o_B = float(overhead) * costs[1]["t_target_1"] / costs[B]["t_target_1"] if overhead > 0 else 0.0
         ok = alpha == alpha
