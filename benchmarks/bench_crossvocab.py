@@ -11,8 +11,13 @@ temperature, AR as the baseline, bootstrap intervals over prompts, the physical 
 - T = 1: SPADE TLI and text drafting, HF assisted generation (USD with its exact, unpruned translator),
   the null draft.
 
-Greedy outputs are checked equal to AR's token for token (the runs store their tokens). Prints per run:
-alpha, tau and the speedup over AR with 95 % intervals, and the controls' warnings::
+Greedy outputs are checked equal to AR's token for token (the runs store their tokens). The costs are measured
+once per pair and draft, before the sessions, and cached as notebook 03's are (:func:`spade_lib.runs.costs.pair_costs`, in turns: the draft's forward over the
+target's, ``c``; the target's ``g + 1``-row forward over its one-row forward, ``r(g)``; the loop's own per-step cost
+``o``). Prints per run: alpha, tau and the speedup over AR with 95 % intervals, the cost-model prediction
+``tau / (gamma c + r(gamma) + o)`` beside it (a cross-vocabulary draft's step also re-encodes text, which ``c``
+leaves out: the two-sided control then says by how much the model under-prices it), and the controls'
+warnings::
 
     python benchmarks/bench_crossvocab.py --pair smollm2 [--n-per-category 5] [--max-new-tokens 48]
     python benchmarks/bench_crossvocab.py --pair gemma3 --draft smollm2
@@ -29,6 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spade_lib import experiment, paths  # noqa: E402
+from spade_lib.decoding.costs import verify_cost_fn  # noqa: E402
+from spade_lib.decoding.drafters import CROSS_VOCAB_RULES  # noqa: E402
+from spade_lib.runs import costs as run_costs  # noqa: E402
 from spade_lib.runs import protocol  # noqa: E402
 from spade_lib.runs.config import RunConfig  # noqa: E402
 from spade_lib.runs.store import read_summary  # noqa: E402
@@ -38,10 +46,11 @@ COLUMNS = ["alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "sp
            "speedup_high"]
 
 
-def configs_for(draft: str, temperature: float, gamma: int, common: dict) -> list[RunConfig]:
+def configs_for(draft: str, temperature: float, gamma: int, common: dict,
+                rules: tuple[str, ...] = ("text", "tli")) -> list[RunConfig]:
     """The runs of one session at ``temperature`` (AR is the baseline, run separately)."""
     spade = [RunConfig(method="spade", draft=draft, gamma=gamma, temperature=temperature,
-                       draft_options={"rule": rule}, **common) for rule in ("text", "tli")]
+                       draft_options={"rule": rule}, **common) for rule in rules]
     hf = [RunConfig(method="hf_assisted", draft=draft, gamma=gamma, temperature=temperature, **common)]
     extra = [RunConfig(method="spade", draft="ngram", gamma=gamma, temperature=temperature, **common)] \
         if temperature == 0 else []
@@ -59,6 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the machine's default)")
+    ap.add_argument("--rules", nargs="+", default=["text", "tli"], choices=list(CROSS_VOCAB_RULES),
+                    help="cross-vocabulary rules to time (slrs: where its paths stay within its limit)")
     args = ap.parse_args(argv)
     draft = args.draft or DEFAULT_DRAFT[args.pair]
 
@@ -72,14 +83,21 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(E.pair.tokenizer)}; {len(E.suite.rows)} prompts x {args.max_new_tokens} tokens, gamma {args.gamma}")
     proto = protocol.Protocol()
     common = dict(max_new_tokens=args.max_new_tokens, device=str(E.device), threads=E.threads)
+    t0 = time.perf_counter()  # measured once per pair and draft, cached under runs/costs/ as notebook 03's are
+    costs = run_costs.pair_costs(E.pair, [draft, "ngram", "null"], args.gamma)
+    cd = costs[draft]
     with tempfile.TemporaryDirectory(prefix="spade-crossvocab-") as tmp:
         paths.RUNS_DIR = Path(tmp)
+        r = verify_cost_fn(cd)
+        print(f"costs ({time.perf_counter() - t0:.0f} s, in turns, cached): c({draft}) = {cd['c']:.3f}, r(g) = "
+              + " ".join(f"{g}:{r(g):.3f}" for g in range(1, args.gamma + 1))
+              + f", loop overhead o = {cd.get('overhead', float('nan')):.3f}")
         for temperature in args.temperatures:
             ar = RunConfig(method="ar", temperature=temperature, **common)
-            configs = configs_for(draft, temperature, args.gamma, common)
+            configs = configs_for(draft, temperature, args.gamma, common, tuple(args.rules))
             t0 = time.perf_counter()
             dirs = protocol.run_interleaved(E.pair, E.suite, configs, ar, protocol=proto, progress=False)
-            table = protocol.speedup_table(dirs, ar, protocol=proto).set_index("label")
+            table = protocol.speedup_table(dirs, ar, protocol=proto, costs=costs).set_index("label")
             print(f"\nT = {temperature:g}: one interleaved session, {time.perf_counter() - t0:.0f} s")
             if temperature == 0:  # greedy: every run must emit AR's tokens
                 ref = read_summary(dirs[proto.config(ar)]).set_index("question_id")["output_ids"]
@@ -87,16 +105,19 @@ def main(argv: list[str] | None = None) -> None:
                     out = read_summary(d).set_index("question_id")["output_ids"]
                     same = sum(list(out[q]) == list(ref[q]) for q in ref.index)
                     print(f"  {cfg.label:<44} greedy tokens equal to AR on {same}/{len(ref)} prompts")
-            print(f"  {'run':<44} {'alpha':>20} {'tau':>20} {'speedup':>22}")
+            print(f"  {'run':<44} {'alpha':>20} {'tau':>20} {'speedup':>22} {'predicted':>9}")
             for label, row in table.iterrows():
                 if row["method"] == "ar":
                     continue
                 cells = [f"{row[k]:.2f} [{row[k + '_low']:.2f}, {row[k + '_high']:.2f}]" if k in row and
                          row[k] == row[k] else "-" for k in ("alpha", "tau")]
                 sp = f"{row['speedup']:.2f}x [{row['speedup_low']:.2f}, {row['speedup_high']:.2f}]"
-                print(f"  {label:<44} {cells[0]:>20} {cells[1]:>20} {sp:>22}")
-                if row.get("physical_control"):  # physics before ratios; no cost-model verdicts here (no
-                    print(f"    physical_control: {row['physical_control']}")  # micro-benchmarked c and r)
+                pred = row.get("predicted", float("nan"))
+                pred = f"{pred:.2f}x" if pred == pred else "-"
+                print(f"  {label:<44} {cells[0]:>20} {cells[1]:>20} {sp:>22} {pred:>9}")
+                for control in ("physical_control", "model_control"):  # physics before ratios, then the model
+                    if row.get(control):
+                        print(f"    {control}: {row[control]}")
 
 
 if __name__ == "__main__":
