@@ -91,6 +91,21 @@ def test_cost_ratio_counts_step_time_once():
     assert metrics.cost_ratio(t, ar) == pytest.approx((0.008 / 8) / 0.01)
 
 
+def test_trace_costs_by_hand():
+    """c_trace and r_trace of one run against its AR generations, from the step timings by hand: a step's
+    t_draft / t_verify sit on each of its rows and count once."""
+    t = trace_from_blocks([("a", 1, 4), ("a", 4, 4), ("b", 0, 2)], t_draft=0.006)  # 10 drafted, 3 steps
+    t["t_verify"] = np.repeat([0.01, 0.02, 0.03], [4, 4, 2])  # per step
+    ar = summary(["a", "b"], [60, 40], [0.5, 0.5])  # 10 ms per AR token
+    got = metrics.trace_costs(t, ar)
+    assert got == pytest.approx({"c_trace": (3 * 0.006 / 10) / 0.01, "r_trace": 0.02 / 0.01})
+    assert got["c_trace"] == metrics.cost_ratio(t, ar) and got["r_trace"] == metrics.verify_cost_ratio(t, ar)
+    assert math.isnan(metrics.trace_costs(t.drop(columns="t_verify"), ar)["r_trace"])
+    assert metrics.run_metrics(t, summary(["a", "b"], [8, 1], [0.1, 0.1]), ar)["c_trace"] == got["c_trace"]
+    with pytest.raises(ValueError, match="cost_ratio"):
+        metrics.trace_costs(t.iloc[:0], ar)
+
+
 def test_predicted_speedup_closed_form():
     assert metrics.predicted_speedup(0.0, 4, 0.0) == 1.0
     assert metrics.predicted_speedup(1.0, 4, 0.0) == 5.0

@@ -64,6 +64,7 @@ figures):
                                 short generations); the cost *measurement* is ``c`` and ``r(g)`` of
                                 :func:`spade_lib.decoding.costs.measure_costs` (forwards timed in
                                 turns), cached per pair by :func:`spade_lib.runs.costs.pair_costs`.
+``trace_costs``                 both, ``{"c_trace", "r_trace"}``, for one run and its AR generations.
 ``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost and the loop's
                                 per-step cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r +
                                 o))``, from measured alpha, c, r and o; with per-step drafted counts
@@ -460,6 +461,21 @@ def verify_cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     return float(st["t_verify"].mean() * tokens_per_second(ar_summary))
 
 
+def trace_costs(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> dict[str, float]:
+    """``{"c_trace": ..., "r_trace": ...}``: :func:`cost_ratio` and :func:`verify_cost_ratio` of one run's trace
+    over the AR generations it was timed against (``ar_summary``, e.g. the paired baseline of
+    :func:`spade_lib.runs.protocol.paired_baseline`).
+
+    With ``T_AR = sum wall_time_AR / sum new_tokens_AR`` the AR run's seconds per token (prefill included),
+    ``c_trace = (sum_s t_draft_s / n_drafted) / T_AR`` and ``r_trace = mean_s t_verify_s / T_AR`` over the
+    trace's steps ``s``; ``r_trace`` is NaN for a trace without ``t_verify``. Estimates from run timings, named
+    apart from the cost measurement's ``c`` and ``r(g)`` (:func:`spade_lib.decoding.costs.measure_costs`).
+    ``trace``: one row per drafted token with ``t_draft`` (and ``t_verify``), step-level; ``ar_summary``:
+    ``new_tokens`` and ``wall_time`` per generation."""
+    return {"c_trace": cost_ratio(trace, ar_summary),
+            "r_trace": verify_cost_ratio(trace, ar_summary) if "t_verify" in trace.columns else float("nan")}
+
+
 def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
     """Tokens drafted at every verification step of ``summary``'s generations: the trace's ``gamma``
     where a step drafted, 0 for the steps that drafted nothing (prompt lookup without a match;
@@ -565,8 +581,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["speedup_mean_of_ratios_high"] = boot["mean_of_ratios_high"]
         out["estimators_disagree"] = float(boot["disagree"])
         out["speedup_prompts"], out["speedup_rounds"] = boot["units"], boot["rounds"]
-        out["c_trace"] = cost_ratio(trace, baseline) if drafted else nan
-        out["r_trace"] = verify_cost_ratio(trace, baseline) if drafted and "t_verify" in trace.columns else nan
+        out.update(trace_costs(trace, baseline) if drafted else {"c_trace": nan, "r_trace": nan})
         out["c"] = out["r"] = nan  # the cost measurement's, from a costs table only
         r_fn, overhead = None, 0.0
         if costs is not None and drafted and gamma is not None:
