@@ -64,11 +64,11 @@ CAPTIONS: dict[str, str] = {
                                 "draft's token boundaries, and where the first rejections fall.",
     # notebook 05: what-if replay
     "m3_whatif_predicted_tau": "Teacher-forced predictions of tau and speedup for every gamma from one run, with "
-                               "the measured points of the sweep.",
+                               "the measured points of the sweep; labels: full-length blocks.",
     "m3_whatif_rules": "Acceptance rules replayed on one stored trace: the tau each rule would have given on "
-                       "the same blocks.",
+                       "the same blocks; labels: steps.",
     "m3_whatif_stop_frontier": "Stop rules replayed on a max-gamma trace: tokens per step against the cost per "
-                               "step, per temperature.",
+                               "step, per temperature (titles: steps replayed).",
 }
 
 
