@@ -2,5 +2,6 @@
 and stop-rule replay of stored traces (replay), the stop-rule study (stoprules).
 
 Modules: ``align``, ``replay``, ``stoprules``, ``tree_replay`` (smaller draft trees replayed from a wide
-greedy one); import each as ``spade_lib.whatif.<module>``.
+greedy one), ``sessions`` (notebook 05's runs under the timing protocol, its parameters' cross checks, the
+chosen stop rules run for real); import each as ``spade_lib.whatif.<module>``.
 """

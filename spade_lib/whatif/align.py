@@ -52,13 +52,13 @@ via :func:`spade_lib.theory.speedup`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from spade_lib import measures, theory
+from spade_lib import devices, measures, theory
 from spade_lib.decoding.adapter import context_limit
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int, check_token_ids
@@ -439,3 +439,78 @@ def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, 
     n = steps["n_accepted"].to_numpy(np.float64) + 1.0
     se = float(n.std(ddof=1) / np.sqrt(len(n))) if len(n) > 1 else float("nan")
     return metrics.tau_drafting_steps(steps), se, int(len(n))
+
+
+# ---------------------------------------------------------------- runs scored, and checked against their traces
+
+@dataclass
+class ScoredRuns:
+    """Teacher-forced scores of the text several runs emitted (:func:`score_runs`), keyed by run name."""
+
+    scores: dict[str, pd.DataFrame]   # score_sequences' rows with the sequence's prompt_id, category, sample
+    keys: dict[str, pd.DataFrame]     # run_sequences' keys: one row per sequence (seq, prompt_id, ..., new_tokens)
+    seconds: dict[str, float]         # seconds to score each run's text (both forwards, not the tokenisation)
+
+
+def score_runs(target: torch.nn.Module, draft: torch.nn.Module, run_dirs: Mapping[str, object], tokenizer, suite,
+               sampling: SamplingConfig | None = None, config: AlignConfig = AlignConfig()) -> ScoredRuns:
+    """Score the emitted text of each run of ``run_dirs`` (name -> run folder): :func:`run_sequences`, then
+    :func:`score_sequences` (``alpha_t = 1 - TV(p_t, q_t)`` and the rest per continuation position ``i``), each
+    row joined to its sequence's ``prompt_id``, ``category`` and ``sample`` so it meets a trace row at
+    ``abs_pos = i``."""
+    scores, keys, seconds = {}, {}, {}
+    for name, run_dir in run_dirs.items():
+        seqs, prompt_lengths, keys[name] = run_sequences(run_dir, tokenizer, suite)
+        t0 = devices.clock()
+        scored = score_sequences(target, draft, seqs, prompt_lengths, sampling, config)
+        seconds[name] = devices.clock() - t0
+        scores[name] = scored.merge(keys[name][["seq", "prompt_id", "category", "sample"]], on="seq")
+    return ScoredRuns(scores=scores, keys=keys, seconds=seconds)
+
+
+def reached_gap(scores: pd.DataFrame, keys: pd.DataFrame, trace: pd.DataFrame) -> tuple[int, float]:
+    """The pinned fact of the module docstring on one run: ``(n, max_t |alpha_t - (1 - tv_t)|)`` over its ``n``
+    reached trace rows inside the emitted text (``abs_pos < new_tokens``: positions drafted past an EOS or the
+    token budget have no scored counterpart). ``scores``: a run's rows of :func:`score_runs` (``prompt_id``,
+    ``sample``, ``i``, ``alpha``); ``keys``: its keys (``prompt_id``, ``sample``, ``new_tokens``); ``trace``: the
+    run's trace (``prompt_id``, ``sample``, ``abs_pos``, ``reached``, ``tv``). The gap is ``inf`` where a reached
+    row has no teacher-forced score, so ``gap < tol`` fails then too."""
+    tf = scores[["prompt_id", "sample", "i", "alpha"]].rename(columns={"i": "abs_pos"})
+    emitted = keys[["prompt_id", "sample", "new_tokens"]]
+    reached = trace[trace["reached"]].merge(emitted, on=["prompt_id", "sample"])
+    reached = reached[reached["abs_pos"] < reached["new_tokens"]]
+    reached = reached.merge(tf, on=["prompt_id", "sample", "abs_pos"], how="left")
+    if reached["alpha"].isna().any():
+        return len(reached), float("inf")
+    return len(reached), float(np.abs(reached["alpha"] - (1.0 - reached["tv"])).max())
+
+
+def tau_table(traces: Mapping[int, pd.DataFrame], scores: Mapping[int, pd.DataFrame], sweep: pd.DataFrame,
+              c: float, verify_cost: float | Callable[[int], float] = 1.0) -> pd.DataFrame:
+    """Predicted vs measured ``tau`` and speedup per ``gamma`` of a fixed-``gamma`` sweep, one row per key of
+    ``traces`` (gamma -> that run's trace; ``scores``: gamma -> the teacher-forced scores of its own text).
+
+    Columns: ``gamma``, ``steps`` and ``tau_full_blocks`` with its standard error ``se`` (:func:`measured_tau`:
+    the mean of ``n + 1`` over full-length blocks), the run's ``tau`` (every step) from ``sweep``, the
+    predictions ``tau_<method>`` of :data:`PREDICTION_METHODS` from the run's alphas (:func:`predict`, step cost
+    ``gamma c + r(gamma)``), the measured ``speedup_measured`` with ``speedup_low_measured`` /
+    ``speedup_high_measured``, the predicted ``speedup_renewal`` and ``speedup_iid``, ``gap_renewal =
+    tau_renewal - tau_full_blocks`` and ``within_tolerance = |gap_renewal| < 4 se + 0.1`` (tokens).
+    ``sweep``: :func:`spade_lib.runs.protocol.speedup_table` of the sweep indexed by ``gamma`` (``tau``,
+    ``speedup``, ``speedup_low``, ``speedup_high``)."""
+    rows = []
+    for g, tr in traces.items():
+        tau_fb, se, n_steps = measured_tau(tr, g)
+        pred = predict(scores[g], [g], c=c, verify_cost=verify_cost).set_index("method")
+        row = {"gamma": g, "steps": n_steps, "tau_full_blocks": tau_fb, "se": se, "tau": sweep.loc[g, "tau"]}
+        for m in PREDICTION_METHODS:
+            row[f"tau_{m}"] = pred.loc[m, "tau"]
+        for k in ("speedup", "speedup_low", "speedup_high"):
+            row[f"{k}_measured"] = sweep.loc[g, k]
+        row["speedup_renewal"] = pred.loc["renewal", "speedup"]
+        row["speedup_iid"] = pred.loc["iid", "speedup"]
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out["gap_renewal"] = out["tau_renewal"] - out["tau_full_blocks"]
+    out["within_tolerance"] = out["gap_renewal"].abs() < 4 * out["se"] + 0.1
+    return out

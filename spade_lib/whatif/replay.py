@@ -328,6 +328,29 @@ def blocks_used(trace: pd.DataFrame, rule: _policies.Policy) -> tuple[pd.DataFra
     return steps, policy.replay_gamma(df)
 
 
+def rule_alpha_bounds(trace: pd.DataFrame, rules: Iterable[str] | None = None, params: Options = None) -> pd.DataFrame:
+    """Per rule (default: every registered one), :func:`rule_alpha_topk`'s bounds averaged over the trace's
+    rows: ``alpha_lower``, ``alpha_upper`` (the mean fresh-draft acceptance ``alpha_rule = sum_x q(x) a(x)``
+    lies between them), ``rows_exact`` (share of rows where the slices pin it), ``width = alpha_upper -
+    alpha_lower``, and ``truth_outside``: for ``exact`` only (NaN for the others), how far the stored truth
+    ``1 - tv`` falls outside a row's bounds at most, ``max_rows max(lower - (1 - tv), (1 - tv) - upper)``
+    (``<= 0`` when every row covers it; ``inf`` where a row has no slices). ``trace``: recorded with
+    ``record_topk > 0`` (``p_topk_*``, ``q_topk_*`` columns, and ``tv``)."""
+    rows = []
+    for rule in (_rules.rule_names() if rules is None else rules):
+        b = rule_alpha_topk(trace, rule, params)
+        row = {"rule": rule, "alpha_lower": b["alpha_lower"].mean(), "alpha_upper": b["alpha_upper"].mean(),
+               "rows_exact": b["exact"].mean(), "truth_outside": math.nan}
+        if rule == "exact":
+            truth = 1.0 - trace["tv"].to_numpy(np.float64)
+            outside = np.maximum(b["alpha_lower"].to_numpy() - truth, truth - b["alpha_upper"].to_numpy())
+            row["truth_outside"] = math.inf if np.isnan(outside).any() else float(outside.max(initial=-math.inf))
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.insert(4, "width", out["alpha_upper"] - out["alpha_lower"])
+    return out
+
+
 def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
                      verify_cost: float | Callable[[int], float] = 1.0, by: Sequence[str] = (),
                      overhead: float = 0.0) -> pd.DataFrame:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -330,6 +330,19 @@ def study(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], fl
                      held_out=evaluate(front_train, test, c, verify_cost, **kw),
                      front=frontier(trace, c, verify_cost, grids=grids, **kw),
                      auc=model.auc(test) if model is not None else float("nan"))
+
+
+def studies(traces: Mapping[float, pd.DataFrame], c: float, verify_cost: float | Callable[[int], float],
+            config: StudyConfig, overhead: float = 0.0) -> dict[float, StopStudy]:
+    """:func:`study` of each temperature's ``max_gamma`` trace (``traces``: temperature -> trace), with the
+    same ``c``, ``r(g)``, loop ``overhead`` and settings."""
+    return {T: study(t, c, verify_cost, config, overhead=overhead) for T, t in traces.items()}
+
+
+def stacked(found: Mapping[float, StopStudy], field: str) -> pd.DataFrame:
+    """One table of the studies' ``field`` (``"edges"``, ``"held_out"``, ``"front"``, ...), a column ``T``
+    (the temperature) added, in the order of ``found``."""
+    return pd.concat([getattr(s, field).assign(T=T) for T, s in found.items()], ignore_index=True)
 
 
 # ---------------------------------------------------------------- the chosen rules, run for real
