@@ -528,3 +528,23 @@ def test_stops_paying_reads_the_interval_for_the_measurement():
     assert stops_paying(fake, "predicted") == {0.0: None, 1.0: 1}
     with pytest.raises(ValueError, match="with_intervals"):
         stops_paying(fake.drop(columns="speedup_high"))
+
+
+def test_batched_greedy_check_is_the_notebooks_former_loop(tiny, prompts):
+    """batch_study.batched_greedy_check against notebook 03's former inline check (the reference), on the tiny
+    pair and on a draft that disagrees often (rollbacks in every row)."""
+    from spade_lib.decoding.batch_study import batched_greedy_check
+    from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.decoding.divergence import compare_greedy
+    from spade_lib.sampling import SamplingConfig
+
+    for draft in (tiny.draft, perturbed(tiny.target, 0.3)):
+        got = batched_greedy_check(tiny.target, draft, prompts[:5], gamma=3, max_new_tokens=10)
+        check_dec = SpeculativeDecoder(tiny.target, draft, gamma=3, sampling=SamplingConfig(temperature=0), record=False)
+        batched = check_dec.generate_batch(prompts[:5], 10)
+        kinds = {"identical": 0, "near_tie": 0, "bug": 0}
+        for r, ids in zip(batched, prompts[:5]):
+            kinds[compare_greedy(r.tokens, check_dec.generate(ids, 10).tokens, tiny.target, ids).classification] += 1
+        assert got == kinds and sum(got.values()) == 5 and got["bug"] == 0
+    with pytest.raises(ValueError, match=r"^prompts: at least one"):
+        batched_greedy_check(tiny.target, tiny.draft, [], gamma=3, max_new_tokens=4)

@@ -84,3 +84,58 @@ def test_prediction_outside_the_interval_is_a_warning_either_way():
     both = high.assign(speedup_low=[1.0, 2.5, 2.3, 4.0, 0.7])
     w = controls.speedup_warnings(both)
     assert [x.split(":")[0] for x in w] == [controls.PREFIX, controls.MODEL_PREFIX]
+
+
+
+# -- session_report: what notebook 03 prints about its controls, against the notebook's former cell --------
+
+NOTEBOOK_CONTROLS = 'import warnings\n\nfrom spade_lib.runs import controls\n\n# physics before ratios: every step costs at least one target forward, so r(g) >= 1, speedup <= tau and the\n# null draft <= 1; a violation is a defect of the baseline (or of the machine\'s timing), never a result\nphysics = controls.cost_warnings(costs, pair=the_pair.name) + controls.speedup_warnings(table)\nfor line in physics:\n    print("!!! " + line)\n    warnings.warn(line, RuntimeWarning, stacklevel=1)\ndefects = set(table.loc[table["physical_control"] != "", "label"])  # speedup_table\'s per-row controls\nprint(f"physical controls: {len(physics)} violation(s)" + (": the runs named above are left out of the figures"\n                                                          if physics else\n      " (r(g) >= 1 within 5 % for every draft, every speedup <= its tau, the null draft <= 1)"))\nnull_rows = table[table.draft == "null"]\nfor _, r in null_rows.iterrows():\n    print(f"null-draft control, T={r[\'T\']:g}: {r[\'speedup\']:.3f}x [{r[\'speedup_low\']:.3f}, {r[\'speedup_high\']:.3f}] "\n          f"(expected 1 / (r({gamma_ref}) + o) = 1 / ({r[\'r\']:.3f} + {r[\'overhead\']:.3f}) = "\n          f"{1 / (r[\'r\'] + r[\'overhead\']):.3f}, a prediction from the cost table)")\nflagged = table[table["estimators_disagree"] == 1]\nassert table["interleaved"].all(), "every speedup must come from one interleaved session"\nif len(flagged):\n    for _, r in flagged.iterrows():\n        print(f"FLAG {r[\'label\']}: ratio of totals {r[\'speedup\']:.2f} [{r[\'speedup_low\']:.2f}, {r[\'speedup_high\']:.2f}] "\n              f"vs mean of ratios {r[\'speedup_mean_of_ratios\']:.2f} [{r[\'speedup_mean_of_ratios_low\']:.2f}, "\n              f"{r[\'speedup_mean_of_ratios_high\']:.2f}]: the estimators disagree; read both")\nelse:\n    print(f"ratio of totals and mean of ratios agree within their intervals for all {len(table)} runs")\nwidths = (table["speedup_high"] - table["speedup_low"])[table.method != "ar"]\nprint(f"95 % intervals of the speedups: median width {widths.median():.3f}, widest {widths.max():.3f} "\n      f"({len(the_suite)} prompts, {repeats} interleaved repeats each)")'
+
+
+def _session(seed, *, disagree=False, defect=False):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = [dict(label="ar-T0", method="ar", draft="-", gamma=0, T=0.0, tau=math.nan, speedup=1.0, speedup_low=1.0,
+                 speedup_high=1.0, r=math.nan, overhead=math.nan, predicted=math.nan)]
+    for T in (0.0, 1.0):
+        for draft in ("distilled", "null"):
+            s = rng.uniform(0.3, 1.0)
+            rows.append(dict(label=f"spade-{draft}-g4-T{T:g}", method="spade", draft=draft, gamma=4, T=T,
+                             tau=1.0 if draft == "null" else 2.5, speedup=s, speedup_low=s - 0.1,
+                             speedup_high=s + 0.1, r=rng.uniform(1, 2), overhead=rng.uniform(0, 3),
+                             predicted=rng.uniform(0.2, 1.2)))
+    t = pd.DataFrame(rows)
+    t["speedup_mean_of_ratios"] = t["speedup"] * 1.01
+    t["speedup_mean_of_ratios_low"], t["speedup_mean_of_ratios_high"] = t["speedup_low"], t["speedup_high"]
+    t["estimators_disagree"] = 0.0
+    if disagree:
+        t.loc[2, "estimators_disagree"] = 1.0
+    if defect:  # the null draft faster than autoregressive beyond its interval
+        t.loc[2, ["speedup", "speedup_low", "speedup_high"]] = (1.5, 1.3, 1.7)
+    t["interleaved"] = True
+    t["physical_control"] = ""
+    return t
+
+
+@pytest.mark.parametrize("seed, disagree, defect, low_r", [(0, False, False, False), (1, True, False, False),
+                                                           (2, False, True, True), (3, True, True, False)])
+def test_session_report_prints_what_the_notebooks_former_cell_printed(seed, disagree, defect, low_r):
+    import contextlib
+    import io
+    import warnings
+
+    t = _session(seed, disagree=disagree, defect=defect)
+    costs = {"distilled": {"r": {1: 0.9 if low_r else 1.1, 2: 1.2}}, "null": {"r": {1: 1.1}}}
+    found, lines = controls.session_report(costs, t, pair="tiny", gamma=4, prompts=4, repeats=3)
+    out = io.StringIO()
+    ns = dict(costs=costs, table=t, the_pair=type("P", (), {"name": "tiny"}), gamma_ref=4, the_suite=[0] * 4,
+              repeats=3)
+    with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(NOTEBOOK_CONTROLS, ns)  # noqa: S102 -- the reference
+    assert lines == out.getvalue().splitlines()
+    assert found == controls.cost_warnings(costs, pair="tiny") + controls.speedup_warnings(t)
+    assert bool(found) == (low_r or defect or any(t["predicted"].lt(t["speedup_low"]) | t["predicted"].gt(t["speedup_high"])))
+    assert sum(line.startswith("null-draft control") for line in lines) == 2
+    assert sum(line.startswith("FLAG ") for line in lines) == int(disagree)

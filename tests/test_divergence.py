@@ -79,3 +79,25 @@ def test_bad_arguments(model):
         compare_greedy([1], [2], model, [3], tie_threshold=-1.0)
     with pytest.raises(ValueError, match="prompt_ids"):
         compare_greedy([1], [2], model, [])
+
+
+def test_classify_greedy_counts_every_class_and_names_the_mismatches(model):
+    from spade_lib.decoding.divergence import CLASSES, classify_greedy
+
+    prompt = [3, 7, 11]
+    z = logits_after(model, prompt)
+    top = torch.topk(z, 2).indices.tolist()
+    worst = int(torch.argmin(z))
+    cases = [("same", [top[0], 5], [top[0], 5], prompt),
+             ("tie", [top[0]], [top[1]], prompt),   # the runner-up: a near tie at a wide threshold
+             ("bug", [top[0]], [worst], prompt)]    # the least likely token: a bug at any sane threshold
+    gap = float(z[top[0]] - z[top[1]])
+    counts, found = classify_greedy(cases, model, tie_threshold=gap + 1e-6)
+    assert list(counts) == list(CLASSES) and counts == {"identical": 1, "near_tie": 1, "bug": 1}
+    assert [key for key, _ in found] == ["tie", "bug"]
+    ref = compare_greedy([top[0]], [worst], model, prompt, tie_threshold=gap + 1e-6)
+    assert found[1][1] == ref
+    assert ref.describe() == (f"bug at token 0 (logit gap {ref.token_gap:.2e}, threshold {gap + 1e-6:g})")
+    assert found[0][1].describe().startswith("near_tie at token 0 (logit gap ")
+    assert compare_greedy([1], [1], model, prompt).describe() == "identical"
+    assert classify_greedy([], model) == ({"identical": 0, "near_tie": 0, "bug": 0}, [])

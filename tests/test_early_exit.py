@@ -63,3 +63,33 @@ def test_supports_early_exit_and_layer_costs(tiny):
     assert not supports_early_exit(tiny.target.model)  # no .model.norm one level down
     c = layer_cost_ratio(tiny.target, [0, 1, 2])
     assert c[-1] == pytest.approx(1.0) and c[0] > 0 and (c[1:] > c[:-1]).all()
+
+
+def _sweep_table():
+    return pd.DataFrame({"layer": [1, 2, 3], "c_layers": [0.25, 0.5, 0.75], "alpha_T0": [0.1, 0.5, 0.9],
+                         "alpha_T1": [0.05, 0.6, 0.8], "n_positions": 40, "c": [0.3, 0.55, 0.8],
+                         "gamma_T0": [1, 3, 5], "predicted_T0": [0.6, 1.1, 0.9], "gamma_T1": [1, 3, 4],
+                         "predicted_T1": [0.5, 1.3, 0.8]}, index=[4, 5, 6])  # a filtered frame: labels, not positions
+
+
+def test_best_layer_and_sweep_lines_print_what_the_notebook_printed():
+    from spade_lib.runs import verdicts
+    from spade_lib.zoo.early_exit import best_layer, sweep_lines
+
+    ee = _sweep_table()
+    best = best_layer(ee)
+    # the notebook's former lines (the reference)
+    best_ee = ee.loc[ee[["predicted_T0", "predicted_T1"]].max(axis=1).idxmax()]
+    best_ee_speedup = max(best_ee["predicted_T0"], best_ee["predicted_T1"])
+    assert int(best["layer"]) == int(best_ee["layer"]) == 2 and best["predicted"] == best_ee_speedup == 1.3
+    ref = [f"early exit on {int(best_ee['n_positions'])} teacher-forced positions of 7 greedy generations: "
+           f"alpha at T=0 from {ee['alpha_T0'].iloc[0]:.2f} (layer {int(ee['layer'].iloc[0])}) to "
+           f"{ee['alpha_T0'].iloc[-1]:.2f} (layer {int(ee['layer'].iloc[-1])} of 4)",
+           f"best layer by predicted speedup: {int(best_ee['layer'])} (alpha {best_ee['alpha_T0']:.2f} at T=0, "
+           f"{best_ee['alpha_T1']:.2f} at T=1; c = {best_ee['c']:.2f}) -> predicted {best_ee_speedup:.2f}x at its best "
+           "gamma (not timed: a prediction, not a verdict; SPADE ships no early-exit draft, HF's assistant_early_exit "
+           "is the baseline to time it against)"]
+    assert sweep_lines(ee, 7, 4) == ref
+    assert verdicts.unsupported("\n".join(ref)) == []
+    with pytest.raises(ValueError, match=r"^sweep: an empty early-exit table"):
+        best_layer(ee.iloc[:0])

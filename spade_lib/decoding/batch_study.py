@@ -45,9 +45,10 @@ from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.costs import time_in_turns
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.divergence import classify_greedy
 from spade_lib.sampling import SamplingConfig
 
-__all__ = ["BatchStudyConfig", "forward_costs", "round_rows", "batch_study", "stops_paying"]
+__all__ = ["BatchStudyConfig", "forward_costs", "round_rows", "batch_study", "stops_paying", "batched_greedy_check"]
 
 @dataclass(frozen=True)
 class BatchStudyConfig:
@@ -214,3 +215,18 @@ def stops_paying(study, column: str = "speedup") -> dict[float, int | None]:
         below = sub.loc[sub[bound] < 1.0, "batch_size"]
         out[float(T)] = int(below.iloc[0]) if len(below) else None
     return out
+
+
+def batched_greedy_check(target, draft, prompts: Sequence[Sequence[int]], *, gamma: int, max_new_tokens: int
+                         ) -> dict[str, int]:
+    """The batched decoder's exactness on ``prompts``: one greedy speculative batch of them all against
+    each prompt decoded alone by the same decoder (``gamma``, ``max_new_tokens``), row by row through
+    :func:`spade_lib.decoding.divergence.classify_greedy`. Returns the count per class (``identical``,
+    ``near_tie``: a rounding-level flip of a near tie, ``bug``)."""
+    if not prompts:
+        raise ValueError("prompts: at least one prompt")
+    dec = SpeculativeDecoder(target, draft, gamma=gamma, sampling=SamplingConfig(temperature=0), record=False)
+    batched = dec.generate_batch([list(p) for p in prompts], max_new_tokens)
+    cases = ((i, row.tokens, dec.generate(ids, max_new_tokens).tokens, ids)
+             for i, (row, ids) in enumerate(zip(batched, prompts)))
+    return classify_greedy(cases, target)[0]

@@ -18,21 +18,26 @@ Default thresholds (logit units, by the model's dtype; :data:`TIE_THRESHOLDS`): 
 (batched-vs-single rounding is ~1e-5 there), float16 ``0.05``, bfloat16 ``0.25`` (8 mantissa bits: a
 relative error of 2^-8 on logits of size ~10-30, compounded over layers). They are heuristics; pass
 ``tie_threshold=`` to override.
+
+:func:`classify_greedy` runs :func:`compare_greedy` over many cases (a run's generations against the
+baseline's, batched rows against single ones) and counts the classes; :meth:`Divergence.describe` words a
+mismatch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from spade_lib.decoding.adapter import as_token_tensor
 
-__all__ = ["Divergence", "compare_greedy", "first_difference", "TIE_THRESHOLDS"]
+__all__ = ["Divergence", "CLASSES", "classify_greedy", "compare_greedy", "first_difference", "TIE_THRESHOLDS"]
 
 TIE_THRESHOLDS: dict[torch.dtype, float] = {torch.float32: 1e-3, torch.float64: 1e-6, torch.float16: 0.05,
                                             torch.bfloat16: 0.25}
+CLASSES = ("identical", "near_tie", "bug")  # compare_greedy's classifications
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class Divergence:
     token_gap: float | None        # max(z_top1 - z_a, z_top1 - z_b): how far the worse token is from the best
     classification: str            # "identical", "near_tie" or "bug"
     tie_threshold: float
+
+    def describe(self) -> str:
+        """``"<classification> at token <i> (logit gap <gap>, threshold <t>)"``, or ``"identical"``."""
+        if self.first_index is None:
+            return self.classification
+        return (f"{self.classification} at token {self.first_index} (logit gap {self.token_gap:.2e}, "
+                f"threshold {self.tie_threshold:g})")
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -82,3 +94,19 @@ def compare_greedy(a_tokens: Sequence[int], b_tokens: Sequence[int], target: tor
     gap = max(z1 - z[a[i]].item(), z1 - z[b[i]].item())
     kind = "near_tie" if gap <= tie_threshold else "bug"
     return Divergence(i, a[i], b[i], t1, t2, z1 - z2, gap, kind, tie_threshold)
+
+
+def classify_greedy(cases: Iterable[tuple[Hashable, Sequence[int], Sequence[int], Sequence[int]]],
+                    target: torch.nn.Module, *, tie_threshold: float | None = None
+                    ) -> tuple[dict[str, int], list[tuple[Hashable, Divergence]]]:
+    """:func:`compare_greedy` on each case ``(key, a_tokens, b_tokens, prompt_ids)``, in order. Returns the
+    count of each class (:data:`CLASSES`, every one present) and ``(key, divergence)`` of every case that is
+    not identical."""
+    counts = dict.fromkeys(CLASSES, 0)
+    found = []
+    for key, a, b, ids in cases:
+        d = compare_greedy(a, b, target, ids, tie_threshold=tie_threshold)
+        counts[d.classification] += 1
+        if d.classification != "identical":
+            found.append((key, d))
+    return counts, found

@@ -38,6 +38,9 @@ The physics, with ``t_1`` the time of a one-token target forward on the cache:
     defect and stays in the figures -- so its lines start with :data:`MODEL_PREFIX` and
     :func:`spade_lib.runs.protocol.speedup_table` puts them in ``model_control``, not
     ``physical_control``.
+
+:func:`session_report` is what notebook 03 prints about a session's controls: the violations above, the
+null-draft control against its prediction, the two speedup estimators, the intervals' widths.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["MODEL_PREFIX", "NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "cost_warnings", "prediction_warnings",
-           "speedup_warnings"]
+           "speedup_warnings", "session_report"]
 
 PREFIX = "physical control"
 MODEL_PREFIX = "cost-model control"    # control (d): measured vs predicted, two-sided
@@ -164,3 +167,38 @@ def cost_warnings(costs: Mapping[str, Mapping], *, tol: float = 0.05, pair: str 
                          "micro-benchmark is defective (load or frequency changes between the paired forwards) "
                          "and predictions priced with it are too optimistic")
     return out
+
+
+def session_report(costs: Mapping[str, Mapping], table, *, pair: str = "", gamma: int, prompts: int,
+                   repeats: int) -> tuple[list[str], list[str]]:
+    """What notebook 03 prints about one pair's sessions before any figure: ``(warnings, lines)``.
+
+    ``warnings`` are :func:`cost_warnings` of ``costs`` then :func:`speedup_warnings` of ``table`` (a
+    :func:`spade_lib.runs.protocol.speedup_table` with ``estimators_disagree`` and the mean-of-ratios
+    interval); ``lines`` print them (each after ``"!!! "``), then their count, the null-draft control at
+    ``gamma`` against its prediction ``1 / (r(gamma) + o)`` per temperature, every run whose two speedup
+    estimators disagree (or that they all agree), and the median and widest interval of the speedups
+    over ``prompts`` prompts with ``repeats`` interleaved repeats."""
+    found = cost_warnings(costs, pair=pair) + speedup_warnings(table)
+    lines = ["!!! " + line for line in found]
+    if found:
+        lines.append(f"physical controls: {len(found)} violation(s): the runs named above are left out of the figures")
+    else:
+        lines.append(f"physical controls: {len(found)} violation(s) (r(g) >= 1 within 5 % for every draft, every "
+                     "speedup <= its tau, the null draft <= 1)")
+    for _, r in table[table["draft"] == NULL_DRAFT].iterrows():
+        lines.append(f"null-draft control, T={r['T']:g}: {r['speedup']:.3f}x [{r['speedup_low']:.3f}, "
+                     f"{r['speedup_high']:.3f}] (expected 1 / (r({gamma}) + o) = 1 / ({r['r']:.3f} + "
+                     f"{r['overhead']:.3f}) = {1 / (r['r'] + r['overhead']):.3f}, a prediction from the cost table)")
+    flagged = table[table["estimators_disagree"] == 1]
+    for _, r in flagged.iterrows():
+        lines.append(f"FLAG {r['label']}: ratio of totals {r['speedup']:.2f} [{r['speedup_low']:.2f}, "
+                     f"{r['speedup_high']:.2f}] vs mean of ratios {r['speedup_mean_of_ratios']:.2f} "
+                     f"[{r['speedup_mean_of_ratios_low']:.2f}, {r['speedup_mean_of_ratios_high']:.2f}]: the "
+                     "estimators disagree; read both")
+    if not len(flagged):
+        lines.append(f"ratio of totals and mean of ratios agree within their intervals for all {len(table)} runs")
+    widths = (table["speedup_high"] - table["speedup_low"])[table["method"] != "ar"]
+    lines.append(f"95 % intervals of the speedups: median width {widths.median():.3f}, widest {widths.max():.3f} "
+                 f"({prompts} prompts, {repeats} interleaved repeats each)")
+    return found, lines

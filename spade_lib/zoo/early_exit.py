@@ -16,7 +16,9 @@ baseline (``generate(assistant_early_exit=k)``) for comparison.
 parameter counts ``c_k = (k * layer + head) / (L * layer + head)`` (:func:`layer_cost_ratio`), and at
 ``T = 0`` and ``T = 1`` the best draft length and its predicted speedup
 ``max_gamma E[tokens](alpha_k, gamma) / (gamma c_k + r(gamma) + o)`` (:func:`spade_lib.theory.speedup`;
-``o`` the decoding loop's per-step overhead from the pair's cost table, 0 by default: the paper's model).
+``o`` the decoding loop's per-step overhead from the pair's cost table, 0 by default: the paper's model);
+:func:`best_layer` picks the layer with the highest prediction and :func:`sweep_lines` says it in words
+(notebook 03 prints them; the draft is not timed, so they are predictions, never verdicts).
 """
 
 from __future__ import annotations
@@ -137,3 +139,30 @@ def early_exit_sweep(pair, texts: Sequence[str] | Sequence[Sequence[int]], verif
         ee[f"predicted_{t}"] = [float(theory.speedup(a, g, c, verify_cost=verify_cost, overhead=overhead))
                                 for a, g, c in zip(ee[f"alpha_{t}"], best_g, ee["c"])]
     return ee[ee["layer"] < n_layers]
+
+
+def best_layer(sweep):
+    """The row of an :func:`early_exit_sweep` table with the highest predicted speedup at either
+    temperature (the first such layer on a tie), with ``predicted`` (that speedup) added."""
+    if len(sweep) == 0:
+        raise ValueError("sweep: an empty early-exit table (a target of one layer has no exit to take)")
+    best = sweep[["predicted_T0", "predicted_T1"]].max(axis=1)
+    row = sweep.loc[best.idxmax()].copy()
+    row["predicted"] = float(best.max())
+    return row
+
+
+def sweep_lines(sweep, n_texts: int, n_layers: int) -> list[str]:
+    """Notebook 03's sentences about an :func:`early_exit_sweep` table measured on ``n_texts`` texts of an
+    ``n_layers``-layer target: alpha at ``T = 0`` from the shallowest to the deepest exit, and the best layer
+    by :func:`best_layer`, said to be a prediction (the draft is not timed)."""
+    best = best_layer(sweep)
+    lines = []
+    lines.append(f"early exit on {int(best['n_positions'])} teacher-forced positions of {n_texts} greedy generations: "
+                 f"alpha at T=0 from {sweep['alpha_T0'].iloc[0]:.2f} (layer {int(sweep['layer'].iloc[0])}) to "
+                 f"{sweep['alpha_T0'].iloc[-1]:.2f} (layer {int(sweep['layer'].iloc[-1])} of {n_layers})")
+    lines.append(f"best layer by predicted speedup: {int(best['layer'])} (alpha {best['alpha_T0']:.2f} at T=0, "
+                 f"{best['alpha_T1']:.2f} at T=1; c = {best['c']:.2f}) -> predicted {best['predicted']:.2f}x at its "
+                 "best gamma (not timed: a prediction, not a verdict; SPADE ships no early-exit draft, HF's "
+                 "assistant_early_exit is the baseline to time it against)")
+    return lines
