@@ -40,7 +40,8 @@ from spade_lib.verify import VerifyResult, sample_inverse_cdf, verify, verify_tr
 
 __all__ = ["verify_reference", "draft_tree", "block_law_error", "forced_cuts", "proposal_law_error", "draft_text_law", "chi_square_pvalue", "monte_carlo_check",
            "MC_CONFIGS", "warped_pair", "TREE_KINDS", "tree_tables", "prefix_ids", "TreeCase", "tree_case",
-           "tree_law_error", "sample_tree", "tree_monte_carlo_check", "verify_tree_reference"]
+           "tree_law_error", "sample_tree", "tree_monte_carlo_check", "verify_tree_reference", "BLOCK_KINDS",
+           "EXACTNESS_COLUMNS", "exactness_table", "overlap_pair", "simulated_tokens"]
 
 MC_CONFIGS: list[tuple[float, int, float, int, int, int]] = [  # (temperature, top_k, top_p, vocab, gamma, seed)
     (1.0, 0, 1.0, 12, 3, 0),
@@ -798,3 +799,110 @@ def verify_tree_reference(
         else:
             next_tokens.append(int(sample_inverse_cdf(torch.tensor(r, dtype=torch.float64), next_uniforms[b])))
     return paths, next_tokens
+
+
+# ----------------------------------------------------------------------------------------------
+# the tables notebook 02 shows: every rule's exactness, and E[tokens] simulated through verify
+
+BLOCK_KINDS: tuple[str, ...] = ("random", "disjoint", "identical", "one_hot", "q_zeros")  # draft_tree's kinds
+EXACTNESS_COLUMNS = ["check", "configuration", "mode", "lossless", "alpha", "max abs error", "chi2 p (1st)",
+                     "chi2 p (2nd)"]
+
+
+def exactness_table(vocab: int, gamma: int, mc_samples: int, seed: int = 0):
+    """Every registered acceptance rule against the target's law, one row per check (:data:`EXACTNESS_COLUMNS`).
+
+    - ``check == "enumeration"``: :func:`block_law_error` on every :func:`draft_tree` kind
+      (:data:`BLOCK_KINDS`, ``vocab``, ``gamma``, ``seed``) for each rule of :func:`spade_lib.rules.rule_names`
+      with its default options -- except a rule that draws its own target samples (``samples_target``: checked
+      by Monte-Carlo only) and ``greedy``, exact for a one-hot target only (so enumerated on ``one_hot`` alone);
+      ``max abs error`` is the largest ``|P(Y_j = y | prefix) - p_j(y | prefix)|``, ``alpha`` the enumerated rate.
+    - ``check == "monte carlo"``: :func:`monte_carlo_check` with ``mc_samples`` blocks on each configuration of
+      :data:`MC_CONFIGS` (its seed shifted by ``1000 * seed``) for ``exact``, and every third for ``one_hot_q``
+      and ``sample_match``; then the sampler bug (drafts from the raw draft distribution, the verifier told the
+      warped one; ``lossless`` False: it must fail) and the lossy ``typical`` and ``lenience=0.5`` rules;
+      ``chi2 p (1st)`` / ``(2nd)`` are the first and second emitted tokens' p-values, ``alpha`` the estimate.
+
+    ``lossless`` comes from the rule registry (:func:`spade_lib.rules.lossless_map`). A pandas ``DataFrame``."""
+    import pandas as pd
+
+    from spade_lib.rules import lossless_map, rule_names
+
+    for name, v, low in (("vocab", vocab, 2), ("gamma", gamma, 1), ("mc_samples", mc_samples, 1), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+    lossless = lossless_map()
+    rows = []
+    for kind in BLOCK_KINDS:
+        p_t, q_t, x_t = draft_tree(vocab, gamma, kind, seed=seed)
+        for mode in rule_names():
+            rule = get_rule(mode)
+            opts = rule.defaults
+            if rule.samples_target or (mode == "greedy" and kind != "one_hot"):
+                continue
+            err = block_law_error(p_t, q_t, x_t, mode=mode, **opts)
+            rows.append({"check": "enumeration", "configuration": f"{kind} tree, V={vocab}, gamma={gamma}",
+                         "mode": " ".join([mode, *(f"{k}={v:g}" for k, v in opts.items())]),
+                         "lossless": lossless[mode], "alpha": err["alpha_enumerated"],
+                         "max abs error": err["max_abs_error"], "chi2 p (1st)": float("nan"),
+                         "chi2 p (2nd)": float("nan")})
+
+    def mc_row(label, mode, p_, q_, **kwargs):
+        r = monte_carlo_check(p_, q_, n=mc_samples, mode=mode, seed=seed, **kwargs)
+        return {"check": "monte carlo", "configuration": label, "mode": mode, "lossless": lossless[mode],
+                "alpha": r["alpha_hat"], "max abs error": float("nan"), "chi2 p (1st)": r["p_first"],
+                "chi2 p (2nd)": r["p_second"]}
+
+    for i, (T, k, tp, V, g, off) in enumerate(MC_CONFIGS):
+        p_m, q_m, _ = warped_pair(T, k, tp, V, g, off + 1000 * seed)
+        label = f"T={T}, top_k={k}, top_p={tp}, V={V}, gamma={g}"
+        rows.append(mc_row(label, "exact", p_m, q_m))
+        if i % 3 == 0:
+            rows.append(mc_row(label, "one_hot_q", p_m, q_m))
+            rows.append(mc_row(label, "sample_match", p_m, q_m))
+    p_m, q_m, z_q = warped_pair(*MC_CONFIGS[1][:5], MC_CONFIGS[1][5] + 1000 * seed)
+    wrong = mc_row(f"drafts from raw q, verifier told warped q (T={MC_CONFIGS[1][0]:g})", "exact", p_m, q_m,
+                   q_draft=adjust(z_q, SamplingConfig(), torch.float64))
+    rows.append({**wrong, "lossless": False})
+    p_m, q_m, _ = warped_pair(*MC_CONFIGS[0][:5], MC_CONFIGS[0][5] + 1000 * seed)
+    label = f"T={MC_CONFIGS[0][0]}, V={MC_CONFIGS[0][3]}, gamma={MC_CONFIGS[0][4]}"
+    rows.append(mc_row(label, "typical", p_m, q_m))
+    rows.append(mc_row(label, "lenience", p_m, q_m, lenience=0.5))
+    return pd.DataFrame(rows, columns=EXACTNESS_COLUMNS)
+
+
+def overlap_pair(alpha: float, gamma: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``p = (alpha, 1 - alpha, 0)`` and ``q = (alpha, 0, 1 - alpha)`` at every position of ``n`` blocks:
+    ``sum_x min(p(x), q(x)) = alpha`` exactly (fp64). Returns ``(p [n, gamma+1, 3], q [n, gamma, 3])``."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha: must lie in [0, 1], got {alpha!r}")
+    p = torch.tensor([alpha, 1 - alpha, 0.0], dtype=torch.float64).expand(n, gamma + 1, 3)
+    q = torch.tensor([alpha, 0.0, 1 - alpha], dtype=torch.float64).expand(n, gamma, 3)
+    return p, q
+
+
+def simulated_tokens(alphas, gammas, n: int, seed: int = 0):
+    """Leviathan Eq. 1 against simulation through :func:`spade_lib.verify.verify`: for each ``alpha`` and
+    ``gamma`` (in that order, one generator seeded with ``seed`` for all), ``n`` steps on :func:`overlap_pair`
+    (drafts drawn from ``q``), ``tokens = n_accepted + 1`` per step. Returns a ``DataFrame`` with ``alpha,
+    gamma, simulated`` (mean tokens), ``std err``, ``closed form`` (:func:`spade_lib.theory.expected_tokens`)
+    and ``z = (simulated - closed form) / std err``."""
+    import pandas as pd
+
+    from spade_lib.theory import expected_tokens
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+        raise ValueError(f"n: must be an integer >= 2 (a standard error needs two steps), got {n!r}")
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for a in alphas:
+        for g in gammas:
+            p_s, q_s = overlap_pair(a, g, n)
+            drafts = torch.multinomial(q_s[0, 0], n * g, replacement=True, generator=gen).view(n, g)
+            res = verify(p_s, q_s, drafts, generator=gen, validate=False)
+            tokens = (res.n_accepted + 1).double()
+            rows.append({"alpha": a, "gamma": g, "simulated": tokens.mean().item(),
+                         "std err": (tokens.std() / n ** 0.5).item(), "closed form": expected_tokens(a, g)})
+    table = pd.DataFrame(rows)
+    table["z"] = (table["simulated"] - table["closed form"]) / table["std err"]
+    return table

@@ -215,3 +215,88 @@ def from_params(params: Any) -> Experiment:
                         head_profile=values.get("head_profile", "make"))
     e.run_fields = run_fields
     return e
+
+
+def cached_costs(pair: str, draft: str, *, threads: int = 0, progress: bool = False) -> tuple[dict, str]:
+    """The cost table of ``pair``'s ``draft`` on this machine (CPU, float32, ``threads``; 0: every CPU), and
+    how it was had: notebook 03's table cached under ``runs/costs/<pair>/`` when there is one
+    (:func:`spade_lib.runs.costs.select_costs`, ``"read from the cached table"``), else the pair is loaded and
+    the table measured, ``r(g)`` up to :data:`spade_lib.runs.costs.MIN_GAMMA` as notebook 03 keys it, and cached
+    for notebook 03 (``"measured now (and cached)"``). The notebooks that price theory with a pair (02) read
+    the same table the runs' predictions do."""
+    from spade_lib.runs.costs import MIN_GAMMA, cost_folder, pair_costs, select_costs
+
+    if not isinstance(pair, str) or not pair:
+        raise ValueError(f"pair: a pair name, got {pair!r}")
+    if not isinstance(draft, str) or not draft:
+        raise ValueError(f"draft: a draft name of the pair, got {draft!r}")
+    n_threads = timing.fix_threads(threads or None)
+    table = select_costs(cost_folder(pair), device="cpu", dtype="float32", threads=n_threads).get(draft)
+    if table is not None:
+        return table, "read from the cached table"
+    loaded = load_experiment(pair, threads=threads).pair
+    return pair_costs(loaded, [draft], MIN_GAMMA, progress=progress)[draft], "measured now (and cached)"
+
+
+def describe_costs(table: dict, label: str, how: str, max_gamma: int | None = None) -> str:
+    """One line naming a cost table (:func:`cached_costs`): where it came from, its device and threads,
+    ``c``, the loop overhead ``o`` and ``r(g)`` at every measured ``g``; with ``max_gamma`` beyond the
+    measured range, that ``r`` is extended linearly there (:func:`spade_lib.decoding.costs.verify_cost_fn`)."""
+    from spade_lib.decoding.costs import verify_cost_fn
+
+    top = max(table["r"])
+    line = (f"cost table of {label} ({how}, {table['key']['device']}, {table['key']['threads']} threads): "
+            f"c = {float(table['c']):.3f}, loop overhead o = {float(table.get('overhead', 0.0)):.3f}, r(g) for "
+            f"g = 1..{top}: " + " ".join(f"{table['r'][g]:.2f}" for g in sorted(table["r"])))
+    if max_gamma is not None and max_gamma > top:
+        line += f"; r(g) beyond g = {top} extended linearly (r({max_gamma}) = {verify_cost_fn(table)(max_gamma):.2f})"
+    return line
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """Notebook 03's runs per temperature: one interleaved session each (:func:`spade_lib.runs.protocol.run_interleaved`,
+    the autoregressive baseline a member), built from its parameters of the same names (:meth:`from_params`)."""
+
+    main_draft: str = "distilled"                  # draft of the gamma sweep
+    gammas: tuple[int, ...] = (1, 2, 4, 6)         # draft lengths of the sweep
+    gamma_ref: int = 4                             # gamma of every other run
+    compare_drafts: tuple[str, ...] = ("data_only",)  # other drafts of the pair, at gamma_ref
+    prompt_lookup: bool = True                     # the n-gram drafter ("ngram") at gamma_ref
+    null_control: bool = True                      # the null-draft control at gamma_ref (at most 1x)
+    hf_baselines: bool = True                      # HF generate (and, with hf_assisted, HF assisted generation)
+    hf_temperatures: tuple[float, ...] = ()        # temperatures of the HF baselines; empty: every one
+    hf_assisted: bool = True                       # HF assisted generation with main_draft at gamma_ref
+    cross_drafts: tuple[str, ...] = ()             # cross-vocabulary drafts (spade_lib.runs.cross_drafts)
+    cross_rules: tuple[str, ...] = ("text", "tli")  # the rules SPADE drafts them by
+
+    @classmethod
+    def from_params(cls, params: Any) -> "SessionPlan":
+        """The plan from a notebook's resolved parameters: every field it declares (lists as tuples)."""
+        values = params.as_dict() if hasattr(params, "as_dict") else dict(params)
+        names = [f for f in cls.__dataclass_fields__ if f in values]
+        return cls(**{f: tuple(values[f]) if isinstance(values[f], list) else values[f] for f in names})
+
+    def configs(self, E: Experiment, T: float):
+        """The session's runs at temperature ``T`` but the baseline and the cross-vocabulary drafts: the sweep,
+        the other drafts, prompt lookup, the null draft, HF generate and HF assisted generation."""
+        cs = [E.run_config(method="spade", draft=self.main_draft, gamma=g, temperature=T) for g in self.gammas]
+        cs += [E.run_config(method="spade", draft=d, gamma=self.gamma_ref, temperature=T) for d in self.compare_drafts]
+        if self.prompt_lookup:
+            cs.append(E.run_config(method="spade", draft="ngram", gamma=self.gamma_ref, temperature=T))
+        if self.null_control:  # the physical control: gamma_ref + 1 tokens verified per step, one kept
+            cs.append(E.run_config(method="spade", draft="null", gamma=self.gamma_ref, temperature=T))
+        if self.hf_baselines and (not self.hf_temperatures or T in self.hf_temperatures):
+            cs.append(E.run_config(method="hf", temperature=T))
+            if self.hf_assisted:
+                cs.append(E.run_config(method="hf_assisted", draft=self.main_draft, gamma=self.gamma_ref,
+                                       temperature=T))
+        return cs
+
+    def cross_configs(self, E: Experiment, T: float):
+        """The cross-vocabulary drafts' runs at ``T`` (:func:`spade_lib.runs.cross_drafts.cross_configs`), after
+        checking that each is one of the pair's."""
+        from spade_lib.runs.cross_drafts import check_cross_drafts, cross_configs
+
+        check_cross_drafts(E.pair, self.cross_drafts, self.cross_rules)
+        return cross_configs(E.run_config, self.cross_drafts, self.cross_rules, self.gamma_ref, T)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -117,3 +118,79 @@ def test_cross_vocab_finds_the_section_pair_and_draft_and_never_builds(monkeypat
     assert E.cross_vocab("built") == (own, "a", None)
     assert loaded == [("built", {"device": torch.device("cpu"), "dtype": "float32"})]
     assert E.figure_name("m3_x") == "m3_x-plain" and E.figure_name("m3_x", "smollm2") == "m3_x-smollm2"
+
+
+def _fake_experiment(pair):
+    return experiment.Experiment(pair=pair, suite=None, full_suite=None, device=torch.device("cpu"),
+                                 dtype="float32", threads=1, run_fields={"max_new_tokens": 8})
+
+
+def _notebook_session_configs(E, T, p):
+    """Notebook 03's session_configs, as it was before SessionPlan (the reference)."""
+    cs = [E.run_config(method="spade", draft=p["main_draft"], gamma=g, temperature=T) for g in p["gammas"]]
+    cs += [E.run_config(method="spade", draft=d, gamma=p["gamma_ref"], temperature=T) for d in p["compare_drafts"]]
+    if p["prompt_lookup"]:
+        cs.append(E.run_config(method="spade", draft="ngram", gamma=p["gamma_ref"], temperature=T))
+    if p["null_control"]:
+        cs.append(E.run_config(method="spade", draft="null", gamma=p["gamma_ref"], temperature=T))
+    if p["hf_baselines"] and (not p["hf_temperatures"] or T in p["hf_temperatures"]):
+        cs.append(E.run_config(method="hf", temperature=T))
+        if p["hf_assisted"]:
+            cs.append(E.run_config(method="hf_assisted", draft=p["main_draft"], gamma=p["gamma_ref"], temperature=T))
+    return cs
+
+
+@pytest.mark.parametrize("hf_temperatures, flags", [([], (True, True, True, True)), ([0.0], (False, True, True, False)),
+                                                    ([1.0], (True, False, False, True))])
+def test_session_plan_equals_the_notebooks_session_configs(hf_temperatures, flags):
+    lookup, null, hf, assisted = flags
+    params = {"pair": "x", "main_draft": "distilled", "gammas": [1, 4], "gamma_ref": 4, "compare_drafts": ["data_only"],
+              "prompt_lookup": lookup, "null_control": null, "hf_baselines": hf, "hf_temperatures": hf_temperatures,
+              "hf_assisted": assisted, "cross_drafts": [], "cross_rules": ["text", "tli"], "repeats": 3}
+    plan = experiment.SessionPlan.from_params(params)
+    assert plan.gammas == (1, 4) and plan.cross_rules == ("text", "tli")  # lists as tuples, others left out
+    E = _fake_experiment(SimpleNamespace(name="toy", draft_tokenizers={}))
+    for T in (0.0, 1.0):
+        assert plan.configs(E, T) == _notebook_session_configs(E, T, params)
+        assert plan.cross_configs(E, T) == []
+
+
+def test_session_plan_cross_configs_check_the_pairs_drafts():
+    E = _fake_experiment(SimpleNamespace(name="toy", draft_tokenizers={"own": object()}))
+    plan = experiment.SessionPlan(cross_drafts=("own",), cross_rules=("text", "tli"))
+    cs = plan.cross_configs(E, 1.0)
+    assert [(c.method, c.draft, c.gamma, c.temperature, c.draft_options, c.max_new_tokens) for c in cs] == [
+        ("spade", "own", 4, 1.0, {"rule": "text"}, 8), ("spade", "own", 4, 1.0, {"rule": "tli"}, 8),
+        ("hf_assisted", "own", 4, 1.0, {}, 8)]
+    assert [c.label for c in cs] == ["spade-own-g4-rule=text-T1", "spade-own-g4-rule=tli-T1", "hf_assisted-own-g4-T1"]
+    with pytest.raises(ValueError, match=r"^cross_drafts: \['other'\] not cross-vocabulary drafts of pair 'toy'"):
+        experiment.SessionPlan(cross_drafts=("other",)).cross_configs(E, 0.0)
+    with pytest.raises(ValueError, match=r"^cross_rules: \['slem'\] not among"):
+        experiment.SessionPlan(cross_drafts=("own",), cross_rules=("slem",)).cross_configs(E, 0.0)
+    with pytest.raises(ValueError, match=r"^cross_rules: empty"):
+        experiment.SessionPlan(cross_drafts=("own",), cross_rules=()).cross_configs(E, 0.0)
+
+
+def test_cached_costs_reads_the_cached_table_else_measures_and_describes_it(monkeypatch):
+    from spade_lib.runs import costs as run_costs
+
+    table = {"c": 0.25, "overhead": 0.5, "r": {1: 1.1, 2: 1.2, 3: 1.5}, "key": {"device": "cpu", "threads": 2}}
+    monkeypatch.setattr(run_costs, "select_costs", lambda folder, **kw: {"distilled": table})
+    monkeypatch.setattr(experiment, "load_experiment", lambda *a, **kw: pytest.fail("loaded a pair with a cached table"))
+    got, how = experiment.cached_costs("tiny", "distilled", threads=1)
+    assert got is table and how == "read from the cached table"
+    measured = []
+    monkeypatch.setattr(run_costs, "select_costs", lambda folder, **kw: {})
+    monkeypatch.setattr(experiment, "load_experiment", lambda name, threads=0: SimpleNamespace(pair=name))
+    monkeypatch.setattr(run_costs, "pair_costs", lambda pair, drafts, g, progress=False:
+                        measured.append((pair, list(drafts), g)) or {"distilled": table})
+    got, how = experiment.cached_costs("tiny", "distilled", threads=1)
+    assert how == "measured now (and cached)" and measured == [("tiny", ["distilled"], run_costs.MIN_GAMMA)]
+    line = experiment.describe_costs(table, "tiny/distilled", how, max_gamma=5)
+    assert line == ("cost table of tiny/distilled (measured now (and cached), cpu, 2 threads): c = 0.250, loop "
+                    "overhead o = 0.500, r(g) for g = 1..3: 1.10 1.20 1.50; r(g) beyond g = 3 extended linearly "
+                    "(r(5) = 2.10)")
+    assert "beyond" not in experiment.describe_costs(table, "x", how, max_gamma=3)
+    with pytest.raises(ValueError, match=r"^draft: a draft name"):
+        experiment.cached_costs("tiny", "")
+
