@@ -17,6 +17,11 @@ joined and printed later). Rendering follows the text, not the values:
 ``test_a_planted_verdict_without_an_interval_is_caught`` plants bad lines in a notebook of its own, so the
 check is shown to fail where it should. Where an executed copy of a notebook exists (the newest under
 ``RUNS_DIR/notebooks/``), its printed outputs are checked too.
+
+Sentences that moved into the package (a notebook prints ``"\\n".join(narrative.summary_lines(...))``, which
+this walk sees as a library call) are read where they are built: every module of :data:`SENTENCE_MODULES` is
+walked the same way (its ``print`` calls and the lines it appends), and ``tests/test_narrative.py`` runs
+:mod:`spade_lib.runs.narrative` itself on synthetic tables.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ from spade_lib import paths
 from spade_lib.runs import verdicts
 
 NOTEBOOKS = sorted(p for p in paths.NOTEBOOKS_DIR.glob("0[2-5]_*.ipynb"))
+# modules that build the lines notebooks print (the notebook only joins and prints them)
+SENTENCE_MODULES = ["spade_lib/runs/narrative.py", "spade_lib/runs/controls.py", "spade_lib/runs/cross_drafts.py",
+                    "spade_lib/runs/greedy.py", "spade_lib/zoo/early_exit.py"]
 NUMBER = "1.23"
 MAX_ALTERNATIVES = 64  # per expression: enough for every branch of the notebooks' sentences
 
@@ -171,6 +179,37 @@ def test_every_printed_verdict_stands_on_an_interval(path):
     bad = bad_lines(sources)
     assert not bad, f"{path.stem} can print verdicts without a measured interval:\n" + "\n".join(
         f"  cell line {n}: {line}" for n, line in bad)
+
+
+@pytest.mark.parametrize("module", SENTENCE_MODULES)
+def test_every_verdict_the_package_builds_for_a_notebook_stands_on_an_interval(module):
+    source = (paths.REPO_ROOT / module).read_text(encoding="utf-8")
+    assert len(PrintedText([source]).printed()) >= 1, f"{module}: the extractor found no line it builds"
+    bad = bad_lines([source])
+    assert not bad, f"{module} can build verdicts without a measured interval:\n" + "\n".join(
+        f"  line {n}: {line}" for n, line in bad)
+
+
+def test_the_notebooks_print_the_package_sentences_they_rely_on():
+    """Notebook 03 prints what the sentence modules build: if a notebook stopped calling them, the check above
+    would be checking text nobody prints (and the notebook's own would go unchecked)."""
+    source = "\n".join(code_cells(paths.NOTEBOOKS_DIR / "03_m2_speedup_runs.ipynb"))
+    for call in ("narrative.summary_lines(", "narrative.batch_lines(", "controls.session_report(", "sweep_lines(",
+                 "xd.cross_report(", "xd.generator_lines(", "greedy_check("):
+        assert call in source, call
+
+
+def test_a_planted_verdict_in_a_module_is_caught():
+    planted = '''
+def lines_for(table):
+    lines = []
+    for _, r in table.iterrows():
+        lines.append(f"{r['label']}: SPADE beats HF assisted generation ({r['speedup']:.2f}x)")
+        lines.append(f"{r['label']}: {r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}], so it pays")
+    return lines
+'''
+    bad = [line for _, line in bad_lines([planted])]
+    assert len(bad) == 1 and "beats HF assisted" in bad[0]
 
 
 def test_the_walkthrough_notebooks_are_all_checked():
