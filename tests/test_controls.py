@@ -134,8 +134,28 @@ def test_session_report_prints_what_the_notebooks_former_cell_printed(seed, disa
     with contextlib.redirect_stdout(out), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         exec(NOTEBOOK_CONTROLS, ns)  # noqa: S102 -- the reference
-    assert lines == out.getvalue().splitlines()
+    ref = out.getvalue().splitlines()
+    tally = [line for line in lines if line.startswith(("physical controls:", "cost-model controls:"))]
+    assert [line for line in lines if line not in tally] == [line for line in ref if not line.startswith("physical controls:")]
+    # the tally counts physics apart from the cost model (the former cell counted a model warning as a violation)
+    n_cost, n_runs = len(controls.cost_warnings(costs, pair="tiny")), len(controls.speedup_warnings(t, model=False))
+    n_model = len(controls.prediction_warnings(t))
+    assert tally[0].startswith(f"physical controls: {n_cost + n_runs} violation(s)")
+    assert ("left out of the figures" in tally[0]) == (n_runs > 0) and ("too optimistic" in tally[0]) == (n_cost > 0)
+    assert tally[1:] == ([f"cost-model controls: {n_model} prediction(s) outside the measured interval, named above "
+                          "(not a defect: those runs stay in the figures)"] if n_model else [])
     assert found == controls.cost_warnings(costs, pair="tiny") + controls.speedup_warnings(t)
     assert bool(found) == (low_r or defect or any(t["predicted"].lt(t["speedup_low"]) | t["predicted"].gt(t["speedup_high"])))
     assert sum(line.startswith("null-draft control") for line in lines) == 2
     assert sum(line.startswith("FLAG ") for line in lines) == int(disagree)
+
+
+def test_session_report_with_every_control_passing():
+    t = _session(5)
+    t["predicted"] = t["speedup"]  # every prediction inside its interval
+    found, lines = controls.session_report({"distilled": {"r": {1: 1.1}}}, t, pair="tiny", gamma=4, prompts=4,
+                                           repeats=3)
+    assert found == [] and not any(line.startswith(("!!!", "cost-model controls")) for line in lines)
+    assert lines[0] == ("physical controls: 0 violation(s) (r(g) >= 1 within 5 % for every draft, every speedup <= "
+                        "its tau, the null draft <= 1)")
+    assert lines[-2] == "ratio of totals and mean of ratios agree within their intervals for all 5 runs"

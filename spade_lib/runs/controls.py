@@ -175,17 +175,28 @@ def session_report(costs: Mapping[str, Mapping], table, *, pair: str = "", gamma
 
     ``warnings`` are :func:`cost_warnings` of ``costs`` then :func:`speedup_warnings` of ``table`` (a
     :func:`spade_lib.runs.protocol.speedup_table` with ``estimators_disagree`` and the mean-of-ratios
-    interval); ``lines`` print them (each after ``"!!! "``), then their count, the null-draft control at
+    interval); ``lines`` print them (each after ``"!!! "``), then the physical violations' count (a run's
+    leaves the figures, a draft's r(g) below 1 makes its predictions too optimistic) apart from the cost-model
+    controls' (control (d): not a defect, the run stays in the figures), the null-draft control at
     ``gamma`` against its prediction ``1 / (r(gamma) + o)`` per temperature, every run whose two speedup
     estimators disagree (or that they all agree), and the median and widest interval of the speedups
     over ``prompts`` prompts with ``repeats`` interleaved repeats."""
-    found = cost_warnings(costs, pair=pair) + speedup_warnings(table)
+    cost = cost_warnings(costs, pair=pair)
+    found = cost + speedup_warnings(table)
     lines = ["!!! " + line for line in found]
-    if found:
-        lines.append(f"physical controls: {len(found)} violation(s): the runs named above are left out of the figures")
+    runs = [w for w in found[len(cost):] if w.startswith(PREFIX + ":")]  # physics of a run: out of the figures
+    model = [w for w in found if w.startswith(MODEL_PREFIX + ":")]
+    if cost or runs:
+        lines.append(f"physical controls: {len(cost) + len(runs)} violation(s): "
+                     + "; ".join(([f"{len(runs)} run(s) named above left out of the figures"] if runs else [])
+                                 + ([f"{len(cost)} draft(s) with r(g) below 1, their predictions too optimistic"]
+                                    if cost else [])))
     else:
-        lines.append(f"physical controls: {len(found)} violation(s) (r(g) >= 1 within 5 % for every draft, every "
-                     "speedup <= its tau, the null draft <= 1)")
+        lines.append("physical controls: 0 violation(s) (r(g) >= 1 within 5 % for every draft, every speedup <= "
+                     "its tau, the null draft <= 1)")
+    if model:
+        lines.append(f"cost-model controls: {len(model)} prediction(s) outside the measured interval, named above "
+                     "(not a defect: those runs stay in the figures)")
     for _, r in table[table["draft"] == NULL_DRAFT].iterrows():
         lines.append(f"null-draft control, T={r['T']:g}: {r['speedup']:.3f}x [{r['speedup_low']:.3f}, "
                      f"{r['speedup_high']:.3f}] (expected 1 / (r({gamma}) + o) = 1 / ({r['r']:.3f} + "
