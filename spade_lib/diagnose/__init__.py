@@ -18,28 +18,34 @@ module                      what it answers
 ``repetition``              repeated n-grams of generations (is greedy text a loop?), per run
 ``tokens``                  per-token and per-token-class acceptance, decoded
 ``tree``                    draft trees (and chains): acceptance by depth and sibling rank,
-                            accepted-length histogram, per-run summary (tau, nodes per step)
+                            the first drafted token, accepted-length histogram, per-run summary
+``tree_study``              notebook 04's draft-tree runs (chain, wide tree, smaller trees) and
+                            their tables
 ``crossvocab``              cross-vocabulary drafts: acceptance per target and per draft token,
                             rejections against the two tokenizers' boundaries, text-sync costs
-``summary``                 per-category summary in Spec-Bench's shape; ``all_tables``
+``summary``                 per-category summary in Spec-Bench's shape, the run's tau beside
+                            it; ``all_tables``
+``study``                   notebook 04's runs (drafts, EAGLE's per-position runs), per-category
+                            speedups, the check of its drafts
 ``synthetic``               traces with known answers (tests, benchmarks)
 ``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC)
 ==========================  ==============================================================
 """
 
 from spade_lib.diagnose.calibration import calibration_error, calibration_table
-from spade_lib.diagnose.correlates import LogitFit, acceptance_by_bins, acceptance_logit, entropy_by_outcome
+from spade_lib.diagnose.correlates import (LogitFit, acceptance_by_bins, acceptance_logit, entropy_by_outcome,
+                                          separated_fits)
 from spade_lib.diagnose.crossvocab import (CrossVocabRuns, alignment_table, boundary_acceptance, greedy_divergences,
                                           run_crossvocab, step_costs, token_acceptance)
-from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, wrong_q_power
+from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, wrong_q_power, wrong_q_study
 from spade_lib.diagnose.frame import as_trace, categorize, combine_runs
 from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
 from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
 from spade_lib.diagnose.repetition import attractor, repetition_rate, repetition_table
-from spade_lib.diagnose.summary import all_tables, category_summary
+from spade_lib.diagnose.summary import all_tables, category_summary, with_run_tau
 from spade_lib.diagnose.synthetic import expected_position_acceptance, synthetic_trace
 from spade_lib.diagnose.tokens import decode_tokens, token_class, token_class_acceptance, token_table
-from spade_lib.diagnose.tree import (depth_acceptance, sibling_acceptance, tree_accept_length_hist,
+from spade_lib.diagnose.tree import (depth_acceptance, root_acceptance, sibling_acceptance, tree_accept_length_hist,
                                    tree_summary)
 
 __all__ = [
@@ -50,4 +56,5 @@ __all__ = [
     "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z", "rejudge_wrong_q", "wrong_q_power",
     "position_acceptance", "sibling_acceptance", "attractor", "repetition_rate", "repetition_table", "synthetic_trace", "token_class", "token_class_acceptance",
     "token_table", "tree_accept_length_hist", "tree_summary",
+    "root_acceptance", "separated_fits", "with_run_tau", "wrong_q_study",
 ]

@@ -16,7 +16,9 @@ All three look only at *reached* positions (the verifier judged them), with outc
   standard errors from the inverse Hessian. Within each group, generations ``(prompt_id, sample)``
   are split into train and held-out sets (seeded), so the held-out AUC scores unseen generations.
   ``H(p)`` is known only after the target's forward: the model *explains* rejections, it is not a
-  stop rule.
+  stop rule. A group whose outcomes are (quasi-)separated on its training rows gets huge standardised
+  coefficients whose sign and size mean nothing: :func:`separated_fits` names those with
+  ``|coef_per_sd| > MAX_COEF_PER_SD``.
 
 Quantiles, Mann-Whitney ranks and AUCs compare values at float32 precision, the trace's storage type
 (one ``np.sort`` of packed keys per measure, :func:`spade_lib.diagnose.stats.grouped_compare`).
@@ -38,6 +40,7 @@ from spade_lib.diagnose.stats import (
 
 BIN_MEASURES = ("h_p", "h_q", "tv", "kl")
 LOGIT_FEATURES = ("pos", "h_p", "h_q", "q_top_prob")
+MAX_COEF_PER_SD = 8.0  # |coefficient| per sd beyond which a fit is taken as (quasi-)separated
 
 
 def entropy_by_outcome(trace: TraceLike, by: By = None, *, measures: Sequence[str] = ("h_p", "h_q"),
@@ -218,3 +221,13 @@ def acceptance_logit(trace: TraceLike, by: By = None, *, features: Sequence[str]
     columns = [*keys, "term", "coef", "se", "z", "p_value", "coef_per_sd", "sd", "mean"]
     coefficients = pd.concat(coefs, ignore_index=True) if coefs else pd.DataFrame(columns=columns)
     return LogitFit(coefficients, pd.concat(scores, ignore_index=True))
+
+
+def separated_fits(coefficients: pd.DataFrame, by: str, *, max_coef_per_sd: float = MAX_COEF_PER_SD) -> list[str]:
+    """The groups of ``by`` (sorted, as strings) whose fit has a term with ``|coef_per_sd| > max_coef_per_sd``:
+    (quasi-)separated outcomes on the training rows, so the coefficients are not to be read or drawn.
+    ``coefficients``: :attr:`LogitFit.coefficients` (``by``, ``coef_per_sd``); empty: none."""
+    if not len(coefficients):
+        return []
+    big = coefficients["coef_per_sd"].abs() > max_coef_per_sd
+    return sorted(set(coefficients.loc[big, by].astype(str)))

@@ -47,11 +47,16 @@ flag it at a level, from the normal approximation: with ``mu_0 = sum pi``, ``s_0
 ``power = Phi((-c s_0 - (mu_1 - mu_0)) / s_1) + 1 - Phi((c s_0 - (mu_1 - mu_0)) / s_1)``,
 ``c = Phi^-1(1 - level / 2)`` (with ``s_0 = 0``, as in :func:`poisson_binomial_z`: power 1 if the
 bug moves the expectation by half a token or more, else 0).
+
+**Both, for a run.** :func:`wrong_q_study` runs the planted bug twice: on synthetic traces with the run's
+per-position acceptance (exact and wrong, at least 100 x the run's steps so the test has power) and on the
+run itself re-judged, with the power beside it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -195,3 +200,48 @@ def same_sign_chance(agreement: pd.DataFrame) -> float:
     if "p_both_positive" not in agreement.columns or agreement.empty:
         raise ValueError("agreement: needs the rows of basis_agreement")
     return float(2.0 * np.prod(agreement["p_both_positive"].to_numpy(np.float64)))
+
+
+@dataclass
+class WrongQStudy:
+    """The planted bug on synthetic traces and on a run (:func:`wrong_q_study`)."""
+
+    synthetic: dict[float, pd.DataFrame]   # w -> a synthetic trace sampled with (1 + w) q (0.0: the exact sampler)
+    table: pd.DataFrame                    # expected_vs_realised of each, a ``trace`` column naming it
+    power: pd.DataFrame | None             # wrong_q_power of the run re-judged (None: no sampled chain trace)
+
+
+def wrong_q_study(trace: TraceLike, alpha_by_pos: pd.Series, gamma: int, wrong_q: float, *, n_prompts: int,
+                  by: str = "draft", seed: int = 0, level: float = 1e-3) -> WrongQStudy:
+    """The expected-vs-realised test against a sampler that divides by ``(1 + wrong_q) q(x)``, twice.
+
+    1. Synthetic: :func:`spade_lib.diagnose.synthetic.synthetic_trace` with ``gamma`` positions accepted with
+       ``alpha_by_pos`` (conditional acceptance indexed by position, e.g. a draft's ``alpha_cond`` of
+       :func:`~spade_lib.diagnose.position.position_acceptance`; missing positions 0.5, every one clipped to
+       ``[0.3, 0.95]`` so a degenerate, e.g. greedy, run still gets a test), ``max(100 x steps of trace, 20,000)``
+       steps over ``n_prompts`` prompts, once exact (``0.0``) and once with ``wrong_q``; each tested on both
+       bases (:func:`expected_vs_realised`).
+    2. The run: the groups of ``by`` whose trace is a sampled chain (uniforms recorded, ``depth == pos``)
+       re-judged block by block (:func:`rejudge_wrong_q`) and tested on the ``accept_prob`` basis, with
+       :func:`wrong_q_power` at ``level``.
+
+    ``table`` stacks the tests with a column ``trace`` (``"synthetic, wrong_q=<w>"``, ``"this run re-judged,
+    wrong_q=<w>"``). ``trace``: the run's rows (``pos``, ``depth``, ``uniform``, ``by`` and the trace columns
+    the tests read)."""
+    df = as_trace(trace)
+    alpha_hat = alpha_by_pos.reindex(range(gamma)).fillna(0.5).clip(0.3, 0.95).to_numpy()
+    n_steps = max(int((df.pos == 0).sum()) * 100, 20_000)
+    from spade_lib.diagnose.synthetic import synthetic_trace
+
+    synthetic = {w: synthetic_trace(n_steps, gamma, alpha_hat, n_prompts=n_prompts, wrong_q=w, seed=seed)
+                 for w in (0.0, wrong_q)}
+    tables = [expected_vs_realised(t).assign(trace=f"synthetic, wrong_q={w:g}") for w, t in synthetic.items()]
+    chains = [g for g, t in df.groupby(by, observed=True, sort=False)
+              if t["uniform"].notna().any() and (t["depth"] == t["pos"]).all()]
+    power = None
+    if chains:
+        rejudged = rejudge_wrong_q(df[df[by].isin(chains)], wrong_q)
+        power = wrong_q_power(rejudged, by=by, level=level)
+        tables.append(expected_vs_realised(rejudged, by=by, bases=("accept_prob",)).assign(
+            trace=f"this run re-judged, wrong_q={wrong_q:g}"))
+    return WrongQStudy(synthetic=synthetic, table=pd.concat(tables, ignore_index=True), power=power)

@@ -98,6 +98,23 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
     return out[cols].reset_index(drop=True)
 
 
+def with_run_tau(table: pd.DataFrame, summaries: Mapping[str, pd.DataFrame], by: str, *,
+                 category: str = "category") -> pd.DataFrame:
+    """``table`` (a :func:`category_summary` by ``by``) with a column ``tau``: the run's mean accepted length
+    over *every* verification step of its generations in the row's category (all of them for ``"overall"``),
+    :func:`spade_lib.runs.metrics.mean_accepted_length` of ``summaries[group]`` (``accept_lengths``, ``n + 1``
+    per step, Spec-Bench's mean accept length: the one ``tau``, as notebook 03 reports it), beside the table's
+    ``tau_drafting_steps`` (the trace's steps only). ``summaries``: group of ``by`` -> that run's
+    ``summary.jsonl`` rows (``category``, ``accept_lengths``)."""
+    from spade_lib.runs import metrics
+
+    out = table.copy()
+    out["tau"] = [metrics.mean_accepted_length(summaries[g] if cat == "overall" else
+                                               summaries[g][summaries[g][category] == cat])
+                  for g, cat in zip(out[by].astype(str), out[category].astype(str))]
+    return out
+
+
 def all_tables(trace: TraceLike, tokenizer: Any = None, by: By = None, *, bins: int = 10,
                min_support: int = 20, seed: int = 0) -> dict[str, pd.DataFrame]:
     """Every M3 table of ``trace`` (one pass each), keyed by name; what the notebook and the

@@ -20,6 +20,8 @@ a child in the tree):
 - by sibling rank ``k`` at depth ``d``: ``P(accepted | judged)`` of the rank-``k`` nodes (judged: the
   parent on the path and the ``k`` earlier siblings rejected) and ``share``, the fraction of the
   steps accepting at depth ``d`` that accepted the rank-``k`` child;
+- the first drafted token (:func:`root_acceptance`): the root's rank-0 child, its acceptance and the mean
+  exact acceptance probability recorded there;
 - accepted length ``N`` per step (``0 .. max depth + 1``), its histogram and survival ``P(N >= k)``;
   ``tau = mean(N) + 1`` over the trace's steps (:func:`spade_lib.measures.tau`: the tokens a step emits,
   the path and the residual or bonus token; steps that drafted nothing have no rows and are not counted,
@@ -92,6 +94,26 @@ def sibling_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
     with np.errstate(invalid="ignore", divide="ignore"):
         out["share"] = np.where(per_depth > 0, out["accepted"] / per_depth, np.nan)
     return out
+
+
+def root_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95, method: str = "wilson") -> pd.DataFrame:
+    """The first drafted token of each step, the root's rank-0 child (``depth = 0``, ``sibling_rank = 0``), per
+    ``by`` group: its row of :func:`sibling_acceptance` (``nodes``, ``judged``, ``accepted``, ``rate =
+    accepted / judged`` with bounds, ``share``) and ``accept_prob``, the mean over its judged nodes of the exact
+    acceptance probability the verifier recorded there: ``min(1, p(x) / q(x))`` for a sampled ``x ~ q`` (a
+    chain, a ``sampled`` tree), ``p(x)`` for a deterministic tree's node (judged as drawn from ``one_hot(x)``).
+    ``trace``: the tree columns, ``reached``, ``accepted`` and ``accept_prob`` (NaN at the nodes never judged)."""
+    df = as_trace(trace, COLUMNS)
+    if "accept_prob" not in df.columns:
+        raise ValueError("trace lacks column 'accept_prob' (the exact acceptance probability of a judged node)")
+    keys = group_keys(by, df)
+    sib = sibling_acceptance(df, by, level=level, method=method)
+    first = sib[(sib["depth"] == 0) & (sib["sibling_rank"] == 0)].reset_index(drop=True)
+    roots = df[(df["depth"] == 0) & (df["sibling_rank"] == 0) & df["reached"]]
+    if not keys:
+        return first.assign(accept_prob=float(roots["accept_prob"].mean()))
+    exact = roots.groupby(keys, observed=True)["accept_prob"].mean().reset_index()
+    return first.merge(exact, on=keys, how="left")
 
 
 def tree_accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
