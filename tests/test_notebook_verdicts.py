@@ -40,6 +40,11 @@ NOTEBOOKS = sorted(p for p in paths.NOTEBOOKS_DIR.glob("0[2-5]_*.ipynb"))
 # modules that build the lines notebooks print (the notebook only joins and prints them)
 SENTENCE_MODULES = ["spade_lib/runs/narrative.py", "spade_lib/runs/controls.py", "spade_lib/runs/cross_drafts.py",
                     "spade_lib/runs/greedy.py", "spade_lib/zoo/early_exit.py"]
+# modules that compute whole sections of notebooks 04 and 05 (issue 42): they return tables and figures, and
+# the notebooks word the results, so their sentences stay where the walk above reads them
+SECTION_MODULES = {"spade_lib/diagnose/study.py": "study.run_drafts(", "spade_lib/diagnose/tree_study.py":
+                   "tree_study.run(", "spade_lib/whatif/sessions.py": "sessions.run(",
+                   "spade_lib/plots/whatif.py": "whatif_plots.predicted_tau("}
 NUMBER = "1.23"
 MAX_ALTERNATIVES = 64  # per expression: enough for every branch of the notebooks' sentences
 
@@ -210,6 +215,29 @@ def lines_for(table):
 '''
     bad = [line for _, line in bad_lines([planted])]
     assert len(bad) == 1 and "beats HF assisted" in bad[0]
+
+
+@pytest.mark.parametrize("module", sorted(SECTION_MODULES))
+def test_the_section_modules_of_notebooks_04_05_build_no_printed_text(module):
+    """A module a notebook calls for a whole section builds no line it prints: if one starts to (a ``print``,
+    an appended sentence), it joins :data:`SENTENCE_MODULES`, whose verdicts are checked where they are built."""
+    source = (paths.REPO_ROOT / module).read_text(encoding="utf-8")
+    texts = PrintedText([source]).printed()
+    assert not texts or module in SENTENCE_MODULES, (
+        f"{module} builds printed text {texts[:3]}: add it to SENTENCE_MODULES so its verdicts are checked")
+    notebooks = "\n".join(s for p in NOTEBOOKS if p.stem[:2] in ("04", "05") for s in code_cells(p))
+    assert SECTION_MODULES[module] in notebooks, f"notebooks 04/05 no longer call {module}"
+
+
+def test_a_section_module_that_builds_a_sentence_is_seen():
+    planted = '''
+def run(pair, suite):
+    rows = []
+    print(f"{len(rows)} runs ready")
+    rows.append(f"tree beats chain ({tau:.2f})")
+    return rows
+'''
+    assert len(PrintedText([planted]).printed()) == 2
 
 
 def test_the_walkthrough_notebooks_are_all_checked():
