@@ -101,7 +101,8 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
 def with_run_tau(table: pd.DataFrame, summaries: Mapping[str, pd.DataFrame], by: str, *,
                  category: str = "category") -> pd.DataFrame:
     """``table`` (a :func:`category_summary` by ``by``) with a column ``tau``: the run's mean accepted length
-    over *every* verification step of its generations in the row's category (all of them for ``"overall"``),
+    ``tau = sum_s (N_s + 1) / #steps`` over *every* verification step ``s`` of its generations in the row's
+    category (all of them for ``"overall"``; a step that drafted nothing counts ``N_s = 0``),
     :func:`spade_lib.runs.metrics.mean_accepted_length` of ``summaries[group]`` (``accept_lengths``, ``n + 1``
     per step, Spec-Bench's mean accept length: the one ``tau``, as notebook 03 reports it), beside the table's
     ``tau_drafting_steps`` (the trace's steps only). ``summaries``: group of ``by`` -> that run's

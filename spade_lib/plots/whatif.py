@@ -13,8 +13,8 @@ measured point carries its count (:mod:`spade_lib.plots.counts`):
   replayed on a ``max_gamma`` trace (:class:`spade_lib.whatif.stoprules.StopStudy`'s ``front``), one panel
   per temperature titled with the steps replayed, and the line of the best speedup ``tau / cost``.
 
-The layer below :mod:`spade_lib.whatif`, this module takes what it needs to know about rules (which are
-lossless) as arguments.
+:mod:`spade_lib.plots` sits below :mod:`spade_lib.rules` and :mod:`spade_lib.whatif` in the layers, so what
+a figure needs to know about the rules (which are lossless) is passed in.
 """
 
 from __future__ import annotations

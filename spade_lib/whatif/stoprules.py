@@ -334,8 +334,9 @@ def study(trace: pd.DataFrame, c: float, verify_cost: float | Callable[[int], fl
 
 def studies(traces: Mapping[float, pd.DataFrame], c: float, verify_cost: float | Callable[[int], float],
             config: StudyConfig, overhead: float = 0.0) -> dict[float, StopStudy]:
-    """:func:`study` of each temperature's ``max_gamma`` trace (``traces``: temperature -> trace), with the
-    same ``c``, ``r(g)``, loop ``overhead`` and settings."""
+    """:func:`study` of each temperature's ``max_gamma`` trace (``traces``: temperature -> trace, one row per
+    drafted token recorded at a fixed ``max_gamma``), with the same ``c``, ``r(g)``, loop ``overhead`` ``o`` (a
+    step of ``g`` drafts costs ``g c + r(g) + o`` target steps) and settings; in the order of ``traces``."""
     return {T: study(t, c, verify_cost, config, overhead=overhead) for T, t in traces.items()}
 
 
