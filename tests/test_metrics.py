@@ -201,6 +201,31 @@ def test_run_metrics_prices_steps_with_the_cost_tables_overhead():
     assert metrics.run_metrics(t, s.assign(stalls=[1, 0]), ar, gamma=3)["stalls"] == 1.0
 
 
+def test_the_prediction_pays_the_prompts_prefill_on_both_sides():
+    """A measured speedup is over whole generations, prefill included: a null-draft-like run whose decode steps
+    cost 1.5 AR steps each measures (P + N) / (P' + 1.5 N), not 1 / 1.5, and the prediction must say so."""
+    t = trace_from_blocks([("a", 0, 3)] * 4 + [("b", 0, 3)] * 4, t_draft=0.0)
+    costs = {"c": 0.0, "r": {1: 1.2, 2: 1.35, 3: 1.5}}
+    # AR: 4 tokens a prompt at 0.01 s a step after a 0.02 s prefill (P_AR = 2 AR steps a prompt); the run's
+    # prefill 0.03 s (its draft's too: P_run = 3) and 4 steps of 1.5 AR steps
+    ar = summary(["a", "b"], [4, 4], [0.06, 0.06]).assign(prefill_time=[0.02, 0.02])
+    s = summary(["a", "b"], [4, 4], [0.09, 0.09], [[1] * 4, [1] * 4]).assign(prefill_time=[0.03, 0.03])
+    assert metrics.prefill_steps(s, ar) == pytest.approx((4.0, 6.0))
+    m = metrics.run_metrics(t, s, ar, gamma=3, costs=costs)
+    assert m["predicted_steady"] == pytest.approx(1 / 1.5)  # decode steps alone
+    assert m["predicted"] == pytest.approx((4 + 8) / (6 + 8 * 1.5)) and m["speedup"] == pytest.approx(0.12 / 0.18)
+    assert m["predicted"] == pytest.approx(m["speedup"])  # the whole generations' ratio, met exactly here
+    assert m["prefill_share"] == pytest.approx(4 / 12)
+    # a side without recorded prefills (HF, older runs): the steady-state prediction, no share
+    bare = metrics.run_metrics(t, s.drop(columns="prefill_time"), ar, gamma=3, costs=costs)
+    assert bare["predicted"] == pytest.approx(1 / 1.5) and math.isnan(bare["prefill_share"])
+    assert metrics.prefill_steps(s, ar.assign(prefill_time=[None, 0.02])) is None
+    with pytest.raises(ValueError, match="prefill"):
+        metrics.predicted_speedup(0.5, 3, 0.1, prefill=(1.0, 1.0))
+    with pytest.raises(ValueError, match="prefill"):
+        metrics.predicted_speedup(0.5, [3, 3], 0.1, prefill=(float("nan"), 1.0))
+
+
 def test_drafted_per_step_counts_steps_without_drafts():
     t = trace_from_blocks([("a", 2, 3), ("b", 0, 2)])
     s = summary(["a", "b"], [4, 3], [1.0, 1.0], [[3, 1], [1, 1]])  # two of the four steps drafted nothing

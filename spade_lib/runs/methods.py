@@ -63,6 +63,7 @@ class Generation:
     step_times: list[tuple[float, float, float]] = dataclasses.field(default_factory=list)  # (draft, verify, rest)
     untimed: float = 0.0       # seconds of instrumentation inside the clock, subtracted from its reading
     result: Any = None         # records="timed": the decoder's GenerationResult, its records not yet built
+    prefill: float = float("nan")  # seconds of the prompt's prefill by the decoder's clock (NaN: HF hides it)
 
 
 @dataclass
@@ -82,7 +83,8 @@ def _from_result(r, records: bool = False) -> Generation:
     return Generation(list(r.tokens), r.text or "", r.records() if records else [],
                       list(r.accept_lengths) if steps else [], r.stop_reason,
                       [(s.t_draft, s.t_verify, s.t_overhead) for s in steps if s.gamma > 0],
-                      float(getattr(r, "timing", {}).get("records", 0.0)))
+                      float(getattr(r, "timing", {}).get("records", 0.0)),
+                      prefill=float(getattr(r, "timing", {}).get("prefill", float("nan"))))
 
 
 def make_generator(pair, config: RunConfig, records: str = "separate") -> Generator:

@@ -69,7 +69,10 @@ figures):
                                 per-step cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r +
                                 o))``, from measured alpha, c, r and o; with per-step drafted counts
                                 (prompt lookup drafts fewer than gamma) the ratio of expected totals
-                                over the steps.
+                                over the steps, and with ``prefill`` the prompts' prefills added to
+                                both totals (a measured speedup is over whole generations).
+``prefill_steps``               ``(P_AR, P_run)``: the prompts' prefill seconds of the AR baseline and
+                                of the run over the AR loop's seconds per decode step.
 ==============================  =================================================================
 
 **Truncated final block.** A generation stops at ``max_new_tokens`` (or a stop token) possibly in
@@ -488,8 +491,33 @@ def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
     return np.concatenate([g, np.zeros(n_steps - len(g), np.int64)])
 
 
+def prefill_steps(summary: pd.DataFrame, baseline: pd.DataFrame) -> tuple[float, float] | None:
+    """The prompts' prefills of a run and of its AR baseline, in AR decode steps: ``(P_AR, P_run)`` with
+    ``P = sum_generations prefill_time / t_AR`` and ``t_AR = (sum wall_time_AR - sum prefill_time_AR) /
+    sum new_tokens_AR`` the AR loop's seconds per decode step (prefill excluded). ``None`` where either side
+    did not record its prefills (HF baselines, runs timed before the ``prefill_time`` column).
+
+    A measured speedup is a ratio of whole generations' wall times, prefill included, which both sides pay
+    (the speculative side also prefills its draft): ``(P_AR + N) / (P_run + sum_s cost_s)`` in AR steps, so a
+    prediction of the decode steps alone, ``N / sum_s cost_s``, is pulled towards 1 by the prefill's share
+    (SmolLM2 on HumanEval, ~150-token prompts and 48 new tokens: ~0.25 of the AR run's time)."""
+    cols = ["prefill_time", "wall_time", "new_tokens"]
+    if any(c not in df.columns for df in (summary, baseline) for c in cols):
+        return None
+    pa, pr = baseline["prefill_time"], summary["prefill_time"]
+    if pa.isna().any() or pr.isna().any():
+        return None
+    steps_s = float(baseline["wall_time"].sum() - pa.astype(float).sum())
+    n = float(baseline["new_tokens"].sum())
+    if steps_s <= 0 or n <= 0:
+        return None
+    t_ar = steps_s / n
+    return float(pa.astype(float).sum() / t_ar), float(pr.astype(float).sum() / t_ar)
+
+
 def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: float,
-                      verify_cost: float | Sequence[float] | np.ndarray = 1.0, overhead: float = 0.0) -> float:
+                      verify_cost: float | Sequence[float] | np.ndarray = 1.0, overhead: float = 0.0,
+                      prefill: tuple[float, float] | None = None) -> float:
     """Predicted walltime speedup from measured ``alpha``, ``c``, verify cost ``r`` and loop overhead ``o``.
 
     Scalar ``gamma``: Leviathan et al. (2023), Theorem 3.8 with a verify cost and the loop's per-step
@@ -501,13 +529,17 @@ def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: 
     totals ``sum_s E[tokens | g_s] / sum_s (g_s c + r_s + o)`` with ``E[tokens | g] =
     (1 - alpha^(g+1)) / (1 - alpha)`` (1 when ``g = 0``) and ``r_s`` the step's verify cost (a
     number, or one per step; a step that drafted nothing costs one plain target forward, 1, plus ``o``:
-    it is a step of the same loop).
+    it is a step of the same loop). ``prefill = (P_AR, P_run)`` (array ``gamma`` only; :func:`prefill_steps`)
+    adds the prompts' prefills in AR steps: ``(P_AR + sum_s E[tokens | g_s]) / (P_run + sum_s cost_s)``, the
+    ratio of whole generations' times that a measured speedup is.
     """
     from spade_lib.theory import expected_tokens, speedup
 
     if not (np.ndim(overhead) == 0 and np.isfinite(overhead) and overhead >= 0):
         raise ValueError(f"overhead: must be a finite number >= 0, got {overhead!r}")
     if np.ndim(gamma) == 0:
+        if prefill is not None:
+            raise ValueError("prefill: needs the drafted count of every step (an array gamma)")
         return float(speedup(alpha, gamma, c, verify_cost=verify_cost, overhead=overhead))
     g = np.asarray(gamma, dtype=np.int64)
     _nonempty(g.size, "predicted_speedup")
@@ -519,7 +551,12 @@ def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: 
     if drafted.any():
         tokens[drafted] = expected_tokens(alpha, g[drafted])
     cost = np.where(drafted, g * float(c) + r, 1.0) + float(overhead)
-    return float(tokens.sum() / cost.sum())
+    if prefill is None:
+        return float(tokens.sum() / cost.sum())
+    p_base, p_run = (float(x) for x in prefill)
+    if not (np.isfinite(p_base) and np.isfinite(p_run) and p_base >= 0 and p_run >= 0):
+        raise ValueError(f"prefill: must be two finite numbers >= 0 (AR steps), got {prefill!r}")
+    return float((p_base + tokens.sum()) / (p_run + cost.sum()))
 
 
 def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFrame | None = None,
@@ -530,10 +567,13 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     bootstrap intervals, the numbers of prompts and of rounds resampled, ``speedup_prompts`` and
     ``speedup_rounds``, and the ``disagree`` flag of :func:`bootstrap_speedup`), the cost ratios, and two
     predictions from the measured ``alpha``:
-    ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says)
-    and ``predicted`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
-    ``g c + r``: the model the measurement should meet, up to the decoder's per-step overheads), and
-    the gaps ``fraction_of_prediction = speedup / predicted`` and ``gap = predicted - speedup``.
+    ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says),
+    ``predicted_steady`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
+    ``g c + r + o``: decode steps alone) and ``predicted`` (the same with the prompts' prefills both sides
+    paid, :func:`prefill_steps`, whose share of the AR run's time is ``prefill_share``: the ratio of whole
+    generations a measured speedup is, so the model the measurement should meet; ``predicted_steady`` where
+    the prefills were not recorded), and the gaps ``fraction_of_prediction = speedup / predicted`` and
+    ``gap = predicted - speedup``.
     Trace-based entries are NaN for runs that drafted nothing (baselines).
 
     Two kinds of cost ratio, never in the same column: ``c_trace`` and ``r_trace`` (:func:`cost_ratio`,
@@ -599,9 +639,14 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
                 r = np.array([r_fn(x) for x in g])
             else:  # the trace's estimate; no verify time recorded: Thm 3.8's 1
                 r = out["r_trace"] if np.isfinite(out["r_trace"]) and out["r_trace"] > 0 else 1.0
-            out["predicted"] = predicted_speedup(out["alpha"], g, c, verify_cost=r, overhead=overhead)
+            out["predicted_steady"] = predicted_speedup(out["alpha"], g, c, verify_cost=r, overhead=overhead)
+            pre = prefill_steps(summary, baseline)
+            out["prefill_share"] = pre[0] / (pre[0] + float(baseline["new_tokens"].sum())) if pre else nan
+            out["predicted"] = (predicted_speedup(out["alpha"], g, c, verify_cost=r, overhead=overhead, prefill=pre)
+                                if pre else out["predicted_steady"])
             out["fraction_of_prediction"] = out["speedup"] / out["predicted"]
             out["gap"] = out["predicted"] - out["speedup"]
         else:
             out["predicted_thm38"] = out["predicted"] = out["fraction_of_prediction"] = out["gap"] = nan
+            out["predicted_steady"] = out["prefill_share"] = nan
     return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ def summary_row(row: dict, sample: int, seed: int, ids: list[int], gen: Generati
         "accept_lengths": gen.accept_lengths, "n_steps": len(gen.accept_lengths),
         "prompt_tokens": len(ids), "stop_reason": gen.stop_reason, "output_ids": gen.output_ids,
         "text": gen.text,
+        # the prompt's prefill, inside wall_time (the last timed pass's; None where the method hides it)
+        "prefill_time": gen.prefill if math.isfinite(gen.prefill) else None,
     }
 
 
