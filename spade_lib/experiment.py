@@ -269,6 +269,7 @@ class SessionPlan:
     hf_assisted: bool = True                       # HF assisted generation with main_draft at gamma_ref
     cross_drafts: tuple[str, ...] = ()             # cross-vocabulary drafts (spade_lib.runs.cross_drafts)
     cross_rules: tuple[str, ...] = ("text", "tli")  # the rules SPADE drafts them by
+    cross_temperatures: tuple[float, ...] = ()     # temperatures of the cross-vocabulary runs; empty: every one
 
     @classmethod
     def from_params(cls, params: Any) -> "SessionPlan":
@@ -295,8 +296,10 @@ class SessionPlan:
 
     def cross_configs(self, E: Experiment, T: float):
         """The cross-vocabulary drafts' runs at ``T`` (:func:`spade_lib.runs.cross_drafts.cross_configs`), after
-        checking that each is one of the pair's."""
+        checking that each is one of the pair's; none at a temperature outside ``cross_temperatures`` (when set)."""
         from spade_lib.runs.cross_drafts import check_cross_drafts, cross_configs
 
         check_cross_drafts(E.pair, self.cross_drafts, self.cross_rules)
+        if self.cross_temperatures and T not in self.cross_temperatures:
+            return []
         return cross_configs(E.run_config, self.cross_drafts, self.cross_rules, self.gamma_ref, T)

@@ -163,6 +163,8 @@ def test_session_plan_cross_configs_check_the_pairs_drafts():
         ("spade", "own", 4, 1.0, {"rule": "text"}, 8), ("spade", "own", 4, 1.0, {"rule": "tli"}, 8),
         ("hf_assisted", "own", 4, 1.0, {}, 8)]
     assert [c.label for c in cs] == ["spade-own-g4-rule=text-T1", "spade-own-g4-rule=tli-T1", "hf_assisted-own-g4-T1"]
+    only_greedy = experiment.SessionPlan(cross_drafts=("own",), cross_temperatures=(0.0,))
+    assert only_greedy.cross_configs(E, 1.0) == [] and len(only_greedy.cross_configs(E, 0.0)) == 3
     with pytest.raises(ValueError, match=r"^cross_drafts: \['other'\] not cross-vocabulary drafts of pair 'toy'"):
         experiment.SessionPlan(cross_drafts=("other",)).cross_configs(E, 0.0)
     with pytest.raises(ValueError, match=r"^cross_rules: \['slem'\] not among"):
