@@ -1,5 +1,6 @@
 """Draft heads on a Gemma-3 target (issue 40), on the tiny random Gemma-3 of ``test_zoo_gemma3`` (sliding-window
-layers of 8 tokens beside a global one, QK-norm, tied embeddings, the ``sqrt(H)`` embedding scale).
+layers of 8 tokens beside a global one, QK-norm, tied embeddings, the ``sqrt(H)`` embedding scale), in its
+``lively_gemma3`` form, whose greedy text varies with the context.
 
 References: the head embeds a token exactly as the target's own embedding module does; greedy speculative
 decoding with every Gemma head (EAGLE-3, Medusa; untrained and trained for a few steps; chains on both
@@ -158,12 +159,20 @@ def test_an_eagle_tree_on_the_lean_forward_is_the_targets_greedy_output(target):
 
 # ------------------------------------------------------------------------------- data and the draft vocabulary
 
-@pytest.mark.parametrize("softcap", [None, 5.0])
-def test_chunked_soft_labels_are_the_full_forwards(softcap):
+@pytest.mark.parametrize("family,softcap", [("gemma3", None), ("gemma3", 5.0), ("llama", None)])
+def test_chunked_soft_labels_are_the_full_forwards(family, softcap):
     """``extract`` never holds a batch's logits: its top-k and log-normaliser, from ``h^L`` a few rows at a
     time, equal those of the model's own full forward (with Gemma-2-style final soft-capping too)."""
-    model = lively_gemma3()
-    model.config.final_logit_softcapping = softcap
+    if family == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                             num_attention_heads=4, num_key_value_heads=2, initializer_range=0.3,
+                                             bos_token_id=None, eos_token_id=None, pad_token_id=None)).eval()
+    else:
+        model = lively_gemma3()
+        model.config.final_logit_softcapping = softcap
     g = torch.Generator().manual_seed(1)
     seqs = Sequences([torch.randint(0, VOCAB, (n,), generator=g) for n in (17, 11, 6)], [0, 0, 0], ["window"] * 3)
     data = extract(model, seqs, (0, 2, 4), top_k=5, batch=2, feature_dtype=torch.float32, logit_rows=7)
@@ -210,7 +219,7 @@ def test_the_gemma3_recipes_read_the_targets_generations():
             cfg = heads.head_config(kind, profile, pair="gemma3")
             assert cfg.vocab_source == "generations" and cfg.data.bos
             assert cfg.draft_vocab_size == heads.GEMMA3_DRAFT_VOCAB
-    assert heads.head_config("eagle3", "make", pair="gemma3").budget_s <= 600
+    assert heads.head_config("eagle3", "make", pair="gemma3").budget_s <= 1200
 
 
 # ------------------------------------------------------------------------------------------ the zoo's routing

@@ -238,7 +238,7 @@ def _embedded(data: HeadDataConfig, eagle: HeadTrainConfig, medusa: HeadTrainCon
 # ranked by the target's own generations (vocab_source="generations"; its size: GEMMA3_DRAFT_VOCAB), prompts and
 # windows with <bos> (a base model that needs it). Provisional sizes, to be checked against timings of a real build.
 GEMMA3_DRAFT_VOCAB = 16384
-_GEMMA3_DATA = HeadDataConfig(n_prompts=64, gen_tokens=128, gen_batch=16, n_windows=64, window=256, bos=True)
+_GEMMA3_DATA = HeadDataConfig(n_prompts=48, gen_tokens=96, gen_batch=16, n_windows=64, window=256, bos=True)
 _GEMMA3_LONG_DATA = HeadDataConfig(n_prompts=384, gen_tokens=128, gen_batch=32, n_windows=256, window=256, bos=True)
 
 
@@ -251,8 +251,8 @@ def _gemma3(data: HeadDataConfig, eagle: HeadTrainConfig, medusa: HeadTrainConfi
 PAIR_PROFILES: dict[str, dict[str, dict[str, HeadConfig]]] = {
     "smollm2": PROFILES,
     "gemma3": {"make": _gemma3(_GEMMA3_DATA,
-                               HeadTrainConfig(steps=120, batch_size=4, seq_len=192, ttt_steps=3, lr=1e-3),
-                               HeadTrainConfig(steps=200, rows=512, lr=1e-3), 600.0),
+                               HeadTrainConfig(steps=100, batch_size=4, seq_len=128, ttt_steps=3, lr=1e-3),
+                               HeadTrainConfig(steps=120, rows=512, lr=1e-3), 1200.0),
                "long": _gemma3(_GEMMA3_LONG_DATA,
                                HeadTrainConfig(steps=480, batch_size=4, seq_len=256, ttt_steps=3, lr=1e-3),
                                HeadTrainConfig(steps=720, rows=512, lr=1e-3), 3600.0)},
