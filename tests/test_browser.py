@@ -262,8 +262,11 @@ def test_run_report_renders_in_chromium(run):
             page.goto(index.as_uri(), wait_until="load")
             assert page.title().startswith("SPADE run")
             assert page.eval_on_selector_all("img", loaded) == len(summary["figures"]) >= 1
-            links = page.eval_on_selector_all("a[href$='.html']", "els => els.map(e => e.href)")
+            hrefs = page.eval_on_selector_all("a[href$='.html']", "els => els.map(e => e.href)")
+            links = sorted(set(hrefs))  # the table and each figure's caption link the notebook that drew it
             assert len(links) == len(summary["notebooks"]) >= 1
+            assert {u.rsplit("/report/", 1)[1] for u in links} == {
+                n["file"].replace(".ipynb", ".html") for n in summary["notebooks"]}
             for url in links:
                 page.goto(url, wait_until="load")
                 assert page.locator(".jp-Notebook").count() == 1, url
