@@ -76,10 +76,11 @@ import torch
 from transformers import DynamicCache
 
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.common import GenerationResult, StepInfo, _check_budget, _check_prompt, _clock, seed_streams
+from spade_lib.decoding.common import GenerationResult, StepInfo, _check_budget, _check_prompt, seed_streams
 from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
 from spade_lib.decoding.policies import step_cap
 from spade_lib.decoding.step import Step, commit, sample_next
+from spade_lib.devices import clock
 from spade_lib.sampling import adjust
 
 __all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculative_generate_batch",
@@ -362,7 +363,7 @@ def close_step(rows: RowBook, active: list[int], finished: list[int], batch_tota
     their total time. Returns the rows still active."""
     if timed:
         ta, tb, tc = marks
-        td = _clock(dev)
+        td = clock(dev)
         dt = {"draft": tb - ta, "verify": tc - tb, "overhead": td - tc}
         for k, v in dt.items():
             batch_totals[k] += v
@@ -371,7 +372,7 @@ def close_step(rows: RowBook, active: list[int], finished: list[int], batch_tota
             s.t_draft, s.t_verify, s.t_overhead = dt["draft"], dt["verify"], dt["overhead"]
             for k, v in dt.items():
                 rows.totals[b][k] += v
-    t_now = _clock(dev) if finished else 0.0
+    t_now = clock(dev) if finished else 0.0
     for i in finished:
         rows.timing[active[i]]["total"] = t_now - t_start
     gone = set(finished)
@@ -428,7 +429,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
     budget0 = [min(max_new_tokens, (dec.max_length if dec.max_length is not None else n + max_new_tokens) - n)
                for n in lens]
 
-    t_start = _clock(dev)
+    t_start = clock(dev)
     T = BatchLM(dec.target, B, "target")
     D = BatchLM(dec.drafter.adapter, B, "draft")
     head = [p[:-1] for p in prompts_t]
@@ -438,7 +439,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         D.forward(ids, valid, keep=1)
     pending = torch.stack([p[-1] for p in prompts_t])            # [R] newest committed token, not in T
     unfed: list[list[int]] = [[int(p[-1])] for p in prompts_t]    # committed tokens not yet in D
-    t_prefill = _clock(dev)
+    t_prefill = clock(dev)
 
     rows = RowBook(B)
     batch_totals = timing_totals()
@@ -462,7 +463,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         budget = [budget0[b] - len(rows.tokens[b]) for b in active]
         cap = [step_cap(policy, states[b]) for b in active]    # each row's own cap (its state's gamma())
         max_gamma = [min(c, n - 1) for c, n in zip(cap, budget)]
-        ta = _clock(dev) if timed else 0.0
+        ta = clock(dev) if timed else 0.0
 
         # -- draft: G forwards of the draft over all rows; row b keeps its first gamma_b proposals
         G_max = max(max_gamma)
@@ -512,7 +513,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                 fvalid = torch.tensor(fed_now, dtype=torch.bool, device=dev)[:, None]
         G = max(gamma)
         fed = [min(g, len(xs) - 1) for g in gamma]  # drafts fed to D (x_j went in with forward j + 1)
-        tb = _clock(dev) if timed else 0.0
+        tb = clock(dev) if timed else 0.0
 
         # -- verify: one target forward on [t, x_0 .. x_{G-1}] per row, holes past gamma_b
         if G > 0:
@@ -544,7 +545,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
             verdicts.append((idx_l, v))
         # one device -> host transfer per step: every row's n, next token, drafts (and statistics)
         facts = commit(n_acc, nxt, X if G > 0 else ids[:, :0], verdicts, budget, dec.eos)
-        tc = _clock(dev) if timed else 0.0
+        tc = clock(dev) if timed else 0.0
 
         # -- commit: per-row rollback of both caches, emitted tokens, finished rows leave
         T.rollback(t_length0 + 1 + n_acc)
@@ -582,7 +583,7 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
         D.tidy()
         active = close_step(rows, active, finished, batch_totals, (ta, tb, tc), t_start, dev, timed)
         step += 1
-    t_end = _clock(dev)
+    t_end = clock(dev)
     return batch_results(rows, prompts_t, seeds, t_start, t_prefill, batch_totals, t_end, dec.tokenizer, timed)
 
 
@@ -609,14 +610,14 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
     for b in range(B):
         rows.stop[b] = "max_new_tokens" if budget0[b] == max_new_tokens else "context_limit"
 
-    t_start = _clock(dev)
+    t_start = clock(dev)
     T = BatchLM(dec.target, B, "target")
     active = list(range(B))
     logits = None
     if any(n > 0 for n in budget0):
         ids, valid = left_pad(prompts_t, dev)
         logits = T.forward(ids, valid, keep=1)[:, -1]
-    t_prefill = _clock(dev)
+    t_prefill = clock(dev)
     for b in range(B):
         if budget0[b] <= 0:
             rows.timing[b]["total"] = t_prefill - t_start
@@ -644,7 +645,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
             elif len(rows.tokens[b]) >= budget0[b]:
                 finished.append(i)
         if finished:
-            t_now = _clock(dev)
+            t_now = clock(dev)
             for i in finished:
                 rows.timing[active[i]]["total"] = t_now - t_start
             keep = [i for i in range(R) if i not in set(finished)]
@@ -657,7 +658,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
             T.tidy()
         logits = T.forward(nxt[:, None], torch.ones(len(active), 1, dtype=torch.bool, device=dev), keep=1)[:, -1]
         step += 1
-    t_end = _clock(dev)
+    t_end = clock(dev)
     for b in range(B):
         rows.totals[b] = {"draft": 0.0, "verify": rows.timing[b]["total"] - (t_prefill - t_start), "overhead": 0.0}
     return batch_results(rows, prompts_t, seeds, t_start, t_prefill,

@@ -19,7 +19,6 @@ import torch
 
 from spade_lib import measures
 from spade_lib.decoding.records import rows
-from spade_lib.devices import clock as _clock  # noqa: F401  decoding/batch.py's name for devices.clock, until it imports that
 
 __all__ = ["GenerationResult", "StepInfo", "STREAMS", "seed_streams"]
 
