@@ -36,7 +36,7 @@ generated tokens (``HeadConfig.vocab_source="generations"``; recipes ``PAIR_PROF
 ``zoo/heads.py``), built by :func:`head_entry` and attached by ``load_gemma3(heads=("eagle3", ...))`` /
 ``load_pair("gemma3", heads=...)``; the EAGLE layer is a Llama layer over Gemma's features that embeds with
 Gemma's ``sqrt(H)`` scale (``decoding/eagle.py``). A distilled small draft comes later.
-Licence: the Gemma Terms of Use (``data/gemma3/README.md``); no weights are committed.
+Licence: the Gemma Terms of Use (``data/README.md``, its Gemma-3 section); no weights are committed.
 """
 
 from __future__ import annotations
