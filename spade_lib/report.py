@@ -834,6 +834,26 @@ def _x(row: dict, key: str = "speedup") -> str:
     return _with_interval(row, key, suffix="×")
 
 
+def _pair_warnings(warnings: list[str], pair: str) -> list[str]:
+    """The warnings of ``pair``, each check of one run counted once: the summary's own checks name the run as
+    ``"<kind>: <pair>/<run label> ..."``, a notebook's printed copy as ``"<kind>: <run label> ... (printed by
+    <pair>/<notebook>)"``; both are the same (kind, pair, run label), and the first one listed is kept."""
+    seen, out = set(), []
+    for w in warnings:
+        m = re.search(r" \(printed by ([^/)]+)/[^)]*\)$", w)
+        body = w[:m.start()] if m else w
+        kind, _, rest = body.partition(": ")
+        label = rest.split(" ", 1)[0]
+        owner, _, run = label.rpartition("/")
+        owner = owner or (m.group(1) if m else "")
+        if owner != pair:
+            continue
+        if (kind, run) not in seen:
+            seen.add((kind, run))
+            out.append(w)
+    return out
+
+
 def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER) -> str:
     """The README's results block (markers included) for one pair of the summary: the teaser, sentences
     printed from the numbers, a table, and the run, commit, date and machine they come from."""
@@ -850,18 +870,25 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
             best = max(at, key=lambda r: r["speedup"])
             sentences.append(f"at T = {T:g} the fastest configuration is `{best['configuration']}`, "
                              f"{_x(best)} over autoregressive decoding")
-    for draft in dict.fromkeys(r["draft"] for r in spec if r["method"] == "spade"):
-        at = [r for r in spec if r["method"] == "spade" and r["draft"] == draft]
+    # one sentence per draft and variant (its label without the draft length: a rule, a tree) over its lengths
+    def variant(r: dict) -> str:
+        extra = r["configuration"].replace(f"{r['method']}-{r['draft']}-g{r['gamma']}", "", 1).strip("-")
+        return f"the `{r['draft']}` draft" + (f" ({extra})" if extra else "")
+
+    for name in dict.fromkeys(variant(r) for r in spec if r["method"] == "spade"):
+        at = [r for r in spec if r["method"] == "spade" and variant(r) == name]
         for T in temps:
             d = [r for r in at if r["T"] == T]
-            if len(d) < 2:
+            if len({r.get("gamma") for r in d}) < 2:
                 continue
             above = sum(r["speedup_low"] is not None and r["speedup_low"] > 1 for r in d)
             below = sum(r["speedup_high"] is not None and r["speedup_high"] < 1 for r in d)
             alpha = [r["alpha"] for r in d if r["alpha"] is not None]
-            sentences.append(f"the `{draft}` draft at T = {T:g} (alpha {min(alpha):.2f}–{max(alpha):.2f}) is faster "
-                             f"than autoregressive beyond its interval at {above} of {len(d)} draft lengths and slower "
-                             f"at {below}" if alpha else "")
+            if alpha:
+                span = f"{min(alpha):.2f}" if f"{min(alpha):.2f}" == f"{max(alpha):.2f}" else \
+                    f"{min(alpha):.2f}–{max(alpha):.2f}"
+                sentences.append(f"{name} at T = {T:g} (alpha {span}) is faster than autoregressive beyond its "
+                                 f"interval at {above} of {len(d)} draft lengths and slower at {below}")
     for r in rows:
         if r["method"] == "hf_assisted" and r.get("vs_hf") is not None:
             sentences.append(f"HF assisted generation (`{r['configuration']}`, T = {r['T']:g}) runs at "
@@ -872,7 +899,7 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
                              + ("" if c["passed"] else ", faster than autoregressive: a defect of the baseline"))
     from spade_lib.runs.controls import MODEL_PREFIX, PREFIX
 
-    warned = [w for w in summary["warnings"] if f" {pair}/" in w or f": {pair}/" in w]
+    warned = _pair_warnings(summary["warnings"], pair)
     model = [w for w in warned if w.startswith(MODEL_PREFIX + ":")]
     n_phys = len([w for w in warned if w.startswith(PREFIX + ":")])
     sentences.append(f"{n_phys} physical-control warning{'s' * (n_phys != 1)} and {len(model)} run"

@@ -370,6 +370,35 @@ def test_readme_block(run, tmp_path):
     assert report.main(["readme", str(run), "--readme", str(readme)]) == 1 and readme.read_text() == "no markers\n"
 
 
+def test_readme_block_sentences_count_draft_lengths_not_variants():
+    """A draft's sentence counts its draft lengths: two rules at one length are two variants, no sweep; a span
+    of alphas that rounds to one value is printed once."""
+    def row(cfg, draft, gamma, alpha, speedup, low, high):
+        return {"pair": "smollm2", "suite": "humaneval-x", "T": 0.0, "role": "speculative", "method": "spade",
+                "configuration": cfg, "draft": draft, "gamma": gamma, "alpha": alpha, "alpha_low": None,
+                "alpha_high": None, "speedup": speedup, "speedup_low": low, "speedup_high": high}
+
+    rows = [row("spade-embedded-g4-rule=text", "embedded", 4, 0.061, 0.75, 0.71, 0.80),
+            row("spade-embedded-g4-rule=tli", "embedded", 4, 0.058, 0.77, 0.74, 0.80),
+            row("spade-distilled-g2", "distilled", 2, 0.2, 0.9, 0.85, 0.95),
+            row("spade-distilled-g4", "distilled", 4, 0.2, 1.1, 1.02, 1.2)]
+    summary = {"configurations": rows, "machine": {"cpu_model": "Test CPU"}, "run": {"commit": "0123456789"},
+               "controls": [], "warnings": [], "run_dir": "runs/notebooks/x", "generated": "2026-12-05T00:00"}
+    block = report.readme_block(summary)
+    assert "the `distilled` draft at T = 0 (alpha 0.20) is faster than autoregressive beyond its interval at 1 of " \
+           "2 draft lengths and slower at 1" in block
+    assert "`embedded` draft" not in block  # one length (4) under two rules: no sweep to summarise
+
+
+def test_a_warning_the_summary_found_and_a_notebook_printed_counts_once():
+    w = ["cost-model control: smollm2/spade-ngram-g4-T0 on humaneval-1 at T=0: measured 1.2x excludes 1.4x",
+         "cost-model control: default/spade-ngram-g4-T0 on embedded-1 at T=0: measured 1.5x excludes 1.7x",
+         "cost-model control: spade-ngram-g4-T0 at T=0: measured 1.2x excludes 1.41x (printed by smollm2/03_m2_x)",
+         "physical control: printed by the notebook itself (printed by smollm2/03_m2_x)"]
+    assert report._pair_warnings(w, "smollm2") == [w[0], w[3]]
+    assert report._pair_warnings(w, "default") == [w[1]]
+
+
 def fake_papermill(input_path, output_path, **kw):
     nb = nbformat.read(input_path, as_version=4)
     nbformat.write(nb, output_path)
