@@ -103,6 +103,34 @@ def test_model_free_drafters_reuse_a_model_drafts_target_measurement(tmp_path, m
 
 
 
+def test_one_r_per_target_across_calls_and_drafts(tmp_path, monkeypatch):
+    """Two model drafts measured in separate calls are priced with one r(g) of their target: the first
+    measurement's (saved as the target's table); the second keeps its own paired r as r_paired, and its loop
+    overhead comes from the shared r(1). A fresh process reading the tables back gets the same."""
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2),
+                                 drafts={"d": llama(layers=1, seed=2), "e": llama(layers=1, seed=3)})
+    real = costs_mod.measure_costs
+    bump = iter([1.0, 1.5])  # the second session's r(g) half as large again: a disturbed host
+
+    def fake(*a, **k):
+        got = real(*a, **k)
+        f = next(bump)
+        return {**got, "r": {g: (1 + 0.1 * g) * f for g in got["r"]}}
+
+    monkeypatch.setattr(costs_mod, "measure_costs", fake)
+    monkeypatch.setattr(costs_mod, "loop_overhead", lambda *a, **k: {"null_step": 3.0})
+    d = pair_costs(pair, ["d"], 2, context=16, reps=2)["d"]
+    e = pair_costs(pair, ["e", "null"], 2, context=16, reps=2)
+    assert e["e"]["r"] == d["r"] == e["null"]["r"] and e["e"]["r_source"] == "d" and "r_paired" not in d
+    assert e["e"]["r_paired"] == pytest.approx({g: 1.5 * v for g, v in d["r"].items()})
+    assert e["e"]["overhead"] == pytest.approx(3.0 - d["r"][1]) == d["overhead"]
+    targets = list((tmp_path / "costs" / "mini" / "target").glob("r-*.json"))
+    assert len(targets) == 1 and costs_mod.read_costs(targets[0])["source"] == "d"
+    again = pair_costs(pair, ["e", "d"], 2, context=16, reps=2)  # read back: nothing measured
+    assert again["e"] == e["e"] and again["d"] == d
+
+
 def test_with_overhead_meets_the_null_loop_at_gamma_1():
     from spade_lib import theory
 
