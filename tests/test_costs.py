@@ -131,6 +131,29 @@ def test_one_r_per_target_across_calls_and_drafts(tmp_path, monkeypatch):
     assert again["e"] == e["e"] and again["d"] == d
 
 
+def test_a_longer_table_extends_the_targets_r_and_keeps_the_shared_part(tmp_path, monkeypatch):
+    """A table measured to a larger max_gamma (notebook 04's trees) is priced with the shared r(g) where the
+    target's table has it and extends it beyond; a later short table reads the same."""
+    monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
+    pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={"d": llama(layers=1, seed=2)})
+    real = costs_mod.measure_costs
+    bump = iter([1.0, 1.5, 2.0])
+
+    def fake(*a, **k):
+        got = real(*a, **k)
+        f = next(bump)
+        return {**got, "r": {g: (1 + 0.1 * g) * f for g in got["r"]}}
+
+    monkeypatch.setattr(costs_mod, "measure_costs", fake)
+    short = pair_costs(pair, ["null"], 2, context=16, reps=2, overhead=False)["null"]
+    long = pair_costs(pair, ["d"], costs_mod.MIN_GAMMA + 3, context=16, reps=2, overhead=False)["d"]
+    n = costs_mod.MIN_GAMMA
+    assert all(long["r"][g] == short["r"][g] for g in range(1, n + 1))
+    assert long["r"][n + 1] == pytest.approx((1 + 0.1 * (n + 1)) * 1.5) and long["r_source"] == "null"
+    target = costs_mod.read_costs(next((tmp_path / "costs" / "mini" / "target").glob("r-*.json")))
+    assert target["r"] == long["r"] and set(target["extended"]) == {str(g) for g in range(n + 1, n + 4)}
+
+
 def test_with_overhead_meets_the_null_loop_at_gamma_1():
     from spade_lib import theory
 

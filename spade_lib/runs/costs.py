@@ -7,14 +7,15 @@ micro-benchmarks; the method is :mod:`spade_lib.decoding.costs`) and caches the 
 same numbers;
 :func:`read_costs` reads a cached table back.
 
-**One r(g) per target.** ``r(g)`` is the target's alone, yet each model draft's table times it afresh, in
-turns with its draft (so its ``c`` is paired); on a noisy host two such tables of one target have disagreed by
-a third at ``g = 4`` (the embedded pair: 1.51 against 1.12 in one run), which made the null control and the
-drafted runs predicted from different targets. So the first table measured (or read) for a key also becomes
-the target's table, ``target/r-<digest>.json`` under the drafts' folder (``r``, ``t_target``, ``t_verify`` and the
-draft whose session gave them, ``source``), and every draft's table of that key is priced with it: its own
-``r`` is kept as ``r_paired`` where it differed, ``r_source`` names the shared one's draft, and its loop
-overhead is recomputed from the shared ``r(1)``.
+**One r(g) per target.** ``r(g)`` is the target's alone, yet each model draft's table times it afresh, in turns
+with its draft (so its ``c`` is paired); on a noisy host two such tables of one target have disagreed by a third
+at ``g = 4`` (the embedded pair: 1.51 against 1.12 in one run), which made the null control and the drafted runs
+predicted from different targets. So the first table measured (or read) for a target (its key without the draft
+and ``max_gamma``) also becomes the target's table, ``target/r-<digest>.json`` under the drafts' folder (``r``,
+``t_target``, ``t_verify`` and the draft whose session gave them, ``source``), and every draft's table of that
+target is priced with it (a table measured to a larger ``max_gamma`` extends it at the new ``g``, listed in
+``extended``): its own ``r`` is kept as ``r_paired`` where it differed, ``r_source`` names the shared one's
+draft, and its loop overhead is recomputed from the shared ``r(1)``.
 
 Every table also carries the pair's **loop overhead** ``o`` (:func:`loop_overhead`): the speculative
 loop's per-step cost beyond its forwards, in target steps, ``o = max(0, null_step - r(1))`` with
@@ -158,19 +159,18 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     # alone, so the first model draft's measurement (in turns with its draft) gives it too
     no_draft = None
     target_key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=str(device), dtype=dtype,
-                      threads=torch.get_num_threads(), max_gamma=int(max_gamma), context=int(context), reps=int(reps))
+                      threads=torch.get_num_threads(), context=int(context), reps=int(reps))
     target_path = cost_folder(pair.name) / "target" / f"r-{_digest(target_key)}.json"
     shared = read_costs(target_path) if cache and target_path.is_file() else None
     for name in dict.fromkeys(drafts):
         model, what, identity = _draft_of(pair, name)
-        key = dict(target_key, draft=name)
+        key = dict(target_key, draft=name, max_gamma=int(max_gamma))
         if identity is not None:
             key[what] = identity  # "head" or "model": another build under the same name is measured again
         path = cost_folder(pair.name) / f"{name}-{_digest(key)}.json"
         if cache and path.is_file():
             table = read_costs(path)
-            if shared is None:
-                shared = _target_table(table, target_key, name, target_path if cache else None)
+            shared = _target_table(shared, table, target_key, name, target_path if cache else None)
             fixed = _with_target(table, shared)
             if overhead and ("overhead" not in fixed or fixed["r"] != table["r"]):
                 fixed = with_overhead(fixed, loop_overhead(pair, context=context, cache=cache, progress=progress))
@@ -187,8 +187,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
             if no_draft is None:
                 no_draft = {**got, "c": 0.0, "t_draft": 0.0}
         got = {**got, "key": key}
-        if shared is None:
-            shared = _target_table(got, target_key, name, target_path if cache else None)
+        shared = _target_table(shared, got, target_key, name, target_path if cache else None)
         got = _with_target(got, shared)
         if overhead:
             got = with_overhead(got, loop_overhead(pair, context=context, cache=cache, progress=progress))
@@ -206,11 +205,20 @@ def _digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _target_table(table: dict, target_key: dict, source: str, path: Path | None) -> dict:
-    """The target's one ``r(g)`` (module docstring), taken from the first table measured or read for this key
-    (``source`` names its draft) and saved at ``path`` (``None``: not saved)."""
-    shared = {"r": dict(table["r"]), "t_target": table["t_target"], "t_verify": dict(table.get("t_verify", {})),
-              "source": source, "key": target_key}
+def _target_table(shared: dict | None, table: dict, target_key: dict, source: str, path: Path | None) -> dict:
+    """The target's one ``r(g)`` (module docstring): ``shared`` (``None``: none yet, then ``table``'s is taken,
+    ``source`` naming its draft), extended by ``table``'s ``r(g)`` at any ``g`` beyond its range (a table
+    measured to a larger ``max_gamma``; those ``g`` are listed in ``extended``), saved at ``path`` when new or
+    extended (``None``: not saved)."""
+    if shared is None:
+        shared = {"r": dict(table["r"]), "t_target": table["t_target"], "t_verify": dict(table.get("t_verify", {})),
+                  "source": source, "key": target_key, "extended": {}}
+    else:
+        more = {g: v for g, v in table["r"].items() if g not in shared["r"]}
+        if not more:
+            return shared
+        shared = {**shared, "r": {**shared["r"], **more},
+                  "extended": {**shared.get("extended", {}), **{str(g): source for g in more}}}
     if path is not None:
         write_json(path, shared)
     return shared
@@ -219,10 +227,10 @@ def _target_table(table: dict, target_key: dict, source: str, path: Path | None)
 def _with_target(table: dict, shared: dict) -> dict:
     """``table`` priced with the target's one ``r(g)``; where its own (paired with its draft) differed, it is
     kept as ``r_paired``, so the file shows both, and the predictions use the shared one."""
-    if {str(g): v for g, v in table["r"].items()} == {str(g): v for g, v in shared["r"].items()}:
+    r = {g: shared["r"][g] for g in table["r"]}
+    if r == table["r"]:
         return table
-    return {**table, "r": dict(shared["r"]), "r_paired": table.get("r_paired", table["r"]),
-            "r_source": shared["source"]}
+    return {**table, "r": r, "r_paired": table.get("r_paired", table["r"]), "r_source": shared["source"]}
 
 
 def _draft_of(pair, name: str):
