@@ -14,8 +14,6 @@ from spade_lib.exactness import (BLOCK_KINDS, EXACTNESS_COLUMNS, MC_CONFIGS, blo
                                  exactness_table, monte_carlo_check, overlap_pair, simulated_tokens, warped_pair)
 from spade_lib.rules import get_rule, lossless_map, rule_names
 from spade_lib.sampling import SamplingConfig, adjust
-from spade_lib.theory import expected_tokens
-from spade_lib.verify import verify
 
 
 def _notebook_exactness(vocab, gamma, mc_samples, seed):
@@ -101,32 +99,17 @@ def test_exactness_table_bad_arguments():
         exactness_table(3, 2, 0)
 
 
-def _notebook_simulation(alphas, gammas, n, seed):
-    """Notebook 02's simulation cell, as it was before simulated_tokens."""
-    def pair_with_alpha(a, g, n):
-        p_ = torch.tensor([a, 1 - a, 0.0], dtype=torch.float64).expand(n, g + 1, 3)
-        q_ = torch.tensor([a, 0.0, 1 - a], dtype=torch.float64).expand(n, g, 3)
-        return p_, q_
-
-    gen = torch.Generator().manual_seed(seed)
-    sim = []
-    for a in alphas:
-        for g in gammas:
-            p_s, q_s = pair_with_alpha(a, g, n)
-            drafts = torch.multinomial(q_s[0, 0], n * g, replacement=True, generator=gen).view(n, g)
-            res = verify(p_s, q_s, drafts, generator=gen, validate=False)
-            tokens_hat = (res.n_accepted + 1).double()
-            sim.append({"alpha": a, "gamma": g, "simulated": tokens_hat.mean().item(),
-                        "std err": (tokens_hat.std() / n ** 0.5).item(), "closed form": expected_tokens(a, g)})
-    sim = pd.DataFrame(sim)
-    sim["z"] = (sim["simulated"] - sim["closed form"]) / sim["std err"]
-    return sim
-
-
-def test_simulated_tokens_equals_the_notebooks_inline_simulation_and_the_closed_form():
+def test_simulated_tokens_meets_the_closed_form_and_is_seeded():
+    """Against independent facts, not a copy of the loop: Leviathan Eq. 1 (``(1 - alpha^(g+1)) / (1 - alpha)``
+    written out here) within four standard errors, rows alpha-major, and the seed alone fixes the table."""
     got = simulated_tokens([0.5, 0.7, 0.9], [1, 3, 5], 4000, seed=2)
-    pd.testing.assert_frame_equal(got, _notebook_simulation([0.5, 0.7, 0.9], [1, 3, 5], 4000, 2))
-    assert (got["z"].abs() < 4).all()  # Leviathan Eq. 1 within four standard errors
+    assert list(zip(got["alpha"], got["gamma"])) == [(a, g) for a in (0.5, 0.7, 0.9) for g in (1, 3, 5)]
+    eq1 = [(1 - a ** (g + 1)) / (1 - a) for a, g in zip(got["alpha"], got["gamma"])]
+    assert got["closed form"].tolist() == pytest.approx(eq1, rel=1e-12)
+    assert (got["std err"] > 0).all() and (got["z"].abs() < 4).all()
+    assert got["z"].tolist() == pytest.approx(((got["simulated"] - got["closed form"]) / got["std err"]).tolist())
+    pd.testing.assert_frame_equal(got, simulated_tokens([0.5, 0.7, 0.9], [1, 3, 5], 4000, seed=2))
+    assert not got["simulated"].equals(simulated_tokens([0.5, 0.7, 0.9], [1, 3, 5], 4000, seed=3)["simulated"])
 
 
 def test_simulated_tokens_at_the_ends_is_exact():

@@ -9,7 +9,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from spade_lib import diagnose as dg
-from spade_lib.plots import m3, save_figure, use_style
+from spade_lib.plots import m3, use_style
+from tests.plot_checks import saves_twice_identically
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +45,20 @@ def test_every_figure_draws(tables):
         plt.close(fig)
 
 
-def _saves_twice_identically(fig, name, tmp_path):
-    first = save_figure(fig, name, directory=tmp_path / "a")
-    second = save_figure(fig, name, directory=tmp_path / "b")
-    for ext in ("pdf", "png"):
-        assert first[ext].read_bytes() == second[ext].read_bytes(), (name, ext)
     plt.close(fig)
 
 
 def test_figures_save_deterministically(tables, tmp_path):
-    _saves_twice_identically(m3.acceptance_by_position(tables["position"], by="draft"),
+    saves_twice_identically(m3.acceptance_by_position(tables["position"], by="draft"),
                              "m3_acceptance_by_position", tmp_path)
-    _saves_twice_identically(m3.category_summary(tables["summary"], by="draft", value="tau_drafting_steps"),
+    saves_twice_identically(m3.category_summary(tables["summary"], by="draft", value="tau_drafting_steps"),
                              "m3_category_summary", tmp_path)
 
 
 @pytest.mark.slow
 def test_every_figure_saves_deterministically(tables, tmp_path):
     for name, fig in _figures(tables).items():
-        _saves_twice_identically(fig, f"m3_{name}", tmp_path)
+        saves_twice_identically(fig, f"m3_{name}", tmp_path)
 
 
 def test_figures_show_their_tables(tables):
@@ -116,7 +112,7 @@ def test_crossvocab_figures_show_counts_on_bars(tmp_path):
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert "1/2" in labels and "1/1" in labels  # split: 1 of 2 reached accepted; same, merge: 1 of 1
     assert len(fig.axes[1].texts) == 2 * 2 * 3  # rules x (rejections, tokens) x the kinds present
-    _saves_twice_identically(fig, "m3_crossvocab_boundaries", tmp_path)
+    saves_twice_identically(fig, "m3_crossvocab_boundaries", tmp_path)
     steps = pd.DataFrame({"prompt_id": "q", "sample": 0, "step": [0, 1], "gamma": [2, 2], "n_accepted": [1, 2],
                           "abs_pos": [0, 2], "draft_tokens": [3, 2], "forwards": [3, 2], "t_forward": [0.02, 0.01],
                           "t_text": [0.004, 0.002], "encode_calls": [3, 2], "decode_calls": [4, 3]})
@@ -125,7 +121,7 @@ def test_crossvocab_figures_show_counts_on_bars(tmp_path):
     fig = m3.crossvocab_costs(tokens, costs, by="rule")
     assert "3/4" in [t.get_text() for t in fig.axes[0].texts]
     assert any("text 17%" in t.get_text() for t in fig.axes[1].texts)
-    _saves_twice_identically(fig, "m3_crossvocab_costs", tmp_path)
+    saves_twice_identically(fig, "m3_crossvocab_costs", tmp_path)
     with pytest.raises(ValueError, match="missing column"):
         m3.crossvocab_boundaries(tokens)
 

@@ -7,10 +7,11 @@ import pytest
 from matplotlib.figure import Figure
 
 from spade_lib import diagnose as dg
-from spade_lib.plots import save_figure, use_style
+from spade_lib.plots import use_style
 from spade_lib.plots import tree as tree_plots
 from spade_lib.whatif import tree_replay
 from tests.tree_traces import random_steps, tree_trace
+from tests.plot_checks import saves_twice_identically
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +32,7 @@ def figures():
 def test_every_figure_draws_and_saves_deterministically(figures, tmp_path):
     for name, fig in figures.items():
         assert isinstance(fig, Figure) and fig.axes, name
-        first = save_figure(fig, f"m3_tree_{name}", directory=tmp_path / "a")
-        second = save_figure(fig, f"m3_tree_{name}", directory=tmp_path / "b")
-        for ext, path in first.items():
-            assert path.read_bytes() == second[ext].read_bytes(), (name, ext)
+        saves_twice_identically(fig, f"m3_tree_{name}", tmp_path / name)
 
 
 def test_a_wrong_table_is_named():

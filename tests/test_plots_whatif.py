@@ -10,11 +10,12 @@ import pytest
 from matplotlib.figure import Figure
 
 from spade_lib import diagnose as dg
-from spade_lib.plots import save_figure, use_style
+from spade_lib.plots import use_style
 from spade_lib.plots import whatif as whatif_plots
 from spade_lib.plots.counts import count_text
 from spade_lib.rules import lossless_map
 from spade_lib.whatif import align, replay, stoprules
+from tests.plot_checks import saves_twice_identically
 
 GAMMAS = (1, 2, 4)
 
@@ -46,10 +47,7 @@ def figures(tables):
 def test_every_figure_draws_and_saves_deterministically(figures, tmp_path):
     for name, fig in figures.items():
         assert isinstance(fig, Figure) and fig.axes, name
-        first = save_figure(fig, f"m3_whatif_{name}", directory=tmp_path / "a")
-        second = save_figure(fig, f"m3_whatif_{name}", directory=tmp_path / "b")
-        for ext, path in first.items():
-            assert path.read_bytes() == second[ext].read_bytes(), (name, ext)
+        saves_twice_identically(fig, f"m3_whatif_{name}", tmp_path / name)
 
 
 def test_predicted_tau_draws_every_method_and_labels_the_measured_blocks(tables, figures):
