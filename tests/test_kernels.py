@@ -3,6 +3,8 @@ fastest whole forward is kept per row class and cached per machine, bad policies
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -300,35 +302,42 @@ def _stalled(timer, seed: int, p_stall: float = 0.5, jitter: float = 0.02):
 def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
     """The real chooser, timing a real forward (two products of a few hundred rows) six times, each under seeded
     noise (jitter on every reading, a 2x-4x stall in up to one of each plan's ROUNDS readings), keeps a plan
-    that a careful reference measurement (15 interleaved rounds, no noise) supports, every time:
+    that a careful reference measurement supports, every time. The reference for each run is taken around it
+    (3 interleaved rounds of every uniform plan just before the run and 3 just after, no noise, median of the
+    6), so a host whose speed drifts between runs (a shared CI machine: at ~30 us a forward, the native kernel
+    measured 1.16x MKL in a reference taken minutes apart from runs that saw them tied) judges each run by the
+    machine it ran on:
 
-    - where the reference puts the native kernel clearly inside NATIVE_MARGIN of the fastest (10 % to spare),
-      every run keeps the native kernel for every product -- the same choice each time;
-    - otherwise every kernel of every kept plan is one the reference puts within NATIVE_MARGIN (+10 %) of the
+    - where that reference puts the native kernel clearly inside NATIVE_MARGIN of the fastest (10 % to spare),
+      the run keeps the native kernel for every product;
+    - otherwise every kernel of the kept plan is one that reference puts within NATIVE_MARGIN (+10 %) of the
       fastest: noise may pick either of two tied kernels, never a clearly slower one.
 
     Ratios of timings on this machine, no wall-clock threshold."""
-    CLEAR = 0.10
+    CLEAR, AROUND = 0.10, 3
     real = _RealProducts()
     products = ["head", "proj"]
-    ref = {}
-    for rows in kernels.ROW_CLASSES:
-        times = {n: [] for n in real.candidates(rows)}
-        for _ in range(15):
-            for n in times:
-                times[n].append(real.timer(rows, {p: n for p in products}))
-        ref[rows] = {n: sorted(t)[len(t) // 2] for n, t in times.items()}
-    kept = {rows: [] for rows in kernels.ROW_CLASSES}
+
+    def rounds() -> dict[str, dict[str, list[float]]]:
+        times = {rows: {n: [] for n in real.candidates(rows)} for rows in kernels.ROW_CLASSES}
+        for _ in range(AROUND):
+            for rows, by in times.items():
+                for n in by:
+                    by[n].append(real.timer(rows, {p: n for p in products}))
+        return times
+
+    before = rounds()
     for seed in range(6):
         kernels._CHOSEN.clear()
         hit = kernels.choose({"shapes": "real", "seed": seed}, _stalled(real.timer, seed), products, cache=False,
                              candidates={rows: real.candidates(rows) for rows in kernels.ROW_CLASSES})
+        after = rounds()
         for rows in kernels.ROW_CLASSES:
-            kept[rows].append(hit["plan"][rows])
-    for rows, r in ref.items():
-        best = min(r.values())
-        if "native" in r and r["native"] * (1 + CLEAR) <= best * (1 + kernels.NATIVE_MARGIN):
-            assert all(plan == {p: "native" for p in products} for plan in kept[rows]), (rows, r, kept[rows])
-        else:
-            near = {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
-            assert all(set(plan.values()) <= near for plan in kept[rows]), (rows, r, kept[rows])
+            r = {n: statistics.median(before[rows][n] + after[rows][n]) for n in before[rows]}
+            plan, best = hit["plan"][rows], min(r.values())
+            if "native" in r and r["native"] * (1 + CLEAR) <= best * (1 + kernels.NATIVE_MARGIN):
+                assert plan == {p: "native" for p in products}, (seed, rows, r, plan)
+            else:
+                near = {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
+                assert set(plan.values()) <= near, (seed, rows, r, plan)
+        before = after

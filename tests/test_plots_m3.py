@@ -13,6 +13,13 @@ from spade_lib.plots import m3, use_style
 from tests.plot_checks import saves_twice_identically
 
 
+@pytest.fixture(autouse=True)
+def _closed_figures():
+    """Every figure a test opened is closed after it (pyplot keeps them, and warns past 20)."""
+    yield
+    plt.close("all")
+
+
 @pytest.fixture(scope="module")
 def tables():
     use_style()
