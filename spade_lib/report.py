@@ -475,7 +475,8 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     for pair, by_draft in costs.items():
         warnings += controls.cost_warnings(by_draft, pair=pair)
     warnings += [w for w in nb_warnings if not any(w.startswith(c) for c in warnings)]
-    # passed: the physics (<= 1x); matches_prediction: the cost model's 1 / (r(g) + o) inside the interval
+    # passed: the physics (<= 1x); matches_prediction: the cost model's prediction (1 / (r(g) + o) per decode
+    # step, the prompts' prefills added as measured) inside the interval
     control_rows = [{k: r.get(k) for k in ("pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high",
                                             "predicted")}
                     | {"passed": not any(w.startswith(controls.PREFIX + ":") for w in r["warnings"]),
@@ -613,13 +614,15 @@ def render_markdown(summary: dict) -> str:
         lines += [f"- {c['pair']} `{c['label']}`: {_with_interval(c, 'speedup', suffix='x')} — "
                   + ("passes (not faster than autoregressive)" if c["passed"] else "FAILS (faster than autoregressive)")
                   + ("" if c.get("matches_prediction") is None else
-                     f"; predicted 1 / (r(g) + o) = {_fmt(c.get('predicted'), 3)}x, "
+                     f"; predicted {_fmt(c.get('predicted'), 3)}x (1 / (r(g) + o) a decode step, with the prompts' "
+                     "prefills), "
                      + ("inside the interval" if c["matches_prediction"] else "OUTSIDE the interval"))
                   for c in summary["controls"]]
     else:
         lines.append("No null-draft configuration in this run.")
     lines += ["", "## Costs: c, r(g) and the loop overhead (paired micro-benchmarks, `runs/costs/`)", "",
-              "The tables that priced the predictions above (`predicted` = tau / (gamma c + r(gamma) + o)).", ""]
+              "The tables that priced the predictions above (`predicted`: tau / (gamma c + r(gamma) + o) tokens per AR "
+              "step while decoding, with the prompts' prefills added as they were measured).", ""]
     lines += _md_table(COST_HEADER, _cost_lines(summary)) if summary["costs"] else ["No cost tables."]
     lines += ["", "## Physical-control and cost-model warnings", ""]
     lines += [f"- {w}" for w in summary["warnings"]] or ["None."]

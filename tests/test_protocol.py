@@ -77,6 +77,16 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     assert base["wall_times"].tolist() == ar_summary["wall_times"].tolist()
     assert s["session_wall_times"].map(lambda d: d[proto.config(g2).hash]).tolist() == s["wall_times"].tolist()
     assert metrics.bootstrap_speedup(s, base, n_boot=50)["rounds"] == 3
+    # and its prefills, which a prediction adds as the measured ratio of whole generations holds them
+    assert base["prefill_time"].tolist() == pytest.approx(ar_summary["prefill_time"].tolist())
+    assert metrics.prefill_steps(s, base) is not None
+    # rows timed before session_prefill_time: the baseline's own rows of the same session give them
+    old = s.drop(columns="session_prefill_time")
+    assert "prefill_time" not in protocol.paired_baseline(old, proto.config(ar))[0].columns
+    from_own, _ = protocol.paired_baseline(old, proto.config(ar), ar_summary)
+    assert from_own["prefill_time"].tolist() == pytest.approx(ar_summary["prefill_time"].tolist())
+    other = ar_summary.assign(session="another")  # another session's prefills are not this one's
+    assert "prefill_time" not in protocol.paired_baseline(old, proto.config(ar), other)[0].columns
 
     # a second session (another notebook): the finished AR run is re-timed, its folder left alone
     stamp = (dirs[proto.config(ar)] / "summary.jsonl").stat().st_mtime_ns
@@ -97,6 +107,8 @@ def test_sessions_interleave_pair_and_share_the_baseline(pair, runs_dir):
     sp = table[table.method == "spade"]
     assert (sp["speedup_low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["speedup_high"]).all()
     assert sp["predicted"].notna().all() and sp["r_trace"].gt(0).all()
+    # the second session re-timed AR without writing its folder: its prefills come from the session's rows
+    assert sp["prefill_share"].between(0, 1, inclusive="neither").all()
     # each row carries its physical controls: what controls.speedup_warnings says of that row alone
     from spade_lib.runs import controls
 

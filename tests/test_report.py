@@ -251,7 +251,8 @@ def test_summary_files(run, capsys):
     assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
     assert "control (null draft" in md and "FAILS" in md and "Test CPU 9000" in md
     assert "- smollm2 `ar-T0`: repetition 0.38, 50% of generations degenerate" in md
-    assert "passes (not faster than autoregressive); predicted 1 / (r(g) + o) = 0.900x, inside the interval" in md
+    assert ("passes (not faster than autoregressive); predicted 0.900x (1 / (r(g) + o) a decode step, with the "
+            "prompts' prefills), inside the interval") in md
     assert "| embedded/build default | 120 | ok |" in md and "of notebooks and pair builds" in md
     assert "distilled-new.json" not in md and "0.250" in md
     assert "spade-ngram-g4" in out and "2.55x [2.31, 2.80]" in out and "154" in out

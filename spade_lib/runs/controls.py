@@ -178,7 +178,8 @@ def session_report(costs: Mapping[str, Mapping], table, *, pair: str = "", gamma
     interval); ``lines`` print them (each after ``"!!! "``), then the physical violations' count (a run's
     leaves the figures, a draft's r(g) below 1 makes its predictions too optimistic) apart from the cost-model
     controls' (control (d): not a defect, the run stays in the figures), the null-draft control at
-    ``gamma`` against its prediction ``1 / (r(gamma) + o)`` per temperature, every run whose two speedup
+    ``gamma`` against its prediction ``1 / (r(gamma) + o)`` per decode step and with the prompts' prefills
+    (the table's ``predicted``, which the measured ratio of whole generations is compared with) per temperature, every run whose two speedup
     estimators disagree (or that they all agree), and the median and widest interval of the speedups
     over ``prompts`` prompts with ``repeats`` interleaved repeats."""
     cost = cost_warnings(costs, pair=pair)
@@ -198,9 +199,14 @@ def session_report(costs: Mapping[str, Mapping], table, *, pair: str = "", gamma
         lines.append(f"cost-model controls: {len(model)} prediction(s) outside the measured interval, named above "
                      "(not a defect: those runs stay in the figures)")
     for _, r in table[table["draft"] == NULL_DRAFT].iterrows():
+        steady = 1 / (r['r'] + r['overhead'])
+        pre = r.get("prefill_share", math.nan)
+        with_prefill = (f"; with the prompts' prefills ({100 * pre:.0f} % of the AR time) as measured: "
+                        f"{r['predicted']:.3f}" if math.isfinite(_num(pre)) and math.isfinite(_num(r.get("predicted")))
+                        else "")
         lines.append(f"null-draft control, T={r['T']:g}: {r['speedup']:.3f}x [{r['speedup_low']:.3f}, "
-                     f"{r['speedup_high']:.3f}] (expected 1 / (r({gamma}) + o) = 1 / ({r['r']:.3f} + "
-                     f"{r['overhead']:.3f}) = {1 / (r['r'] + r['overhead']):.3f}, a prediction from the cost table)")
+                     f"{r['speedup_high']:.3f}] (expected per decode step 1 / (r({gamma}) + o) = 1 / ({r['r']:.3f} + "
+                     f"{r['overhead']:.3f}) = {steady:.3f}{with_prefill}; a prediction from the cost table)")
     flagged = table[table["estimators_disagree"] == 1]
     for _, r in flagged.iterrows():
         lines.append(f"FLAG {r['label']}: ratio of totals {r['speedup']:.2f} [{r['speedup_low']:.2f}, "

@@ -25,9 +25,10 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    session. When its run already exists (another notebook made it), it is re-timed in the new
    session and those times are kept with the new runs only; its own run folder is not touched.
 4. **Pairing**: every summary row of a session run carries ``session`` (its id) and
-   ``session_wall_time`` / ``session_wall_times`` / ``session_new_tokens``: the same generation's
-   median time, its time in every round and its token count for *every* member of the session
-   (keyed by config hash). :func:`paired_baseline` builds the
+   ``session_wall_time`` / ``session_wall_times`` / ``session_new_tokens`` / ``session_prefill_time``: the
+   same generation's median time, its time in every round, its token count and its prompt's prefill (the
+   last timed pass's; ``None`` where the method hides it) for *every* member of the session (keyed by
+   config hash). :func:`paired_baseline` builds the
    baseline a run was interleaved with from its own rows, so a run's speedup is one number
    wherever it is read (notebooks 03 and 05 read the same rows).
 5. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
@@ -48,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -231,6 +233,7 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
             partners_t = {c.hash: medians[c].median for c in session}
             partners_rounds = {c.hash: list(medians[c].times) for c in session}
             partners_n = {c.hash: len(checked[c].output_ids) for c in session}
+            partners_p = {c.hash: checked[c].prefill if math.isfinite(checked[c].prefill) else None for c in session}
             for c in need:
                 gen = checked[c]
                 for r in gen.records:
@@ -238,7 +241,8 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                                        "sample": sample, **r})
                 s = summary_row(row, sample, seed, p["ids"][c], gen, medians[c])
                 s.update(session=sid, session_wall_time=partners_t, session_wall_times=partners_rounds,
-                         session_new_tokens=partners_n, stalls=len(smp["stalls"][c]),
+                         session_new_tokens=partners_n, session_prefill_time=partners_p,
+                         stalls=len(smp["stalls"][c]),
                          stall_readings=list(smp["stalls"][c]))
                 summaries[c].append(s)
         for c in need:
@@ -324,7 +328,11 @@ def paired_baseline(summary: pd.DataFrame, baseline: RunConfig,
     """The baseline generations ``summary``'s run was timed with: ``(frame, interleaved)``.
 
     From the run's own ``session_*`` columns when every row holds ``baseline``'s times
-    (``interleaved=True``; with the baseline's per-round ``wall_times`` when the rows hold them);
+    (``interleaved=True``; with the baseline's per-round ``wall_times`` when the rows hold them, and its
+    ``prefill_time`` from the rows' ``session_prefill_time`` (runs timed before it: ``baseline_summary``'s
+    rows of the same session, where they are there), so a prediction can add the
+    prefills the measured ratio holds: without them every prediction was the decode steps' alone, ~20 % of
+    the AR time on both pairs' make runs, and missed its control by up to a fifth);
     otherwise ``baseline_summary`` (a separately timed run,
     ``interleaved=False``: its speedup mixes two moments of the machine)."""
     h = baseline.hash
@@ -342,6 +350,18 @@ def paired_baseline(summary: pd.DataFrame, baseline: RunConfig,
             merged = frame.assign(session=summary["session"].to_numpy()).merge(own, on=keys, how="left")
             if len(merged) == len(frame) and merged["wall_times"].map(lambda x: isinstance(x, list)).all():
                 frame["wall_times"] = merged["wall_times"].to_numpy()
+        if "session_prefill_time" in summary.columns and summary["session_prefill_time"].map(
+                lambda d: isinstance(d, dict) and d.get(h) is not None).all():
+            frame["prefill_time"] = summary["session_prefill_time"].map(lambda d: d[h]).astype(float)
+        elif (baseline_summary is not None and "session" in summary.columns
+                and {"session", "prefill_time"} <= set(baseline_summary.columns)):
+            # the baseline's prefills, from its own rows of this session: a prediction adds them as the
+            # measured ratio of whole generations holds them (metrics.prefill_steps)
+            keys = ["question_id", "sample", "session"]
+            own = baseline_summary[keys + ["prefill_time"]].drop_duplicates(keys, keep="last")
+            merged = frame.assign(session=summary["session"].to_numpy()).merge(own, on=keys, how="left")
+            if len(merged) == len(frame) and merged["prefill_time"].notna().all():
+                frame["prefill_time"] = merged["prefill_time"].astype(float).to_numpy()
         return frame, True
     if baseline_summary is None:
         raise ValueError(f"summary: its rows hold no times of baseline {baseline.label} and no "
