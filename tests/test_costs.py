@@ -192,10 +192,24 @@ def test_loop_overhead_is_measured_once_per_pair_and_priced_into_every_table(tmp
     assert "overhead" in json.loads(path.read_text())  # and the file now carries it
 
 
+def test_measure_loop_overhead_times_rounds_for_min_seconds_within_its_bounds():
+    """At least ``reps`` rounds; more while ``min_seconds`` of rounds have not passed; never more than
+    ``max_reps`` (unless ``reps`` asks for more). A round of this 1-layer model is a few milliseconds."""
+    from spade_lib.decoding.costs import measure_loop_overhead
+
+    m = llama(layers=1)
+    assert measure_loop_overhead(m, steps=4, context=8, reps=3, min_seconds=0.0)["reps"] == 3
+    assert measure_loop_overhead(m, steps=4, context=8, reps=3, min_seconds=600.0, max_reps=7)["reps"] == 7
+    assert measure_loop_overhead(m, steps=4, context=8, reps=5, min_seconds=600.0, max_reps=2)["reps"] == 5
+    got = measure_loop_overhead(m, steps=4, context=8, reps=2, min_seconds=0.2, max_reps=10_000)
+    assert got["reps"] > 2 and got["null_step"] > 0  # a few-ms round: 0.2 s takes more than 2 of them
+
+
 def test_measure_loop_overhead_checks_its_arguments():
     from spade_lib.decoding.costs import measure_loop_overhead
 
-    for bad in (dict(steps=1), dict(reps=0), dict(context=True)):
+    for bad in (dict(steps=1), dict(reps=0), dict(context=True), dict(max_reps=0), dict(min_seconds=-1.0),
+                dict(min_seconds="5")):
         with pytest.raises(ValueError, match=next(iter(bad))):
             measure_loop_overhead(llama(layers=1), **bad)
 

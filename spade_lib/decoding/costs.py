@@ -222,17 +222,21 @@ def measure_tree_cost(target, parents, context: int = 128, clock: Callable[[], f
 
 
 @torch.inference_mode()
-def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: int = 8, device=None) -> dict:
+def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: int = 8, min_seconds: float = 5.0,
+                          max_reps: int = 64, device=None) -> dict:
     """The speculative loop's cost per step in autoregressive steps, for the cost model's ``overhead``.
 
     Two decode loops of ``steps`` greedy tokens on one seeded ``context``-token prompt, timed in turns
-    (:func:`time_in_turns`: rotated, ``reps`` rounds after one warm-up): autoregressive decoding and
+    (:func:`time_in_turns`: rotated, after one warm-up round, at least ``reps`` rounds and as many more as
+    ``min_seconds`` of rounds take, up to ``max_reps``: on the embedded pair a round is ~0.2 s and the
+    AR loop's speed moves by a tenth between seconds, so 8 rounds put ``null_step`` anywhere in 1.46-1.71
+    over five measurements and 48 rounds in 1.50-1.65): autoregressive decoding and
     speculative decoding with the null draft at ``gamma = 1`` (each step a 2-token target forward, the
     draft always rejected, one token out), both with step-level records only, as a timed run has them.
     Each loop's time is its generation's own minus its prefill (``GenerationResult.timing``), so per
     round ``s_AR`` is seconds per autoregressive token and ``s_null`` seconds per null step. Returns
     ``{"null_step": median over rounds of s_null / s_AR, "s_ar", "s_null" (medians, seconds), "steps",
-    "context", "reps"}``.
+    "context", "reps"}`` (``reps``: the rounds timed).
 
     The model's loop cost is then ``o = null_step - r(1)`` (:func:`spade_lib.runs.costs.pair_costs`
     does this with each draft's ``r(1)``): a speculative step costs ``g c + r(g) + o`` AR steps, and the
@@ -245,9 +249,11 @@ def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: 
     from spade_lib.decoding.drafters import NullDrafter
     from spade_lib.sampling import SamplingConfig
 
-    for name, v, low in (("steps", steps, 2), ("reps", reps, 1), ("context", context, 1)):
+    for name, v, low in (("steps", steps, 2), ("reps", reps, 1), ("context", context, 1), ("max_reps", max_reps, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+    if isinstance(min_seconds, bool) or not isinstance(min_seconds, (int, float)) or not 0 <= min_seconds < 1e6:
+        raise ValueError(f"min_seconds: must be a number >= 0, got {min_seconds!r}")
     adapter = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
     limit = adapter.max_length
     n_ctx = max(1, min(context, limit - steps - 2) if limit is not None else context)
@@ -265,9 +271,14 @@ def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: 
         return run
 
     # the AR loop's first token comes from its prefill: steps - 1 forwards; the null loop's every step is one
-    time_in_turns({"ar": loop("ar", ar, steps - 1), "null": loop("null", null, steps)}, reps=reps, warmup=1,
-                  device=device)
-    s_ar, s_null = np.asarray(loops["ar"][-reps:]), np.asarray(loops["null"][-reps:])
+    forwards = {"ar": loop("ar", ar, steps - 1), "null": loop("null", null, steps)}
+    t0 = device_clock(device)
+    time_in_turns(forwards, reps=1, warmup=1, device=device)  # a warm-up round, then one timed: its length
+    per_round = max((device_clock(device) - t0) / 2, 1e-9)
+    reps = max(reps, min(max_reps, int(np.ceil(min_seconds / per_round))))
+    loops["ar"].clear(), loops["null"].clear()
+    time_in_turns(forwards, reps=reps, warmup=0, device=device)
+    s_ar, s_null = np.asarray(loops["ar"]), np.asarray(loops["null"])
     return {"null_step": float(np.median(s_null / np.maximum(s_ar, 1e-12))), "s_ar": float(np.median(s_ar)),
             "s_null": float(np.median(s_null)), "steps": steps, "context": n_ctx, "reps": reps}
 

@@ -112,17 +112,21 @@ def _device_dtype(pair) -> tuple[str, str]:
     return str(p.device), str(p.dtype).replace("torch.", "")
 
 
-def loop_overhead(pair, *, context: int = 128, cache: bool = True, progress: bool = False) -> dict:
-    """:func:`spade_lib.decoding.costs.measure_loop_overhead` of ``pair``'s target, cached as JSON under
-    ``runs/costs/<pair>/loop/`` (keyed by pair and its folder, device, dtype, threads and ``context``)."""
+def loop_overhead(pair, *, context: int = 128, min_seconds: float = 5.0, cache: bool = True,
+                  progress: bool = False) -> dict:
+    """:func:`spade_lib.decoding.costs.measure_loop_overhead` of ``pair``'s target (at least ``min_seconds`` of
+    timed rounds), cached as JSON under ``runs/costs/<pair>/loop/`` (keyed by pair and its folder, device,
+    dtype, threads, ``context`` and ``min_seconds``)."""
     device, dtype = _device_dtype(pair)
     key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=device, dtype=dtype,
-               threads=torch.get_num_threads(), context=int(context), what="loop_overhead")
+               threads=torch.get_num_threads(), context=int(context), min_seconds=float(min_seconds),
+               what="loop_overhead")
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     path = cost_folder(pair.name) / "loop" / f"loop-{digest}.json"
     if cache and path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
-    got = {**measure_loop_overhead(pair.target, context=int(context), device=next(pair.target.parameters()).device),
+    got = {**measure_loop_overhead(pair.target, context=int(context), min_seconds=min_seconds,
+                                   device=next(pair.target.parameters()).device),
            "key": key}
     if progress:
         print(f"loop of {pair.name}: a null-draft step at gamma 1 costs {got['null_step']:.3f} AR steps "
