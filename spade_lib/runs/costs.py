@@ -121,8 +121,7 @@ def loop_overhead(pair, *, context: int = 128, min_seconds: float = 5.0, cache: 
     key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=device, dtype=dtype,
                threads=torch.get_num_threads(), context=int(context), min_seconds=float(min_seconds),
                what="loop_overhead")
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    path = cost_folder(pair.name) / "loop" / f"loop-{digest}.json"
+    path = cost_folder(pair.name) / "loop" / f"loop-{_digest(key)}.json"
     if cache and path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
     got = {**measure_loop_overhead(pair.target, context=int(context), min_seconds=min_seconds,

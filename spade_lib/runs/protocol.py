@@ -340,33 +340,42 @@ def paired_baseline(summary: pd.DataFrame, baseline: RunConfig,
         frame = summary[["question_id", "category", "sample"]].copy()
         frame["wall_time"] = summary["session_wall_time"].map(lambda d: d[h]).astype(float)
         frame["new_tokens"] = summary["session_new_tokens"].map(lambda d: d[h]).astype(int)
-        if "session_wall_times" in summary.columns and summary["session_wall_times"].map(
-                lambda d: isinstance(d, dict) and h in d).all():
-            frame["wall_times"] = summary["session_wall_times"].map(lambda d: list(d[h]))
-        elif baseline_summary is not None and {"session", "wall_times"} <= set(baseline_summary.columns):
-            # runs written before session_wall_times: the baseline's own rounds, if timed in this session
-            keys = ["question_id", "sample", "session"]
-            own = baseline_summary[keys + ["wall_times"]]
-            merged = frame.assign(session=summary["session"].to_numpy()).merge(own, on=keys, how="left")
-            if len(merged) == len(frame) and merged["wall_times"].map(lambda x: isinstance(x, list)).all():
-                frame["wall_times"] = merged["wall_times"].to_numpy()
-        if "session_prefill_time" in summary.columns and summary["session_prefill_time"].map(
-                lambda d: isinstance(d, dict) and d.get(h) is not None).all():
-            frame["prefill_time"] = summary["session_prefill_time"].map(lambda d: d[h]).astype(float)
-        elif (baseline_summary is not None and "session" in summary.columns
-                and {"session", "prefill_time"} <= set(baseline_summary.columns)):
-            # the baseline's prefills, from its own rows of this session: a prediction adds them as the
-            # measured ratio of whole generations holds them (metrics.prefill_steps)
-            keys = ["question_id", "sample", "session"]
-            own = baseline_summary[keys + ["prefill_time"]].drop_duplicates(keys, keep="last")
-            merged = frame.assign(session=summary["session"].to_numpy()).merge(own, on=keys, how="left")
-            if len(merged) == len(frame) and merged["prefill_time"].notna().all():
-                frame["prefill_time"] = merged["prefill_time"].astype(float).to_numpy()
+        # per-round times and prefills: the session's columns; runs written before those columns existed: the
+        # baseline's own rows of the same session, where it has them (never another session's)
+        for col, present, conv in (("wall_times", lambda x: isinstance(x, list), list),
+                                   ("prefill_time", pd.notna, float)):
+            got = _from_session(summary, h, f"session_{col}")
+            if got is None:
+                got = _from_own_rows(frame, summary, baseline_summary, col, present)
+            if got is not None:
+                frame[col] = pd.Series(list(got), index=frame.index).map(conv)
         return frame, True
     if baseline_summary is None:
         raise ValueError(f"summary: its rows hold no times of baseline {baseline.label} and no "
                          "baseline_summary was given")
     return baseline_summary, False
+
+
+def _from_session(summary: pd.DataFrame, h: str, col: str) -> pd.Series | None:
+    """Config ``h``'s entry of the session column ``col`` on every row, or ``None`` where a row lacks it."""
+    if col in summary.columns and summary[col].map(lambda d: isinstance(d, dict) and d.get(h) is not None).all():
+        return summary[col].map(lambda d: d[h])
+    return None
+
+
+def _from_own_rows(frame: pd.DataFrame, summary: pd.DataFrame, baseline_summary: pd.DataFrame | None, col: str,
+                   present) -> list | None:
+    """``baseline_summary``'s ``col`` for ``frame``'s generations, from its rows of the same session as
+    ``summary``'s, or ``None`` unless every generation has one (``present``)."""
+    keys = ["question_id", "sample", "session"]
+    if (baseline_summary is None or "session" not in summary.columns
+            or not {"session", col} <= set(baseline_summary.columns)):
+        return None
+    own = baseline_summary[keys + [col]].drop_duplicates(keys, keep="last")
+    merged = frame.assign(session=summary["session"].to_numpy()).merge(own, on=keys, how="left")
+    if len(merged) == len(frame) and merged[col].map(present).all():
+        return merged[col].tolist()
+    return None
 
 
 def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
