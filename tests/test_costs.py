@@ -12,7 +12,7 @@ from spade_lib.runs import metrics
 from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.drafters import Drafter
 from spade_lib.runs import costs as costs_mod
-from spade_lib.decoding.costs import measure_costs, measure_tree_cost, verify_cost_fn, verify_rounds
+from spade_lib.decoding.costs import measure_costs, measure_tree_cost, verify_cost_fn
 from spade_lib.runs.costs import pair_costs
 from tests.test_decode import llama
 from tests.test_metrics import summary, trace_from_blocks
@@ -29,31 +29,6 @@ def test_measure_costs_tables():
         measure_costs(t, d, 0)
     with pytest.raises(ValueError, match="reps"):
         measure_costs(t, d, 2, reps=0)
-
-
-def test_verify_rounds_time_r_on_a_given_context_round_by_round():
-    t = CausalLMAdapter(llama(layers=2))
-    calls = []
-    extend = t.extend
-    t.extend = lambda ids, **kw: calls.append(len(ids)) or extend(ids, **kw)
-    got = verify_rounds(t, list(range(5, 25)), 3, reps=2, warmup=0)
-    assert sorted(got, key=str) == [1, 2, 3, "t1"] and all(len(v) == 2 and (v > 0).all() for v in got.values())
-    # after the 20-token context (the prefill), every round ran the one-token forward and the g + 1 rows,
-    # three times each (bursts)
-    timed = [n for n in calls if n != 20]
-    assert sorted(set(timed)) == [1, 2, 3, 4] and len(timed) == 2 * 4 * 3
-    with pytest.raises(ValueError, match="max_gamma"):
-        verify_rounds(t, [1, 2], 0, reps=1)
-    with pytest.raises(ValueError, match="context"):
-        verify_rounds(t, [], 2, reps=1)
-
-
-def test_in_session_prices_with_the_sessions_r_and_keeps_the_tables():
-    table = {"c": 0.2, "r": {1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}, "overhead": 0.05}
-    got = costs_mod.in_session(table, {"r": {1: 1.0, 2: 1.5}, "session": "abc"})
-    assert got["r"] == {1: 1.0, 2: 1.5, 3: 1.3, 4: 1.4} and got["r_table"] == table["r"]
-    assert (got["c"], got["overhead"], got["r_session"]) == (0.2, 0.05, "abc")
-    assert table["r"][2] == 1.2  # the table itself is left alone
 
 
 def test_measure_tree_cost_times_the_tree_masked_verification_forward():

@@ -269,35 +269,3 @@ def test_one_stall_is_retimed_reported_and_cannot_move_the_speedup(pair, tmp_pat
                                                        rule=protocol.timing.StallRule(max_retimes=0))
     assert old_report[-1]["count"] == 1  # still reported ...
     assert old["speedup"] < 0.5 * s0 and old["speedup_low"] < 0.85 * s0  # ... and it moves the speedup
-
-
-def test_a_session_times_its_own_verify_cost_and_its_predictions_use_it(pair, runs_dir):
-    """Protocol.cost_rounds: r(g) timed beside the generations, per prompt, kept in the session's metadata,
-    and the chain runs of that session priced with it, not with a cost table measured elsewhere."""
-    suite = mini_suite(2)
-    ar = cfg(method="ar")
-    g3 = cfg(method="spade", draft="distilled", gamma=3)
-    proto = protocol.Protocol(warmup=0, repeats=1, cost_rounds=2)
-    dirs = protocol.run_interleaved(pair, suite, [g3], ar, protocol=proto, progress=False)
-    meta = json.loads((dirs[proto.config(g3)] / "metadata.json").read_text())
-    got = meta["sessions"][-1]["costs"]
-    assert got["rounds"] == 4 and got["prompts"] == 2 and sorted(got["r"]) == ["1", "2", "3"]
-    assert all(len(v) == 4 for v in got["times"].values())
-    t1 = np.asarray(got["times"]["t1"])
-    assert got["r"]["3"] == pytest.approx(float(np.median(np.asarray(got["times"]["3"]) / t1)))
-    own = protocol.session_costs(dirs[proto.config(g3)])
-    assert own["session"] == read_summary(dirs[proto.config(g3)])["session"].iloc[0] and own["r"][3] > 0
-
-    table_costs = {"distilled": {"c": 0.1, "r": {g: 9.0 for g in range(1, 13)}, "overhead": 0.0}}
-    t = protocol.speedup_table(dirs, ar, protocol=proto, costs=table_costs).set_index("method")
-    assert t.loc["spade", "r_source"] == "session" and t.loc["spade", "r"] == pytest.approx(own["r"][3])
-    assert t.loc["ar", "r_source"] == ""
-    # a session without its own rounds is priced by the table, as before
-    proto0 = protocol.Protocol(warmup=0, repeats=1, cost_rounds=0)
-    dirs0 = protocol.run_interleaved(pair, suite, [g3], ar, protocol=proto0, progress=False, resume=False)
-    assert protocol.session_costs(dirs0[proto0.config(g3)]) is None
-    t0 = protocol.speedup_table(dirs0, ar, protocol=proto0, costs=table_costs).set_index("method")
-    assert t0.loc["spade", "r_source"] == "table" and t0.loc["spade", "r"] == pytest.approx(9.0)
-    assert t0.loc["spade", "predicted"] < t.loc["spade", "predicted"]  # r = 9 is priced, not ignored
-    with pytest.raises(ValueError, match="cost_rounds"):
-        protocol.Protocol(cost_rounds=-1)

@@ -48,7 +48,7 @@ from spade_lib.decoding.heads import DraftHead
 from spade_lib.devices import clock as device_clock, synchronize
 
 __all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "measure_loop_overhead", "verify_cost_fn",
-           "verify_rounds", "HeadStep", "is_head"]
+           "HeadStep", "is_head"]
 
 
 def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
@@ -164,12 +164,16 @@ def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Call
         m.prefill(ids[:ctx_len])
     new = ids[ctx_len:]
 
+    def tfwd(k):
+        target.extend(new[:k], last_only=k == 1).argmax(-1)
+        target.rollback(ctx_len)
+
     def dfwd():
         if draft is not None:
             draft.extend(new[:1], last_only=True).argmax(-1)
             draft.rollback(ctx_len)
 
-    forwards = _verify_forwards(target, new, ctx_len, max_gamma)
+    forwards = {"t1": lambda: tfwd(1), **{g: (lambda g=g: tfwd(g + 1)) for g in range(1, max_gamma + 1)}}
     if draft is not None:
         forwards["d1"] = dfwd
     times = time_in_turns(forwards, reps=reps, warmup=3, burst=3, clock=clock, device=device)
@@ -180,40 +184,6 @@ def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Call
     c = float(np.median(np.asarray(d1) / t1a))
     return {"c": c, "r": r, "t_target": float(np.median(t1)), "t_draft": float(np.median(d1)),
             "t_verify": {g: float(np.median(v)) for g, v in tk.items()}, "context": ctx_len, "reps": reps}
-
-
-def _verify_forwards(target, new: torch.Tensor, ctx_len: int, max_gamma: int) -> dict:
-    """``{"t1": one-token forward, g: the (g + 1)-row verification forward}`` on ``target`` (a decoding adapter
-    holding ``ctx_len`` positions), each rolled back to them, for :func:`time_in_turns`."""
-    def tfwd(k):
-        target.extend(new[:k], last_only=k == 1).argmax(-1)
-        target.rollback(ctx_len)
-
-    return {"t1": lambda: tfwd(1), **{g: (lambda g=g: tfwd(g + 1)) for g in range(1, max_gamma + 1)}}
-
-
-@torch.inference_mode()
-def verify_rounds(target, context, max_gamma: int, *, reps: int, warmup: int = 1, seed: int = 0,
-                  clock: Callable[[], float] | None = None, device=None) -> dict:
-    """Rounds of ``r(g)`` on the context a generation runs on: the forwards :func:`measure_costs` times for
-    ``r(g)`` (the one-token forward and the ``g + 1``-row verification forward, ``g = 1 .. max_gamma``, each
-    rolled back), after ``target`` (a decoding adapter) has prefilled ``context`` (token ids, e.g. a prompt),
-    in turns with bursts of three. The ``g + 1`` tokens verified are seeded random ids (a forward's time does
-    not depend on them). Returns ``{"t1": seconds [reps], g: seconds [reps]}``, round ``k`` of every entry
-    timed together, so ``r(g)`` of round ``k`` is ``times[g][k] / times["t1"][k]``
-    (:mod:`spade_lib.runs.protocol` times these inside a session, beside its generations)."""
-    if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or max_gamma < 1:
-        raise ValueError(f"max_gamma: must be an integer >= 1, got {max_gamma!r}")
-    ids = torch.as_tensor(list(context), dtype=torch.long).view(-1)
-    if ids.numel() < 1:
-        raise ValueError("context: needs at least one token id")
-    if target.max_length is not None and ids.numel() + max_gamma + 1 > target.max_length:
-        ids = ids[-max(1, target.max_length - max_gamma - 1):]
-    new = torch.randint(0, target.vocab_size, (max_gamma + 1,), generator=torch.Generator().manual_seed(seed))
-    ids, new = ids.to(target.device), new.to(target.device)
-    target.prefill(ids)
-    return time_in_turns(_verify_forwards(target, new, ids.numel(), max_gamma), reps=reps, warmup=warmup, burst=3,
-                         clock=clock, device=device)
 
 
 @torch.inference_mode()

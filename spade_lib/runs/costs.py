@@ -57,8 +57,7 @@ from spade_lib import paths
 from spade_lib.io import write_json
 from spade_lib.decoding.costs import measure_costs, measure_loop_overhead
 
-__all__ = ["MIN_GAMMA", "cost_folder", "in_session", "loop_overhead", "pair_costs", "read_costs", "select_costs",
-           "with_overhead"]
+__all__ = ["MIN_GAMMA", "cost_folder", "loop_overhead", "pair_costs", "read_costs", "select_costs", "with_overhead"]
 
 MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
@@ -141,15 +140,6 @@ def with_overhead(table: dict, loop: dict) -> dict:
     docstring), ``overhead_raw`` and ``null_step``."""
     raw = float(loop["null_step"]) - float(table["r"][1])
     return {**table, "overhead": max(0.0, raw), "overhead_raw": raw, "null_step": float(loop["null_step"])}
-
-
-def in_session(table: dict, session: dict) -> dict:
-    """``table`` (one draft's costs) priced with the ``r(g)`` a protocol session timed beside its generations
-    (:func:`spade_lib.runs.protocol.session_costs`) at every ``g`` it timed; the table's own ``r`` is kept as
-    ``r_table``, ``r_session`` names the session. ``c`` and the loop overhead ``o`` stay the table's (``o``
-    is the loop's cost beyond its forwards, measured once per pair)."""
-    r = {**table["r"], **{int(g): float(v) for g, v in session["r"].items()}}
-    return {**table, "r": r, "r_table": dict(table["r"]), "r_session": session.get("session")}
 
 
 def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 128, reps: int = 20,

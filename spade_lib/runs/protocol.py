@@ -31,16 +31,7 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    config hash). :func:`paired_baseline` builds the
    baseline a run was interleaved with from its own rows, so a run's speedup is one number
    wherever it is read (notebooks 03 and 05 read the same rows).
-5. **The verify cost inside the session**: after each prompt's rounds, ``Protocol.cost_rounds`` rounds of the
-   forwards ``r(g)`` is made of (:func:`spade_lib.decoding.costs.verify_rounds`: the one-token forward and
-   the ``g + 1``-row verification, ``g = 1 ..`` the largest chain ``gamma`` of the session, bursts of three,
-   in turns) on the prompt as context, on a fresh adapter of the target; each written run's session entry
-   in ``metadata.json`` keeps them (``costs``: per-round times, ``r(g)`` the median of per-round ratios).
-   :func:`speedup_table` prices a chain run's prediction with the ``r(g)`` of the session that timed it
-   (:func:`spade_lib.runs.costs.in_session`): a cost table measured minutes away, in another process, moved
-   ``r(4)`` by 7-14 % on a shared 2-core host (SmolLM2: 1.30-1.51 over five measurements) while a session's
-   speedup interval is +-3-5 %, so a prediction and its measurement must see the same machine.
-6. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
+5. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
    (:func:`spade_lib.runs.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
    rounds, paired across the session) and the flag where they disagree.
 
@@ -71,8 +62,6 @@ from spade_lib import devices, paths
 
 from spade_lib.runs import controls, metrics, timing, trace
 from spade_lib.runs.config import RunConfig, check_pair_placement, generation_seed, prompt_ids
-from spade_lib.decoding.costs import verify_rounds
-from spade_lib.runs.costs import in_session
 from spade_lib.runs.methods import RECORDS, Generator, make_generator, timed_generation
 from spade_lib.runs.store import (check_existing, read_summary, run_dir_for, run_identity, shard_done, shard_path,
                                   suite_key, summary_row, write_summary)
@@ -88,7 +77,6 @@ class Protocol:
     warmup_tokens: int = 16  # new tokens of each warm-up generation at most (0: the run's max_new_tokens)
     records: str = "separate"  # SPADE's token records: an untimed pass, or "timed" (spade_lib.runs.methods)
     stalls: timing.StallRule = timing.StallRule()  # which timed readings are stalls, re-timed (module docstring, 2b)
-    cost_rounds: int = 2   # rounds of the session's own r(g) per prompt (module docstring, 5); 0: none
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -99,8 +87,6 @@ class Protocol:
             raise ValueError(f"warmup_tokens must be an integer >= 0, got {self.warmup_tokens!r}")
         if self.records not in RECORDS:
             raise ValueError(f"records must be one of {RECORDS}, got {self.records!r}")
-        if isinstance(self.cost_rounds, bool) or not isinstance(self.cost_rounds, int) or self.cost_rounds < 0:
-            raise ValueError(f"cost_rounds: must be an integer >= 0, got {self.cost_rounds!r}")
         if not isinstance(self.stalls, timing.StallRule):
             raise ValueError(f"stalls: must be a spade_lib.runs.timing.StallRule, got {self.stalls!r}")
 
@@ -178,8 +164,6 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
     if session[0].threads:
         timing.fix_threads(session[0].threads)
     generators = {c: make_generator(pair, c, protocol.records) for c in session}  # first: their kernels are then chosen
-    probe, max_g = _verify_probe(pair, session, protocol.cost_rounds)
-    cost_log: dict = {"t1": [], **{g: [] for g in range(1, max_g + 1)}, "context": []}
     identities = {c: _open_run(pair, suite, c, dirs[c], device, sid, protocol.records) for c in todo}
     for c in todo:
         paths.ensure_dir(dirs[c] / "trace")
@@ -290,18 +274,11 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                     pool[c].append(t / max(1, len(g.output_ids)))
             samples.append({"sample": sample, "seed": seed, "times": times, "outputs": outputs,
                             "stalls": {c: [] for c in session}})
-        if probe is not None:  # the session's own r(g), on this prompt (module docstring, 5)
-            got = verify_rounds(probe, ids[base], max_g, reps=protocol.cost_rounds, device=device)
-            for k, v in got.items():
-                cost_log[k].extend(float(x) for x in v)
-            cost_log["context"].append(len(ids[base]))
         pending.append({"row": row, "shards": shards, "need": need, "ids": ids, "samples": samples})
         if min(len(v) for v in pool.values()) >= rule.min_reference:
             flush()
     flush()
     _record_stalls(dirs, todo, log, rule, sid)
-    if probe is not None:
-        _record_session(dirs, todo, sid, "costs", _session_costs(cost_log, max_g))
     if log:  # always said, bars or not: a re-timed reading is part of how the numbers were taken
         print(stall_summary(log))
     for c in todo:
@@ -324,58 +301,13 @@ def _record_stalls(dirs: dict, todo: list[RunConfig], log: list[dict], rule, sid
     the readings re-timed (every member's: a baseline stall changes the runs' ratios too), their prompts."""
     report = {"rule": dataclasses.asdict(rule), "count": len(log), "persistent": sum(e["persistent"] for e in log),
               "prompts": sorted({str(e["question_id"]) for e in log}), "readings": log}
-    _record_session(dirs, todo, sid, "stalls", report)
-
-
-def _record_session(dirs: dict, todo: list[RunConfig], sid: str, key: str, value) -> None:
-    """``value`` as ``key`` of session ``sid``'s entry (the last) in each written run's ``metadata.json``."""
     for c in todo:
         meta_path = dirs[c] / "metadata.json"
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         sessions = meta.get("sessions") or []
         if sessions and sessions[-1].get("protocol_session") == sid:
-            sessions[-1][key] = value
+            sessions[-1]["stalls"] = report
             write_json(meta_path, meta)
-
-
-def _verify_probe(pair, session: list[RunConfig], rounds: int):
-    """``(adapter, max_g)``: a fresh decoding adapter of ``pair``'s target for the session's own ``r(g)``, ``g``
-    up to the largest ``gamma`` of its chain SPADE members (module docstring, 5); ``(None, 0)`` without
-    ``rounds`` or such a member (trees stay priced by the cost table)."""
-    gammas = [c.gamma for c in session if c.method == "spade" and not c.tree]
-    if not rounds or not gammas:
-        return None, 0
-    from spade_lib.decoding.adapter import CausalLMAdapter
-
-    return CausalLMAdapter(pair.target), max(gammas)
-
-
-def _session_costs(log: dict, max_g: int) -> dict:
-    """The session's ``r(g)`` from its rounds (:func:`spade_lib.decoding.costs.verify_rounds` on each prompt):
-    per round ``t(g + 1) / t(1)``, the median over every round of the session, as
-    :func:`spade_lib.decoding.costs.measure_costs` takes it; the times kept."""
-    t1 = np.maximum(np.asarray(log["t1"], dtype=float), 1e-12)
-    return {"r": {str(g): float(np.median(np.asarray(log[g], dtype=float) / t1)) for g in range(1, max_g + 1)},
-            "t_target": float(np.median(t1)), "rounds": int(t1.size), "prompts": len(log["context"]),
-            "context": {"min": min(log["context"]), "max": max(log["context"])},
-            "times": {"t1": list(log["t1"]), **{str(g): list(log[g]) for g in range(1, max_g + 1)}}}
-
-
-def session_costs(run_dir: str | Path, summary: pd.DataFrame | None = None) -> dict | None:
-    """The ``costs`` (the session's own ``r(g)``, module docstring 5) of the session that timed every row
-    of ``summary`` (default: the run's summary), ``{"r": {g: r(g)}, ...}`` with int ``g``, from the latest
-    entry of that session in ``metadata.json`` (a re-run of one session writes its rows again); ``None``
-    where the rows come from more than one session or that entry timed no costs."""
-    summary = read_summary(run_dir) if summary is None else summary
-    if "session" not in summary.columns or summary["session"].nunique(dropna=False) != 1:
-        return None
-    sid = summary["session"].iloc[0]
-    meta = json.loads((Path(run_dir) / "metadata.json").read_text(encoding="utf-8"))
-    last = [s for s in meta.get("sessions") or [] if s.get("protocol_session") == sid][-1:]
-    if not last or not isinstance(last[0].get("costs"), dict):  # the latest timing of these rows timed none
-        return None
-    got = last[0]["costs"]
-    return {**got, "r": {int(g): float(v) for g, v in got["r"].items()}, "session": sid}
 
 
 def session_stalls(run_dir: str | Path) -> list[dict]:
@@ -453,9 +385,7 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
     :func:`spade_lib.runs.metrics.run_metrics` against the baseline it was interleaved with (bootstrap
     intervals, predictions with measured ``c`` and ``r``), plus ``interleaved``. ``costs`` (draft name ->
     :func:`spade_lib.runs.costs.pair_costs` entry) prices the predictions of SPADE runs with those
-    micro-benchmarked costs (and the pair's loop overhead) instead of the runs' step timings; a chain run
-    timed in a session with its own ``r(g)`` (module docstring, 5) is priced with that ``r(g)``
-    (``r_source`` ``"session"``; ``"table"``: the cost table's, ``""``: no costs).
+    micro-benchmarked costs (and the pair's loop overhead) instead of the runs' step timings.
     ``physical_control`` holds the physical controls of the row (:func:`spade_lib.runs.controls.speedup_warnings`
     with ``model=False``; empty when the physics holds), ``model_control`` the two-sided cost-model control
     (:func:`spade_lib.runs.controls.prediction_warnings`: the prediction outside the measured interval)."""
@@ -469,20 +399,14 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
         groups = [(None, summ, tr, b)] if by is None else [
             (k, summ[summ[by] == k], tr[tr[by] == k] if len(tr) else tr, b[b[by] == k])
             for k in dict.fromkeys(summ[by])]
-        table_c = (costs or {}).get(cfg.draft) if cfg.method == "spade" else None
-        own = session_costs(d, summ) if table_c is not None and not cfg.tree else None
-        if own is not None and cfg.gamma in own["r"]:
-            table_c, r_source = in_session(table_c, own), "session"
-        else:
-            r_source = "table" if table_c is not None else ""
         for key, s_k, t_k, b_k in groups:
             m = metrics.run_metrics(t_k, s_k, b_k, gamma=cfg.gamma if cfg.method == "spade" else None,
-                                    costs=table_c)
+                                    costs=(costs or {}).get(cfg.draft) if cfg.method == "spade" else None)
             row = {"config": cfg, "label": cfg.label, "method": cfg.method,
                    "draft": cfg.draft if cfg.method in ("spade", "hf_assisted") else "-",
                    "policy": cfg.policy if cfg.method == "spade" else "-",
                    "gamma": cfg.gamma if cfg.method in ("spade", "hf_assisted") else 0,
-                   "T": cfg.temperature, "interleaved": interleaved, "r_source": r_source}
+                   "T": cfg.temperature, "interleaved": interleaved}
             if by is not None:
                 row[by] = key
             rows.append({**row, **m})
