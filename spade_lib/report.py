@@ -42,7 +42,8 @@ table, the run's commit, date and machine) and copies the teaser figure of that 
                          "draft", "policy", "gamma", "T", "role": "baseline"|"hf"|"speculative"|"control",
                          "control": bool, "notebooks": [str], "tokens_per_s", "alpha", "alpha_low",
                          "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
-                         "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf",
+                         "speedup_high", "predicted", "r", "overhead", "r_source", "loop_level", "stalls",
+                         "costs_file", "vs_hf",
                          "vs_hf_low", "vs_hf_high", "repetition", "degenerate", "warnings": [str]}],
      "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "predicted",
                    "passed", "matches_prediction"}],
@@ -73,7 +74,10 @@ baseline near 1 means the speedups of that temperature are measured on loops.
 pair would share it, what tells them apart in brackets (``spade-distilled-g12-T1 [max_new_tokens=128]``;
 :func:`_unique_labels`); ``notebooks`` names the executed notebooks that printed the run. **The cost
 table is the one the predictions used**: ``costs_file`` of each row (:func:`spade_lib.runs.compare.speedups`
-picks it, :func:`spade_lib.runs.costs.select_costs`), and ``costs`` lists exactly those files (``used``).
+picks it, :func:`spade_lib.runs.costs.select_costs`), and ``costs`` lists exactly those files (``used``);
+a chain run's ``r`` (its ``r(gamma)``) and ``overhead`` are the file's at the level its session partners'
+loops paid (``r_source`` ``"loop"``, ``loop_level`` the factor; :func:`spade_lib.runs.protocol.loop_priced`)
+or the file's own (``"table"``).
 **The wall time includes the pair builds**: ``builds`` (the runbook's ``--build`` record) are counted in
 ``run.seconds`` beside the notebooks. The warnings are the physical controls and the two-sided
 cost-model control (:mod:`spade_lib.runs.controls`), and every printed verdict without a measured interval
@@ -108,8 +112,8 @@ TEASER = "m2_speedup_runs-smollm2"
 REPORT_DIR = "report"
 COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "policy", "gamma", "T", "tokens_per_s",
            "alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
-           "speedup_high", "predicted", "overhead", "stalls", "costs_file", "vs_hf", "vs_hf_low", "vs_hf_high",
-           "repetition", "degenerate"]
+           "speedup_high", "predicted", "r", "overhead", "r_source", "loop_level", "stalls", "costs_file", "vs_hf",
+           "vs_hf_low", "vs_hf_high", "repetition", "degenerate"]
 METHOD_ORDER = {"ar": 0, "hf": 1, "spade": 2, "hf_assisted": 3}
 _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
 _PER_PAIR_FIGURE = re.compile(r"""figure_name\(\s*["'](m\d_\w+)["']""")  # E.figure_name("m2_x"[, pair])

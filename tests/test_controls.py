@@ -104,7 +104,8 @@ def _session(seed, *, disagree=False, defect=False):
             rows.append(dict(label=f"spade-{draft}-g4-T{T:g}", method="spade", draft=draft, gamma=4, T=T,
                              tau=1.0 if draft == "null" else 2.5, speedup=s, speedup_low=s - 0.1,
                              speedup_high=s + 0.1, r=rng.uniform(1, 2), overhead=rng.uniform(0, 3),
-                             predicted=rng.uniform(0.2, 1.2), prefill_share=rng.uniform(0.05, 0.4)))
+                             predicted=rng.uniform(0.2, 1.2), prefill_share=rng.uniform(0.05, 0.4),
+                             r_source="loop" if T else "table", loop_level=1.1 if T else math.nan))
     t = pd.DataFrame(rows)
     t["speedup_mean_of_ratios"] = t["speedup"] * 1.01
     t["speedup_mean_of_ratios_low"], t["speedup_mean_of_ratios_high"] = t["speedup_low"], t["speedup_high"]
@@ -145,6 +146,9 @@ def test_session_report_prints_what_the_notebooks_former_cell_printed(seed, disa
         steady = f"1 / (r(4) + o) = 1 / ({r['r']:.3f} + {r['overhead']:.3f}) = {1 / (r['r'] + r['overhead']):.3f}"
         assert steady in line and f"{r['speedup']:.3f}x [{r['speedup_low']:.3f}, {r['speedup_high']:.3f}]" in line
         assert f"({100 * r['prefill_share']:.0f} % of the AR time) as measured: {r['predicted']:.3f};" in line
+        # and where r and o came from: the session partners' loops (at the table's curve x k), or the table
+        assert ("session partners' loops paid them, the cost table's r(g) x 1.100)" in line) == (r["r_source"] == "loop")
+        assert line.endswith("a prediction from the cost table)") == (r["r_source"] == "table")
     # the tally counts physics apart from the cost model (the former cell counted a model warning as a violation)
     n_cost, n_runs = len(controls.cost_warnings(costs, pair="tiny")), len(controls.speedup_warnings(t, model=False))
     n_model = len(controls.prediction_warnings(t))

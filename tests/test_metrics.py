@@ -330,3 +330,17 @@ def test_paired_alpha_difference_pairs_prompts():
     assert same["low"] < 0 < same["high"] and same["p_value"] > 0.05
     with pytest.raises(ValueError, match="no prompt in common"):
         metrics.paired_alpha_difference(ta, _acc_trace({"zz": 0.5}))
+
+
+def test_loop_costs_sums_each_step_once_in_ar_decode_steps():
+    # three steps (g = 3, 3, 2): t_verify 0.3, 0.3, 0.2 s, t_overhead 0.01 each (step-level, repeated per row)
+    t = trace_from_blocks([("a", 1, 3), ("a", 0, 3), ("b", 2, 2)])
+    t["t_verify"] = t["gamma"].map({3: 0.3, 2: 0.2})
+    t["t_overhead"] = 0.01
+    base = summary(["a", "b"], [10, 10], [1.5, 1.5]).assign(prefill_time=[0.5, 0.5])
+    assert metrics.ar_step_seconds(base) == pytest.approx(0.1)  # (3.0 - 1.0) / 20
+    got = metrics.loop_costs(t, base, lambda g: {2: 1.5, 3: 2.0}[g])
+    assert got == pytest.approx({"verify": 8.0, "table": 5.5, "rest": 0.3, "steps": 3})
+    assert metrics.loop_costs(t, base.drop(columns="prefill_time"), lambda g: 1.0) is None
+    assert metrics.ar_step_seconds(base.assign(prefill_time=[None, 0.5])) is None
+    assert metrics.loop_costs(t.drop(columns="t_overhead"), base, lambda g: 1.0) is None

@@ -269,3 +269,41 @@ def test_one_stall_is_retimed_reported_and_cannot_move_the_speedup(pair, tmp_pat
                                                        rule=protocol.timing.StallRule(max_retimes=0))
     assert old_report[-1]["count"] == 1  # still reported ...
     assert old["speedup"] < 0.5 * s0 and old["speedup_low"] < 0.85 * s0  # ... and it moves the speedup
+
+
+def test_a_run_is_priced_at_its_session_partners_loop_level_never_its_own(pair, runs_dir):
+    """loop_priced: the table's r(g) times k = the partners' verify seconds over t_AR sum r(g), o = their rest
+    per step; the run's own steps never enter its prediction, its partners' do."""
+    suite = mini_suite(4)
+    proto = protocol.Protocol(warmup=0, repeats=1)
+    ar = cfg(method="ar", max_new_tokens=32)
+    null = cfg(method="spade", draft="null", gamma=2, max_new_tokens=32)
+    dist = cfg(method="spade", draft="distilled", gamma=2, max_new_tokens=32)
+    dirs = protocol.run_interleaved(pair, suite, [null, dist], ar, protocol=proto, progress=False)
+    table = {"c": 0.1, "r": {g: 1.0 + 0.1 * g for g in range(1, 13)}, "overhead": 0.5}
+    costs = {"null": table, "distilled": table}
+    traces = {c: trace.read_trace(d) for c, d in dirs.items()}
+    t = protocol.speedup_table(dirs, ar, protocol=proto, costs=costs, traces=traces).set_index("draft")
+    assert t.loc["null", "r_source"] == "loop" and t.loc["-", "r_source"] == ""
+    # k by hand from the partner (the distilled run) alone
+    s_d = read_summary(dirs[proto.config(dist)])
+    base, _ = protocol.paired_baseline(s_d, proto.config(ar))
+    t_ar = (base["wall_time"].sum() - base["prefill_time"].sum()) / base["new_tokens"].sum()
+    st = metrics.steps(traces[proto.config(dist)])
+    st = st[st["gamma"] >= 1]
+    assert len(st) >= protocol.MIN_LOOP_STEPS
+    k = st["t_verify"].sum() / (t_ar * sum(table["r"][int(g)] for g in st["gamma"]))
+    assert t.loc["null", "loop_level"] == pytest.approx(k)
+    assert t.loc["null", "r"] == pytest.approx(k * table["r"][2])
+    assert t.loc["null", "overhead"] == pytest.approx(st["t_overhead"].sum() / t_ar / len(st))
+    # its own steps, made 100x slower, leave its prediction alone; its partner's move it
+    slow_own = dict(traces)
+    slow_own[proto.config(null)] = traces[proto.config(null)].assign(t_verify=lambda f: 100 * f["t_verify"])
+    t2 = protocol.speedup_table(dirs, ar, protocol=proto, costs=costs, traces=slow_own).set_index("draft")
+    assert t2.loc["null", "predicted"] == pytest.approx(t.loc["null", "predicted"])
+    assert t2.loc["distilled", "predicted"] < 0.5 * t.loc["distilled", "predicted"]
+    # alone in its session (no partner): the table prices it
+    alone = {c: d for c, d in dirs.items() if c.draft != "distilled"}
+    t3 = protocol.speedup_table(alone, ar, protocol=proto, costs=costs).set_index("draft")
+    assert t3.loc["null", "r_source"] == "table" and t3.loc["null", "r"] == pytest.approx(table["r"][2])
+    assert t3.loc["null", "overhead"] == pytest.approx(0.5)

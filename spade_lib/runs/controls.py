@@ -206,7 +206,10 @@ def session_report(costs: Mapping[str, Mapping], table, *, pair: str = "", gamma
                         else "")
         lines.append(f"null-draft control, T={r['T']:g}: {r['speedup']:.3f}x [{r['speedup_low']:.3f}, "
                      f"{r['speedup_high']:.3f}] (expected per decode step 1 / (r({gamma}) + o) = 1 / ({r['r']:.3f} + "
-                     f"{r['overhead']:.3f}) = {steady:.3f}{with_prefill}; a prediction from the cost table)")
+                     f"{r['overhead']:.3f}) = {steady:.3f}{with_prefill}; "
+                     + (f"r and o as its session partners' loops paid them, the cost table's r(g) x "
+                        f"{_num(r.get('loop_level')):.3f})" if r.get("r_source") == "loop"
+                        else "a prediction from the cost table)"))
     flagged = table[table["estimators_disagree"] == 1]
     for _, r in flagged.iterrows():
         lines.append(f"FLAG {r['label']}: ratio of totals {r['speedup']:.2f} [{r['speedup_low']:.2f}, "

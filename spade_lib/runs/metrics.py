@@ -85,7 +85,7 @@ compares equal token counts whenever both stop at ``max_new_tokens``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -491,6 +491,39 @@ def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
     return np.concatenate([g, np.zeros(n_steps - len(g), np.int64)])
 
 
+def ar_step_seconds(baseline: pd.DataFrame) -> float | None:
+    """The AR loop's seconds per decode step, prefill excluded: ``(sum wall_time - sum prefill_time) /
+    sum new_tokens`` of ``baseline``'s generations; ``None`` where it recorded no prefills (HF baselines,
+    runs timed before the ``prefill_time`` column) or the sums are not positive."""
+    if any(c not in baseline.columns for c in ("prefill_time", "wall_time", "new_tokens")):
+        return None
+    pa = baseline["prefill_time"]
+    if pa.isna().any():
+        return None
+    steps_s = float(baseline["wall_time"].sum() - pa.astype(float).sum())
+    n = float(baseline["new_tokens"].sum())
+    return steps_s / n if steps_s > 0 and n > 0 else None
+
+
+def loop_costs(trace: pd.DataFrame, baseline: pd.DataFrame, r_table: Callable[[int], float]) -> dict | None:
+    """What one run's loop paid per step, in the AR decode steps of the baseline it was timed with
+    (``t_AR``, :func:`ar_step_seconds`), from its timed steps (``t_verify``, ``t_overhead``; step-level,
+    taken once per step, steps that drafted ``g >= 1``): ``{"verify": sum_s t_verify_s / t_AR, "table":
+    sum_s r_table(g_s), "rest": sum_s t_overhead_s / t_AR, "steps": the steps}`` -- sums, so runs pool
+    (:func:`spade_lib.runs.protocol.speedup_table` prices a run with its session partners' sums: the
+    verification's level ``k = verify / table`` and the loop's bookkeeping per step ``o = rest / steps``).
+    ``None`` without prefills in ``baseline`` or step times in ``trace``."""
+    t_ar = ar_step_seconds(baseline)
+    if t_ar is None or not len(trace) or any(c not in trace.columns for c in ("t_verify", "t_overhead")):
+        return None
+    st = steps(trace)
+    st = st[st["gamma"] >= 1]
+    if not len(st) or st[["t_verify", "t_overhead"]].isna().any().any():
+        return None
+    return {"verify": float(st["t_verify"].sum() / t_ar), "table": float(sum(r_table(int(g)) for g in st["gamma"])),
+            "rest": float(st["t_overhead"].sum() / t_ar), "steps": int(len(st))}
+
+
 def prefill_steps(summary: pd.DataFrame, baseline: pd.DataFrame) -> tuple[float, float] | None:
     """The prompts' prefills of a run and of its AR baseline, in AR decode steps: ``(P_AR, P_run)`` with
     ``P = sum_generations prefill_time / t_AR`` and ``t_AR = (sum wall_time_AR - sum prefill_time_AR) /
@@ -501,18 +534,11 @@ def prefill_steps(summary: pd.DataFrame, baseline: pd.DataFrame) -> tuple[float,
     (the speculative side also prefills its draft): ``(P_AR + N) / (P_run + sum_s cost_s)`` in AR steps, so a
     prediction of the decode steps alone, ``N / sum_s cost_s``, is pulled towards 1 by the prefill's share
     (SmolLM2 on HumanEval, ~150-token prompts and 48 new tokens: ~0.25 of the AR run's time)."""
-    cols = ["prefill_time", "wall_time", "new_tokens"]
-    if any(c not in df.columns for df in (summary, baseline) for c in cols):
+    t_ar = ar_step_seconds(baseline)
+    if t_ar is None or "prefill_time" not in summary.columns or summary["prefill_time"].isna().any():
         return None
-    pa, pr = baseline["prefill_time"], summary["prefill_time"]
-    if pa.isna().any() or pr.isna().any():
-        return None
-    steps_s = float(baseline["wall_time"].sum() - pa.astype(float).sum())
-    n = float(baseline["new_tokens"].sum())
-    if steps_s <= 0 or n <= 0:
-        return None
-    t_ar = steps_s / n
-    return float(pa.astype(float).sum() / t_ar), float(pr.astype(float).sum() / t_ar)
+    return (float(baseline["prefill_time"].astype(float).sum() / t_ar),
+            float(summary["prefill_time"].astype(float).sum() / t_ar))
 
 
 def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: float,
