@@ -25,13 +25,19 @@ def run_config(**fields) -> RunConfig:
     return RunConfig(**{**dict(max_new_tokens=24, device="cpu", threads=1, max_prompt_tokens=64), **fields})
 
 
-def test_check_draft_names_the_same_vocabulary_drafts():
-    pair = types.SimpleNamespace(name="p", drafts={"distilled": 0, "cross": 0}, draft_tokenizers={"cross": 0})
-    assert sessions.check_draft(pair, "distilled") == "distilled"
-    for bad in ("cross", "ngram"):
-        with pytest.raises(ValueError, match=r"draft: .*'" + bad + r"' is not a same-vocabulary draft model of pair "
-                                             r"'p' \(those: \['distilled'\]\)"):
+def test_check_draft_names_the_same_vocabulary_drafts_and_heads():
+    pair = types.SimpleNamespace(name="p", drafts={"distilled": 0, "cross": 0}, draft_tokenizers={"cross": 0},
+                                 heads={})
+    assert sessions.check_draft(pair, "distilled") is True  # a draft model: every section, the alignment too
+    for bad in ("cross", "ngram", "medusa"):  # a head without heads attached is none
+        with pytest.raises(ValueError, match=r"draft: .*'" + bad + r"' is neither a same-vocabulary draft model of "
+                                             r"pair 'p' \(those: \['distilled'\]\) nor one of its feature heads "
+                                             r"\(those: \[\]\)"):
             sessions.check_draft(pair, bad)
+    with_heads = types.SimpleNamespace(**{**vars(pair), "heads": {"medusa": 0}})
+    assert sessions.check_draft(with_heads, "medusa") is False  # the replays only
+    assert sessions.check_draft(with_heads, "eagle") is False
+    assert "'medusa' is a feature head" in sessions.NO_ALIGNMENT.format(draft="medusa")
 
 
 def test_check_gammas_refuses_a_gamma_past_max_gamma():

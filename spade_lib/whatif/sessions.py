@@ -19,9 +19,12 @@ every speedup is paired with the AR generations of its own session; :meth:`Runs.
 ``c_trace`` / ``r_trace`` (:func:`spade_lib.runs.metrics.trace_costs`) against that paired baseline.
 :func:`run_chosen_rules` runs the stop rules a study chose, for real, and compares each with its replay.
 
-Checks across parameters (:func:`check_draft`, :func:`check_gammas`): the draft must be a draft *model* of
-the pair's vocabulary (the replay re-scores ``q`` on the target's tokens), and every ``gamma`` of the sweep
-at most ``max_gamma``.
+Checks across parameters (:func:`check_draft`, :func:`check_gammas`): the draft must draft the pair's own
+vocabulary with a ``q`` of its own -- a draft *model* (every section: the teacher-forced alignment re-scores its
+``q`` on the target's tokens) or a feature *head* (``"eagle"`` / ``"medusa"`` with the pair's heads attached:
+the re-verification and the stop rules replay its traces, which hold its ``q``; the alignment is skipped, as
+a head's ``q`` at a position depends on its depth in the block and on the target's features, which the
+alignment does not re-run, :data:`NO_ALIGNMENT`) -- and every ``gamma`` of the sweep at most ``max_gamma``.
 """
 
 from __future__ import annotations
@@ -39,15 +42,29 @@ from spade_lib.runs.store import read_summary
 from spade_lib.whatif import stoprules
 
 
-def check_draft(pair, draft: str) -> str:
-    """``draft`` if it is a same-vocabulary draft model of ``pair`` (a name of ``pair.drafts`` without a
-    tokenizer of its own in ``pair.draft_tokenizers``), else ``ValueError`` naming the ones that are."""
+NO_ALIGNMENT = ("section 1 (teacher-forced alignment, predicted tau) is skipped: {draft!r} is a feature head, whose "
+                "q at a position depends on its depth in the block and on the target's features there, which the "
+                "alignment does not re-run; sections 2 and 3 replay its recorded traces, which hold its q")
+
+
+def check_draft(pair, draft: str) -> bool:
+    """Whether notebook 05's teacher-forced alignment can score ``draft`` (module docstring): ``True`` for a
+    same-vocabulary draft model of ``pair`` (a name of ``pair.drafts`` without a tokenizer of its own in
+    ``pair.draft_tokenizers``), ``False`` for a feature head of it (``"eagle"`` / ``"medusa"`` with heads
+    attached: the replays only, :data:`NO_ALIGNMENT`); anything else (a cross-vocabulary draft, a model-free
+    drafter, whose ``q`` is a point mass the stop rules cannot read) is a ``ValueError`` naming those that can."""
+    from spade_lib.decoding.drafters import HEAD_DRAFTERS
+
     own = getattr(pair, "draft_tokenizers", {}) or {}
     same = sorted(d for d in pair.drafts if d not in own)
-    if draft not in same:
-        raise ValueError(f"draft: notebook 05 replays a draft model's own probabilities on the target's tokens; "
-                         f"{draft!r} is not a same-vocabulary draft model of pair {pair.name!r} (those: {same})")
-    return draft
+    heads = sorted(d for d in HEAD_DRAFTERS if getattr(pair, "heads", None)) if getattr(pair, "heads", None) else []
+    if draft in same:
+        return True
+    if draft in heads:
+        return False
+    raise ValueError(f"draft: notebook 05 replays a draft's own probabilities q on the pair's vocabulary; "
+                     f"{draft!r} is neither a same-vocabulary draft model of pair {pair.name!r} (those: {same}) "
+                     f"nor one of its feature heads (those: {heads})")
 
 
 def check_gammas(gammas: Sequence[int], max_gamma: int) -> list[int]:
