@@ -165,7 +165,9 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
             batch, seeds, index = round_rows(prompts, B, k, config.seed)
             for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
                 t0 = devices.clock(spec.device)
-                out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
+                # like with like: the AR batch through the Hugging Face forward, as the speculative batch runs
+                out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds, **({"lean": False} if name == "ar"
+                                                                                     else {}))
                 dt = devices.clock(spec.device) - t0
                 if k >= config.warmup:
                     results[name] += out

@@ -356,6 +356,9 @@ class AutoregressiveDecoder(_Base):
                   "records": 0.0, "total": t_end - t_start}
         return self._finish(GenerationResult(tokens, L, stop_reason, steps, timing, seed=seed))
 
-    def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0) -> list[GenerationResult]:
-        """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.decoding.batch`)."""
-        return autoregressive_generate_batch(self, prompts, max_new_tokens, seed)
+    def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0, *, lean: bool = True
+                       ) -> list[GenerationResult]:
+        """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.decoding.batch`): on the lean
+        weights where the target has them (:mod:`spade_lib.decoding.lean_batch`), or, ``lean=False``, through
+        the Hugging Face forward as the speculative batch runs (a like-with-like comparison)."""
+        return autoregressive_generate_batch(self, prompts, max_new_tokens, seed, lean=lean)

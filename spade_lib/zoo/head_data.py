@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 
-GENERATORS = {"spade": "spade_lib.decoding.decode.AutoregressiveDecoder.generate_batch (greedy, BatchLM caches)",
+GENERATORS = {"spade": "spade_lib.decoding.decode.AutoregressiveDecoder.generate_batch (greedy, on the lean weights: "
+                       "LeanBatch; BatchLM where the target has no lean forward)",
               "hf": "transformers generate (greedy, left padding)"}
 
 
@@ -113,7 +114,8 @@ def generations(target, prompt_ids: list[list[int]], cfg: HeadDataConfig, *, pad
 
     ``cfg.generator="spade"``: SPADE's own batched decoder (:meth:`AutoregressiveDecoder.generate_batch`: one
     forward per new token for all the rows still running, ragged prompts as left holes, a row leaving at its
-    eos; sliding-window models too, :class:`spade_lib.decoding.batch.BatchLM`), so the tokens per minute grow
+    eos; sliding-window models too, on the lean weights, :class:`spade_lib.decoding.lean_batch.LeanBatch`, else
+    :class:`spade_lib.decoding.batch.BatchLM`), so the tokens per minute grow
     with the batch; ``"hf"``: Hugging Face ``generate`` on left-padded batches (the former way, kept to
     compare). Both are greedy: the same answers up to near ties of the target's top two logits."""
     out = Sequences([], [], [])

@@ -1,0 +1,69 @@
+"""The lean forward for B sequences (spade_lib.decoding.lean_batch) against the Hugging Face batched forward
+(BatchLM): the same logits on left-padded prompts and on decode steps, for a Llama and a Gemma-3 with sliding
+windows; batched greedy AR on it equals single-sequence decoding row by row."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.batch import BatchLM, left_pad
+from spade_lib.decoding.decode import AutoregressiveDecoder
+from spade_lib.decoding.lean_batch import LeanBatch
+from spade_lib.sampling import SamplingConfig
+from tests.test_decode import llama
+from tests.test_zoo_gemma3 import lively_gemma3
+
+
+def _prompts(vocab: int, lengths=(5, 1, 12, 8)) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab - 4, (n,), generator=g) for n in lengths]
+
+
+@pytest.mark.parametrize("make", [lambda: llama(layers=2), lambda: lively_gemma3(0)], ids=["llama", "gemma3"])
+def test_logits_equal_the_hf_batched_forward_on_padded_prompts_and_steps(make):
+    model = make()
+    adapter = CausalLMAdapter(model, max_length=64)
+    assert adapter.lean is not None
+    prompts = _prompts(int(model.config.vocab_size))
+    ids, valid = left_pad(prompts, adapter.device)
+    hf, lean = BatchLM(CausalLMAdapter(model, max_length=64, backend="hf"), len(prompts), "t"), \
+        LeanBatch(adapter.lean, len(prompts))
+    a, b = hf.forward(ids, valid, keep=0), lean.forward(ids, valid, keep=0)
+    assert b.shape == a.shape
+    assert torch.allclose(a[valid], b[valid], atol=1e-4, rtol=1e-4)  # the pads' rows are nobody's logits
+    g = torch.Generator().manual_seed(1)
+    for step in range(20):  # past the Gemma window (8): sliding layers drop the oldest positions
+        nxt = torch.randint(0, int(model.config.vocab_size) - 4, (len(prompts), 1), generator=g)
+        ones = torch.ones_like(nxt, dtype=torch.bool)
+        a, b = hf.forward(nxt, ones, keep=1), lean.forward(nxt, ones, keep=1)
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), step
+        if step == 10:  # rows leave the batch
+            hf.select(torch.tensor([0, 2, 3])), lean.select([0, 2, 3])
+            prompts = prompts[:1] + prompts[2:]
+    assert lean.length.tolist() == [int(p.numel()) + 20 for p in prompts]
+
+
+def test_batched_greedy_on_the_lean_weights_equals_single_decoding():
+    model = lively_gemma3(1)
+    dec = AutoregressiveDecoder(CausalLMAdapter(model, max_length=64), sampling=SamplingConfig(temperature=0),
+                                eos_token_id=[])
+    assert dec.target.lean is not None
+    prompts = [p.tolist() for p in _prompts(int(model.config.vocab_size))]
+    batch = dec.generate_batch(prompts, 16, seed=0)
+    for r, p in zip(batch, prompts):
+        assert r.tokens == dec.generate(p, 16, seed=0).tokens
+
+
+def test_bad_input_is_refused():
+    adapter = CausalLMAdapter(llama(layers=1), max_length=16)
+    with pytest.raises(TypeError, match="lean"):
+        LeanBatch(object(), 2)
+    with pytest.raises(ValueError, match="n_rows"):
+        LeanBatch(adapter.lean, 0)
+    lb = LeanBatch(adapter.lean, 2)
+    with pytest.raises(ValueError, match="ids, valid"):
+        lb.forward(torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1, dtype=torch.bool), keep=1)
+    with pytest.raises(ValueError, match="context limit"):
+        lb.forward(torch.zeros(2, 17, dtype=torch.long), torch.ones(2, 17, dtype=torch.bool), keep=1)
