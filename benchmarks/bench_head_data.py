@@ -1,8 +1,9 @@
 """Head-data benchmark: the target's greedy answers per minute, one sequence at a time vs batched.
 
 Not a test: it prints ratios measured in one run on one machine. The heads' recipes (``zoo/head_data.py``)
-generate the target's own answers; this times the three ways SPADE can, on the same prompts (HumanEval in the
-target's chat template when it has one, as the recipes render theirs), in turns per chunk of ``--batch``
+generate the target's own answers; this times the three ways SPADE can, on the same prompts (``--prompts
+recipe``: the pair's long recipe's own, the corpus prompts in the target's chat template, those of at most its
+``max_prompt_tokens``; ``humaneval``: HumanEval's, rendered the same way), in turns per chunk of ``--batch``
 prompts: **single** (``AutoregressiveDecoder.generate`` per prompt: SPADE's fastest one-sequence loop, the lean
 forward), **batch-lean** (``generate_batch`` on the lean weights, :mod:`spade_lib.decoding.lean_batch`, what
 the recipes run) and **batch-hf** (``generate_batch`` through the Hugging Face forward,
@@ -12,8 +13,8 @@ is exactly::
 
     head_data_lean_x=<batch-lean / single> head_data_hf_x=<batch-hf / single> rows_equal=<n>/<m>
 
-Usage: ``python benchmarks/bench_head_data.py [--pair smollm2] [--n-prompts 32] [--batch 32]
-[--gen-tokens 128] [--threads 0]``.
+Usage: ``python benchmarks/bench_head_data.py [--pair smollm2] [--prompts recipe|humaneval] [--n-prompts 32]
+[--batch 32] [--gen-tokens 128] [--threads 0]``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="smollm2", help="a zoo pair (smollm2, gemma3, default)")
-    ap.add_argument("--n-prompts", type=int, default=32, help="HumanEval prompts answered")
+    ap.add_argument("--prompts", default="recipe", choices=("recipe", "humaneval"),
+                    help="the long head recipe's own prompts, or HumanEval's")
+    ap.add_argument("--n-prompts", type=int, default=32, help="prompts answered")
     ap.add_argument("--batch", type=int, default=32, help="prompts decoded together")
     ap.add_argument("--gen-tokens", type=int, default=128, help="new tokens per answer (the long recipe's 128)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the machine's default)")
@@ -56,8 +59,16 @@ def main(argv=None) -> None:
         timing.fix_threads(args.threads)
     pair = load_pair(args.pair)
     tok = pair.tokenizer
-    rows = humaneval_suite(n_per_category=args.n_prompts).rows[: args.n_prompts]
-    prompts = [_encode_prompt(tok, r["turns"][0], bos=args.pair == "gemma3") for r in rows]
+    if args.prompts == "recipe":
+        from spade_lib.zoo.head_data import corpus_texts
+        from spade_lib.zoo.heads import head_config
+
+        data = head_config("eagle3", "long", pair=args.pair).data
+        encoded = [_encode_prompt(tok, t, data.bos) for t in corpus_texts(data)[0]]
+        prompts = [e for e in encoded if 0 < len(e) <= data.max_prompt_tokens][: args.n_prompts]
+    else:
+        rows = humaneval_suite(n_per_category=args.n_prompts).rows[: args.n_prompts]
+        prompts = [_encode_prompt(tok, r["turns"][0], bos=args.pair == "gemma3") for r in rows]
     greedy = SamplingConfig(temperature=0)
     lean = AutoregressiveDecoder(CausalLMAdapter(pair.target), sampling=greedy)
     if lean.target.lean is None:

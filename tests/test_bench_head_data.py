@@ -12,7 +12,7 @@ def bench(load_benchmark):
 
 
 def test_runs_on_the_tiny_pair_and_prints_the_ratios(bench, capsys):
-    bench.main(["--pair", "tiny", "--n-prompts", "3", "--batch", "2", "--gen-tokens", "4"])
+    bench.main(["--pair", "tiny", "--prompts", "humaneval", "--n-prompts", "3", "--batch", "2", "--gen-tokens", "4"])
     out = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"head_data_lean_x=\d+\.\d\d head_data_hf_x=\d+\.\d\d rows_equal=3/3", out[-1]), out[-1]
     assert sum(line.strip().startswith(("single:", "batch-lean:", "batch-hf:")) for line in out) == 3
