@@ -308,13 +308,18 @@ def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
     measured 1.16x MKL in a reference taken minutes apart from runs that saw them tied) judges each run by the
     machine it ran on:
 
-    - where that reference puts the native kernel clearly inside NATIVE_MARGIN of the fastest (10 % to spare),
-      the run keeps the native kernel for every product;
-    - otherwise every kernel of the kept plan is one that reference puts within NATIVE_MARGIN (+10 %) of the
+    - where that reference puts every other kernel clearly slower than the native one (beyond NATIVE_MARGIN and
+      20 % more), the run keeps the native kernel for every product (before, this case asked the native kernel to
+      be faster than the fastest, which no timing can be: it never ran);
+    - otherwise every kernel of the kept plan is one that reference puts within NATIVE_MARGIN (+20 %) of the
       fastest: noise may pick either of two tied kernels, never a clearly slower one.
 
+    "Clearly" is 20 % beyond the margin: at ~70 us a forward the reference itself spreads by a tenth on a shared
+    host (two fresh-clone runs on the Zen 3 host failed at 10 %, keeping MKL where the reference put it 1.16x the
+    native kernel, the reference's own rounds spreading as much); a kernel 1.26x the fastest or slower is never kept.
+
     Ratios of timings on this machine, no wall-clock threshold."""
-    CLEAR, AROUND = 0.10, 3
+    CLEAR, AROUND = 0.20, 3
     real = _RealProducts()
     products = ["head", "proj"]
 
@@ -335,7 +340,8 @@ def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
         for rows in kernels.ROW_CLASSES:
             r = {n: statistics.median(before[rows][n] + after[rows][n]) for n in before[rows]}
             plan, best = hit["plan"][rows], min(r.values())
-            if "native" in r and r["native"] * (1 + CLEAR) <= best * (1 + kernels.NATIVE_MARGIN):
+            others = [t for n, t in r.items() if n != "native"]
+            if "native" in r and all(r["native"] * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR) <= t for t in others):
                 assert plan == {p: "native" for p in products}, (seed, rows, r, plan)
             else:
                 near = {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
