@@ -57,7 +57,7 @@ def check_draft(pair, draft: str) -> bool:
 
     own = getattr(pair, "draft_tokenizers", {}) or {}
     same = sorted(d for d in pair.drafts if d not in own)
-    heads = sorted(d for d in HEAD_DRAFTERS if getattr(pair, "heads", None)) if getattr(pair, "heads", None) else []
+    heads = sorted(HEAD_DRAFTERS) if getattr(pair, "heads", None) else []
     if draft in same:
         return True
     if draft in heads:
