@@ -41,7 +41,7 @@ from spade_lib.runs import protocol  # noqa: E402
 from spade_lib.runs.config import RunConfig  # noqa: E402
 from spade_lib.runs.store import read_summary  # noqa: E402
 
-DEFAULT_DRAFT = {"smollm2": "embedded", "gemma3": "smollm2"}
+from spade_lib.zoo.registry import real_pair, real_pairs  # noqa: E402
 COLUMNS = ["alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
            "speedup_high"]
 
@@ -60,7 +60,7 @@ def configs_for(draft: str, temperature: float, gamma: int, common: dict,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="smollm2", choices=sorted(DEFAULT_DRAFT))
+    ap.add_argument("--pair", default="smollm2", choices=[p for p in real_pairs() if real_pair(p).cross_draft])
     ap.add_argument("--draft", default=None, help="the pair's cross-vocabulary draft (default: its one)")
     ap.add_argument("--suite", default="humaneval")
     ap.add_argument("--n-per-category", type=int, default=5)
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rules", nargs="+", default=["text", "tli"], choices=list(CROSS_VOCAB_RULES),
                     help="cross-vocabulary rules to time (slrs: where its paths stay within its limit)")
     args = ap.parse_args(argv)
-    draft = args.draft or DEFAULT_DRAFT[args.pair]
+    draft = args.draft or real_pair(args.pair).cross_draft
 
     E = experiment.load_experiment(args.pair, suite=args.suite, n_per_category=args.n_per_category,
                                    threads=args.threads)

@@ -303,7 +303,8 @@ def base_of(m: str) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from spade_lib.bench import default_suite, humaneval_suite, load_suite
-    from spade_lib.zoo.pairs import load_pair
+    from spade_lib.zoo.pairs import default_suite_name, load_pair
+    from spade_lib.zoo.registry import real_pair, real_pairs
 
     threads = timing.fix_threads(args.threads) if args.threads else torch.get_num_threads()
     device = devices.resolve_device(args.device)
@@ -313,15 +314,16 @@ def main(argv=None) -> None:
     pair = load_pair(args.pair, device=device)
     draft_name = args.draft or pair.default_draft
     sampling = SamplingConfig(temperature=args.temperature)
-    suite_name = args.suite or ("humaneval" if args.pair == "smollm2" else "embedded")
+    suite_name = args.suite or default_suite_name(args.pair)
     if suite_name == "embedded":
         suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
     elif suite_name == "humaneval":
         suite = humaneval_suite(n_per_category=args.n_per_category, seed=args.seed)
     else:
         suite = load_suite(suite_name).filter(n_per_category=args.n_per_category)
+    chat = real_pair(args.pair).chat_template if args.pair in real_pairs() else "auto"
     cfg = RunConfig(method="ar", temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                    seed=args.seed, device=str(device))
+                    seed=args.seed, device=str(device), chat_template=chat)
     prompts = [(r, prompt_ids(pair.tokenizer, r["turns"][0], cfg)) for r in suite.rows]
     print(f"pair={pair.name} draft={draft_name} suite={suite.name} ({len(prompts)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "

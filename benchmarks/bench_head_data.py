@@ -27,6 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def _needs_bos(pair: str) -> bool:
+    """Whether ``pair``'s prompts need the tokenizer's BOS prepended (a registered real pair's ``bos``)."""
+    from spade_lib.zoo.registry import real_pair, real_pairs
+
+    return pair in real_pairs() and real_pair(pair).bos
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="smollm2", help="a zoo pair (smollm2, gemma3, default)")
@@ -68,7 +75,7 @@ def main(argv=None) -> None:
         prompts = [e for e in encoded if 0 < len(e) <= data.max_prompt_tokens][: args.n_prompts]
     else:
         rows = humaneval_suite(n_per_category=args.n_prompts).rows[: args.n_prompts]
-        prompts = [_encode_prompt(tok, r["turns"][0], bos=args.pair == "gemma3") for r in rows]
+        prompts = [_encode_prompt(tok, r["turns"][0], bos=_needs_bos(args.pair)) for r in rows]
     greedy = SamplingConfig(temperature=0)
     lean = AutoregressiveDecoder(CausalLMAdapter(pair.target), sampling=greedy)
     if lean.target.lean is None:

@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_pair.py --pair default --rounds 5 --reps 100
     .venv/bin/python benchmarks/bench_pair.py --pair smollm2 --rounds 3 --reps 20 --early-exit
 
-For the real pair ``smollm2`` it prints the per-draft table of ``python -m spade_lib.zoo smollm2``
-(alpha at T=0 and T=1 on held-out target generations, c, r, build time); ``--early-exit`` adds the
+For a registered real pair it prints its record's description of the built pair (``smollm2``: the per-draft
+table of ``python -m spade_lib.zoo smollm2``: alpha at T=0 and T=1 on held-out target generations, c, r, build
+time); ``--early-exit`` adds the
 teacher-forced alpha of the target's own early exit by layer (``spade_lib.zoo.early_exit.early_exit_alpha``) on
 a few HumanEval prompts in the chat template, each followed by the target's greedy answer.
 
@@ -23,13 +24,14 @@ import statistics
 import torch
 
 from spade_lib.zoo.pairs import load_pair
+from spade_lib.zoo.registry import real_pair, real_pairs
 from spade_lib.zoo.evaluate import cost_ratios
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", default="default", help="pair name (embedded, or smollm2)")
-    ap.add_argument("--early-exit", action="store_true", help="smollm2: early-exit alpha by layer")
+    ap.add_argument("--pair", default="default", help="pair name (embedded or a registered real pair)")
+    ap.add_argument("--early-exit", action="store_true", help="a real pair: early-exit alpha by layer")
     ap.add_argument("--early-exit-prompts", type=int, default=4, help="HumanEval prompts for --early-exit")
     ap.add_argument("--rounds", type=int, default=5, help="repetitions of the whole cost measurement")
     ap.add_argument("--reps", type=int, default=100, help="timed forwards per model and shape per round")
@@ -42,16 +44,17 @@ def main() -> None:
     pair = load_pair(args.pair)
     m = pair.manifest
     print(f"pair {pair.name} at {pair.path}")
-    if m.get("kind") == "smollm2":
-        real_pair(pair, args)
+    if pair.name in real_pairs():
+        registered(pair, args)
     else:
         embedded_pair(pair, args)
 
 
-def real_pair(pair, args) -> None:
-    from spade_lib.zoo.__main__ import draft_table
-
-    print(draft_table(pair.manifest))
+def registered(pair, args) -> None:
+    """A registered real pair: its record's description of the built pair, the early exit, the costs."""
+    describe = real_pair(pair.name).describe
+    if describe is not None:
+        print(describe(pair.manifest))
     if args.early_exit:
         early_exit_table(pair, args.early_exit_prompts)
     costs(pair, args)

@@ -830,8 +830,12 @@ def _pick_pair(summary: dict, pair: str | None) -> str:
     pairs = list(dict.fromkeys(r["pair"] for r in summary["configurations"]))
     if not pairs:
         raise ValueError("summary.json holds no configurations: nothing to write into the README")
-    if pair is None:
-        return "smollm2" if "smollm2" in pairs else pairs[-1]
+    if pair is None:  # the registry's headline pair, else the first real pair, else the last pair run
+        from spade_lib.zoo.registry import real_pair, real_pairs
+
+        real = [p for p in real_pairs() if p in pairs]
+        lead = [p for p in real if real_pair(p).headline]
+        return (lead or real or pairs[-1:])[0]
     if pair not in pairs:
         raise ValueError(f"pair: {pair!r} is not in the summary (pairs: {pairs})")
     return pair

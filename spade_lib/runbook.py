@@ -169,9 +169,9 @@ def run_notebooks(
             raise SystemExit(f"no notebook matches {only}; known: {[n.name for n in numbered_notebooks()]}")
     parameters = check_parameters(notebooks, profile, params_dir, extra or {})
     if builds:
-        from spade_lib.zoo.pairs import REAL_PAIRS, pair_names
+        from spade_lib.zoo.pairs import all_pair_names
 
-        known = pair_names() + list(REAL_PAIRS)
+        known = all_pair_names()
         unknown = [b for b in builds if b not in known]
         if unknown:
             raise ValueError(f"builds: unknown pair(s) {unknown}; known: {known}")

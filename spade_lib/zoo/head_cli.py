@@ -38,7 +38,7 @@ def _parser():
     for name, text in (("build", "build the head if it is not cached, print its build facts"),
                        ("eval", "build if needed, then the held-out teacher-forced top-1 by depth")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--pair", required=True, help="'default' (embedded), 'smollm2' or 'gemma3'")
+        s.add_argument("--pair", required=True, help="an embedded pair ('default') or a registered real pair with head recipes ('smollm2', 'gemma3')")
         s.add_argument("--kind", required=True, choices=head_kinds())
         s.add_argument("--profile", default="make", choices=("make", "long"))
         s.add_argument("--rebuild", action="store_true", help="rebuild the head entry even if cached")

