@@ -171,3 +171,26 @@ def test_session_report_with_every_control_passing():
     assert lines[0] == ("physical controls: 0 violation(s) (r(g) >= 1 within 5 % for every draft, every speedup <= "
                         "its tau, the null draft <= 1)")
     assert lines[-2] == "ratio of totals and mean of ratios agree within their intervals for all 5 runs"
+
+
+def test_reading_warnings_name_the_run_and_the_prompt_once_each():
+    events = [
+        dict(control="prefill", label="spade-distilled-g2-T0", question_id=122, sample=0, round=2, prefill=0.298,
+             seconds=0.119, action="dropped"),
+        dict(control="gap", label="ar-T0", question_id=7, sample=1, round=0, seconds=61.0, after="spade-null-g2-T0",
+             action="retimed"),
+        dict(control="round", label="ar-T0", question_id=8, sample=0, round=1, seconds=21.0, median=0.5,
+             limit=math.log(1.5), action="retimed"),
+        dict(control="tokens", label="spade-null-g2-T1", question_id=9, sample=0, tokens=40, baseline="ar-T1",
+             baseline_tokens=64, action="flagged"),
+    ]
+    w = controls.reading_warnings(events, pair="smollm2")
+    assert len(w) == 4 and all(line.startswith(controls.PREFIX + ": smollm2/") for line in w)
+    assert "smollm2/spade-distilled-g2-T0: prompt 122 (sample 0)" in w[0] and "0.298 s" in w[0]
+    assert "prefill <= wall" in w[0] and "never priced" in w[0]
+    assert "prompt 7 (sample 1)" in w[1] and "61.000 s" in w[1] and "host pause" in w[1] and "timed again" in w[1]
+    assert "42.00x the median" in w[2] and "beyond 1.50x" in w[2]
+    assert "timed 40 new tokens, its baseline ar-T1 64" in w[3] and w[3].endswith("flagged")
+    assert controls.reading_warnings([]) == []
+    with pytest.raises(ValueError, match="control"):
+        controls.reading_warnings([dict(control="vibes")])

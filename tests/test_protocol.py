@@ -51,6 +51,8 @@ def test_auto_device_is_resolved_before_hashing():
 def test_protocol_validates_and_sets_identity():
     with pytest.raises(ValueError, match="repeats"):
         protocol.Protocol(repeats=0)
+    with pytest.raises(ValueError, match="pauses"):
+        protocol.Protocol(pauses=protocol.timing.StallRule())
     with pytest.raises(TypeError, match="config"):
         protocol.Protocol().config("ar")
     c = protocol.Protocol(warmup=2, repeats=3).config(cfg())
@@ -197,20 +199,28 @@ def test_records_are_kept_off_the_clock_both_ways(pair, runs_dir, monkeypatch, r
 
 
 class _VirtualTime:
-    """A clock that only the fake generations below advance: every timing of a session is then exactly known."""
+    """A clock that only the fake generations below advance: every timing of a session is then exactly known.
+    ``jump`` seconds set during a reading pass on the clock's next reading (the reading's end): the session's
+    clock then jumps between that reading and the next one, as a host pause outside any reading does."""
 
     def __init__(self):
         self.now = 0.0
+        self.jump = 0.0
 
     def __call__(self, device=None):
-        return self.now
+        t, self.now, self.jump = self.now, self.now + self.jump, 0.0
+        return t
 
 
-def _session_with_stall(pair, root, monkeypatch, *, stall_on, rule):
-    """A 6-prompt, one-round session (AR and SPADE gamma 2) timed on a virtual clock: AR costs ~10 ms a
-    token, SPADE ~6 ms (each reading its prompt's cost times a seeded +-5 % jitter); with ``stall_on`` =
-    (method, question_id), that configuration's first timing of that prompt takes 2.5 s more. Returns
-    the SPADE row of speedup_table, the SPADE run's summary and its session's stall report."""
+def _virtual_session(pair, root, monkeypatch, *, stall_on=None, rule=protocol.timing.StallRule(), repeats=1,
+                     pauses=protocol.timing.PauseRule(), impossible_on=None, gap_on=None, readings=None):
+    """A 6-prompt session (AR and SPADE gamma 2, ``repeats`` rounds) timed on a virtual clock: AR costs ~10 ms
+    a token, SPADE ~6 ms (each reading its prompt's cost times a seeded +-5 % jitter), a tenth of it the
+    prefill; each of ``stall_on`` / ``impossible_on`` / ``gap_on`` = (method, question_id) spoils that
+    configuration's first timing of that prompt: 2.5 s more inside it (a stall); a prefill 3x the reading
+    it lies in (impossible); a 30 s jump of the session's clock right after it (a host pause between readings).
+    ``readings`` (a dict) collects every timed reading: ``(method, question_id, k) -> (seconds, prefill)``.
+    Returns the session's speedup_table (by method), the SPADE run's summary and that run's folder."""
     from spade_lib.runs.config import generation_seed
 
     monkeypatch.setattr(paths, "RUNS_DIR", root)
@@ -218,6 +228,8 @@ def _session_with_stall(pair, root, monkeypatch, *, stall_on, rule):
     monkeypatch.setattr(protocol.devices, "clock", clock)
     real, seen = protocol.make_generator, {}
     prompt_cost = {generation_seed(0, q, 0): 1.0 + 0.15 * (q % 3) for q in range(6)}
+    question = {generation_seed(0, q, 0): q for q in range(6)}
+    readings = {} if readings is None else readings
 
     def virtual(p, c, records="separate"):
         gen = real(p, c, records)
@@ -229,22 +241,132 @@ def _session_with_stall(pair, root, monkeypatch, *, stall_on, rule):
             if seed not in prompt_cost:  # the warm-up: untimed anyway
                 return g
             k = seen[(c.method, seed)] = seen.get((c.method, seed), 0) + 1
+            first = k == 1
             jitter = 1.0 + 0.05 * (2 * np.random.default_rng([c.method == "ar", seed, k]).random() - 1)
-            clock.now += (0.010 if c.method == "ar" else 0.006) * len(g.output_ids) * prompt_cost[seed] * jitter
-            if stall_on is not None and (c.method, generation_seed(0, stall_on[1], 0)) == (stall_on[0], seed) \
-                    and k == 1:
-                clock.now += 2.5
+            t = (0.010 if c.method == "ar" else 0.006) * len(g.output_ids) * prompt_cost[seed] * jitter
+            g.prefill = 0.1 * t
+            hit = (c.method, question[seed])
+            if first and hit == stall_on:
+                t += 2.5
+            if first and hit == impossible_on:
+                g.prefill = 3 * t
+            if first and hit == gap_on:
+                clock.jump = 30.0
+            clock.now += t
+            readings[(c.method, question[seed], k)] = (t, g.prefill)
             return g
 
         gen.timed = run
         return gen
 
     monkeypatch.setattr(protocol, "make_generator", virtual)
-    proto = protocol.Protocol(warmup=1, repeats=1, stalls=rule)
+    proto = protocol.Protocol(warmup=1, repeats=repeats, stalls=rule, pauses=pauses)
     ar, sp = cfg(method="ar"), cfg(method="spade", draft="distilled", gamma=2)
     dirs = protocol.run_interleaved(pair, mini_suite(6), [sp], ar, protocol=proto, progress=False)
     table = protocol.speedup_table(dirs, ar, protocol=proto).set_index("method")
-    return table.loc["spade"], read_summary(dirs[proto.config(sp)]), protocol.session_stalls(dirs[proto.config(sp)])
+    return table, read_summary(dirs[proto.config(sp)]), dirs[proto.config(sp)]
+
+
+def _session_with_stall(pair, root, monkeypatch, *, stall_on, rule):
+    """One round per prompt, ``stall_on`` stalled: the SPADE row of speedup_table, the SPADE run's summary and
+    its session's stall report."""
+    table, summary, run = _virtual_session(pair, root, monkeypatch, stall_on=stall_on, rule=rule)
+    return table.loc["spade"], summary, protocol.session_stalls(run)
+
+
+def _warnings(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("physical control")]
+
+
+@pytest.mark.parametrize("retimes", [2, 0])  # timed again at once, or (no re-timing allowed) dropped
+def test_a_prefill_longer_than_its_reading_is_flagged_and_never_priced(pair, tmp_path, monkeypatch, capsys, retimes):
+    q = 2
+    readings = {}
+    table, summary, run = _virtual_session(pair, tmp_path, monkeypatch, repeats=3, impossible_on=("spade", q),
+                                           pauses=protocol.timing.PauseRule(max_retimes=retimes), readings=readings)
+    said = _warnings(capsys.readouterr().out)
+    mine = [w for w in said if f"prompt {q} (sample 0)" in w]
+    assert len(said) == len(mine) == 1  # one event, printed once, by the session
+    assert "spade-distilled-g2-T0" in mine[0] and "prefill" in mine[0] and "prefill <= wall" in mine[0]
+    injected = readings[("spade", q, 1)][1]
+    assert injected > readings[("spade", q, 1)][0]  # the reading the decoder says it cannot have taken
+    sp = table.loc["spade"]
+    row = summary.set_index("question_id").loc[q]
+    report = protocol.session_controls(run)[-1]
+    assert report["count"] == 1 and report["events"][0]["control"] == "prefill"
+    # no row prices a prefill beyond its wall time, and the injected one is nowhere
+    assert (summary["prefill_time"] <= summary["wall_time"]).all()
+    assert all(v != pytest.approx(injected) for d in summary["session_prefill_time"] for v in d.values())
+    if retimes:  # the block was timed again as a whole: its readings are the second timing's, every member's
+        assert row["priced"] and sp["unpriced"] == 0 and report["dropped"] == []
+        assert row["wall_times"] == pytest.approx([readings[("spade", q, k)][0] for k in (4, 5, 6)])
+        ar_hash = next(h for h in row["session_wall_times"] if h != protocol.Protocol().config(
+            cfg(method="spade", draft="distilled", gamma=2)).hash)
+        assert row["session_wall_times"][ar_hash] == pytest.approx([readings[("ar", q, k)][0] for k in (4, 5, 6)])
+        assert sp["speedup_prompts"] == 6
+    else:  # dropped: written and reported, out of the speedup intervals and the prediction
+        assert not row["priced"] and report["dropped"] == [[str(q), 0]]
+        assert row["reading_controls"] == mine
+        assert sp["unpriced"] == 1 and sp["speedup_prompts"] == 5 and f"prompt {q}" in sp["reading_control"]
+        assert table.loc["ar", "unpriced"] == 1  # the baseline's own row of the block too
+
+
+@pytest.mark.parametrize("retimes", [2, 0])
+def test_a_host_pause_between_readings_is_flagged_and_never_priced(pair, tmp_path, monkeypatch, capsys, retimes):
+    """A 30 s jump of the session's clock between two readings of one block: no reading holds it, so no stall
+    rule can see it; the block is timed again (or its generation dropped) and the warning names the prompt."""
+    q = 3
+    readings = {}
+    table, summary, run = _virtual_session(pair, tmp_path, monkeypatch, repeats=3, gap_on=("spade", q),
+                                           pauses=protocol.timing.PauseRule(max_retimes=retimes), readings=readings)
+    said = _warnings(capsys.readouterr().out)
+    assert len(said) == 1 and f"prompt {q} (sample 0)" in said[0] and "host pause" in said[0]
+    assert "30.000 s" in said[0]
+    report = protocol.session_controls(run)[-1]
+    assert [e["control"] for e in report["events"]] == ["gap"] and report["events"][0]["seconds"] == 30.0
+    assert protocol.session_stalls(run)[-1]["count"] == 0  # the per-reading stall rule saw nothing
+    row = summary.set_index("question_id").loc[q]
+    sp = table.loc["spade"]
+    if retimes:
+        assert row["priced"] and row["wall_times"] == pytest.approx([readings[("spade", q, k)][0] for k in (4, 5, 6)])
+        assert sp["unpriced"] == 0 and sp["speedup_prompts"] == 6
+    else:
+        assert not row["priced"] and report["dropped"] == [[str(q), 0]]
+        assert sp["unpriced"] == 1 and sp["speedup_prompts"] == 5
+
+
+def test_a_pause_inside_one_round_is_caught_by_its_own_rounds_from_the_first_prompt(pair, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """A 2.5 s stall inside the first prompt's first SPADE reading: the per-token stall rule cannot judge it yet
+    (fewer than min_reference readings), the prompt's other rounds can."""
+    readings = {}
+    _, summary, run = _virtual_session(pair, tmp_path, monkeypatch, repeats=3, stall_on=("spade", 0),
+                                       rule=protocol.timing.StallRule(min_reference=50), readings=readings)
+    said = _warnings(capsys.readouterr().out)
+    assert len(said) == 1 and "prompt 0 (sample 0)" in said[0] and "its other rounds" in said[0]
+    row = summary.set_index("question_id").loc[0]
+    assert row["priced"] and row["wall_times"] == pytest.approx([readings[("spade", 0, k)][0] for k in (4, 5, 6)])
+    assert max(row["wall_times"]) < 1.0 and protocol.session_controls(run)[-1]["events"][0]["control"] == "round"
+
+
+def test_priced_generations_leaves_out_read_back_rows_with_a_prefill_beyond_their_wall_time():
+    """Issue 56: a row read back from an older session (prefill 0.298 s inside a wall time of 0.119 s) is left out
+    of the run, its baseline and its trace alike; a run with nothing left is refused."""
+    import pandas as pd
+
+    summary = pd.DataFrame({"question_id": [121, 122, 123], "sample": [0, 0, 0], "wall_time": [0.1, 0.119, 0.1],
+                            "prefill_time": [0.01, 0.298, 0.01], "new_tokens": [8, 8, 8]})
+    base = summary.assign(wall_time=0.2, prefill_time=[0.02, 0.02, 0.5])
+    tr = pd.DataFrame({"prompt_id": ["121", "122", "123"], "sample": [0, 0, 0]})
+    s, t, b, why = protocol.priced_generations(summary, tr, base, label="spade-x")
+    assert s["question_id"].tolist() == b["question_id"].tolist() == [121] and t["prompt_id"].tolist() == ["121"]
+    assert set(why) == {(122, 0), (123, 0)}
+    assert why[(122, 0)].startswith("physical control: spade-x: prompt 122") and "0.298" in why[(122, 0)]
+    assert "baseline's prefill 0.500" in why[(123, 0)]
+    clean = summary.assign(prefill_time=0.01)
+    assert protocol.priced_generations(clean, tr, clean)[3] == {}
+    with pytest.raises(ValueError, match="spade-x"):
+        protocol.priced_generations(summary.assign(prefill_time=1.0), tr, base, label="spade-x")
 
 
 @pytest.mark.parametrize("question", [1, 4])  # judged once 4 readings exist (prompt 1), or as it comes (prompt 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -107,3 +108,27 @@ def test_stall_rule_flags_a_reading_far_above_the_configurations_others():
                 dict(max_retimes=True)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             timing.StallRule(**bad)
+
+
+def test_pause_rule_judges_rounds_against_the_session_spread_and_the_clock_for_gaps():
+    rule = timing.PauseRule()
+    assert rule.round_limit([]) == pytest.approx(np.log(1.5))  # too few deviations: the floor alone
+    noisy = np.tile([-0.3, 0.3], 8)  # a noisy host: rounds spread by +-35 %, MAD 0.3
+    assert rule.round_limit(noisy) == pytest.approx(5 * 1.4826 * 0.3)
+    # one round 30 s beyond its siblings of ~0.1 s: caught; a prompt slow in every round: not
+    limit = rule.round_limit([])
+    assert timing.paused_rounds([0.1, 30.1, 0.102], limit, rule.gap).tolist() == [False, True, False]
+    assert timing.paused_rounds([0.1, 30.1], limit, rule.gap).tolist() == [False, True]  # two rounds suffice
+    assert not timing.paused_rounds([2.0, 2.1, 1.95], limit, rule.gap).any()
+    # a scheduler quantum doubling a 20 ms reading is no host pause: below gap seconds
+    assert not timing.paused_rounds([0.02, 0.045, 0.021], limit, rule.gap).any()
+    assert timing.paused_rounds([0.02, 0.045, 0.021], limit).tolist() == [False, True, False]
+    assert not timing.paused_rounds([0.1], 0.0).any()  # one round: nothing to compare with
+    # each round against the median of the others
+    assert timing.round_deviations([1.0, 2.0, 4.0]).tolist() == pytest.approx([np.log(1 / 3), np.log(2 / 2.5), np.log(4 / 1.5)])
+    assert timing.clock_gaps([(0.0, 0.1), (0.1, 0.2), (30.2, 30.3)], 0.5) == [(2, pytest.approx(30.0))]
+    assert timing.impossible_prefill(0.298, 0.119) and not timing.impossible_prefill(0.01, 0.119)
+    assert not timing.impossible_prefill(float("nan"), 0.1)  # hidden (HF): not judged
+    for bad in (dict(gap=-1.0), dict(k=float("nan")), dict(min_reference=1), dict(max_retimes=-1)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            timing.PauseRule(**bad)

@@ -39,6 +39,14 @@ The physics, with ``t_1`` the time of a one-token target forward on the cache:
     :func:`spade_lib.runs.protocol.speedup_table` puts them in ``model_control``, not
     ``physical_control``.
 
+(e) **Every reading is physical** (:func:`reading_warnings`; the rules in :mod:`spade_lib.runs.timing`,
+    **Physical controls on every reading**, applied by :func:`spade_lib.runs.protocol.run_interleaved` to
+    every block of readings before any is priced): a prefill longer than the reading it lies inside, a gap
+    in the session's clock between two readings (a host pause) or a reading far beyond its own rounds (a
+    pause inside it) makes the block timed again, or its generation dropped (never priced); a method and
+    its baseline that timed different numbers of new tokens for one prompt are flagged (the pairing
+    compares unequal work). Each line names the run and the prompt; the session prints each once.
+
 :func:`session_report` is what notebook 03 prints about a session's controls: the violations above, the
 null-draft control against its prediction, the two speedup estimators, the intervals' widths.
 """
@@ -49,13 +57,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODEL_PREFIX", "NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "cost_warnings", "prediction_warnings",
-           "speedup_warnings", "session_report"]
+__all__ = ["MODEL_PREFIX", "NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "READING_CONTROLS", "cost_warnings",
+           "prediction_warnings", "reading_warnings", "speedup_warnings", "session_report"]
 
 PREFIX = "physical control"
 MODEL_PREFIX = "cost-model control"    # control (d): measured vs predicted, two-sided
 NULL_DRAFT = "null"                    # the control drafter: its tokens are always rejected
 NON_SPECULATIVE = ("ar", "hf")         # the autoregressive baseline and plain HF generate
+READING_CONTROLS = ("prefill", "gap", "round", "tokens")  # control (e), one reading's (reading_warnings)
 
 
 def _rows(table) -> list[Mapping[str, Any]]:
@@ -144,6 +153,48 @@ def _physics_warnings(table) -> list[str]:
             out.append(f"{PREFIX}: {_name(row)}: speedup {_interval(row)} lies above tau = {tau:.3f}: each "
                        f"speculative step costs at least one target forward and emits tau tokens on average, "
                        f"so speedup <= tau; the autoregressive baseline is slower than its target forwards")
+    return out
+
+
+def _done(event: Mapping[str, Any]) -> str:
+    return {"retimed": "its block (every member's rounds of the prompt) was timed again",
+            "dropped": "every timing of its block broke a control, so the generation is dropped: reported, "
+                       "never priced (not in the speedup intervals nor the prediction)"}.get(
+        event.get("action"), "flagged")
+
+
+def reading_warnings(events, *, pair: str = "") -> list[str]:
+    """Control (e) of the module docstring: one line per event of
+    :func:`spade_lib.runs.protocol.run_interleaved`'s reading controls, each a mapping with ``control`` (one of
+    :data:`READING_CONTROLS`), ``label`` (the run), ``question_id``, ``sample`` and the control's numbers:
+    ``prefill`` / ``seconds`` (``"prefill"``), ``seconds`` / ``after`` (``"gap"``: the clock's jump, and the
+    reading before it), ``seconds`` / ``median`` / ``limit`` (``"round"``), ``tokens`` / ``baseline`` /
+    ``baseline_tokens`` (``"tokens"``), ``round``, and ``action`` (``"retimed"``, ``"dropped"``, else flagged)."""
+    out = []
+    for e in _rows(events):
+        kind = e.get("control")
+        if kind not in READING_CONTROLS:
+            raise ValueError(f"events: control must be one of {READING_CONTROLS}, got {kind!r}")
+        where = f"{_name({'label': e.get('label'), 'pair': pair})}: prompt {e.get('question_id')} (sample {e.get('sample')})"
+        k = e.get("round")
+        if kind == "prefill":
+            what = (f"round {k} read a prefill of {_num(e.get('prefill')):.3f} s inside a generation of "
+                    f"{_num(e.get('seconds')):.3f} s: the prefill is timed inside its generation by the same clock, "
+                    f"so prefill <= wall; the reading is impossible (a clock or subtraction defect)")
+        elif kind == "gap":
+            what = (f"the session's clock jumped {_num(e.get('seconds')):.3f} s between {e.get('after')}'s reading "
+                    f"and this run's round {k}, where the protocol runs nothing: a host pause (the readings after "
+                    f"it run on caches and clocks another tenant left)")
+        elif kind == "round":
+            med, t = _num(e.get("median")), _num(e.get("seconds"))
+            what = (f"round {k} read {t:.3f} s, {t / med:.2f}x the median {med:.3f} s of its other rounds (beyond "
+                    f"{math.exp(_num(e.get('limit'))):.2f}x, the session's robust spread of rounds): a host pause "
+                    f"inside the reading")
+        else:
+            what = (f"timed {e.get('tokens')} new tokens, its baseline {e.get('baseline')} "
+                    f"{e.get('baseline_tokens')}: the pairing compares unequal work (tokens are counted on both "
+                    f"sides; the ratio of totals stays a throughput ratio, the prediction prices this run's tokens)")
+        out.append(f"{PREFIX}: {where}: {what}; {_done(e)}")
     return out
 
 

@@ -21,6 +21,24 @@ of a *session* on the same prompt, one after the other, before moving to the nex
    ``metadata.json`` counts them and names the prompts (``stalls``). The speedup stays the ratio of
    totals over the same generations (:func:`spade_lib.runs.metrics.bootstrap_speedup`): the work is
    unchanged, only a reading the machine spoiled is taken again.
+2c. **Physical controls on every reading** (``Protocol.pauses``, :class:`spade_lib.runs.timing.PauseRule`, whose
+   docstring has the math): each *block* (one prompt and sample: every member's rounds, timed one after the
+   other) is checked as soon as it is timed, before any of it is judged for stalls or priced: every reading's
+   prefill lies inside it (``prefill <= wall``); the session's clock does not jump between two of its readings
+   (a host pause, which the per-reading stall rule cannot see: no reading holds it); no reading lies far
+   beyond its own rounds by the session's robust spread of rounds (a pause inside a reading). A block that
+   breaks one is timed again as a whole, at once, up to ``max_retimes`` times; if every timing of it does,
+   its generation is **dropped**: its rows are written with ``priced = False`` and :func:`speedup_table`
+   leaves it out of the speedup intervals and the prediction, for every run of the session (a read-back row
+   whose ``prefill_time`` exceeds its ``wall_time``, its own or its baseline's, is left out the same way).
+   A re-timed stall keeps a reading with its own output, so a row's ``prefill_time`` is the **median of
+   its kept readings' prefills** (not one pass's: a stalled or untimed pass's prefill inside a median wall
+   time priced issue 56's spurious prediction), which the order statistics keep ``<= wall_time``. Tokens
+   are counted on both sides: a member that timed another number of new tokens than the baseline on a
+   prompt is flagged. Every event is a line of :func:`spade_lib.runs.controls.reading_warnings` (``physical
+   control: <pair>/<run>: prompt <id> (sample <s>): ...``), printed once, by the session, at its end; the
+   rows carry their generation's (``reading_controls``) and each session's entry in ``metadata.json`` the
+   events (``controls``, :func:`session_controls`).
 3. **One baseline per session**: the baseline (autoregressive decoding) is a member of every
    session. When its run already exists (another notebook made it), it is re-timed in the new
    session and those times are kept with the new runs only; its own run folder is not touched.
@@ -77,6 +95,7 @@ class Protocol:
     warmup_tokens: int = 16  # new tokens of each warm-up generation at most (0: the run's max_new_tokens)
     records: str = "separate"  # SPADE's token records: an untimed pass, or "timed" (spade_lib.runs.methods)
     stalls: timing.StallRule = timing.StallRule()  # which timed readings are stalls, re-timed (module docstring, 2b)
+    pauses: timing.PauseRule = timing.PauseRule()  # the physical controls of every block of readings (2c)
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
@@ -89,6 +108,8 @@ class Protocol:
             raise ValueError(f"records must be one of {RECORDS}, got {self.records!r}")
         if not isinstance(self.stalls, timing.StallRule):
             raise ValueError(f"stalls: must be a spade_lib.runs.timing.StallRule, got {self.stalls!r}")
+        if not isinstance(self.pauses, timing.PauseRule):
+            raise ValueError(f"pauses: must be a spade_lib.runs.timing.PauseRule, got {self.pauses!r}")
 
     def config(self, config: RunConfig) -> RunConfig:
         """``config`` with this protocol's warm-up and repeats (both are part of its identity)."""
@@ -179,37 +200,97 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
         rows = tqdm(rows, desc=f"{pair.name}/{suite.name} {len(session)} configs interleaved", unit="prompt",
                     leave=False)
     n_samples, seed0, n_new = session[0].n_samples, session[0].seed, session[0].max_new_tokens
-    rule = protocol.stalls
-    pool: dict[RunConfig, list[float]] = {c: [] for c in session}  # seconds per token of every reading
+    rule, pause = protocol.stalls, protocol.pauses
+    pool: dict[RunConfig, list[float]] = {c: [] for c in session}  # seconds per token of every clean reading
+    spread: dict[RunConfig, list[float]] = {c: [] for c in session}  # log-deviations of clean rounds (2c)
     pending: list[dict] = []  # prompts timed, not yet judged for stalls (too few readings) nor written
     log: list[dict] = []      # every stalled reading: prompt, sample, config, round, seconds, re-timings
+    events: list[dict] = []   # every reading control broken (2c): controls.reading_warnings prints them
 
-    def time_one(c, ids_c, seed):
+    def time_one(c, ids_c, seed, spans=None):
         t0 = devices.clock(device)
         g = generators[c].timed(ids_c, n_new, seed)
-        return devices.clock(device) - t0 - g.untimed, g  # minus its instrumentation
+        t1 = devices.clock(device)
+        if spans is not None:  # where the reading lies on the session's clock
+            spans.append((t0, t1))
+        return t1 - t0 - g.untimed, g  # minus its instrumentation
+
+    def block_events(row, sample, times, outputs, order, spans):
+        """The reading controls (2c) a block breaks: prefill > wall, a gap in the clock, a paused round."""
+        where = {"question_id": row["question_id"], "sample": sample}
+        found = []
+        for c in session:
+            limit = pause.round_limit(spread[c])
+            paused = timing.paused_rounds(times[c], limit, pause.gap)
+            for k, (t, g) in enumerate(zip(times[c], outputs[c])):
+                if timing.impossible_prefill(g.prefill, t, pause.slack):
+                    found.append({**where, "control": "prefill", "label": c.label, "hash": c.hash, "round": k,
+                                  "prefill": float(g.prefill), "seconds": t})
+                if paused[k]:
+                    found.append({**where, "control": "round", "label": c.label, "hash": c.hash, "round": k,
+                                  "seconds": t, "median": float(np.median(np.delete(times[c], k))), "limit": limit})
+        for j, jump in timing.clock_gaps(spans, pause.gap):
+            (c, k), (before, _) = order[j], order[j - 1]
+            found.append({**where, "control": "gap", "label": c.label, "hash": c.hash, "round": k,
+                          "seconds": jump, "after": before.label})
+        return found
+
+    def time_block(i, row, ids, sample, seed):
+        """Every member's rounds of one prompt and sample, interleaved, timed again while they break a reading
+        control (2c): the sample's entry, ``priced`` False where every timing of it broke one."""
+        for attempt in range(pause.max_retimes + 1):
+            times = {c: [] for c in session}
+            outputs = {c: [] for c in session}
+            order, spans = [], []
+            for rep in range(protocol.repeats):
+                k = (i + sample + rep) % len(session)
+                for c in session[k:] + session[:k]:
+                    t, g = time_one(c, ids[c], seed, spans)
+                    times[c].append(t)
+                    outputs[c].append(g)
+                    order.append((c, rep))
+            found = block_events(row, sample, times, outputs, order, spans)
+            for e in found:
+                e.update(attempt=attempt, action="dropped" if attempt == pause.max_retimes else "retimed")
+            events.extend(found)
+            if not found:
+                break
+        priced = not found
+        if priced:  # only clean readings set what the next ones are judged against
+            for c in session:
+                pool[c].extend(t / max(1, len(g.output_ids)) for t, g in zip(times[c], outputs[c]))
+                spread[c].extend(timing.round_deviations(times[c]).tolist())
+        mine = [e for e in events if (e["question_id"], e["sample"]) == (row["question_id"], sample)]
+        return {"sample": sample, "seed": seed, "times": times, "outputs": outputs,
+                "stalls": {c: [] for c in session}, "priced": priced, "controls": mine}
 
     def judge(p):
         """Re-time the stalled readings of prompt ``p`` (module docstring, 2b), in place."""
         for smp in p["samples"]:
+            if not smp["priced"]:  # dropped by the reading controls (2c): reported, never priced
+                continue
             for c in session:
                 limit = rule.threshold(pool[c])
                 for k, (t, g) in enumerate(zip(smp["times"][c], smp["outputs"][c])):
                     n = max(1, len(g.output_ids))
                     if not t / n > limit:
                         continue
-                    readings, kept = [], None
+                    readings, outs, kept = [], [], None
                     for _ in range(rule.max_retimes):
                         t2, g2 = time_one(c, p["ids"][c], smp["seed"])
-                        readings.append(t2)
                         if g2.output_ids != g.output_ids:
                             raise RuntimeError(f"seed {smp['seed']}: a re-timed generation differs from the first; "
                                                "decoding is not deterministic here")
+                        readings.append(t2)
+                        if timing.impossible_prefill(g2.prefill, t2, pause.slack):
+                            continue  # an impossible re-timing is never kept (2c)
+                        outs.append((t2, g2))
                         if not t2 / n > limit:
                             kept, smp["outputs"][c][k] = t2, g2
                             break
-                    if kept is None and readings:  # slow every time: the prompt's own cost, not a stall
-                        kept = float(np.median([t, *readings]))
+                    if kept is None and readings:  # slow every time: the prompt's own cost, not a stall;
+                        # the median reading with its own output, so the prefill kept lies inside the time kept
+                        kept, smp["outputs"][c][k] = sorted([(t, g), *outs], key=lambda x: x[0])[len(outs) // 2]
                     if kept is not None:
                         smp["times"][c][k] = kept
                     smp["stalls"][c].append(t)
@@ -230,10 +311,20 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                 gen, _ = timed_generation(_replayer(outputs[c], generators[c], c in need), p["ids"][c], c, seed,
                                           device, records=c in need)
                 checked[c] = gen
+            for c in (m for m in session if m != base):  # tokens counted on both sides (2c): the same work, or the pairing is flagged
+                n_c, n_b = len(checked[c].output_ids), len(checked[base].output_ids)
+                if n_c != n_b:
+                    e = {"question_id": row["question_id"], "sample": sample, "control": "tokens", "label": c.label,
+                         "hash": c.hash, "tokens": n_c, "baseline": base.label, "baseline_tokens": n_b,
+                         "action": "flagged"}
+                    events.append(e)
+                    smp["controls"].append(e)
             partners_t = {c.hash: medians[c].median for c in session}
             partners_rounds = {c.hash: list(medians[c].times) for c in session}
             partners_n = {c.hash: len(checked[c].output_ids) for c in session}
-            partners_p = {c.hash: checked[c].prefill if math.isfinite(checked[c].prefill) else None for c in session}
+            # the median of the readings' own prefills: each lies inside its reading, so it lies inside wall_time (2c)
+            partners_p = {c.hash: _median_prefill(outputs[c]) for c in session}
+            said = controls.reading_warnings(smp["controls"], pair=pair.name)
             for c in need:
                 gen = checked[c]
                 for r in gen.records:
@@ -242,8 +333,8 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
                 s = summary_row(row, sample, seed, p["ids"][c], gen, medians[c])
                 s.update(session=sid, session_wall_time=partners_t, session_wall_times=partners_rounds,
                          session_new_tokens=partners_n, session_prefill_time=partners_p,
-                         stalls=len(smp["stalls"][c]),
-                         stall_readings=list(smp["stalls"][c]))
+                         prefill_time=partners_p[c.hash], stalls=len(smp["stalls"][c]),
+                         stall_readings=list(smp["stalls"][c]), priced=smp["priced"], reading_controls=said)
                 summaries[c].append(s)
         for c in need:
             trace.write_shard(records[c], p["shards"][c], {**identities[c], "summary": summaries[c]})
@@ -260,27 +351,17 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
         if not need:
             continue
         ids = {c: prompt_ids(pair.tokenizer, row["turns"][0], c) for c in session}
-        samples = []
-        for sample in range(n_samples):
-            seed = generation_seed(seed0, row["question_id"], sample)
-            times = {c: [] for c in session}
-            outputs = {c: [] for c in session}
-            for rep in range(protocol.repeats):
-                k = (i + sample + rep) % len(session)
-                for c in session[k:] + session[:k]:
-                    t, g = time_one(c, ids[c], seed)
-                    times[c].append(t)
-                    outputs[c].append(g)
-                    pool[c].append(t / max(1, len(g.output_ids)))
-            samples.append({"sample": sample, "seed": seed, "times": times, "outputs": outputs,
-                            "stalls": {c: [] for c in session}})
+        samples = [time_block(i, row, ids, sample, generation_seed(seed0, row["question_id"], sample))
+                   for sample in range(n_samples)]
         pending.append({"row": row, "shards": shards, "need": need, "ids": ids, "samples": samples})
         if min(len(v) for v in pool.values()) >= rule.min_reference:
             flush()
     flush()
-    _record_stalls(dirs, todo, log, rule, sid)
+    _record_stalls(dirs, todo, log, rule, sid, events, pause)
     if log:  # always said, bars or not: a re-timed reading is part of how the numbers were taken
         print(stall_summary(log))
+    for line in controls.reading_warnings(events, pair=pair.name):  # each once, here: the session owns them
+        print(line)
     for c in todo:
         write_summary(dirs[c], suite)
     return dirs
@@ -296,17 +377,29 @@ def stall_summary(log: list[dict]) -> str:
             f"median of its readings): {where}" + (" ..." if len(log) > 8 else ""))
 
 
-def _record_stalls(dirs: dict, todo: list[RunConfig], log: list[dict], rule, sid: str) -> None:
+def _median_prefill(outputs) -> float | None:
+    """The median of the readings' prefills (``None`` where the method hides them)."""
+    p = [g.prefill for g in outputs]
+    return float(np.median(p)) if p and all(math.isfinite(x) for x in p) else None
+
+
+def _record_stalls(dirs: dict, todo: list[RunConfig], log: list[dict], rule, sid: str, events: list[dict],
+                   pause: timing.PauseRule) -> None:
     """The session's stall report in each written run's ``metadata.json`` (its last session entry): the rule,
-    the readings re-timed (every member's: a baseline stall changes the runs' ratios too), their prompts."""
+    the readings re-timed (every member's: a baseline stall changes the runs' ratios too), their prompts;
+    and its reading controls (2c): the rule, every event, the generations dropped."""
     report = {"rule": dataclasses.asdict(rule), "count": len(log), "persistent": sum(e["persistent"] for e in log),
               "prompts": sorted({str(e["question_id"]) for e in log}), "readings": log}
+    dropped = sorted({(str(e["question_id"]), e["sample"]) for e in events if e["action"] == "dropped"})
+    checked = {"rule": dataclasses.asdict(pause), "count": len(events), "dropped": [list(d) for d in dropped],
+               "prompts": sorted({str(e["question_id"]) for e in events}), "events": events}
     for c in todo:
         meta_path = dirs[c] / "metadata.json"
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         sessions = meta.get("sessions") or []
         if sessions and sessions[-1].get("protocol_session") == sid:
             sessions[-1]["stalls"] = report
+            sessions[-1]["controls"] = checked
             write_json(meta_path, meta)
 
 
@@ -315,6 +408,13 @@ def session_stalls(run_dir: str | Path) -> list[dict]:
     detected have none and are left out)."""
     meta = json.loads((Path(run_dir) / "metadata.json").read_text(encoding="utf-8"))
     return [s["stalls"] for s in meta.get("sessions") or [] if isinstance(s.get("stalls"), dict)]
+
+
+def session_controls(run_dir: str | Path) -> list[dict]:
+    """The reading controls' report (2c) of every session of a run (``metadata.json``; sessions timed before
+    those controls have none and are left out)."""
+    meta = json.loads((Path(run_dir) / "metadata.json").read_text(encoding="utf-8"))
+    return [s["controls"] for s in meta.get("sessions") or [] if isinstance(s.get("controls"), dict)]
 
 
 def interleaved_with(summary: pd.DataFrame, baseline: RunConfig) -> bool:
@@ -390,14 +490,18 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
     (:func:`loop_priced`; ``r_source`` ``"loop"``, else ``"table"``, ``""`` without costs).
     ``physical_control`` holds the physical controls of the row (:func:`spade_lib.runs.controls.speedup_warnings`
     with ``model=False``; empty when the physics holds), ``model_control`` the two-sided cost-model control
-    (:func:`spade_lib.runs.controls.prediction_warnings`: the prediction outside the measured interval)."""
+    (:func:`spade_lib.runs.controls.prediction_warnings`: the prediction outside the measured interval).
+    Generations the reading controls dropped (module docstring, 2c: ``priced`` False, or a prefill beyond its
+    wall time on either side) are left out of everything the row prices (:func:`priced_generations`):
+    ``unpriced`` counts them, ``reading_control`` says why (the session printed it when it was timed)."""
     base = protocol.config(baseline)
     base_summary = read_summary(run_dirs[base]) if base in run_dirs else None
-    read = {}
+    read, left_out = {}, {}
     for cfg, d in run_dirs.items():
         summ = read_summary(d)
         tr = traces[cfg] if traces is not None and cfg in traces else trace.read_trace(d)
         b, interleaved = paired_baseline(summ, base, base_summary)
+        summ, tr, b, left_out[cfg] = priced_generations(summ, tr, b, label=cfg.label)
         read[cfg] = (summ, tr, b, interleaved)
     rows = []
     for cfg, (summ, tr, b, interleaved) in read.items():
@@ -415,7 +519,8 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
                    "gamma": cfg.gamma if cfg.method in ("spade", "hf_assisted") else 0,
                    "T": cfg.temperature, "interleaved": interleaved, "r_source": r_source,
                    "loop_level": table_c.get("loop_level", float("nan")) if table_c else float("nan"),
-                   "loop_partners": len(table_c.get("loop_partners", [])) if table_c else 0}
+                   "loop_partners": len(table_c.get("loop_partners", [])) if table_c else 0,
+                   "unpriced": len(left_out[cfg]), "reading_control": "; ".join(left_out[cfg].values())}
             if by is not None:
                 row[by] = key
             rows.append({**row, **m})
@@ -428,6 +533,47 @@ def speedup_table(run_dirs: dict[RunConfig, Path], baseline: RunConfig, *,
     table["model_control"] = ["; ".join(controls.prediction_warnings(table.loc[[i]])) for i in table.index] \
         if len(table) else []
     return table
+
+
+def priced_generations(summary: pd.DataFrame, trace_frame: pd.DataFrame, baseline: pd.DataFrame, *, label: str = "",
+                       slack: float = timing.PauseRule().slack
+                       ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[tuple, str]]:
+    """``(summary, trace, baseline, left_out)`` without the generations no speedup may price (module docstring,
+    2c): those the session dropped (``priced`` False, on the run's rows), and those whose ``prefill_time``
+    exceeds their ``wall_time`` by more than ``slack``, the run's own or its paired ``baseline``'s (rows read back
+    from sessions timed before the controls, whose prefill was one pass's). The same generations leave all
+    three frames, so the speedup's interval, its prediction and the loop levels a partner is priced with stay
+    paired. ``left_out``: ``{(question_id, sample): why}``. A run left with no generation is refused."""
+    why: dict[tuple, str] = {}
+    if "priced" in summary.columns:
+        said = summary["reading_controls"] if "reading_controls" in summary.columns else [None] * len(summary)
+        for q, smp, priced, lines in zip(summary["question_id"], summary["sample"], summary["priced"], said):
+            if priced is False or priced == 0:
+                why[(q, smp)] = ("; ".join(lines) if isinstance(lines, list) and lines
+                                 else "dropped by the session's reading controls")
+    for side, frame in (("its", summary), ("its baseline's", baseline)):
+        if not {"prefill_time", "wall_time"} <= set(frame.columns):
+            continue
+        pre = pd.to_numeric(frame["prefill_time"], errors="coerce").to_numpy(np.float64)
+        wall = frame["wall_time"].to_numpy(np.float64)
+        for q, smp, p, t in zip(frame["question_id"], frame["sample"], pre, wall):
+            if timing.impossible_prefill(p, t, slack):
+                why.setdefault((q, smp), f"{controls.PREFIX}: {label or 'run'}: prompt {q} (sample {smp}): {side} "
+                                         f"prefill {p:.3f} s exceeds {side} wall time {t:.3f} s, inside which it "
+                                         "was timed; the generation is not priced")
+    if not why:
+        return summary, trace_frame, baseline, why
+    if len(why) >= len(summary):
+        raise ValueError(f"run {label or '?'}: every generation broke a reading control, none can be priced: "
+                         + "; ".join(list(why.values())[:3]))
+    gone = {(str(q), int(smp)) for q, smp in why}
+
+    def keep(frame, qid="question_id"):
+        if not len(frame) or qid not in frame.columns:
+            return frame
+        return frame[[(str(q), int(smp)) not in gone for q, smp in zip(frame[qid], frame["sample"])]]
+
+    return keep(summary), keep(trace_frame, "prompt_id"), keep(baseline), why
 
 
 MIN_LOOP_STEPS = 20  # partner steps (drafting >= 1 token) that loop_priced needs, else the table prices alone
@@ -492,4 +638,5 @@ def speedup_over(run_dir: Path, other: RunConfig, *, protocol: Protocol = Protoc
     (e.g. HF assisted generation over plain HF generate)."""
     summ = read_summary(run_dir)
     b, _ = paired_baseline(summ, protocol.config(other))
+    summ, _, b, _ = priced_generations(summ, pd.DataFrame(), b)
     return metrics.bootstrap_speedup(summ, b)

@@ -21,6 +21,41 @@ A speedup is a ratio of two timings, so both must be taken the same way:
   different numbers of tokens; across the session, because with one round per prompt a prompt has no
   other reading to compare with. :mod:`spade_lib.runs.protocol` re-times a stall (up to
   ``max_retimes`` times) and reports it.
+- **Physical controls on every reading** (:class:`PauseRule`; :mod:`spade_lib.runs.protocol` applies them to
+  every block of readings it takes, one prompt and sample, every session member's rounds, before any is
+  priced). Three facts a correct reading cannot contradict:
+
+  1. *A prefill lies inside its generation*: the decoder's prefill ``p`` is timed by the same clock inside the
+     reading ``t``, so ``p <= t`` (:func:`impossible_prefill`; ``slack`` is float rounding only). The prefill a
+     summary row keeps is the median of its readings' prefills, ``wall_time`` the median of their times: if
+     ``p_k <= t_k`` for every round ``k``, the order statistics keep the order, ``p_(j) <= t_(j)`` for every
+     ``j`` (the ``j``-th smallest of the ``t`` is above ``j`` of the ``p``), so ``median p <= median t``.
+  2. *The session's clock has no gaps* (``gap``): between two readings of one block the protocol only appends
+     to lists (microseconds), so when the clock advances by more than ``gap`` seconds from the end of one
+     reading to the start of the next, the host took the process away: a host pause. It spoils no reading
+     by itself, but the readings after it run on caches and clock frequencies that another tenant left (the
+     warm-up is void), and a host that pauses for seconds is rarely clean around it (the session of issue 56
+     had a ~60 s pause and nine stalled readings up to 21 s).
+  3. *A reading is not far beyond its own rounds* (``k``, ``min_excess``, ``gap``): round ``k`` of member ``c``
+     on a prompt reads ``log t_k = mu_{c,q} + eps_k``, the prompt's own cost times the round-to-round noise.
+     The prompt's cost is read off the *other* rounds, ``m_k = median_{j != k} t_j`` (``R >= 2``; a pause in
+     round ``k`` does not move its own reference); the noise's spread is the session's: ``s_c = 1.4826 MAD``
+     of the log-deviations ``d_k = log(t_k / m_k)`` of every clean block of that member so far. A reading is
+     paused when ``d_k > max(k s_c, log(1 + min_excess))`` (``log 1.5`` alone until ``min_reference``
+     deviations exist) **and** ``t_k - m_k > gap``: the host took more than ``gap`` seconds inside it, the
+     same pause as rule 2's, now inside a reading (the absolute part keeps a loaded host's scheduler quanta,
+     which can double a 20 ms reading, from counting as pauses). A pause of ``P`` seconds inside a reading
+     of ``t`` adds ``log(1 + P / t)`` to its ``d``: caught once ``P > gap`` and ``P > t max(e^{k s_c} - 1,
+     min_excess)``, whatever the spread of the prompts, which can hide it from the per-token
+     :class:`StallRule` (its spread is across prompts), and from the first prompt on (the stall rule waits
+     for ``min_reference`` readings). Under Gaussian noise of spread ``s_c`` a clean ``d_k`` is a difference
+     of two noises (spread about ``sqrt(2) s_c``), so ``k = 5`` flags fewer than 1 clean reading in 10^3
+     even before the absolute part. A prompt that is slow for its own reasons is slow in every round: its
+     ``d`` stays small and nothing is flagged. Readings can be spoiled only upwards (no machine runs faster
+     than itself), so only ``d > 0`` is judged.
+
+  A block with any of these is timed again as a whole, at once, up to ``max_retimes`` times; if every timing
+  of it breaks one, its generation is dropped: written and reported, never priced.
 - **Device synchronisation.** CUDA kernels run asynchronously; every clock read on a CUDA device
   is preceded by ``torch.cuda.synchronize``, otherwise a timer measures only the kernel launches.
 - **Same token counting.** Throughput is ``new_tokens / seconds`` with ``new_tokens`` the tokens
@@ -142,6 +177,79 @@ class StallRule:
         med = float(np.median(u))
         mad = 1.4826 * float(np.median(np.abs(u - med)))
         return med + max(self.k * mad, self.min_excess * med)
+
+
+@dataclass(frozen=True)
+class PauseRule:
+    """The physical controls of every block of readings (module docstring, **Physical controls on every
+    reading**): prefill inside its reading, no gap in the session's clock, no reading far beyond its rounds."""
+
+    gap: float = 0.5         # seconds the host took: between two readings of a block, or inside one beyond its rounds
+    k: float = 5.0           # robust z-score of a round's log-deviation from its prompt's median round
+    min_excess: float = 0.5  # and at least 1.5x the prompt's median round (log(1.5))
+    min_reference: int = 8   # log-deviations of the member needed before its spread s_c counts (fewer: the floor)
+    max_retimes: int = 2     # timings of a block again before its generation is dropped (0: dropped at once)
+    slack: float = 1e-6      # seconds: a prefill may exceed its reading by float rounding only
+
+    def __post_init__(self) -> None:
+        for name in ("gap", "k", "min_excess", "slack"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        for name, low in (("min_reference", 2), ("max_retimes", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+
+    def round_limit(self, deviations) -> float:
+        """The log-deviation from its prompt's median round above which a reading is paused:
+        ``max(k * 1.4826 * MAD(deviations), log(1 + min_excess))``, the floor alone with fewer than
+        ``min_reference`` finite ``deviations``."""
+        d = np.asarray(deviations, dtype=np.float64).ravel()
+        d = d[np.isfinite(d)]
+        floor = float(np.log1p(self.min_excess))
+        if d.size < self.min_reference:
+            return floor
+        mad = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+        return max(self.k * mad, floor)
+
+
+def _others(t: np.ndarray) -> np.ndarray:
+    """``m_k = median_{j != k} t_j`` for every round ``k``."""
+    return np.array([np.median(np.delete(t, k)) for k in range(t.size)])
+
+
+def round_deviations(times) -> np.ndarray:
+    """``d_k = log(t_k / m_k)`` of one member's rounds on one prompt, ``m_k`` the median of its other rounds;
+    empty for fewer than 2 rounds."""
+    t = np.asarray(times, dtype=np.float64).ravel()
+    if t.size < 2 or not (np.isfinite(t).all() and (t > 0).all()):
+        return np.zeros(0)
+    return np.log(t / _others(t))
+
+
+def paused_rounds(times, limit: float, seconds: float = 0.0) -> np.ndarray:
+    """Which of one member's rounds on one prompt lie more than ``limit`` (a log-ratio,
+    :meth:`PauseRule.round_limit`) and more than ``seconds`` above the median of its other rounds: a bool
+    array; all False below 2 rounds."""
+    t = np.asarray(times, dtype=np.float64).ravel()
+    if t.size < 2 or not (np.isfinite(t).all() and (t > 0).all()):
+        return np.zeros(t.shape, dtype=bool)
+    m = _others(t)
+    return (np.log(t / m) > limit) & (t - m > seconds)
+
+
+def clock_gaps(spans, gap: float) -> list[tuple[int, float]]:
+    """``(i, seconds)`` for every reading ``i`` of ``spans`` (``(start, end)`` on the session's clock, in the
+    order taken) that started more than ``gap`` seconds after the previous one ended: a host pause."""
+    return [(i, float(s1 - e0)) for i, ((_, e0), (s1, _)) in enumerate(zip(spans, spans[1:]), start=1)
+            if s1 - e0 > gap]
+
+
+def impossible_prefill(prefill: float, seconds: float, slack: float = 0.0) -> bool:
+    """Whether a reading's prefill (the decoder's clock, inside the reading) exceeds the reading
+    itself by more than ``slack``: a reading no correct clock can give. A NaN prefill (hidden: HF) is not judged."""
+    return bool(np.isfinite(prefill) and prefill > seconds + slack)
 
 
 def find_stalls(per_token, rule: StallRule = StallRule(), reference=None) -> np.ndarray:
