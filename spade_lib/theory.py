@@ -18,9 +18,10 @@ Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.
 - cost of one step (target-forward units): ``C(gamma) = gamma c + r(gamma) + o`` with ``r`` the verify-cost
   ratio, a number or a callable of ``gamma``, and ``o`` the decoding loop's own per-step cost beyond its
   forwards (``overhead``, default 0: the paper's model; measured once per pair by
-  :func:`spade_lib.decoding.costs.measure_loop_overhead`) (:func:`step_cost`); :func:`linear_verify_cost` builds
-  ``r(g) = 1 + (ratio - 1) g / at_gamma`` through one measured point (the measured ``c`` and ``r(g)`` of a
-  pair are :func:`spade_lib.runs.costs.pair_costs`). Every speedup in SPADE (``replay``, ``align``,
+  :func:`spade_lib.decoding.costs.measure_loop_overhead`) (:func:`step_cost`); :func:`verify_cost_curve` is the
+  one interpolation of ``r(g)`` from measured points (piecewise linear through ``r(0) = 1``, extended
+  linearly; :func:`linear_verify_cost` through one point) (the measured ``c`` and ``r(g)`` of a pair are
+  :func:`spade_lib.runs.costs.pair_costs`). Every speedup in SPADE (``replay``, ``align``,
   notebooks) is ``tokens / C`` with this ``C``.
 
 Scalar ``alpha`` broadcasts against array ``gamma``, ``c``, ``c_hat`` and ``verify_cost`` (NumPy
@@ -30,7 +31,7 @@ axis (the per-position form); ``gamma`` then defaults to its length.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -59,13 +60,13 @@ def _check_alpha(alpha: ArrayLike) -> np.ndarray:
     return a
 
 
-def _check_gamma(gamma: ArrayLike) -> np.ndarray:
-    _check_numbers("gamma", gamma, "an integer >= 1 or an array of them")
+def _check_gamma(gamma: ArrayLike, minimum: int = 1) -> np.ndarray:
+    _check_numbers("gamma", gamma, f"an integer >= {minimum} or an array of them")
     g = np.asarray(gamma)
     if g.dtype.kind == "f" and np.all(np.isfinite(g)) and np.all(g == np.round(g)):
         g = g.astype(np.int64)
-    if g.dtype.kind not in "iu" or np.any(g < 1):
-        raise ValueError(f"gamma must be an integer (or integer array) >= 1, got {gamma!r}")
+    if g.dtype.kind not in "iu" or np.any(g < minimum):
+        raise ValueError(f"gamma must be an integer (or integer array) >= {minimum}, got {gamma!r}")
     return g
 
 
@@ -86,19 +87,20 @@ def expected_tokens(alpha: ArrayLike, gamma: ArrayLike | None = None) -> float |
     """Expected tokens emitted per verification step (accepted drafts plus the one target token).
 
     Scalar ``alpha``: ``(1 - alpha^(gamma+1)) / (1 - alpha)`` (``gamma + 1`` at ``alpha = 1``),
-    broadcast over array ``gamma``. Vector ``alpha`` (position-wise conditional rates, last axis):
+    broadcast over array ``gamma``; ``gamma = 0`` (a step that drafted nothing: one plain target step)
+    gives 1. Vector ``alpha`` (position-wise conditional rates, last axis):
     ``1 + sum_{i <= gamma} prod_{j <= i} alpha_j``; ``gamma`` defaults to the vector's length.
     """
     a = _check_alpha(alpha)
     if a.ndim == 0:
         if gamma is None:
             raise ValueError("gamma is required when alpha is a scalar")
-        g = _check_gamma(gamma)
+        g = _check_gamma(gamma, minimum=0)
         with np.errstate(divide="ignore", invalid="ignore"):
             closed = (1.0 - a ** (g + 1)) / (1.0 - a)
         return _scalar(np.where(a == 1.0, g + 1.0, closed))
     length = a.shape[-1]
-    g = length if gamma is None else _check_gamma(gamma)
+    g = length if gamma is None else _check_gamma(gamma, minimum=0)
     if np.ndim(g) != 0 or int(g) > length:
         raise ValueError(f"gamma must be a single integer <= len(alpha) = {length} for position-wise alpha, got {gamma!r}")
     reach = np.cumprod(a[..., : int(g)], axis=-1)
@@ -127,16 +129,50 @@ def step_cost(gamma: ArrayLike, c: ArrayLike, verify_cost: VerifyCost = 1.0,
                    + _check_nonneg("overhead", overhead))
 
 
+def verify_cost_curve(points: Mapping[int, float]) -> Callable[[int], float]:
+    """``r(g)``, the cost of verifying ``g`` drafted tokens (``g + 1`` positions) in one target forward relative
+    to a 1-token forward, from measured points ``{g: r(g)}`` (e.g. the ``"r"`` table of
+    :func:`spade_lib.decoding.costs.measure_costs`; keys may be strings, as JSON gives them): the one
+    interpolation of ``r`` in SPADE.
+
+    Piecewise linear through ``(0, 1)`` -- a step that drafted nothing is one plain target forward -- and the
+    measured points: ``r(g)`` is the measured value at a measured ``g``, linear between measured neighbours,
+    and beyond the largest measured ``g`` the line through the last two points (with one measured point
+    ``(G, R)``: ``r(g) = 1 + (R - 1) g / G``, memory-bound forwards growing slowly and about linearly in the
+    tokens); ``r(g) = 1`` for ``g <= 0``."""
+    if not isinstance(points, Mapping) or not points:
+        raise ValueError(f"points: must be a non-empty mapping gamma -> r(gamma), got {points!r}")
+    table = {}
+    for g, v in points.items():
+        gi = int(g)
+        if gi < 1:
+            raise ValueError(f"points: measured gammas must be >= 1, got {g!r}")
+        table[gi] = check_float(f"points[{g!r}]", v, min=0.0, min_open=True)
+    xs = np.array([0, *sorted(table)], dtype=np.float64)
+    ys = np.array([1.0, *(table[int(x)] for x in xs[1:])])
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+
+    def r(g) -> float:
+        g = int(g)
+        if g <= 0:
+            return 1.0
+        if g in table:
+            return table[g]
+        if g > xs[-1]:
+            return float(ys[-1] + slope * (g - xs[-1]))
+        return float(np.interp(g, xs, ys))
+
+    return r
+
+
 def linear_verify_cost(ratio: float, at_gamma: int) -> Callable[[int], float]:
-    """``r(g) = 1 + (ratio - 1) g / at_gamma``: the cost of verifying ``g + 1`` tokens in one target
-    forward, relative to a 1-token forward, interpolated linearly through the one measured point
-    ``r(at_gamma) = ratio`` (memory-bound forwards grow slowly and about linearly in the tokens)."""
+    """:func:`verify_cost_curve` through the one measured point ``r(at_gamma) = ratio``:
+    ``r(g) = 1 + (ratio - 1) g / at_gamma``."""
     check_float("ratio", ratio)
     check_int("at_gamma", at_gamma)
     if ratio < 1 or at_gamma < 1:
         raise ValueError(f"ratio must be >= 1 and at_gamma >= 1, got {ratio}, {at_gamma}")
-    slope = (ratio - 1.0) / at_gamma
-    return lambda g: 1.0 + slope * g
+    return verify_cost_curve({at_gamma: ratio})
 
 
 def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost: VerifyCost = 1.0,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib import measures, theory
+from spade_lib import measures, rates, theory
 from spade_lib.whatif import align
 from spade_lib.sampling import SamplingConfig, adjust
 
@@ -251,10 +251,13 @@ def test_greedy_walk_alternating_agreement_gives_the_high_low_position_pattern()
     at gamma 1 but 0.59 at gamma 2 on the same prompts) is what a text whose agreement alternates gives."""
     agree = np.tile([True, False], 50)
     g1, g2 = align.greedy_walk(agree, 1), align.greedy_walk(agree, 2)
-    assert g1.loc[0, "conditional"] == 1.0  # gamma 1 visits only the agreeing tokens
-    assert g2.loc[0, "conditional"] == 1.0 and g2.loc[1, "conditional"] == 0.0
-    alpha = lambda w: w["accepted"].sum() / w["reached"].sum()  # noqa: E731
+    assert g1.loc[0, "alpha_cond"] == 1.0  # gamma 1 visits only the agreeing tokens
+    assert g2.loc[0, "alpha_cond"] == 1.0 and g2.loc[1, "alpha_cond"] == 0.0
+    alpha = lambda w: rates.alpha(w["accepted"].sum(), w["reached"].sum())  # noqa: E731
     assert alpha(g1) == 1.0 and alpha(g2) == pytest.approx(0.5, abs=0.01)
+    # the counts nest (drafted >= reached >= accepted) and alpha_uncond is accepted / drafted
+    assert (g2["drafted"] >= g2["reached"]).all() and (g2["reached"] >= g2["accepted"]).all()
+    assert g2["alpha_uncond"].tolist() == pytest.approx((g2["accepted"] / g2["drafted"]).tolist())
     with pytest.raises(ValueError, match="gamma"):
         align.greedy_walk(agree, 0)
 
@@ -268,7 +271,7 @@ def test_greedy_trace_positions_are_the_walk_over_its_own_text(gamma):
     import pandas as pd
 
     from spade_lib.decoding.decode import SpeculativeDecoder
-    from spade_lib.runs.metrics import position_acceptance
+    from spade_lib.diagnose import position_acceptance
     from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny")

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from spade_lib.diagnose import position_acceptance
 from spade_lib.runs import metrics
 
 
@@ -38,15 +39,18 @@ def test_hand_computed_block_metrics():
     t = trace_from_blocks([("a", 2, 3), ("a", 3, 3), ("b", 0, 3)])
     assert metrics.acceptance_rate(t) == pytest.approx(5 / 7)
     assert metrics.acceptance_rate(t, over="drafted") == pytest.approx(5 / 9)
-    assert metrics.expected_acceptance_rate(t) == pytest.approx(0.7)
     assert metrics.mean_accepted_length(t) == pytest.approx((3 + 4 + 1) / 3)
     assert metrics.mean_accepted_length(t, with_bonus=False) == pytest.approx(5 / 3)
-    pa_ = metrics.position_acceptance(t)
+    pa_ = position_acceptance(t)
     assert pa_["drafted"].tolist() == [3, 3, 3]
     assert pa_["reached"].tolist() == [3, 2, 2]
     assert pa_["accepted"].tolist() == [2, 2, 1]
-    assert pa_["conditional"].tolist() == pytest.approx([2 / 3, 1.0, 0.5])
-    assert pa_["unconditional"].tolist() == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    assert pa_["alpha_cond"].tolist() == pytest.approx([2 / 3, 1.0, 0.5])
+    assert pa_["alpha_uncond"].tolist() == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    assert pa_["expected_cond"].tolist() == pytest.approx([0.7] * 3)
+    m = metrics.run_metrics(t, summary(["a", "b"], [8, 1], [1.0, 1.0], [[3, 4], [1]]))
+    assert (m["alpha"], m["accepted"], m["judged"]) == (pytest.approx(5 / 7), 5.0, 7.0)
+    assert m["alpha_expected"] == pytest.approx(0.7)  # mean 1 - tv over the judged positions
 
 
 def test_tau_drafting_steps_leaves_out_steps_that_drafted_nothing():
@@ -124,12 +128,12 @@ def test_iid_simulation_matches_closed_forms():
     n_acc = np.where(coins.all(1), gamma, coins.argmin(1))
     t = trace_from_blocks([("p", int(n), gamma) for n in n_acc])
     z = stats.norm.ppf(1 - 1e-4 / 2)
-    pa_ = metrics.position_acceptance(t)
+    pa_ = position_acceptance(t)
     for i in range(gamma):
         p_u = alpha ** (i + 1)
-        assert abs(pa_["unconditional"][i] - p_u) < z * math.sqrt(p_u * (1 - p_u) / n_blocks)
+        assert abs(pa_["alpha_uncond"][i] - p_u) < z * math.sqrt(p_u * (1 - p_u) / n_blocks)
         r = pa_["reached"][i]
-        assert abs(pa_["conditional"][i] - alpha) < z * math.sqrt(alpha * (1 - alpha) / r)
+        assert abs(pa_["alpha_cond"][i] - alpha) < z * math.sqrt(alpha * (1 - alpha) / r)
     tau = (1 - alpha ** (gamma + 1)) / (1 - alpha)
     lengths = n_acc + 1
     assert abs(metrics.mean_accepted_length(t) - tau) < z * lengths.std() / math.sqrt(n_blocks)

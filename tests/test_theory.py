@@ -77,7 +77,8 @@ def test_ops_overhead():
 
 @pytest.mark.parametrize("call,match", [
     (lambda: expected_tokens(1.2, 3), "alpha"),
-    (lambda: expected_tokens(0.5, 0), "gamma"),
+    (lambda: expected_tokens(0.5, -1), "gamma"),
+    (lambda: speedup(0.5, 0, 0.1), "gamma"),
     (lambda: expected_tokens(0.5, 2.5), "gamma"),
     (lambda: expected_tokens(0.5), "gamma is required"),
     (lambda: speedup(0.5, 3, -0.1), "c must"),
@@ -134,6 +135,27 @@ def test_cost_model_takes_a_number_or_a_callable():
         optimal_gamma(0.8, 0.02, max_gamma=8, verify_cost=np.array([r(g) for g in grid]))
     with pytest.raises(ValueError, match="verify_cost"):
         step_cost(2, 0.1, lambda g: 0.0)
+
+
+def test_verify_cost_curve_is_the_one_interpolation_of_r():
+    """r(g) from measured points: the points themselves, r(0) = 1, linear between, the last two points' line
+    beyond; one point is linear_verify_cost's line through (0, 1)."""
+    from spade_lib.theory import linear_verify_cost, verify_cost_curve
+
+    r = verify_cost_curve({1: 1.1, 2: 1.3, "4": 1.9})  # JSON keys are strings
+    assert [r(g) for g in (0, -1, 1, 2, 4)] == pytest.approx([1.0, 1.0, 1.1, 1.3, 1.9])
+    assert r(3) == pytest.approx(1.6) and r(6) == pytest.approx(1.9 + 2 * 0.3)
+    one, line = verify_cost_curve({4: 1.5}), linear_verify_cost(1.5, 4)
+    assert [one(g) for g in range(9)] == pytest.approx([line(g) for g in range(9)])
+    assert [line(g) for g in (2, 8)] == pytest.approx([1.25, 2.0])
+    for bad in ({}, {0: 1.2}, {2: 0.0}, {2: float("nan")}):
+        with pytest.raises(ValueError, match="points"):
+            verify_cost_curve(bad)
+
+
+def test_expected_tokens_of_a_step_that_drafts_nothing_is_one():
+    assert expected_tokens(0.7, 0) == 1.0 and expected_tokens(1.0, 0) == 1.0
+    np.testing.assert_allclose(expected_tokens(0.5, np.array([0, 1, 2])), [1.0, 1.5, 1.75])
 
 
 def test_overhead_is_one_more_cost_per_step():

@@ -28,7 +28,8 @@ module                      what it answers
 ``study``                   notebook 04's runs (drafts, EAGLE's per-position runs), per-category
                             speedups, the check of its drafts
 ``synthetic``               traces with known answers (tests, benchmarks)
-``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC)
+``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC); every
+                            rate from counts is :mod:`spade_lib.rates`'s
 ==========================  ==============================================================
 """
 

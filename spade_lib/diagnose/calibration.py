@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
-from spade_lib.diagnose.stats import add_rate, bin_edges
+from spade_lib.diagnose.stats import bin_edges
+from spade_lib.rates import add_rate
 
 SCORES = ("q_x", "accept_prob", "q_top_prob")  # scores in [0, 1] a reliability diagram makes sense for
 

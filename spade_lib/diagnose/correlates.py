@@ -35,8 +35,9 @@ from scipy import special, stats
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import (
-    add_rate, auc, bin_edges, grouped_compare, grouped_quantiles, mean_ci,
+    auc, bin_edges, grouped_compare, grouped_quantiles, mean_ci,
 )
+from spade_lib.rates import add_rate
 
 BIN_MEASURES = ("h_p", "h_q", "tv", "kl")
 LOGIT_FEATURES = ("pos", "h_p", "h_q", "q_top_prob")

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from spade_lib.diagnose.frame import By, as_trace, group_keys, step_rows
-from spade_lib.diagnose.stats import add_rate
+from spade_lib.rates import add_rate
 
 KINDS = ("same", "merge", "split", "special")  # a target token's kind against the draft's boundaries
 COST_FIELDS = ("draft_tokens", "forwards", "fed", "t_forward", "t_text", "encode_calls", "decode_calls")

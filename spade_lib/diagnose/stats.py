@@ -1,7 +1,8 @@
 """Small vectorised statistics shared by the M3 tables.
 
 - Binomial confidence intervals for ``k`` successes in ``n`` trials (Wilson or Clopper-Pearson):
-  :func:`spade_lib.intervals.binomial_ci`, re-exported here.
+  :func:`spade_lib.intervals.binomial_ci`, re-exported here; a rate with its bounds is
+  :func:`spade_lib.rates.add_rate`.
 - The Poisson-binomial z test: for independent flags ``A_i ~ Bernoulli(pi_i)``,
   ``S = sum A_i`` has mean ``sum pi_i`` and variance ``sum pi_i (1 - pi_i)``;
   ``z = (S - E S) / sqrt(Var S)`` is asymptotically standard normal (Lyapunov CLT), p two-sided.
@@ -12,21 +13,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 from scipy import stats
 
 from spade_lib.intervals import CI_METHODS, _z, binomial_ci  # noqa: F401  (defined there for the zoo's use too)
-
-
-def add_rate(table: pd.DataFrame, k: str, n: str, name: str, level: float = 0.95,
-             method: str = "wilson") -> pd.DataFrame:
-    """Add ``name = k / n`` and its ``name_low`` / ``name_high`` binomial bounds to ``table`` (in place)."""
-    kk = table[k].to_numpy(dtype=np.float64)
-    nn = table[n].to_numpy(dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        table[name] = np.where(nn > 0, kk / nn, np.nan)
-    table[f"{name}_low"], table[f"{name}_high"] = binomial_ci(kk, nn, level, method)
-    return table
 
 
 def mean_ci(mean, std, n, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,8 @@ drafts out of ``gamma_s``, so ``|A| = sum_s N_s`` accepted and ``|R| = sum_s min
 reached (judged) positions (all computed from the step-level columns):
 
 - ``acceptance = |A| / sum_s gamma_s``        acceptance per drafted token
-- ``alpha = |A| / |R|``                         acceptance per judged (reached) token
+  (:func:`spade_lib.rates.acceptance_per_drafted`)
+- ``alpha = |A| / |R|``                         acceptance per judged (reached) token (:func:`spade_lib.rates.alpha`)
 - ``tau_drafting_steps = mean_s (N_s + 1)``     mean accepted length with the bonus/residual token over
   the trace's steps (:func:`spade_lib.measures.tau`); ``tau_no_bonus_drafting_steps = mean_s N_s``.
   A trace has rows only for the steps that drafted, so this is not a run's ``tau`` (Spec-Bench's mean
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from spade_lib import measures
+from spade_lib import measures, rates
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, categorize, group_keys, step_rows
 
 TIME_COLUMNS = ("t_draft", "t_verify", "t_overhead")
@@ -81,8 +82,8 @@ def category_summary(trace: TraceLike, by: By = None, *, category: str = "catego
             out = out.sort_values(keys, kind="stable")
     out["emitted"] = out["n_acc"] + out["steps"]
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["acceptance"] = out["accepted"] / out["drafted"]
-        out["alpha"] = out["accepted"] / out["reached"]
+        out["acceptance"] = rates.acceptance_per_drafted(out["accepted"], out["drafted"])
+        out["alpha"] = rates.alpha(out["accepted"], out["reached"])
         out["tau_drafting_steps"] = measures.tau(out["n_acc"], out["steps"])
         out["tau_no_bonus_drafting_steps"] = measures.tau(out["n_acc"], out["steps"], with_bonus=False)
         out["tokens_per_second"] = out["emitted"] / out["time"]

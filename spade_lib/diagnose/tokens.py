@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
-from spade_lib.diagnose.stats import add_rate
+from spade_lib.rates import add_rate
 
 TOKEN_CLASSES = ("whitespace", "identifier", "number", "punctuation", "other")
 

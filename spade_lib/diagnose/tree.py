@@ -28,7 +28,9 @@ a child in the tree):
   so over a run whose drafter may draft nothing this is ``tau_drafting_steps``, as
   ``metrics.tau_drafting_steps`` of a trace).
 
-Intervals are binomial (:func:`spade_lib.intervals.binomial_ci`, Wilson by default), over steps (or
+Every rate is a ratio of counts as :mod:`spade_lib.rates` defines them (``alpha_cond``, ``alpha_uncond``:
+its per-position rates with steps as the trials; ``alpha_judged``: its ``alpha``, accepted over judged
+nodes). Intervals are binomial (:func:`spade_lib.rates.add_rate`, Wilson by default), over steps (or
 judged nodes) as independent trials.
 """
 
@@ -39,7 +41,8 @@ import pandas as pd
 
 from spade_lib import measures
 from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys
-from spade_lib.diagnose.stats import add_rate, mean_ci
+from spade_lib.diagnose.stats import mean_ci
+from spade_lib.rates import accept_length_hist, add_rate, alpha
 from spade_lib.decoding.records import STEP_KEYS
 
 COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "gamma", "reached",
@@ -118,27 +121,14 @@ def root_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95, met
 
 def tree_accept_length_hist(trace: TraceLike, by: By = None) -> pd.DataFrame:
     """Distribution of the accepted length ``N`` per ``by`` group, ``N = 0 .. max tree depth`` (zero counts
-    kept): ``n_accepted``, ``steps``, ``fraction = P(N = k)``, ``survival = P(N >= k)`` and
-    ``accept_length = k + 1`` (the columns of :func:`spade_lib.diagnose.accept_length_hist`, whose
-    range, ``0 .. max gamma``, is a tree's node count rather than its depth)."""
+    kept): :func:`spade_lib.rates.accept_length_hist` of the trace's steps (``n_accepted``, ``steps``,
+    ``fraction = P(N = k)``, ``survival = P(N >= k)``, ``accept_length = k + 1``), as
+    :func:`spade_lib.diagnose.accept_length_hist` but over ``0 .. max depth + 1`` (a chain's range,
+    ``0 .. max gamma``, would be a tree's node count)."""
     df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     steps = _steps(df, keys)
-    k_max = int(steps["tree_depth"].max()) if len(steps) else 0
-    rows = []
-    for key, s in (steps.groupby(keys, observed=True, sort=True) if keys else [((), steps)]):
-        counts = np.bincount(s["n_accepted"].to_numpy(dtype=np.int64), minlength=k_max + 1)[:k_max + 1]
-        frac = counts / max(int(counts.sum()), 1)
-        t = pd.DataFrame({"n_accepted": np.arange(k_max + 1), "steps": counts, "fraction": frac,
-                          "survival": np.cumsum(frac[::-1])[::-1]})
-        key = key if isinstance(key, tuple) else (key,)
-        for j, k in enumerate(keys):
-            t.insert(j, k, key[j])
-        rows.append(t)
-    out = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(
-        columns=keys + ["n_accepted", "steps", "fraction", "survival"])
-    out["accept_length"] = out["n_accepted"] + 1
-    return out
+    return accept_length_hist(steps, keys, int(steps["tree_depth"].max()) if len(steps) else 0)
 
 
 def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.DataFrame:
@@ -161,6 +151,6 @@ def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.
     out["tau_low"], out["tau_high"] = mean_ci(out["tau"], out.pop("sd"), out["steps"], level)
     judged = df.groupby(group, observed=True, sort=True)[["reached", "accepted"]].sum().reindex(out.index)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["alpha_judged"] = judged["accepted"] / judged["reached"].where(judged["reached"] > 0)
+        out["alpha_judged"] = alpha(judged["accepted"], judged["reached"])
         out["accepted_per_node"] = out["mean_accepted"] / out["nodes"]
     return out.reset_index() if keys else out.reset_index(drop=True)

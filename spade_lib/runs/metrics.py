@@ -19,18 +19,13 @@ Definitions (sums run over the rows of the frame passed in; group by ``category`
 figures):
 
 ==============================  =================================================================
-``acceptance_rate``             ``alpha_hat = sum(accepted) / sum(reached)``: acceptance per drafted
-                                token that was judged. Under the i.i.d. model each judged position is
-                                Bernoulli(alpha), so this estimates alpha. ``over="drafted"`` gives
-                                ``sum(accepted) / n_drafted`` instead (the fraction of drafted tokens
-                                kept, lower: unjudged tokens count as lost).
-``expected_acceptance_rate``    ``mean(1 - tv)`` over reached positions: the same alpha, estimated
-                                from the distributions instead of the coin flips (lower variance).
-``position_acceptance``         per draft position ``i``, among steps that drafted position ``i``:
-                                unconditional ``P(x_i accepted) = accepted_i / drafted_i`` (i.i.d.:
-                                ``alpha^(i+1)``) and conditional
-                                ``P(x_i accepted | x_0..x_{i-1} accepted) = accepted_i / reached_i``
-                                (i.i.d.: ``alpha``).
+``acceptance_rate``             ``alpha_hat = sum(accepted) / sum(reached)`` (:func:`spade_lib.rates.alpha`:
+                                acceptance per judged token), or ``over="drafted"`` ``sum(accepted) /
+                                n_drafted`` (:func:`spade_lib.rates.acceptance_per_drafted`). Every
+                                acceptance rate, per position (conditional and unconditional), from the
+                                distributions (``alpha_expected``) and per request, is defined once in
+                                :mod:`spade_lib.rates`; the per-position table is
+                                :func:`spade_lib.diagnose.position_acceptance`.
 ``mean_accepted_length``        ``tau = mean over steps of (n + 1)`` with the bonus / residual token,
                                 or ``tau_no_bonus = mean(n)`` without it, over every step of a
                                 summary's ``accept_lengths``; each step weighs 1 (pooled over
@@ -90,7 +85,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from spade_lib import measures
+from spade_lib import measures, rates, theory
 from spade_lib.decoding.records import STEP_KEYS
 
 GENERATION_KEYS = ["question_id", "sample"]
@@ -108,49 +103,15 @@ def _nonempty(n: float, what: str) -> None:
 
 
 def acceptance_rate(trace: pd.DataFrame, over: str = "reached") -> float:
-    """``sum(accepted) / sum(reached)`` (``over="reached"``) or ``/ n_drafted`` (``"drafted"``)."""
+    """:func:`spade_lib.rates.alpha` (``over="reached"``: accepted / judged) or
+    :func:`spade_lib.rates.acceptance_per_drafted` (``"drafted"``) of the trace's :func:`spade_lib.rates.counts`."""
     _require(trace, ["accepted", "reached"], "trace")
-    if over == "reached":
-        n = int(trace["reached"].sum())
-    elif over == "drafted":
-        n = len(trace)
-    else:
+    if over not in ("reached", "drafted"):
         raise ValueError(f"over must be 'reached' or 'drafted', got {over!r}")
-    _nonempty(n, f"acceptance_rate(over={over!r})")
-    return float(trace["accepted"].sum()) / n
-
-
-def expected_acceptance_rate(trace: pd.DataFrame) -> float:
-    """``mean(1 - tv)`` over reached positions (alpha from the distributions)."""
-    _require(trace, ["reached", "tv"], "trace")
-    reached = trace.loc[trace["reached"], "tv"]
-    _nonempty(len(reached), "expected_acceptance_rate")
-    return float(1.0 - reached.astype(np.float64).mean())
-
-
-def position_acceptance(trace: pd.DataFrame) -> pd.DataFrame:
-    """Per draft position ``pos``: counts and unconditional / conditional acceptance.
-
-    Columns: ``drafted``, ``reached``, ``accepted``, ``unconditional`` (accepted / drafted),
-    ``conditional`` (accepted / reached; NaN where nothing was reached) and ``expected_conditional``
-    (mean ``1 - tv`` over reached rows).
-    """
-    _require(trace, ["pos", "reached", "accepted", "tv"], "trace")
-    t = trace[["pos", "reached", "accepted", "tv"]].copy()
-    t["one_minus_tv_reached"] = np.where(t["reached"], 1.0 - t["tv"].astype(np.float64), np.nan)
-    g = t.groupby("pos", sort=True)
-    out = pd.DataFrame(
-        {
-            "drafted": g.size(),
-            "reached": g["reached"].sum().astype(int),
-            "accepted": g["accepted"].sum().astype(int),
-            "expected_conditional": g["one_minus_tv_reached"].mean(),
-        }
-    )
-    out["unconditional"] = out["accepted"] / out["drafted"]
-    out["conditional"] = out["accepted"] / out["reached"].where(out["reached"] > 0)
-    out.index = out.index.astype(int)
-    return out[["drafted", "reached", "accepted", "unconditional", "conditional", "expected_conditional"]]
+    c = rates.counts(trace).iloc[0]
+    _nonempty(int(c[over]), f"acceptance_rate(over={over!r})")
+    return rates.alpha(c["accepted"], c["reached"]) if over == "reached" else \
+        rates.acceptance_per_drafted(c["accepted"], c["drafted"])
 
 
 def steps(trace: pd.DataFrame) -> pd.DataFrame:
@@ -354,10 +315,6 @@ def _cluster_sums(frame: pd.DataFrame, key: str, num: pd.Series, den: pd.Series)
                          "unit": frame[key].astype(str).to_numpy()}).groupby("unit", sort=True).sum()
 
 
-def _ratio(num, den):
-    return num / den
-
-
 def _ratio_boot(sums: list[pd.DataFrame], n_boot: int, level: float, seed: int,
                 stats: Sequence | None = None) -> list[tuple[float, float]]:
     """Percentile intervals of ``stat(sum num, sum den)`` (default ``sum num / sum den``) for each frame of
@@ -367,7 +324,7 @@ def _ratio_boot(sums: list[pd.DataFrame], n_boot: int, level: float, seed: int,
     rng = np.random.default_rng(seed)
     draw = rng.integers(0, len(units), size=(n_boot, len(units)))
     out = []
-    for s, stat in zip(sums, stats or [_ratio] * len(sums)):
+    for s, stat in zip(sums, stats or [rates.rate] * len(sums)):
         s = s.reindex(units, fill_value=0.0)
         num, den = s["num"].to_numpy()[draw].sum(1), s["den"].to_numpy()[draw].sum(1)
         vals = np.where(den > 0, stat(num, np.where(den > 0, den, 1.0)), np.nan)
@@ -399,7 +356,7 @@ def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = Non
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 1:
         raise ValueError(f"n_boot: must be an integer >= 1, got {n_boot!r}")
     a = _alpha_sums(trace)
-    out = {"alpha": float(a["num"].sum() / a["den"].sum()) if a["den"].sum() > 0 else np.nan}
+    out = {"alpha": rates.alpha(a["num"].sum(), a["den"].sum())}
     frames = [a]
     if summary is not None:
         _require(summary, ["question_id", "accept_lengths"], "summary")
@@ -408,7 +365,7 @@ def bootstrap_acceptance(trace: pd.DataFrame, summary: pd.DataFrame | None = Non
                           summary["accept_lengths"].map(lambda x: float(len(x))))
         out["tau"] = float(measures.tau(t["num"].sum(), t["den"].sum())) if t["den"].sum() > 0 else np.nan
         frames.append(t)
-    intervals = _ratio_boot(frames, n_boot, level, seed, stats=[_ratio, measures.tau][:len(frames)])
+    intervals = _ratio_boot(frames, n_boot, level, seed, stats=[rates.alpha, measures.tau][:len(frames)])
     out["alpha_low"], out["alpha_high"] = intervals[0]
     if summary is not None:
         out["tau_low"], out["tau_high"] = intervals[1]
@@ -430,10 +387,10 @@ def paired_alpha_difference(trace_a: pd.DataFrame, trace_b: pd.DataFrame, *, n_b
     a, b = a.loc[units], b.loc[units]
     rng = np.random.default_rng(seed)
     draw = rng.integers(0, len(units), size=(n_boot, len(units)))
-    da = a["num"].to_numpy()[draw].sum(1) / np.maximum(a["den"].to_numpy()[draw].sum(1), 1e-300)
-    db = b["num"].to_numpy()[draw].sum(1) / np.maximum(b["den"].to_numpy()[draw].sum(1), 1e-300)
+    da = rates.alpha(a["num"].to_numpy()[draw].sum(1), a["den"].to_numpy()[draw].sum(1))
+    db = rates.alpha(b["num"].to_numpy()[draw].sum(1), b["den"].to_numpy()[draw].sum(1))
     d = da - db
-    diff = float(a["num"].sum() / a["den"].sum() - b["num"].sum() / b["den"].sum())
+    diff = rates.alpha(a["num"].sum(), a["den"].sum()) - rates.alpha(b["num"].sum(), b["den"].sum())
     lo, hi = (1 - level) / 2, (1 + level) / 2
     p = float(min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean())))
     return {"diff": diff, "low": float(np.quantile(d, lo)), "high": float(np.quantile(d, hi)), "p_value": p,
@@ -552,31 +509,28 @@ def predicted_speedup(alpha: float, gamma: int | Sequence[int] | np.ndarray, c: 
 
     Array ``gamma`` (the number ``g_s`` drafted at each step ``s``, e.g. :func:`drafted_per_step`,
     for drafters that propose fewer than gamma tokens, such as prompt lookup): the ratio of expected
-    totals ``sum_s E[tokens | g_s] / sum_s (g_s c + r_s + o)`` with ``E[tokens | g] =
-    (1 - alpha^(g+1)) / (1 - alpha)`` (1 when ``g = 0``) and ``r_s`` the step's verify cost (a
-    number, or one per step; a step that drafted nothing costs one plain target forward, 1, plus ``o``:
-    it is a step of the same loop). ``prefill = (P_AR, P_run)`` (array ``gamma`` only; :func:`prefill_steps`)
+    totals ``sum_s E[tokens | g_s] / sum_s C(g_s)`` with ``E[tokens | g] =
+    (1 - alpha^(g+1)) / (1 - alpha)`` (1 when ``g = 0``; :func:`spade_lib.theory.expected_tokens`) and the
+    step cost ``C(g_s) = g_s c + r_s + o`` (:func:`spade_lib.theory.step_cost`), ``r_s`` the step's verify
+    cost (a number, or one per step; a step that drafted nothing costs one plain target forward, ``r = 1``,
+    plus ``o``: it is a step of the same loop). ``prefill = (P_AR, P_run)`` (array ``gamma`` only; :func:`prefill_steps`)
     adds the prompts' prefills in AR steps: ``(P_AR + sum_s E[tokens | g_s]) / (P_run + sum_s cost_s)``, the
     ratio of whole generations' times that a measured speedup is.
     """
-    from spade_lib.theory import expected_tokens, speedup
-
     if not (np.ndim(overhead) == 0 and np.isfinite(overhead) and overhead >= 0):
         raise ValueError(f"overhead: must be a finite number >= 0, got {overhead!r}")
     if np.ndim(gamma) == 0:
         if prefill is not None:
             raise ValueError("prefill: needs the drafted count of every step (an array gamma)")
-        return float(speedup(alpha, gamma, c, verify_cost=verify_cost, overhead=overhead))
+        return float(theory.speedup(alpha, gamma, c, verify_cost=verify_cost, overhead=overhead))
     g = np.asarray(gamma, dtype=np.int64)
     _nonempty(g.size, "predicted_speedup")
     if (g < 0).any():
         raise ValueError("gamma: drafted counts must be >= 0")
-    r = np.broadcast_to(np.asarray(verify_cost, dtype=np.float64), g.shape)
-    tokens = np.ones(g.shape)
-    drafted = g > 0
-    if drafted.any():
-        tokens[drafted] = expected_tokens(alpha, g[drafted])
-    cost = np.where(drafted, g * float(c) + r, 1.0) + float(overhead)
+    # r(0) = 1: a step that drafted nothing is one plain target forward (theory.verify_cost_curve)
+    r = np.where(g > 0, np.broadcast_to(np.asarray(verify_cost, dtype=np.float64), g.shape), 1.0)
+    tokens = np.asarray(theory.expected_tokens(alpha, g))
+    cost = np.asarray(theory.step_cost(g, float(c), r, float(overhead)))
     if prefill is None:
         return float(tokens.sum() / cost.sum())
     p_base, p_run = (float(x) for x in prefill)
@@ -622,10 +576,11 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         "stalls": float(summary["stalls"].fillna(0).sum()) if "stalls" in summary.columns else 0.0,
     }
     drafted = len(trace) > 0 and bool(trace["reached"].any())
-    out["alpha"] = acceptance_rate(trace) if drafted else nan
-    out["accepted"] = float(trace["accepted"].sum()) if drafted else nan  # alpha = accepted / judged
-    out["judged"] = float(trace["reached"].sum()) if drafted else nan
-    out["alpha_expected"] = expected_acceptance_rate(trace) if drafted else nan
+    c = rates.counts(trace).iloc[0] if drafted else None  # alpha = accepted / judged (rates.alpha)
+    out["alpha"] = rates.alpha(c["accepted"], c["reached"]) if drafted else nan
+    out["accepted"] = float(c["accepted"]) if drafted else nan
+    out["judged"] = float(c["reached"]) if drafted else nan
+    out["alpha_expected"] = rates.expected_alpha(c["expected"], c["reached"]) if drafted and "expected" in c else nan
     has_steps = "accept_lengths" in summary.columns and summary["accept_lengths"].map(len).sum() > 0
     out["tau"] = mean_accepted_length(summary) if has_steps else nan
     if drafted and has_steps and "prompt_id" in trace.columns:
@@ -651,9 +606,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["c"] = out["r"] = nan  # the cost measurement's, from a costs table only
         r_fn, overhead = None, 0.0
         if costs is not None and drafted and gamma is not None:
-            from spade_lib.decoding.costs import verify_cost_fn
-
-            r_fn = verify_cost_fn(costs)
+            r_fn = theory.verify_cost_curve(costs["r"])
             out["c"], out["r"] = float(costs["c"]), r_fn(gamma)
             overhead = float(costs.get("overhead") or 0.0)
         out["overhead"] = overhead

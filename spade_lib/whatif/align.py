@@ -58,7 +58,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from spade_lib import devices, measures, theory
+from spade_lib import devices, measures, rates, theory
 from spade_lib.decoding.adapter import context_limit
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int, check_token_ids
@@ -401,17 +401,20 @@ def greedy_walk(agree: Sequence[bool] | np.ndarray, gamma: int) -> pd.DataFrame:
     steps: a step at ``t`` drafts ``g = min(gamma, L - t - 1)`` tokens (a plain target step when
     ``g = 0``), accepts while ``agree`` holds, and the next step starts after its ``n + 1`` tokens.
 
-    Returns per draft slot ``pos``: ``reached``, ``accepted`` and ``conditional`` = accepted / reached
-    (the columns of :func:`spade_lib.runs.metrics.position_acceptance` for a greedy trace of that text),
-    plus ``steps`` (steps that drafted that slot)."""
+    Returns per draft slot ``pos`` the counts ``drafted`` (steps that drafted that slot), ``reached``,
+    ``accepted`` and their rates ``alpha_cond`` = accepted / reached and ``alpha_uncond`` = accepted / drafted
+    with bounds (:func:`spade_lib.rates.add_position_rates`: the columns of
+    :func:`spade_lib.diagnose.position_acceptance` for a greedy trace of that text)."""
     gamma = check_gamma("gamma", gamma)
     a = np.asarray(agree, dtype=bool)
     L = len(a)
+    drafted = np.zeros(gamma, dtype=np.int64)
     reached = np.zeros(gamma, dtype=np.int64)
     accepted = np.zeros(gamma, dtype=np.int64)
     t = 0
     while t < L:
         g = min(gamma, L - t - 1)
+        drafted[:g] += 1
         n = 0
         for i in range(g):
             reached[i] += 1
@@ -420,9 +423,8 @@ def greedy_walk(agree: Sequence[bool] | np.ndarray, gamma: int) -> pd.DataFrame:
             accepted[i] += 1
             n += 1
         t += n + 1
-    out = pd.DataFrame({"pos": np.arange(gamma), "reached": reached, "accepted": accepted})
-    out["conditional"] = out["accepted"] / out["reached"].where(out["reached"] > 0)
-    return out.set_index("pos")
+    out = pd.DataFrame({"pos": np.arange(gamma), "drafted": drafted, "reached": reached, "accepted": accepted})
+    return rates.add_position_rates(out).set_index("pos")
 
 
 def measured_tau(trace: pd.DataFrame, gamma: int | None = None) -> tuple[float, float, int]:

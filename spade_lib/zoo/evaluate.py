@@ -6,7 +6,8 @@ logits / T):
 
 - validation loss ``-mean_t log p(x_{t+1} | x_{<=t})`` (nats/token), perplexity ``exp(loss)``;
 - acceptance rate ``alpha(T) = mean_t sum_v min(p_t(v), q_t(v)) = 1 - mean_t TV(p_t, q_t)``
-  (Leviathan et al. 2023: the probability that speculative sampling accepts a drafted token);
+  (Leviathan et al. 2023: the probability that speculative sampling accepts a drafted token;
+  :func:`spade_lib.measures.alpha` per position);
 - greedy top-1 agreement ``mean_t [argmax p_t = argmax q_t]`` (alpha of greedy decoding).
 
 Costs, measured with a KV cache holding ``context`` tokens by :func:`spade_lib.decoding.costs.measure_costs`
@@ -24,6 +25,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from spade_lib import measures
 
 
 @torch.no_grad()
@@ -45,7 +48,7 @@ def teacher_forced_stats(target, drafts: dict, windows: torch.Tensor, temperatur
             top1[name] += (p_logits.argmax(-1) == q_logits.argmax(-1)).sum().item()
             for t in temperatures:
                 p, q = torch.softmax(p_logits / t, -1), torch.softmax(q_logits / t, -1)
-                alpha[name][t] += torch.minimum(p, q).sum(-1).sum().item()
+                alpha[name][t] += measures.alpha(p, q).sum().item()
         n_pos += y.numel()
     loss = {k: v / n_pos for k, v in sums.items()}
     out = {"n_positions": n_pos, "target": {"val_loss": loss["target"], "val_ppl": math.exp(loss["target"])}}

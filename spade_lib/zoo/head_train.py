@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from spade_lib import measures
 from spade_lib.decoding.eagle import STEP_DECAY, EagleHead
 from spade_lib.decoding.medusa import MedusaHead
 from spade_lib.zoo.head_data import HeadData
@@ -283,7 +284,7 @@ def evaluate(head, data: HeadData, ids: list[int], depth: int) -> dict:
             rows, p = soft_labels(data.topv[j][lo:hi], data.topi[j][lo:hi], data.lse[j][lo:hi], index)
             rows, p = rows.to(dev), p.to(dev)
             agree = (head.draft_ids[lg.argmax(-1)] == data.topi[j][lo:hi, 0].to(dev).long()).float()
-            overlap = torch.minimum(p, q.gather(-1, rows)).sum(-1)
+            overlap = measures.alpha(p, q.gather(-1, rows))  # sum over the target's top k only: <= alpha
             gen = torch.arange(lo, hi, device=dev) >= data.starts[j] - 1  # p_pos labels s_{pos+1}: generated?
             gen = gen & torch.tensor(data.starts[j] > 0, device=dev)
             for scope, sel in (("all", slice(None)), ("generated", gen)):
