@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spade_lib.validate import ArgumentTypeError
+from spade_lib.validate import ArgumentTypeError, check_dtype
 
 _MIN_TEMPERATURE = float(torch.finfo(torch.float32).tiny)
 
@@ -95,7 +95,8 @@ def adjust_logits(
     and ``-inf`` elsewhere.
     """
     if not isinstance(config, SamplingConfig):
-        raise ValueError(f"config must be a SamplingConfig, got {type(config).__name__}")
+        raise ArgumentTypeError(f"config: must be a SamplingConfig, got {type(config).__name__}")
+    check_dtype("dtype", dtype)  # an integer dtype would truncate the distribution (cheap: checked always)
     if validate:
         _check_logits(logits)
     if config.greedy:
@@ -129,8 +130,10 @@ def adjust(
     *,
     validate: bool = True,
 ) -> torch.Tensor:
-    """The adjusted sampling distribution ``[..., V]`` (rows sum to 1) for ``logits`` under ``config``."""
+    """The adjusted sampling distribution ``[..., V]`` (rows sum to 1) for ``logits`` under ``config``, in
+    ``dtype`` (a floating-point one)."""
     if isinstance(config, SamplingConfig) and config.greedy:
+        check_dtype("dtype", dtype)
         if validate:
             _check_logits(logits)
         return _one_hot_argmax(logits, dtype)

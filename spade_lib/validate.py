@@ -26,7 +26,8 @@ import numpy as np
 
 __all__ = [
     "ArgumentTypeError", "check_int", "check_float", "check_choice", "check_bool", "check_str",
-    "check_prob_tensor", "check_token_ids", "check_identifier", "check_gamma", "check_costs", "MAX_GAMMA", "safe_name",
+    "check_prob_tensor", "check_token_ids", "check_identifier", "check_gamma", "check_costs", "check_finite_columns",
+    "check_dtype", "MAX_GAMMA", "safe_name",
 ]
 
 
@@ -175,6 +176,42 @@ def check_costs(name: str, values: Any) -> np.ndarray:
     if v.size and (not np.all(np.isfinite(v)) or np.any(v <= 0)):
         raise ValueError(f"{name}: must be finite and > 0, got {values!r}")
     return v
+
+
+def check_finite_columns(name: str, frame: Any, columns: Iterable[str], *, nan_ok: Iterable[str] = (),
+                         keys: Sequence[str] = ()) -> Any:
+    """``frame`` (a pandas ``DataFrame``) if its numeric ``columns`` (those it has) hold no NaN and no
+    ``+-inf``; a column of ``nan_ok`` may hold NaN (its meaning: "not recorded"), never an infinity. The error
+    names the column and the first bad row: its index label and, where ``frame`` has them, the ``keys``
+    columns' values (e.g. the trace's step keys), e.g. ``"trace: column 'accept_prob' is NaN at row 3
+    (prompt_id='0', sample=0, step=1, pos=0)"``."""
+    nan_ok = set(nan_ok)
+    for col in columns:
+        if col not in frame.columns or frame[col].dtype.kind not in "fc":  # ints and bools are finite
+            continue
+        v = frame[col].to_numpy(dtype=np.float64)
+        bad = np.isinf(v) if col in nan_ok else ~np.isfinite(v)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            plain = lambda x: x.item() if isinstance(x, np.generic) else x  # noqa: E731 (np.int32(0) -> 0)
+            where = ", ".join(f"{k}={plain(frame[k].iloc[i])!r}" for k in keys if k in frame.columns)
+            what = "NaN" if math.isnan(v[i]) else ("inf" if v[i] > 0 else "-inf")
+            allowed = " (NaN means not recorded there; an infinity never)" if col in nan_ok else ""
+            raise ValueError(f"{name}: column {col!r} is {what} at row {plain(frame.index[i])!r}"
+                             f"{f' ({where})' if where else ''}; it must be finite{allowed}")
+    return frame
+
+
+def check_dtype(name: str, value: Any, *, floating: bool = True) -> Any:
+    """``value`` if it is a ``torch.dtype`` (a floating-point one when ``floating``): a probability or a
+    weight in an integer dtype is not one."""
+    import torch
+
+    if not isinstance(value, torch.dtype):
+        raise ArgumentTypeError(f"{name}: must be a torch.dtype, got {value!r} ({type(value).__name__})")
+    if floating and not value.is_floating_point:
+        raise ArgumentTypeError(f"{name}: must be a floating-point torch.dtype (float32, float64, ...), got {value}")
+    return value
 
 
 MAX_GAMMA = 1024

@@ -192,6 +192,18 @@ def _draw(shape: tuple[int, ...], generator, like: torch.Tensor) -> torch.Tensor
 # verification
 
 
+def _mode_options(mode: str, rule: rules.Rule, options: dict) -> dict[str, float]:
+    """``options`` checked against the rule the caller named as ``mode``: an unknown option is refused by its
+    own name and ``mode``'s (a tree mode's chain rule, e.g. ``one_hot_q`` under ``eagle``, is an internal
+    name the caller never wrote)."""
+    known = sorted(o.name for o in rule.options)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown option of mode {mode!r} (its options: {', '.join(known) or 'none'}), "
+                         "got " + ", ".join(f"{k}={options[k]!r}" for k in unknown))
+    return rule.check_options(options)
+
+
 def verify(
     p: torch.Tensor,
     q: torch.Tensor,
@@ -214,7 +226,7 @@ def verify(
     skips the ``O(B * gamma * V)`` input checks (shapes are still checked) for the decoder's hot path.
     """
     rule = rules.get_rule(mode)
-    opts = rule.check_options(mode_options)
+    opts = _mode_options(mode, rule, mode_options)
     B, gamma, V = _check_shapes(p, q, draft_tokens)
     if validate:
         sum_tol = check_float("sum_tol", sum_tol, min=0.0)
@@ -460,7 +472,7 @@ def verify_tree(
     """
     tree_rule = rules.get_tree_rule(mode)
     rule = tree_rule.chain_rule
-    opts = rule.check_options(mode_options)
+    opts = _mode_options(mode, rule, mode_options)
     draws = check_choice("draws", draws, rules.DRAWS)
     drawn = tree_rule.proposal == "drawn" and draws != "deterministic"  # q_c is read from q
     B, N, V = _check_tree(p, q, tokens, parents, needs_q=drawn)

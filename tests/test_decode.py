@@ -354,6 +354,21 @@ def test_bad_arguments(same_pair):
         SpeculativeDecoder(target, draft, gamma=2, sampling={"temperature": 0})
 
 
+def test_a_draft_of_another_vocabulary_is_refused_at_construction():
+    """Issue 57: a draft model whose embedding cannot read the target's token ids, given straight to the decoder
+    (not through make_drafter), died in F.embedding with an IndexError at the first step; it is refused when
+    the decoder is built, pointing at make_drafter. A larger (padded) draft vocabulary reads every target id."""
+    target = llama(vocab=64, max_pos=64)
+    small = llama(vocab=32, max_pos=64, seed=2)
+    for draft in (small, CausalLMAdapter(small)):
+        with pytest.raises(ValueError, match=r"draft: LlamaForCausalLM embeds 32 token ids, the target emits 64.*"
+                                             r"make_drafter"):
+            SpeculativeDecoder(target, draft, gamma=2)
+    padded = SpeculativeDecoder(target, llama(vocab=80, max_pos=64, seed=2), gamma=2,
+                                sampling=SamplingConfig(temperature=0))
+    assert len(padded.generate([1, 2, 63], 6).tokens) == 6
+
+
 # ---------------------------------------------------------------------------------------------
 # replay, records, modes
 

@@ -118,3 +118,20 @@ def test_heldout_texts_share_nothing_with_the_heads_teacher_data():
     train_prompts, train_documents = corpus_texts(HeadDataConfig(n_prompts=10_000))  # every training prompt
     assert len(prompts) == HELDOUT_DATA.n_prompts and documents
     assert not set(prompts) & set(train_prompts) and not set(documents) & set(train_documents)
+
+
+def test_non_finite_features_are_refused_by_sequence_and_row(target):
+    """Issue 57: a NaN feature made NaN draft logits whose argmax is a silent, wrong proposal (counted as a
+    disagreement); the evaluation refuses it, naming the tensor (the sequence's features) and the row."""
+    head = medusa_head(target)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, V, (n,), generator=gen) for n in (10, 12)]
+    data = extract(target, Sequences(seqs, [0, 4], ["window", "generation"]), head.feature_layers, top_k=1,
+                   feature_dtype=torch.float32)
+    assert agreement_by_depth(head, data, D)["all"]["n"].iloc[0] > 0
+    data.feats[1][5, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"^data.feats\[1\]: holds NaN at row 5 "):
+        agreement_by_depth(head, data, D)
+    data.feats[1][5, 3] = float("inf")
+    with pytest.raises(ValueError, match=r"^data.feats\[1\]: holds inf at row 5 "):
+        agreement_by_depth(head, data, D)

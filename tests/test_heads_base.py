@@ -223,3 +223,35 @@ def test_a_new_head_kind_is_one_class_and_one_registry_entry(target, tmp_path, m
     ar = AutoregressiveDecoder(CausalLMAdapter(target), sampling=GREEDY, eos_token_id=[]).generate(prompt, 12)
     spec = SpeculativeDecoder(CausalLMAdapter(target), drafter, gamma=3, sampling=GREEDY, eos_token_id=[])
     assert spec.generate(prompt, 12).tokens == ar.tokens
+
+
+def test_a_spade_head_folder_is_checked_when_it_loads(target, tmp_path):
+    """Issue 57: every head's state dict is checked before it loads (DraftHead.load_state_dict, which the zoo's
+    load_head calls): shape against the config, floating weights, integer maps, finite weights, each error
+    starting with the tensor's key; a config's fields are checked by type and name (no bare KeyError or int())."""
+    from safetensors.torch import load_file, save_file
+
+    from spade_lib.decoding.eagle import EagleConfig
+    from spade_lib.decoding.medusa import MedusaHead
+
+    head = MedusaHead.from_target(target, num_heads=2)
+    folder = zoo_heads.save_head(head, tmp_path / "m")
+    assert zoo_heads.load_head(folder, target) is not None
+    state = load_file(str(folder / "model.safetensors"))
+    key = "heads.0.1.weight"
+    for tensors, error, match in (({key: torch.full_like(state[key], float("nan"))}, ValueError, f"^{key}: state_dict holds NaN"),
+                                  ({key: state[key][:-1]}, ValueError, rf"^{key}: state_dict has shape .*the head's config gives"),
+                                  ({key: state[key].long()}, TypeError, f"^{key}: state_dict holds torch.int64"),
+                                  ({"d2t": state["d2t"].double()}, TypeError, "^d2t: state_dict holds torch.float64")):
+        save_file({**state, **tensors}, str(folder / "model.safetensors"))
+        with pytest.raises(error, match=match):
+            zoo_heads.load_head(folder, target)
+    with pytest.raises(TypeError, match="draft_vocab_size: must be an integer >= 1, got 'abc'"):
+        MedusaConfig(hidden_size=8, vocab_size=16, feature_layer=2, draft_vocab_size="abc")
+    with pytest.raises(ValueError, match=r"config: lacks the required MedusaConfig fields \['vocab_size'\]"):
+        MedusaConfig.from_dict({"hidden_size": 8, "feature_layer": 2})
+    layer = {"vocab_size": 16, "hidden_size": 8, "num_attention_heads": 2}
+    with pytest.raises(ValueError, match=r"config: lacks the required EagleConfig fields \['draft_vocab_size'\]"):
+        EagleConfig.from_dict({"layer": layer, "feature_layers": [1]})
+    with pytest.raises(TypeError, match="feature_layers\\[0\\]: must be an integer"):
+        EagleConfig(layer=layer, feature_layers=["x"], draft_vocab_size=16)

@@ -278,3 +278,29 @@ def test_stop_rule_replays_predict_direct_runs(tiny_runs):
         assert abs(pred["tau"] - tau) < 4 * np.hypot(se, se_pred), (rule.label, pred["tau"], tau, se)
         g_actual = actual.groupby(STEP_KEYS)["gamma"].first()
         assert abs(pred["g_mean"] - g_actual.mean()) < 4 * np.hypot(g_actual.std() / np.sqrt(len(g_actual)), 0.1) + 0.05
+
+
+def test_non_finite_columns_are_refused_by_column_and_row():
+    """Issue 57: a NaN ``accept_prob`` silently ended its block's run (``u < NaN`` is False): counterfactual gave
+    tau 2.25 against 3.0 for the clean trace. Every replay refuses NaN / inf in a column it reads, naming the
+    column and the caller's row; a NaN ``uniform`` stays "not drawn" (deterministic modes), an inf one is refused."""
+    p, q, x, u = _random_blocks(8, 3, seed=11)
+    clean = _trace(p, q, x, u)
+    assert np.isfinite(replay.counterfactual(clean, rules=["exact"])["tau_path"]).all()
+    broken = clean.copy()
+    broken.loc[4, "accept_prob"] = np.nan
+    where = r"at row 4 \(prompt_id='0', sample=0, step=1, pos=1\)"
+    for call in (lambda t: replay.counterfactual(t, rules=["exact"]), lambda t: replay.replay_decisions(t, "exact"),
+                 lambda t: replay.rule_accept_prob(t, "exact"), lambda t: replay.replay_stop_rule(t, FixedGamma(2), c=0.1)):
+        with pytest.raises(ValueError, match=f"trace: column 'accept_prob' is NaN {where}"):
+            call(broken)
+    with pytest.raises(ValueError, match="trace: column 'p_x' is inf at row 2"):
+        replay.counterfactual(clean.assign(p_x=np.where(clean.index == 2, np.inf, clean["p_x"])), rules=["one_hot_q"])
+    with pytest.raises(ValueError, match="trace: column 'uniform' is inf at row 0 .*NaN means not recorded"):
+        replay.rule_accepts(clean.assign(uniform=np.where(clean.index == 0, np.inf, clean["uniform"])), "exact")
+    with pytest.raises(ValueError, match="trace: column 'q_top_prob' is NaN at row 7"):
+        replay.replay_stop_rule(clean.assign(q_top_prob=np.where(clean.index == 7, np.nan, clean["q_top_prob"])),
+                                ConfidenceThreshold(max_gamma=3, threshold=0.5), c=0.1)
+    with pytest.raises(ValueError, match="trace: column 'n_accepted' is NaN at row 3"):
+        replay.counterfactual(clean.astype({"n_accepted": float}).assign(
+            n_accepted=lambda t: np.where(t.index == 3, np.nan, t["n_accepted"])), rules=["exact"])

@@ -144,3 +144,18 @@ def test_logits_validation():
         adjust(torch.zeros(1, 2), {"temperature": 1.0})
     with pytest.raises(ValueError, match="NaN"):
         adjust(torch.tensor([[0.0, math.nan]]), SamplingConfig(temperature=0))
+
+
+@pytest.mark.parametrize("config", [SamplingConfig(temperature=0), SamplingConfig(temperature=0.7, top_k=3)],
+                         ids=["greedy", "sampled"])
+def test_dtype_must_be_a_floating_point_torch_dtype(config):
+    """Issue 57: ``adjust(..., dtype=torch.int64)`` at T = 0 returned an integer "probability" tensor (and at
+    T > 0 a softmax in an integer dtype): the dtype is checked wherever it is taken, validate=False too."""
+    logits = torch.randn(2, 6)
+    for fn in (adjust, adjust_logits):
+        for validate in (True, False):
+            with pytest.raises(TypeError, match=r"dtype: must be a floating-point torch.dtype .*torch.int64"):
+                fn(logits, config, dtype=torch.int64, validate=validate)
+            with pytest.raises(TypeError, match="dtype: must be a torch.dtype, got 'float32'"):
+                fn(logits, config, dtype="float32", validate=validate)
+    assert adjust(logits, config, dtype=torch.float64).dtype == torch.float64

@@ -110,6 +110,55 @@ def test_unsupported_folders_and_heads_are_refused(tmp_path):
         save_speculators(eagle1, tmp_path / "e1")
 
 
+def test_a_broken_folder_is_refused_at_load_naming_the_file_and_the_field(tmp_path):
+    """Issue 57: head folders are validated when they load. Before, an all-NaN ``fc.weight`` or ``embed_tokens``
+    loaded and died later in a torch IndexError, a config without ``draft_vocab_size`` gave a bare KeyError,
+    ``'abc'`` an ``int()`` error, a shape mismatch torch's load_state_dict dump, a float ``d2t`` was truncated to
+    integers and an int64 ``lm_head.weight`` cast silently; a missing config.json said little."""
+    target = tiny_target()
+    good = save_speculators(random_head(target), tmp_path / "good", include_embeddings=True)
+    config = json.loads((good / "config.json").read_text())
+    state = load_file(str(good / "model.safetensors"))
+    assert load_speculators(good, target=target) is not None
+
+    def broken(name, *, config_changes=None, drop=(), tensors=None):
+        folder = tmp_path / name
+        folder.mkdir()
+        c = {k: v for k, v in {**config, **(config_changes or {})}.items() if k not in drop}
+        (folder / "config.json").write_text(json.dumps(c))
+        save_file({**state, **(tensors or {})}, str(folder / "model.safetensors"))
+        return folder
+
+    cases = [
+        (broken("nan_fc", tensors={"fc.weight": torch.full_like(state["fc.weight"], float("nan"))}),
+         ValueError, r"^fc.weight: .*nan_fc/model.safetensors holds NaN"),
+        (broken("nan_embed", tensors={"embed_tokens.weight": torch.full_like(state["embed_tokens.weight"], float("nan"))}),
+         ValueError, r"^embed_tokens.weight: .*nan_embed/model.safetensors holds NaN"),
+        (broken("no_vd", drop=("draft_vocab_size",)), ValueError, r"^draft_vocab_size: .*no_vd/config.json lacks it"),
+        (broken("abc_vd", config_changes={"draft_vocab_size": "abc"}), TypeError,
+         r"^draft_vocab_size: must be an integer .*'abc'.*abc_vd/config.json"),
+        (broken("shape", tensors={"lm_head.weight": torch.zeros(VD + 1, H)}), ValueError,
+         rf"^lm_head.weight: .*shape/model.safetensors has shape \[{VD + 1}, {H}\], the head's config gives \[{VD}, {H}\]"),
+        (broken("float_d2t", tensors={"d2t": state["d2t"].float() + 0.4}), TypeError,
+         r"^d2t: .*float_d2t/model.safetensors holds torch.float32, a map must hold integers"),
+        (broken("int_lm_head", tensors={"lm_head.weight": state["lm_head.weight"].long()}), TypeError,
+         r"^lm_head.weight: .*int_lm_head/model.safetensors holds torch.int64, a weight must be floating-point"),
+        (broken("bad_layers", config_changes={"eagle_aux_hidden_state_layer_ids": [1, "x", 3]}), TypeError,
+         r"^eagle_aux_hidden_state_layer_ids\[1\]: must be an integer"),
+    ]
+    for folder, error, match in cases:
+        with pytest.raises(error, match=match):
+            load_speculators(folder, target=target)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"folder: .*empty has no config.json \(a head folder holds"):
+        load_speculators(tmp_path / "empty", target=target)
+    assert not is_speculators_folder(tmp_path / "empty")
+    with pytest.raises(TypeError, match="dtype: must be a floating-point torch.dtype"):
+        load_speculators(good, target=target, dtype=torch.int64)
+    with pytest.raises(TypeError, match="d2t: must hold integer offsets, got torch.float32"):
+        random_head(target).set_vocab_maps(state["d2t"].float(), None)
+
+
 def _with_vocab(v):
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=v, hidden_size=H, intermediate_size=64, num_hidden_layers=8, num_attention_heads=4,

@@ -39,7 +39,7 @@ def llama(vocab=64, max_pos=128, **kw):
 def test_tree_config_specs_round_trip_and_bad_ones_are_refused():
     cfg = TreeConfig.parse("eagle2:nodes=16,depth=4,topk=4")
     assert (cfg.shape, cfg.total_nodes, cfg.depth, cfg.top_k) == ("eagle2", 16, 4, 4)
-    for spec in ("chain", "eagle2:nodes=8,depth=3,topk=2", "static:choices=medusa63,depth=4", "trie:nodes=9,depth=5",
+    for spec in ("eagle2:nodes=8,depth=3,topk=2", "static:choices=medusa63,depth=4", "trie:nodes=9,depth=5",
                  "sampled:widths=2-2-1,draws=without_replacement"):
         assert TreeConfig.parse(spec).spec() == spec and TreeConfig.parse(TreeConfig.parse(spec).spec()) == TreeConfig.parse(spec)
     assert TreeConfig.parse(None).is_chain and TreeConfig.parse("") == TreeConfig()
@@ -53,6 +53,43 @@ def test_tree_config_specs_round_trip_and_bad_ones_are_refused():
             TreeConfig.parse(bad)
     with pytest.raises(ValueError, match="choices"):
         TreeConfig(shape="static", choices=((0, 1),))  # a choice without its prefix
+
+
+def test_tree_specs_are_strict_and_every_tree_has_one_spelling():
+    """Issue 57: a key the shape does not read, an unknown key or a repeated one is refused by name with the
+    keys the shape reads (before, it was kept on the object but dropped from spec() and the run's hash, or the
+    last value won); the chain's one spelling is "" (RunConfig's default); an empty choice list and an
+    unbounded shape are refused up front with the bound."""
+    from spade_lib.runs.config import RunConfig
+
+    cases = {"eagle2:widths=9-9,nodes=16": r"key 'widths' .* not read by shape 'eagle2'; it reads nodes, depth, topk",
+             "eagle2:widths=2-2": "key 'widths'",
+             "sampled:widths=2-2,depth=5": r"key 'depth' .* shape 'sampled' with widths .* it reads widths, draws",
+             "chain:nodes=4": "shape 'chain'; it reads no keys",
+             "trie:nodes=9,depth=5,draws=iid": r"key 'draws' .* it reads nodes, depth",
+             "eagle2:nodes=16,nodes=4": r"key 'nodes' given twice .*'16' and '4'",
+             "eagle2:colour=red": r"unknown key 'colour' .* reads nodes, depth, topk",
+             "eagle2:depth=100000000": r"depth: .*<= 1024",
+             "sampled:widths=64-64": "widths: a sampled tree has at most 1024 nodes",
+             "eagle2:topk=1000,depth=100": "top_k: .*at most 65536"}
+    for spec, match in cases.items():
+        with pytest.raises(ValueError, match=match):
+            TreeConfig.parse(spec)
+    with pytest.raises(ValueError, match="total_nodes: "):
+        TreeConfig.parse("trie:nodes=5000")
+    # the same on the object: a field the shape does not read must keep its default
+    with pytest.raises(ValueError, match="widths: shape 'eagle2' does not read it"):
+        TreeConfig(shape="eagle2", widths=(9, 9))
+    with pytest.raises(ValueError, match="depth: shape 'sampled' with widths does not read it"):
+        TreeConfig(shape="sampled", widths=(2, 2), depth=5)
+    with pytest.raises(ValueError, match="choices: must hold 1 to 1024 paths"):
+        TreeConfig(shape="static", choices=[])
+    # one tree, one spelling, one run
+    assert TreeConfig.parse("eagle2:topk=4,depth=4,nodes=16").spec() == "eagle2:nodes=16,depth=4,topk=4"
+    assert TreeConfig.parse("chain").spec() == TreeConfig.parse("").spec() == TreeConfig().spec() == ""
+    assert TreeConfig.parse("chain") == TreeConfig.parse(None) == TreeConfig()
+    chain, default = RunConfig(tree="chain"), RunConfig()
+    assert chain.tree == default.tree == "" and chain.hash == default.hash
 
 
 def test_make_drafter_names_the_tree_in_one_place():

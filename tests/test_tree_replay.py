@@ -130,3 +130,23 @@ def test_check_against_runs_compares_tau_and_shared_steps():
     assert t["nodes_replay"] == 2 and t["nodes_real"] == 2
     assert t["shared"] > 0 and t["shared_equal"] == t["shared"]
     assert t["tau_replay"] == pytest.approx(tr.replay_tau(wide, {"x": tr.SubTree(nodes=2)})["tau"].item())
+
+
+def test_non_finite_columns_are_refused_by_column_and_row():
+    """Issue 57: the tree replay reads finite tree and token columns, and ``accept_prob`` where a node was
+    reached; an unreached node's NaN ``accept_prob`` (never judged) and a greedy trace's NaN uniforms are its
+    meaning, not a defect."""
+    t = tree_trace(random_steps(6, 5, seed=3), q_x_raw=[[0.5] * 5] * 6)
+    unreached = t.index[~t["reached"]]
+    assert len(unreached) and np.isnan(t.loc[unreached, "accept_prob"]).all()  # the recorded trace has them
+    tr.replay_steps(t)
+    reached = int(t.index[t["reached"]][1])
+    bad = t.assign(accept_prob=np.where(t.index == reached, np.nan, t["accept_prob"]))
+    with pytest.raises(ValueError, match=f"trace: column 'accept_prob' is NaN at row {reached} .*step="):
+        tr.replay_steps(bad)
+    bad = t.astype({"p_top1": float}).assign(p_top1=lambda f: np.where(f.index == 2, np.nan, f["p_top1"]))
+    with pytest.raises(ValueError, match="trace: column 'p_top1' is NaN at row 2"):
+        tr.replay_tau(bad, {"all": tr.SubTree()})
+    bad = t.assign(q_x_raw=np.where(t.index == 3, np.inf, t["q_x_raw"]))
+    with pytest.raises(ValueError, match="trace: column 'q_x_raw' is inf at row 3"):
+        tr.replay_steps(bad, tr.SubTree(nodes=2, rank="score"))

@@ -377,3 +377,14 @@ def test_validation_errors_name_the_argument():
     _bad("tokens: node 1 of row 0 repeats an earlier sibling", tokens=repeat, draws="without_replacement")
     verify_tree(p, q, repeat, parents, draws="iid", generator=torch.Generator())  # a repeat is fine iid
     verify_tree(p, None, tokens, parents, mode="exact", draws="deterministic")   # q not needed
+
+
+def test_an_unknown_option_names_what_the_caller_passed():
+    """Issue 57: ``verify_tree(mode="eagle", foo=1)`` named the chain rule ``one_hot_q`` (an internal alias the
+    caller never wrote); the error now starts with the option and names the mode as passed."""
+    _bad(r"^foo: unknown option of mode 'eagle' \(its options: none\), got foo=1$", mode="eagle",
+         draws="deterministic", q=None, foo=1)
+    _bad(r"^nope: unknown option of mode 'typical' \(its options: delta, eps\)", mode="typical", nope=1.0)
+    with pytest.raises(ValueError) as err:
+        verify_tree(*_random_trees(2, 4, 5, "iid", seed=9)[:4], mode="eagle", foo=1)
+    assert "one_hot_q" not in str(err.value)

@@ -94,6 +94,26 @@ def _eos_set(model: torch.nn.Module, eos_token_id) -> frozenset[int]:
         raise ArgumentTypeError(f"eos_token_id: must be an int or a list of ints, got {eos_token_id!r}") from None
 
 
+def _check_draft_vocab(target: CausalLMAdapter, draft: CausalLMAdapter) -> None:
+    """Refuse a draft model that cannot read the target's token ids: the committed tokens (prompt, accepted
+    drafts, the target's next tokens, ids in ``[0, V)`` of the target) are fed to the draft's input embedding,
+    which must have a row for each (a same-tokenizer draft with a padded or an FR-Spec-trimmed head has; a
+    draft with another tokenizer goes through the text instead: ``make_drafter``). A draft of another
+    tokenizer whose embedding happens to be as large cannot be told apart without the two tokenizers."""
+    model = draft.model
+    get = getattr(model, "get_input_embeddings", None)
+    rows = getattr(get() if callable(get) else None, "num_embeddings", None)
+    if rows is None:  # no nn.Embedding to ask: the config's vocabulary, if it has one
+        config = getattr(model, "config", None)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        rows = getattr(text, "vocab_size", None)
+    if rows is not None and int(rows) < int(target.vocab_size):
+        raise ValueError(f"draft: {type(model).__name__} embeds {int(rows)} token ids, the target emits "
+                         f"{target.vocab_size}: another vocabulary (tokenizer), whose model cannot read the target's "
+                         "tokens. Draft with it through make_drafter(name, pair, rule='text'|'tli'|'slrs') with its "
+                         "tokenizer in pair.draft_tokenizers (spade_lib.decoding.crossvocab)")
+
+
 class _Base:
     def __init__(self, target, sampling: SamplingConfig, tokenizer, eos_token_id, max_length):
         if not isinstance(sampling, SamplingConfig):
@@ -149,6 +169,8 @@ class SpeculativeDecoder(_Base):
             self.drafter = ModelDrafter(draft, max_length=max_length)
         else:
             raise ValueError(f"draft: expected an HF causal LM, a CausalLMAdapter or a Drafter, got {type(draft).__name__}")
+        if not isinstance(draft, Drafter):  # a model given straight: it reads the target's token ids
+            _check_draft_vocab(self.target, self.drafter.adapter)
         if isinstance(self.drafter, ModelDrafter):
             dl = self.drafter.adapter.max_length
             if dl is not None:

@@ -67,12 +67,13 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from spade_lib.decoding import native
-from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, draw_token
+from spade_lib.decoding.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, draw_token
 from spade_lib.decoding.heads import DraftHead
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree, ancestor_mask
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.validate import ArgumentTypeError, check_bool, check_int
 
 __all__ = ["EagleConfig", "EagleHead", "EagleDrafter", "NativeRunner", "default_feature_layers", "step_weights",
            "VARIANTS"]
@@ -123,7 +124,24 @@ class EagleConfig:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant: must be one of {VARIANTS}, got {self.variant!r}")
-        self.feature_layers = tuple(int(layer) for layer in self.feature_layers)
+        if not isinstance(self.layer, dict):
+            raise ArgumentTypeError(f"layer: must be a dict of LlamaConfig fields, got {type(self.layer).__name__}")
+        for key in ("vocab_size", "hidden_size", "num_attention_heads"):
+            if key in self.layer:
+                self.layer[key] = check_int(f"layer.{key}", self.layer[key], min=1)
+        if isinstance(self.feature_layers, (str, bytes)) or not hasattr(self.feature_layers, "__iter__"):
+            raise ArgumentTypeError(f"feature_layers: must be a list of layer indices, got {self.feature_layers!r}")
+        self.feature_layers = tuple(check_int(f"feature_layers[{i}]", layer, min=0)
+                                    for i, layer in enumerate(self.feature_layers))
+        self.draft_vocab_size = check_int("draft_vocab_size", self.draft_vocab_size, min=1)
+        if self.target_hidden_size is not None:
+            self.target_hidden_size = check_int("target_hidden_size", self.target_hidden_size, min=1)
+        if self.target_layers is not None:
+            self.target_layers = check_int("target_layers", self.target_layers, min=1)
+        self.norm_before_residual = check_bool("norm_before_residual", self.norm_before_residual)
+        self.norm_output = check_bool("norm_output", self.norm_output)
+        if not isinstance(self.meta, dict):
+            raise ArgumentTypeError(f"meta: must be a dict, got {type(self.meta).__name__}")
         if not self.feature_layers or len(set(self.feature_layers)) != len(self.feature_layers) \
                 or min(self.feature_layers) < 0:
             raise ValueError(f"feature_layers: need distinct non-negative layer indices, got {list(self.feature_layers)}")
@@ -200,7 +218,15 @@ class EagleConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
-        return cls(**{**d, "feature_layers": tuple(d["feature_layers"])})
+        if not isinstance(d, dict):
+            raise ArgumentTypeError(f"config: must be a dict of EagleConfig fields, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"config: unknown EagleConfig fields {unknown}")
+        missing = [k for k in ("layer", "feature_layers", "draft_vocab_size") if k not in d]
+        if missing:
+            raise ValueError(f"config: lacks the required EagleConfig fields {missing}")
+        return cls(**d)
 
 
 class EagleDecoderLayer(LlamaDecoderLayer):
@@ -435,7 +461,14 @@ class EagleHead(DraftHead):
     def set_vocab_maps(self, d2t: torch.Tensor, t2d: torch.Tensor | None) -> None:
         """Load speculators' ``d2t`` (offsets) and ``t2d`` (mask; rebuilt from ``d2t`` when ``None``, checked otherwise)."""
         vd, v = self.config.draft_vocab_size, self.config.vocab_size
-        d2t = torch.as_tensor(d2t, dtype=torch.long).flatten()
+        d2t = torch.as_tensor(d2t)
+        if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+            raise ArgumentTypeError(f"d2t: must hold integer offsets, got {d2t.dtype} (a float map would be truncated)")
+        if t2d is not None:
+            t2d = torch.as_tensor(t2d)
+            if t2d.is_floating_point() or t2d.is_complex() or (t2d.dtype != torch.bool and bool(((t2d != 0) & (t2d != 1)).any())):
+                raise ArgumentTypeError(f"t2d: must be a boolean mask over the target's ids, got {t2d.dtype} values")
+        d2t = d2t.to(torch.long).flatten()
         if d2t.numel() != vd:
             raise ValueError(f"d2t: need {vd} entries (draft_vocab_size), got {d2t.numel()}")
         ids = torch.arange(vd) + d2t.cpu()
@@ -619,7 +652,7 @@ class EagleDrafter(Drafter):
     """Drafts a chain (or the tree ``tree`` names) with an :class:`EagleHead` from the target's hidden
     states (module docstring)."""
 
-    deterministic = False
+    kind = HEAD_DRAFTER  # q over the target's vocabulary from its features: model shapes
 
     def __init__(self, head: EagleHead, tree: TreeConfig | str | None = None):
         if not isinstance(head, EagleHead):

@@ -24,7 +24,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-__all__ = ["DraftHead", "scatter_vocab"]
+__all__ = ["DraftHead", "scatter_vocab", "check_head_state"]
 
 
 def scatter_vocab(logits: torch.Tensor, token_ids: torch.Tensor, width: int) -> torch.Tensor:
@@ -32,6 +32,39 @@ def scatter_vocab(logits: torch.Tensor, token_ids: torch.Tensor, width: int) -> 
     ``logits[..., j]`` and ``-inf`` everywhere else (``token_ids [Vd]`` distinct, all ``< width``)."""
     full = logits.new_full((*logits.shape[:-1], int(width)), float("-inf"))
     return full.index_copy_(-1, token_ids, logits)
+
+
+def check_head_state(head: nn.Module, state: dict, source: str = "state_dict") -> None:
+    """Refuse a tensor of ``state`` that ``head`` cannot load, before loading it: for each key ``head`` has
+    (others are the caller's to judge), a tensor of the shape the head's config gives, of the kind it holds
+    (floating-point weights, integer maps such as ``d2t``, boolean masks such as ``t2d``) and, for weights,
+    finite. Errors start with the key and name ``source`` (the file): a NaN weight or a float ``d2t`` loaded
+    silently fails later, far from its cause (an argmax over NaN logits, offsets truncated to integers)."""
+    own = head.state_dict()
+    for key, t in state.items():
+        if key not in own:
+            continue
+        want = own[key]
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{key}: {source} holds a {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != tuple(want.shape):
+            raise ValueError(f"{key}: {source} has shape {list(t.shape)}, the head's config gives "
+                             f"{list(want.shape)}")
+        if want.is_floating_point():
+            if not t.is_floating_point():
+                raise TypeError(f"{key}: {source} holds {t.dtype}, a weight must be floating-point "
+                                "(an integer weight would be cast silently)")
+            finite = torch.isfinite(t)
+            if not bool(finite.all()):
+                bad = int((~finite).sum())
+                what = "NaN" if bool(torch.isnan(t).any()) else "inf"
+                raise ValueError(f"{key}: {source} holds {what} ({bad} of {t.numel()} entries not finite)")
+        elif want.dtype == torch.bool:
+            if t.is_floating_point() or t.is_complex() or (t.dtype != torch.bool and bool(((t != 0) & (t != 1)).any())):
+                raise TypeError(f"{key}: {source} holds {t.dtype} values, a mask must be boolean")
+        elif t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TypeError(f"{key}: {source} holds {t.dtype}, a map must hold integers (ids or offsets: a "
+                            "float one would be truncated)")
 
 
 class DraftHead(nn.Module):
@@ -97,6 +130,11 @@ class DraftHead(nn.Module):
         """Point draft row ``j`` at target id ``ids[j]`` (checked by the caller): ``d2t`` and ``draft_ids``."""
         self.d2t.copy_((ids - torch.arange(ids.numel())).to(self.d2t.device))
         self.draft_ids.copy_(ids.to(self.draft_ids.device))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """``nn.Module.load_state_dict`` after :func:`check_head_state` (shapes, kinds, finite weights)."""
+        check_head_state(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)

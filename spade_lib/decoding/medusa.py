@@ -33,11 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from spade_lib.decoding import native
-from spade_lib.decoding.drafters import Draft, Drafter, TargetView, _model_tree, _signals, sample_categorical
+from spade_lib.decoding.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, sample_categorical
 from spade_lib.decoding.heads import DraftHead
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.validate import ArgumentTypeError, check_int
 
 __all__ = ["MedusaConfig", "MedusaHead", "MedusaDrafter"]
 
@@ -56,12 +57,13 @@ class MedusaConfig:
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.feature_layer < 0:
-            raise ValueError(f"feature_layer: must be >= 0, got {self.feature_layer}")
+            setattr(self, name, check_int(name, getattr(self, name), min=1))
+        self.feature_layer = check_int("feature_layer", self.feature_layer, min=0)
         if self.draft_vocab_size is None:
             self.draft_vocab_size = self.vocab_size
+        self.draft_vocab_size = check_int("draft_vocab_size", self.draft_vocab_size, min=1)
+        if not isinstance(self.meta, dict):
+            raise ArgumentTypeError(f"meta: must be a dict, got {type(self.meta).__name__}")
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size: must lie in [1, vocab_size={self.vocab_size}], got {self.draft_vocab_size}")
 
@@ -78,6 +80,14 @@ class MedusaConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MedusaConfig":
+        if not isinstance(d, dict):
+            raise ArgumentTypeError(f"config: must be a dict of MedusaConfig fields, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"config: unknown MedusaConfig fields {unknown}")
+        missing = [k for k in ("hidden_size", "vocab_size", "feature_layer") if k not in d]
+        if missing:
+            raise ValueError(f"config: lacks the required MedusaConfig fields {missing}")
         return cls(**d)
 
 
@@ -205,7 +215,7 @@ class MedusaDrafter(Drafter):
     """One token per head from the target's last hidden state at the newest committed position (or the
     tree ``tree`` names over the heads' distributions)."""
 
-    deterministic = False
+    kind = HEAD_DRAFTER  # q over the target's vocabulary from its features: model shapes
 
     def __init__(self, head: MedusaHead, tree: TreeConfig | str | None = None):
         if not isinstance(head, MedusaHead):

@@ -45,14 +45,15 @@ depth so that they fit a cache's room.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
 from spade_lib.decoding.tree import DraftTree
-from spade_lib.decoding.tree_shapes import MEDUSA_63, eagle2_tree, fill_static, sampled_tree, static_tree
+from spade_lib.decoding.tree_shapes import (MAX_TREE_NODES, MEDUSA_63, check_tree_size, eagle2_tree, fill_static,
+                                            sampled_tree, static_tree)
 from spade_lib.sampling import SamplingConfig, adjust
-from spade_lib.validate import check_choice, check_int
+from spade_lib.validate import MAX_GAMMA, ArgumentTypeError, check_choice, check_int
 
 __all__ = ["TreeConfig", "TREE_SHAPES", "MODEL_SHAPES", "SMALL_TREE", "STATIC_CHOICES", "grow_tree", "committed_rows",
            "empty_tree", "Feed"]
@@ -71,7 +72,16 @@ STATIC_CHOICES: dict[str, list[list[int]]] = {"small": SMALL_TREE, "medusa63": M
 Feed = Callable[[list[int], list[int], list[int]], torch.Tensor]
 
 _SPEC_KEYS = {"nodes": "total_nodes", "depth": "depth", "topk": "top_k", "widths": "widths", "draws": "draws",
-              "choices": "choices"}
+              "choices": "choices"}  # spec key -> TreeConfig field
+_FIELDS = {field: key for key, field in _SPEC_KEYS.items()}
+
+
+def _reads(shape: str, widths: bool) -> tuple[str, ...]:
+    """The spec keys ``shape`` reads (``widths``: whether a sampled tree names its widths, which then set its
+    depth and width): the fields of the module docstring's brackets, in :meth:`TreeConfig.spec`'s order."""
+    return {"chain": (), "eagle2": ("nodes", "depth", "topk"), "static": ("choices", "depth"),
+            "trie": ("nodes", "depth"),
+            "sampled": ("widths", "draws") if widths else ("topk", "depth", "draws")}[shape]
 
 
 @dataclass(frozen=True)
@@ -88,18 +98,33 @@ class TreeConfig:
 
     def __post_init__(self) -> None:
         check_choice("shape", self.shape, TREE_SHAPES)
-        check_int("total_nodes", self.total_nodes, min=1)
-        check_int("depth", self.depth, min=1)
-        check_int("top_k", self.top_k, min=1)
-        widths = tuple(check_int(f"widths[{d}]", w, min=1) for d, w in enumerate(self.widths))
+        check_int("total_nodes", self.total_nodes, min=1, max=MAX_TREE_NODES)
+        check_int("depth", self.depth, min=1, max=MAX_GAMMA)
+        check_int("top_k", self.top_k, min=1, max=MAX_TREE_NODES)
+        if isinstance(self.widths, (str, bytes)) or not isinstance(self.widths, (tuple, list)):
+            raise ArgumentTypeError(f"widths: must be a tuple of children per level, got {self.widths!r} "
+                                    f"({type(self.widths).__name__})")
+        widths = tuple(check_int(f"widths[{d}]", w, min=1, max=MAX_TREE_NODES) for d, w in enumerate(self.widths))
         object.__setattr__(self, "widths", widths)
         check_choice("draws", self.draws, ("iid", "without_replacement"))
         if isinstance(self.choices, str):
             check_choice("choices", self.choices, tuple(STATIC_CHOICES))
         else:
-            choices = tuple(tuple(c) for c in self.choices)
-            static_tree(choices)  # refuses a list that is not a tree
-            object.__setattr__(self, "choices", choices)
+            static_tree(self.choices)  # refuses a list that is not a tree, an empty one, a non-list
+            object.__setattr__(self, "choices", tuple(tuple(int(r) for r in c) for c in self.choices))
+        # a field the shape does not read must keep its default: else two configs of one tree (one spec, one
+        # run identity) would differ, and the value would be dropped silently from the spec
+        reads = _reads(self.shape, bool(widths))
+        shape = f"{self.shape!r}{' with widths' if self.shape == 'sampled' and widths else ''}"
+        for name, default in ((f.name, f.default) for f in fields(self) if f.name != "shape"):
+            if _FIELDS[name] not in reads and getattr(self, name) != default:
+                read = _reads_text(tuple(_SPEC_KEYS[k] for k in reads))
+                raise ValueError(f"{name}: shape {shape} does not read it (it reads {read}), got "
+                                 f"{name}={getattr(self, name)!r}")
+        if self.shape == "sampled":
+            check_tree_size("sampled", widths=self.level_widths())
+        elif self.shape == "eagle2":
+            check_tree_size("eagle2", depth=self.depth, top_k=self.top_k)
 
     @property
     def is_chain(self) -> bool:
@@ -149,36 +174,61 @@ class TreeConfig:
     def parse(cls, spec: str | TreeConfig | None) -> TreeConfig:
         """``"shape[:key=value,...]"`` with keys ``nodes``, ``depth``, ``topk``, ``widths`` (``4-1-1``),
         ``draws`` and ``choices`` (a name): e.g. ``"eagle2:nodes=16,depth=4,topk=4"``,
-        ``"sampled:widths=2-2-1,draws=without_replacement"``, ``"static:choices=medusa63"``. ``None`` or
-        ``""``: the chain. A :class:`TreeConfig` is returned as it is."""
+        ``"sampled:widths=2-2-1,draws=without_replacement"``, ``"static:choices=medusa63"``. ``None``, ``""``
+        or ``"chain"``: the chain. A :class:`TreeConfig` is returned as it is.
+
+        Strict: each key at most once, and only the keys the shape reads (module docstring: ``eagle2`` reads
+        ``nodes, depth, topk``; ``static`` ``choices, depth``; ``trie`` ``nodes, depth``; ``sampled`` ``widths,
+        draws`` or, without widths, ``topk, depth, draws``; the chain none); a key left out keeps its default."""
         if isinstance(spec, TreeConfig):
             return spec
         if spec is None or spec == "":
             return cls()
         if not isinstance(spec, str):
-            raise ValueError(f"tree: expected a spec string or a TreeConfig, got {type(spec).__name__}")
+            raise ArgumentTypeError(f"tree: expected a spec string or a TreeConfig, got {type(spec).__name__}")
         shape, _, rest = spec.strip().partition(":")
-        fields: dict = {}
-        for item in filter(None, (x.strip() for x in rest.split(","))):
-            key, eq, value = item.partition("=")
-            if not eq or key.strip() not in _SPEC_KEYS:
-                raise ValueError(f"tree: {item!r} in {spec!r} is not key=value with a key of {sorted(_SPEC_KEYS)}")
-            name, value = _SPEC_KEYS[key.strip()], value.strip()
+        shape = shape.strip()
+        if shape not in TREE_SHAPES:
+            raise ValueError(f"tree: shape {shape!r} in {spec!r} is not one of {list(TREE_SHAPES)}")
+        items = [x.strip() for x in rest.split(",")] if rest.strip() else []
+        keys = [item.partition("=")[0].strip() for item in items]
+        reads = _reads(shape, "widths" in keys)
+        values: dict[str, str] = {}
+        for item, key in zip(items, keys):
+            _, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ValueError(f"tree: {item!r} in {spec!r} is not key=value (shape {shape!r} reads "
+                                 f"{_reads_text(reads)})")
+            if key not in _SPEC_KEYS:
+                raise ValueError(f"tree: unknown key {key!r} in {spec!r}; shape {shape!r} reads {_reads_text(reads)}")
+            if key in values:
+                raise ValueError(f"tree: key {key!r} given twice in {spec!r} ({values[key]!r} and {value.strip()!r})")
+            if key not in reads:
+                why = " with widths (they set the depth and the children per level)" if shape == "sampled" else ""
+                raise ValueError(f"tree: key {key!r} in {spec!r} is not read by shape {shape!r}{why}; it reads "
+                                 f"{_reads_text(reads)}")
+            values[key] = value.strip()
+        kwargs: dict = {}
+        for key, value in values.items():
+            name = _SPEC_KEYS[key]
             try:
                 if name == "widths":
-                    fields[name] = tuple(int(w) for w in value.split("-"))
+                    kwargs[name] = tuple(int(w) for w in value.split("-"))
                 elif name in ("draws", "choices"):
-                    fields[name] = value
+                    kwargs[name] = value
                 else:
-                    fields[name] = int(value)
+                    kwargs[name] = int(value)
             except ValueError:
-                raise ValueError(f"tree: {key.strip()}={value!r} in {spec!r} is not a number") from None
-        return cls(shape=shape.strip(), **fields)
+                raise ValueError(f"tree: {key}={value!r} in {spec!r} is not "
+                                 f"{'integers joined by -' if name == 'widths' else 'an integer'}") from None
+        return cls(shape=shape, **kwargs)
 
     def spec(self) -> str:
-        """The spec string :meth:`parse` reads back (only the fields the shape reads)."""
+        """The canonical spec string :meth:`parse` reads back (only the fields the shape reads): the one
+        spelling a run's identity uses (``RunConfig.tree``). The chain's is ``""``, ``RunConfig``'s default,
+        so that ``tree="chain"`` and ``tree=""`` are one run."""
         if self.shape == "chain":
-            return "chain"
+            return ""
         if self.shape == "static" and not isinstance(self.choices, str):
             raise ValueError("spec: a static tree with an explicit choice list has no spec string (name one of "
                              f"{sorted(STATIC_CHOICES)})")
@@ -187,6 +237,10 @@ class TreeConfig:
         values = {"nodes": self.total_nodes, "depth": self.depth, "topk": self.top_k, "draws": self.draws,
                   "widths": "-".join(map(str, self.level_widths())), "choices": self.choices}
         return f"{self.shape}:" + ",".join(f"{k}={values[k]}" for k in keys)
+
+
+def _reads_text(reads: tuple[str, ...]) -> str:
+    return ", ".join(reads) if reads else "no keys"
 
 
 def _softmax(logits: torch.Tensor) -> torch.Tensor:

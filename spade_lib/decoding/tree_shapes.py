@@ -51,13 +51,22 @@ from typing import NamedTuple
 
 import torch
 
-from spade_lib.validate import check_choice, check_float, check_int, check_prob_tensor, check_token_ids
+from spade_lib.validate import MAX_GAMMA, check_choice, check_float, check_int, check_prob_tensor, check_token_ids
 
-__all__ = ["TreeShape", "DistFn", "StaticTree", "MEDUSA_63", "static_tree", "fill_static", "eagle2_tree",
+__all__ = ["TreeShape", "DistFn", "StaticTree", "MEDUSA_63", "MAX_TREE_NODES", "MAX_TREE_CANDIDATES", "check_tree_size",
+           "static_tree", "fill_static", "eagle2_tree",
            "sampled_tree", "ngram_tree", "SuffixIndex", "TreeAcceptance", "path_probabilities",
            "deterministic_accept_prob"]
 
 DistFn = Callable[[list[list[int]]], torch.Tensor]  # paths -> [len(paths), V] draft distributions
+
+MAX_TREE_NODES = 1024
+"""The most nodes a draft tree may have (a choice list's paths, a sampled tree's nodes, EAGLE-2's kept nodes, a
+trie's cap) and the most children per node: verification holds ``[N, N]`` sibling masks and ``N + 1`` target
+rows, so a larger tree is refused up front instead of failing on an allocation (the same bound as
+:data:`spade_lib.validate.MAX_GAMMA` for a chain)."""
+MAX_TREE_CANDIDATES = 64 * MAX_TREE_NODES
+"""The most candidates EAGLE-2 may score, ``top_k + (depth - 1) top_k^2`` (:func:`eagle2_tree`)."""
 
 
 class TreeShape(NamedTuple):
@@ -138,6 +147,34 @@ def _assemble(parent: list[int], token: list[int], key: list, keep: Sequence[int
     return TreeShape(tokens, parents, q, draws, s)
 
 
+def check_tree_size(shape: str, *, total_nodes: int | None = None, depth: int | None = None,
+                    top_k: int | None = None, widths: Sequence[int] | None = None) -> None:
+    """Refuse a tree too large to build (:data:`MAX_TREE_NODES`, :data:`MAX_TREE_CANDIDATES`, a depth of at
+    most :data:`spade_lib.validate.MAX_GAMMA`), naming the field and the bound. ``shape``: whose sizes."""
+    if total_nodes is not None and total_nodes > MAX_TREE_NODES:
+        raise ValueError(f"total_nodes: a {shape} tree has at most {MAX_TREE_NODES} nodes, got {total_nodes}")
+    if depth is not None and depth > MAX_GAMMA:
+        raise ValueError(f"depth: a {shape} tree is at most {MAX_GAMMA} levels deep (MAX_GAMMA), got {depth}")
+    if top_k is not None and top_k > MAX_TREE_NODES:
+        raise ValueError(f"top_k: a {shape} tree has at most {MAX_TREE_NODES} children per node, got {top_k}")
+    if shape == "eagle2" and top_k is not None and depth is not None:
+        candidates = top_k + (depth - 1) * top_k * top_k
+        if candidates > MAX_TREE_CANDIDATES:
+            raise ValueError(f"top_k: an eagle2 tree scores top_k + (depth - 1) top_k^2 candidates, at most "
+                             f"{MAX_TREE_CANDIDATES}; top_k={top_k}, depth={depth} give {candidates}")
+    if widths is not None:
+        if len(widths) > MAX_GAMMA:
+            raise ValueError(f"widths: a {shape} tree is at most {MAX_GAMMA} levels deep (MAX_GAMMA), got "
+                             f"{len(widths)} levels")
+        nodes, level = 0, 1
+        for d, w in enumerate(widths):
+            level *= int(w)
+            nodes += level
+            if nodes > MAX_TREE_NODES:
+                raise ValueError(f"widths: a {shape} tree has at most {MAX_TREE_NODES} nodes; "
+                                 f"{'-'.join(map(str, widths))} has {nodes} by depth {d + 1}")
+
+
 # ----------------------------------------------------------------------------------------------
 # static trees (Medusa, EAGLE-1)
 
@@ -169,6 +206,11 @@ def static_tree(choices: Sequence[Sequence[int]]) -> StaticTree:
     likely one. Every proper prefix of a choice must itself be a choice, and no choice may repeat.
     Nodes come in level order, siblings by rank -- Medusa's ``sorted(choices, key=lambda c: (len(c), c))``.
     """
+    if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence):
+        raise ValueError(f"choices: must be a list of paths of ranks, got {type(choices).__name__} {choices!r}")
+    if not 1 <= len(choices) <= MAX_TREE_NODES:
+        raise ValueError(f"choices: must hold 1 to {MAX_TREE_NODES} paths of ranks (the nodes of the tree), "
+                         f"got {len(choices)}")
     paths: list[tuple[int, ...]] = []
     for k, c in enumerate(choices):
         if isinstance(c, (str, bytes)) or not isinstance(c, Sequence) or len(c) == 0:
@@ -262,6 +304,7 @@ def eagle2_tree(dist_fn: DistFn, *, total_nodes: int = 59, depth: int = 6, top_k
     total_nodes = check_int("total_nodes", total_nodes, min=0)
     depth = check_int("depth", depth, min=1)
     top_k = check_int("top_k", top_k, min=1)
+    check_tree_size("eagle2", total_nodes=total_nodes, depth=depth, top_k=top_k)
     parent: list[int] = []
     token: list[int] = []
     rank: list[int] = []
@@ -318,6 +361,7 @@ def sampled_tree(dist_fn: DistFn, widths: Sequence[int], *, generator: torch.Gen
     """
     draws = check_choice("draws", draws, ("iid", "without_replacement"))
     widths = [check_int(f"widths[{d}]", w, min=1) for d, w in enumerate(widths)]
+    check_tree_size("sampled", widths=widths)
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: must be a torch.Generator (seeded), got {type(generator).__name__}")
     parent: list[int] = []

@@ -71,7 +71,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int
+from spade_lib.validate import (ArgumentTypeError, check_costs, check_finite_columns, check_float, check_gamma,
+                                check_int)
 from spade_lib.decoding import policies as _policies
 from spade_lib import measures
 from spade_lib import rules as _rules
@@ -102,6 +103,13 @@ def _require(trace: pd.DataFrame, columns: Iterable[str], what: str) -> None:
         raise ValueError(f"trace lacks columns {missing} needed for {what}")
 
 
+def _finite(trace: pd.DataFrame, columns: Iterable[str]) -> None:
+    """Refuse NaN / inf in the numeric ``columns`` a replay reads (``uniform`` may be NaN: not drawn, in
+    deterministic modes), naming the column and the row: a NaN ``accept_prob`` would silently end a block's
+    accepted run (NaN > u is False) and shift every tau."""
+    check_finite_columns("trace", trace, columns, nan_ok=("uniform",), keys=(*STEP_KEYS, "pos"))
+
+
 def _accept(rule: _rules.Rule, columns: Mapping[str, np.ndarray], opts: dict[str, float]) -> np.ndarray:
     """The rule's own accept probability (the function ``verify`` runs) on NumPy columns, float64."""
     inputs = {}
@@ -116,6 +124,7 @@ def rule_accept_prob(trace: pd.DataFrame, rule: str, params: Options = None) -> 
     """``a_i``: probability that ``rule`` accepts the drafted token of each row, were it reached."""
     r = _rule(rule)
     _require(trace, r.needs if r.stored_accept else r.inputs_needed, f"rule {rule!r}")
+    _finite(trace, ("accept_prob",) if r.stored_accept else r.inputs_needed)
     if r.stored_accept:
         return trace["accept_prob"].to_numpy(np.float64)
     return _accept(r, {c: trace[c].to_numpy() for c in r.inputs_needed}, _options(r, params))
@@ -133,6 +142,7 @@ def rule_accepts(trace: pd.DataFrame, rule: str, params: Options = None) -> np.n
     if not r.pathwise_replay:  # e.g. sample_match: y ~ p over the whole vocabulary is not stored
         return np.full(len(trace), np.nan)
     _require(trace, ("uniform",), f"a pathwise replay of rule {rule!r}")
+    _finite(trace, ("uniform",))
     u = trace["uniform"].to_numpy(np.float32)
     a = rule_accept_prob(trace, rule, params).astype(np.float32)
     out = (u < a).astype(np.float64)
@@ -144,10 +154,13 @@ def rule_accepts(trace: pd.DataFrame, rule: str, params: Options = None) -> np.n
 # Counterfactual re-verification
 # --------------------------------------------------------------------------------------------------
 
-def _blocks(trace: pd.DataFrame) -> pd.DataFrame:
+def _blocks(trace: pd.DataFrame, reads: Iterable[str] = ()) -> pd.DataFrame:
+    """``trace`` sorted by step and position, its step columns and ``reads`` checked finite first (the error
+    names the caller's row)."""
     _require(trace, STEP_KEYS + ["pos", "category", "gamma", "n_accepted"], "replay")
     if len(trace) == 0:
         raise ValueError("trace is empty")
+    _finite(trace, [*STEP_KEYS, "pos", "gamma", "n_accepted", *reads])
     return trace.sort_values(STEP_KEYS + ["pos"], kind="stable").reset_index(drop=True)
 
 
@@ -184,11 +197,12 @@ def counterfactual_steps(trace: pd.DataFrame, rules: Sequence[str] | None = None
     """One row per recorded step and rule: the recorded ``n_accepted`` and, under the rule, the
     pathwise accepted length ``n_path`` (NaN where uniforms are missing) and the expected tokens
     ``tokens_expected = E[n + 1 | block]``."""
-    df = _blocks(trace)
+    names = _rules.rule_names() if rules is None else rules
+    df = _blocks(trace, [c for rule in names for c in _rule(rule).needs])
     steps, step_id = _step_index(df)
     pos = df["pos"].to_numpy().astype(int)
     frames = []
-    for rule in (_rules.rule_names() if rules is None else rules):
+    for rule in names:
         a = rule_accept_prob(df, rule, params)
         decided = rule_accepts(df, rule, params) if ("uniform" in df.columns or _rule(rule).deterministic) \
             else np.full(len(df), np.nan)
@@ -235,7 +249,7 @@ def replay_decisions(trace: pd.DataFrame, rule: str = "exact", params: Options =
     """Row-level replay: ``reached`` and ``accepted`` as ``rule`` would have decided them on the same
     blocks (``reached`` = every earlier position of the block accepted). Replaying the rule a trace
     was recorded with must give back its own ``reached``/``accepted``/``n_accepted`` columns."""
-    df = _blocks(trace)
+    df = _blocks(trace, _rule(rule).needs)
     steps, step_id = _step_index(df)
     pos = df["pos"].to_numpy().astype(int)
     decided = rule_accepts(df, rule, params)
@@ -269,11 +283,17 @@ def rule_alpha_topk(trace: pd.DataFrame, rule: str, params: Options = None) -> p
              "top-k replay (record the run with record_topk > 0)")
     scalars = [c for c in r.inputs_needed if c not in ("p_x", "q_x", "draft_token")]  # per-row inputs
     _require(trace, scalars, f"rule {rule!r}")
+    _finite(trace, scalars)
     lowers, uppers, exacts = [], [], []
-    for row in trace.itertuples(index=False):
+    for label, row in zip(trace.index, trace.itertuples(index=False)):
         if row.q_topk_ids is None or row.p_topk_ids is None:
             lowers.append(math.nan), uppers.append(math.nan), exacts.append(False)
             continue
+        for col in ("p_topk_probs", "q_topk_probs"):
+            probs = np.asarray(getattr(row, col), dtype=np.float64)
+            if not np.all(np.isfinite(probs)):
+                raise ValueError(f"trace: column {col!r} holds a non-finite probability at row {label!r}; "
+                                 "it must be finite")
         p_probs = np.asarray(row.p_topk_probs, dtype=np.float64)
         p_map = dict(zip(np.asarray(row.p_topk_ids).tolist(), p_probs.tolist()))
         p_cover = float(p_probs.sum())
@@ -319,7 +339,7 @@ def blocks_used(trace: pd.DataFrame, rule: _policies.Policy) -> tuple[pd.DataFra
     """Steps of ``trace`` and the number of tokens ``g`` that the policy ``rule`` would have drafted
     in each (its vectorised replay form, :meth:`spade_lib.decoding.policies.Policy.replay_gamma`)."""
     policy = _as_policy(rule)
-    df = _blocks(trace)
+    df = _blocks(trace, _policies.SIGNAL_COLUMNS if policy.needs_signals else ())
     steps, _ = _step_index(df)
     max_gamma = int(steps["gamma"].max())
     if policy.max_gamma > max_gamma:
@@ -342,6 +362,7 @@ def rule_alpha_bounds(trace: pd.DataFrame, rules: Iterable[str] | None = None, p
         row = {"rule": rule, "alpha_lower": b["alpha_lower"].mean(), "alpha_upper": b["alpha_upper"].mean(),
                "rows_exact": b["exact"].mean(), "truth_outside": math.nan}
         if rule == "exact":
+            _finite(trace, ("tv",))
             truth = 1.0 - trace["tv"].to_numpy(np.float64)
             outside = np.maximum(b["alpha_lower"].to_numpy() - truth, truth - b["alpha_upper"].to_numpy())
             row["truth_outside"] = math.inf if np.isnan(outside).any() else float(outside.max(initial=-math.inf))
@@ -371,7 +392,7 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
         check_costs("verify_cost", verify_cost)
     policy = _as_policy(rule)
     steps, g = blocks_used(trace, policy)
-    df = _blocks(trace)
+    df = _blocks(trace, ("accept_prob",))
     _, step_id = _step_index(df)
     a = df["accept_prob"].to_numpy(np.float64)
     per = steps.copy()

@@ -46,7 +46,7 @@ import pandas as pd
 
 from spade_lib import measures
 from spade_lib.decoding.records import STEP_KEYS
-from spade_lib.validate import check_choice, check_int
+from spade_lib.validate import check_choice, check_finite_columns, check_int
 
 __all__ = ["SubTree", "RANKS", "check_greedy", "subtree_mask", "replay_accepted", "replay_steps", "replay_tau",
            "budget_curve", "shared_steps",
@@ -78,10 +78,20 @@ class SubTree:
         return ",".join(parts + ([f"rank={self.rank}"] if self.nodes is not None else [])) or "full"
 
 
+_KEYS = (*STEP_KEYS, "node")  # what names a row in an error
+
+
 def _trace(trace) -> pd.DataFrame:
+    """``trace`` as a frame sorted by step and node, the columns the replay reads checked finite first (the
+    error names the caller's row): every tree and token column; ``accept_prob`` where the node was reached (an
+    unreached node's is NaN: never judged); ``uniform`` may be NaN (a greedy trace draws none)."""
     from spade_lib.runs.trace import as_frame
 
     trace = as_frame(trace, COLUMNS)
+    check_finite_columns("trace", trace, [c for c in COLUMNS if c not in ("accept_prob", "uniform")], keys=_KEYS)
+    check_finite_columns("trace", trace, ("uniform",), nan_ok=("uniform",), keys=_KEYS)
+    reached = trace["reached"].to_numpy(dtype=bool)
+    check_finite_columns("trace", trace.loc[reached], ("accept_prob",), keys=_KEYS)
     return trace.sort_values(STEP_KEYS + ["node"], kind="stable").reset_index(drop=True)
 
 
@@ -156,6 +166,7 @@ def subtree_mask(df: pd.DataFrame, subtree: SubTree) -> np.ndarray:
         else:  # EAGLE-2's rerank: highest cumulative draft probability, ties shallower then earlier
             if "q_x_raw" not in df.columns:
                 raise ValueError("subtree: rank='score' needs the trace's q_x_raw column")
+            check_finite_columns("trace", df, ("q_x_raw",), keys=_KEYS)
             logq = np.log(np.maximum(df["q_x_raw"].to_numpy(dtype=np.float64), 1e-300))
             c = np.zeros(len(df))
             for d in range(int(depth.max()) + 1 if len(df) else 0):

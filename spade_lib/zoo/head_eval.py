@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from spade_lib import rates
 from spade_lib.decoding.heads import DraftHead
 from spade_lib.intervals import binomial_ci
 from spade_lib.zoo.head_data import HeadData, HeadDataConfig, Sequences, extract
@@ -124,11 +125,22 @@ def _table(c: _Counts, depth: int, level: float):
     with np.errstate(invalid="ignore", divide="ignore"):
         t = pd.DataFrame({"depth": np.arange(1, depth + 1), "n": n, "agree": agree,
                           "top1": agree / n, "n_reached": reached, "accepted": accepted,
-                          "alpha": accepted / reached, "reach": accepted / n})
+                          "reach": rates.acceptance_per_drafted(accepted, n)})  # alpha_uncond of depth d
     t["top1_low"], t["top1_high"] = binomial_ci(agree, n, level)
-    t["alpha_low"], t["alpha_high"] = binomial_ci(accepted, reached, level)
+    rates.add_rate(t, "accepted", "n_reached", "alpha", level)  # alpha_cond of depth d (spade_lib.rates)
     return t[["depth", "n", "agree", "top1", "top1_low", "top1_high", "n_reached", "accepted", "alpha",
               "alpha_low", "alpha_high", "reach"]]
+
+
+def _check_finite_rows(name: str, t: torch.Tensor) -> None:
+    """Refuse NaN / inf in the features ``t [T, F]`` a head reads, naming the tensor and the first bad row
+    (position): a NaN feature makes NaN draft logits, whose argmax is a silent, wrong proposal."""
+    bad = ~torch.isfinite(t).reshape(t.shape[0], -1).all(dim=-1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        what = "NaN" if bool(torch.isnan(t[row]).any()) else "inf"
+        raise ValueError(f"{name}: holds {what} at row {row} (position {row} of the sequence); the target's "
+                         "features must be finite")
 
 
 @torch.no_grad()
@@ -146,7 +158,9 @@ def agreement_by_depth(head, data: HeadData, depth: int, ids: list[int] | None =
         m = n - depth  # positions t = 0 .. n-1-depth: x_{t+1} and the labels g_{t+1} .. g_{t+depth} exist
         if m < 1:
             continue
-        y = proposals(head, data.feats[j][:m].float(), data.seqs[j][1:m + 1], depth).cpu()
+        feats = data.feats[j][:m].float()
+        _check_finite_rows(f"data.feats[{j}]", feats)
+        y = proposals(head, feats, data.seqs[j][1:m + 1], depth).cpu()
         greedy = data.topi[j][:, 0].long()
         labels = torch.stack([greedy[d: d + m] for d in range(1, depth + 1)], dim=1)  # g_{t+d}
         a = y == labels

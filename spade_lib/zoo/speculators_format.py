@@ -45,7 +45,9 @@ from pathlib import Path
 import torch
 
 from spade_lib.decoding.eagle import LAYER_KEYS, EagleConfig, EagleHead, default_feature_layers
+from spade_lib.decoding.heads import check_head_state
 from spade_lib.io import write_json
+from spade_lib.validate import ArgumentTypeError, check_bool, check_dtype, check_float, check_int
 
 __all__ = ["SPECULATORS_VERSION", "is_speculators_folder", "save_speculators", "load_speculators"]
 
@@ -55,10 +57,73 @@ _IGNORED = ("verifier_lm_head.weight", "verifier_norm.weight")  # training-only 
 
 
 def _read_config(folder: Path) -> dict:
+    file = folder / "config.json"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"folder: {folder} is not a folder (a head folder holds config.json and {WEIGHTS})")
+    if not file.is_file():
+        raise FileNotFoundError(f"folder: {folder} has no config.json (a head folder holds config.json and {WEIGHTS}: "
+                                "speculators' Eagle3DraftModel.save_pretrained or spade_lib.zoo.heads.save_head writes both)")
     try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise OSError(f"folder: cannot read {folder / 'config.json'}: {e}") from e
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise OSError(f"folder: cannot read {file}: {e}") from e
+    except ValueError as e:
+        raise ValueError(f"folder: {file} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"folder: {file} holds a JSON {type(config).__name__}, not an object of config fields")
+    return config
+
+
+def _check_config(config: dict, file: Path) -> None:
+    """The fields :func:`load_speculators` reads, each of its type, before any is used: an error names the
+    field and ``file`` (a missing ``draft_vocab_size`` or ``'abc'`` would otherwise fail far from its cause)."""
+    def named(check, key, *args, **kwargs):
+        try:
+            return check(key, config_of(key), *args, **kwargs)
+        except ArgumentTypeError as e:
+            raise ArgumentTypeError(f"{e} (in {file})") from None
+        except ValueError as e:
+            raise ValueError(f"{e} (in {file})") from None
+
+    def config_of(key):
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        return node
+
+    required = ("draft_vocab_size", "transformer_layer_config", "transformer_layer_config.vocab_size",
+                "transformer_layer_config.hidden_size", "transformer_layer_config.num_attention_heads")
+    for key in required:
+        try:
+            config_of(key)
+        except KeyError:
+            raise ValueError(f"{key}: {file} lacks it (a speculators EAGLE-3 config names it)") from None
+        except TypeError:
+            raise ArgumentTypeError(f"{key.rpartition('.')[0]}: must be an object of fields in {file}") from None
+    if not isinstance(config["transformer_layer_config"], dict):
+        raise ArgumentTypeError(f"transformer_layer_config: must be an object of fields in {file}, got "
+                                f"{config['transformer_layer_config']!r}")
+    for key in required[2:]:
+        named(check_int, key, min=1)
+    vocab = config["transformer_layer_config"]["vocab_size"]
+    named(check_int, "draft_vocab_size", min=1, max=vocab)
+    layers = config.get("eagle_aux_hidden_state_layer_ids")
+    if layers is not None:
+        if not isinstance(layers, list):
+            raise ArgumentTypeError(f"eagle_aux_hidden_state_layer_ids: must be a list of layer indices in {file}, "
+                                    f"got {layers!r}")
+        for i in range(len(layers)):
+            try:
+                check_int(f"eagle_aux_hidden_state_layer_ids[{i}]", layers[i], min=0)
+            except ValueError as e:
+                raise type(e)(f"{e} (in {file})") from None
+    if config.get("target_hidden_size") is not None:
+        named(check_int, "target_hidden_size", min=1)
+    for key in ("norm_before_residual", "norm_output"):
+        if key in config:
+            named(check_bool, key)
+    if "embed_scale" in config:
+        named(check_float, "embed_scale", min=0.0, min_open=True)
 
 
 def is_speculators_folder(path) -> bool:
@@ -168,6 +233,7 @@ def _refuse(config: dict, folder: Path) -> None:
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
         raise ValueError(f"folder: {folder} holds a speculators {kind!r} model; SPADE loads 'eagle3' ones")
+    _check_config(config, folder / "config.json")
     for key in ("norm_before_fc", "fc_norm"):
         if config.get(key):
             raise NotImplementedError(f"{key}: {folder} sets {key}=true, which SPADE's EagleHead does not implement")
@@ -175,7 +241,7 @@ def _refuse(config: dict, folder: Path) -> None:
     if tl.get("model_type") != "llama":
         raise NotImplementedError(f"transformer_layer_config.model_type: {folder} has {tl.get('model_type')!r} "
                                   "(speculators' default is qwen3); SPADE's EagleHead implements 'llama' layers")
-    if int(tl.get("num_hidden_layers", 1)) != 1:
+    if check_int("transformer_layer_config.num_hidden_layers", tl.get("num_hidden_layers", 1)) != 1:
         raise NotImplementedError(f"transformer_layer_config.num_hidden_layers: {folder} has "
                                   f"{tl['num_hidden_layers']} draft layers; SPADE's EagleHead has one")
 
@@ -190,9 +256,14 @@ def load_speculators(folder, *, target=None, dtype: torch.dtype | None = None, d
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
+    if dtype is not None:
+        check_dtype("dtype", dtype)
     folder = Path(os.fspath(folder)).expanduser()
     config = _read_config(folder)
-    _refuse(config, folder)
+    _refuse(config, folder)  # its kind, then every field it reads (_check_config), then what SPADE lacks
+    weights = folder / WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"folder: {folder} has no {WEIGHTS} (the head's tensors)")
     tl = LlamaConfig(**{k: v for k, v in config["transformer_layer_config"].items() if k != "model_type"}).to_dict()
     layer = {k: tl[k] for k in LAYER_KEYS if k in tl and tl[k] is not None}
     n_target = None if target is None else int(target.config.get_text_config().num_hidden_layers)
@@ -216,7 +287,7 @@ def load_speculators(folder, *, target=None, dtype: torch.dtype | None = None, d
         if tv != head_config.vocab_size:
             raise ValueError(f"target: vocabulary {tv} differs from the head's transformer_layer_config.vocab_size "
                              f"{head_config.vocab_size} ({folder})")
-    state = load_file(str(folder / WEIGHTS))
+    state = load_file(str(weights))
     for key in _IGNORED:
         state.pop(key, None)
     head = EagleHead(head_config)
@@ -229,6 +300,7 @@ def load_speculators(folder, *, target=None, dtype: torch.dtype | None = None, d
     missing = sorted(expected - set(state) - optional)
     if missing:
         raise ValueError(f"folder: {folder / WEIGHTS} lacks {missing[:8]}")
+    check_head_state(head, state, str(weights))  # shapes against the config, kinds, finite weights
     use_own = "embed_tokens.weight" in state and (target is None or config.get("embed_requires_grad"))
     if target is None and "embed_tokens.weight" not in state:
         raise ValueError(f"target: {folder} carries no embed_tokens.weight; give the target whose embedding it uses")
