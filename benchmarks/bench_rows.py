@@ -11,11 +11,14 @@ round alike), on a ``--context``-token cache:
   torch attention; ``--no-torch`` skips it);
 - its products alone (the forward's weight matrices times ``k`` rows on the same kernels);
 - its attention calls alone (``native.attend`` per layer with the same ``k``, cache and mask);
-- a ``dst.copy_(src)`` of 256 MiB (the copy bandwidth, read + write).
+- a ``dst.copy_(src)`` of 256 MiB (the copy bandwidth, read + write);
+- an fp32 ``[2048, 2048]`` GEMM (the host's arithmetic peak as torch reaches it, :func:`timing.gemm_peak`).
 
 and prints per ``k`` the medians of: forward ms, ``r(k) = forward(k) / forward(1)``, products ms and their
 streaming rate as a fraction of the copy bandwidth, attention ms, the rest (forward - products - attention:
-dispatch, embedding, norms outside the kernels, copies), and the torch formulation's ms and ``r``.
+dispatch, embedding, norms outside the kernels, copies), the torch formulation's ms and ``r``, and the roofline
+floor ``max(1, 2 k N / (peak t(1)))`` (``N`` the forward's matrix weights; no ``k``-row forward can cost less)
+with ``r / floor``.
 
     python benchmarks/bench_rows.py --pair smollm2 [--rows 1 2 5 9 17] [--rounds 7] [--context 200]
 """
@@ -78,9 +81,8 @@ def main(argv=None) -> dict:
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.dim() == 2)
     kmax = max(args.rows)
     lean = LeanForward(model, args.context + kmax + 1)
-    generic = None if args.no_torch else LeanForward(model, args.context + kmax + 1,
-                                                     kernels="onednn" if kernels.packing_available(
-                                                         torch.device("cpu"), torch.float32) else "mkl")
+    packed = kernels.packing_available(torch.device("cpu"), torch.float32) and not lean.in_place
+    generic = None if args.no_torch else LeanForward(model, args.context + kmax + 1, kernels="onednn" if packed else "mkl")
     if generic is not None:
         generic.native_attention = False
     print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} weights {nbytes / 1e6:.0f} MB; "
@@ -151,6 +153,7 @@ def main(argv=None) -> dict:
             t0 = time.perf_counter()
             dst.copy_(src)
             rec("copy GB/s", 2 * n * 4 / (time.perf_counter() - t0) / 1e9)
+            rec("peak GFLOP/s", timing.gemm_peak(repeats=1) / 1e9)
             for k in args.rows:
                 for tree in (False, True):
                     if tree and k == 1:
@@ -165,9 +168,12 @@ def main(argv=None) -> dict:
     copy = med["copy GB/s"]
     base = med["chain k=1 forward"]
     base_torch = med.get("chain k=1 torch")
-    print(f"{args.rounds} rounds in turns, {args.reps} forwards per figure, {args.context}-token cache; copy {copy:.1f} GB/s")
-    print(f"  {'rows':12s} {'forward ms':>10s} {'r':>6s} {'products ms':>11s} {'/copy':>6s} {'attention':>9s} "
-          f"{'rest ms':>8s} {'torch ms':>9s} {'torch r':>8s}")
+    peak = med["peak GFLOP/s"] * 1e9
+    flops_row = 2 * sum(w.numel() for layer in lean._raw for w, _ in layer.values())  # 2 N FLOP a row, N the products' weights
+    print(f"{args.rounds} rounds in turns, {args.reps} forwards per figure, {args.context}-token cache; copy {copy:.1f} GB/s; "
+          f"fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s ({flops_row / 1e9:.2f} GFLOP a row)")
+    print(f"  {'rows':12s} {'forward ms':>10s} {'r':>6s} {'floor':>6s} {'r/floor':>7s} {'products ms':>11s} {'/copy':>6s} "
+          f"{'attention':>9s} {'rest ms':>8s} {'torch ms':>9s} {'torch r':>8s}")
     out = {}
     for k in args.rows:
         for tree in (False, True):
@@ -177,11 +183,14 @@ def main(argv=None) -> dict:
             t, p, a = med[f"{tag} forward"], med[f"k={k} products"], med[f"{tag} attention"]
             tt = med.get(f"{tag} torch", float("nan"))
             rest = t - p - (a if a == a else 0.0)
-            out[tag] = {"forward": t, "r": t / base, "products": p, "attention": a, "rest": rest, "torch": tt,
-                        "torch_r": tt / base_torch if base_torch else float("nan")}
-            print(f"  {tag:12s} {t * 1e3:10.2f} {t / base:6.2f} {p * 1e3:11.2f} {nbytes / p / 1e9 / copy:6.2f} "
+            floor = max(1.0, k * flops_row / peak / base)
+            out[tag] = {"forward": t, "r": t / base, "floor": floor, "products": p, "attention": a, "rest": rest,
+                        "torch": tt, "torch_r": tt / base_torch if base_torch else float("nan")}
+            print(f"  {tag:12s} {t * 1e3:10.2f} {t / base:6.2f} {floor:6.2f} {t / base / floor:7.2f} {p * 1e3:11.2f} "
+                  f"{nbytes / p / 1e9 / copy:6.2f} "
                   f"{a * 1e3:9.2f} {rest * 1e3:8.2f} {tt * 1e3:9.2f} {out[tag]['torch_r']:8.2f}")
     print("r_chain=" + ",".join(f"{k}:{out[f'chain k={k}']['r']:.3f}" for k in args.rows))
+    print("r_over_floor=" + ",".join(f"{k}:{out[f'chain k={k}']['r'] / out[f'chain k={k}']['floor']:.3f}" for k in args.rows))
     return out
 
 

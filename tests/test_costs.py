@@ -46,7 +46,7 @@ def test_verify_cost_fn_edges():
     r = verify_cost_fn({"r": {1: 1.1, 2: 1.3, 3: 1.6}})
     assert r(0) == 1.0 and r(2) == 1.3
     assert r(5) == pytest.approx(1.6 + 2 * 0.3)  # linear beyond the table, through its last two points
-    assert verify_cost_fn({"r": {"1": 1.2}})(3) == pytest.approx(1.2)  # JSON keys, one point: flat
+    assert verify_cost_fn({"r": {"1": 1.2}})(3) == pytest.approx(1.6)  # JSON keys, one point: the line through r(0) = 1
 
 
 def test_pair_costs_are_cached_per_key(tmp_path, monkeypatch):
@@ -334,8 +334,8 @@ def test_a_registered_model_drafter_is_timed_not_costed_zero(tmp_path, monkeypat
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     distilled = {"model": llama(layers=1, seed=3)}
-    monkeypatch.setitem(drafters._REGISTRY, "distilled",
-                        lambda pair, *, device: drafters.ModelDrafter(distilled["model"]))
+    monkeypatch.setitem(drafters._REGISTRY, "distilled", drafters._Registered(
+        lambda pair, *, device: drafters.ModelDrafter(distilled["model"]), drafters.ModelDrafter.kind))
     pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
     calls = []
     real = costs_mod.measure_costs
@@ -355,7 +355,8 @@ def test_a_registered_drafter_holding_a_model_it_cannot_time_is_refused(tmp_path
     from spade_lib.decoding import drafters
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
-    monkeypatch.setitem(drafters._REGISTRY, "hidden", lambda pair, *, device: _HiddenModelDrafter(llama(layers=1)))
+    monkeypatch.setitem(drafters._REGISTRY, "hidden", drafters._Registered(
+        lambda pair, *, device: _HiddenModelDrafter(llama(layers=1)), drafters.ModelDrafter.kind))
     pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
     with pytest.raises(ValueError, match=r"draft: registered drafter 'hidden' .*parts\.net: LlamaForCausalLM"):
         pair_costs(pair, ["hidden"], 2, context=16, reps=2)
@@ -369,7 +370,7 @@ def test_the_model_free_registered_drafters_hold_no_model_and_cost_zero(tmp_path
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
-    free = [n for n in drafters.drafter_names() if n not in drafters.HEAD_DRAFTERS]
+    free = [n for n in drafters.drafter_names() if not drafters.drafter_kind(n).model]  # declared: no model
     assert {"ngram", "ngram_tree", "suffix", "null"} <= set(free)
     assert all(costs_mod._draft_of(pair, n) == (None, "none", None) for n in free)
     got = pair_costs(pair, free, 2, context=16, reps=2)
@@ -407,10 +408,12 @@ def test_the_c_0_trap_a_drafter_is_costed_by_what_it_says_it_runs_not_by_its_att
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     model = llama(layers=1, seed=3)
     own = make_head(tiny_target(), "eagle3")
-    monkeypatch.setitem(drafters._REGISTRY, "bound", lambda pair, *, device: _ForwardHoldingDrafter(model, False))
-    monkeypatch.setitem(drafters._REGISTRY, "declared", lambda pair, *, device: _ForwardHoldingDrafter(model, True))
-    monkeypatch.setitem(drafters._REGISTRY, "ring", lambda pair, *, device: _RingDrafter())
-    monkeypatch.setitem(drafters._REGISTRY, "own_head", lambda pair, *, device: own.drafter())
+    for name, factory, kind in (("bound", lambda pair, *, device: _ForwardHoldingDrafter(model, False), _ForwardHoldingDrafter.kind),
+                                ("declared", lambda pair, *, device: _ForwardHoldingDrafter(model, True), _ForwardHoldingDrafter.kind),
+                                ("ring", lambda pair, *, device: _RingDrafter(), _RingDrafter.kind),
+                                # a head of its own, not one of pair.heads: declared as a drafter that runs a model
+                                ("own_head", lambda pair, *, device: own.drafter(), drafters.ModelDrafter.kind)):
+        monkeypatch.setitem(drafters._REGISTRY, name, drafters._Registered(factory, kind))
     pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
     with pytest.raises(ValueError, match=r"draft: registered drafter 'bound' .*does not say what a drafting step runs"):
         pair_costs(pair, ["bound"], 2, context=16, reps=2)

@@ -968,3 +968,38 @@ def test_slrs_accounts_for_its_paths(tokenizers):
         print(f"{sampling}: forwards per step {forwards}")
         if per_position == "nodes":
             assert max(forwards) > 3 * (paths.depth + 1)  # the sum over paths, not one walk
+
+
+def test_the_cross_vocabulary_drafters_register_from_their_own_module_with_their_declared_kinds(tokenizers):
+    """``drafters`` never imports this module (no import circle): its drafters register here under their rules,
+    and ``make_drafter`` / ``check_draft`` build and resolve a pair's cross-vocabulary draft by ``rule`` through
+    that registry; each instance is what its class declares (another vocabulary, a model: ``drafting_model``, no
+    features: ``hidden_layers``; a one-hot ``q`` for the text rule only: ``deterministic``)."""
+    import ast
+    import types
+
+    from spade_lib.decoding import drafters
+
+    tree = ast.parse(open(drafters.__file__).read())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
+        {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "spade_lib.decoding" not in imported and not any("crossvocab" in m for m in imported if m)
+    assert drafters._CROSS_VOCAB == {"text": (TextDraftConfig, TextDrafter), "tli": (TLIConfig, TLIDrafter),
+                                     "slrs": (SLRSConfig, SLRSDrafter)}
+    ttok, dtok = tokenizers
+    _, draft = _pair(tokenizers, 0.3)
+    pair = types.SimpleNamespace(name="x", drafts={"cross": draft}, draft_tokenizers={"cross": dtok}, tokenizer=ttok,
+                                 heads={})
+    for rule, cls, q in (("text", TextDrafter, False), ("tli", TLIDrafter, True), ("slrs", SLRSDrafter, True)):
+        d = drafters.make_drafter("cross", pair, rule=rule)
+        kind = drafters.check_draft(pair, "cross", rule=rule)
+        assert type(d) is cls and kind is cls.kind == drafters.drafter_kind("cross", pair, rule=rule)
+        assert (kind.vocabulary, kind.q, kind.model, kind.head, kind.chain_only) == ("other", q, True, False, True)
+        assert d.deterministic is (not q) and d.drafting_model() is not None and d.hidden_layers == ()
+    with pytest.raises(ValueError, match=r"^tree: the cross-vocabulary draft 'cross' drafts chains only, not a "
+                                         r"'eagle2' tree"):
+        drafters.check_draft(pair, "cross", tree="eagle2")
+    with pytest.raises(ValueError, match=r"^drafter_class: a Drafter whose kind drafts in another vocabulary"):
+        drafters.register_cross_vocab_rule("text", TextDraftConfig, drafters.NGramDrafter, replace=True)
+    with pytest.raises(ValueError, match=r"^rule: 'text' is already registered"):
+        drafters.register_cross_vocab_rule("text", TextDraftConfig, TextDrafter)

@@ -31,13 +31,21 @@ def run_config(**fields) -> RunConfig:
 
 # -- hand-made inputs ---------------------------------------------------------------------------------
 
-def test_check_drafts_knows_the_pairs_drafts_and_heads_only_with_heads():
+def test_the_study_checks_every_draft_before_it_runs_anything(monkeypatch):
+    """run_drafts / position_runs check each draft (drafters.check_draft: the pair's drafts and heads, or a
+    registered drafter; a head drafter only with heads) before a run is made."""
     bare = types.SimpleNamespace(name="p", drafts={"distilled": 0}, heads={})
-    assert study.check_drafts(bare, ("distilled", "ngram")) == ["distilled", "ngram"]
-    with pytest.raises(ValueError, match=r"drafts \['eagle', 'nope'\] are not drafts of pair 'p' \(\[.*'distilled'"):
-        study.check_drafts(bare, ["distilled", "eagle", "nope"])
+    monkeypatch.setattr(protocol, "run_interleaved", lambda *a, **k: pytest.fail("ran before checking the drafts"))
+    kw = dict(gamma=2, proto=None)
+    for bad, match in (("nope", r"^draft: pair 'p' has drafts \['distilled'\], heads \[\] .* not 'nope'"),
+                       ("eagle", r"^draft: 'eagle' drafts with one of the pair's feature heads, and pair 'p' has none")):
+        with pytest.raises(ValueError, match=match):
+            study.run_drafts(bare, None, run_config, ["distilled", "ngram", bad], temperature=1.0, **kw)
+        with pytest.raises(ValueError, match=match):
+            study.position_runs(bare, None, run_config, ["distilled", bad], temperatures=[1.0], **kw)
     headed = types.SimpleNamespace(name="p", drafts={"distilled": 0}, heads={"eagle3": 0})
-    assert study.check_drafts(headed, ["eagle", "eagle3"]) == ["eagle", "eagle3"]
+    with pytest.raises(pytest.fail.Exception, match="ran before"):  # every draft passed: the runs start
+        study.run_drafts(headed, None, run_config, ["eagle", "eagle3", "ngram"], temperature=1.0, **kw)
 
 
 def test_with_run_tau_is_the_summaries_tau_per_category_and_overall():

@@ -1,4 +1,7 @@
-"""Drafters: the model drafter's proposals and cache bookkeeping, the prompt-lookup drafter's lookups."""
+"""Drafters: the model drafter's proposals and cache bookkeeping, the prompt-lookup drafter's lookups, the
+drafters' declared kinds and the one check of a draft name (check_draft)."""
+
+import functools
 
 import pytest
 import torch
@@ -206,6 +209,103 @@ def test_make_drafter_by_name():
     assert drafter_options("ngram") == ("max_ngram", "min_ngram") and drafter_options("small") == ()
     with pytest.raises(ValueError, match="draft: pair 'toy' has drafts"):
         make_drafter("huge", pair)
+
+
+def test_every_drafter_declares_its_kind_and_its_instances_are_what_it_declares(draft):
+    """Each drafter class of the library declares its own ``DrafterKind`` (none inherits the interface's
+    default), a registered name carries its drafter's kind, and an instance agrees with the declaration:
+    ``deterministic`` is ``not kind.q``, a model is run (``drafting_model()``) exactly when ``kind.model``,
+    features are read (``hidden_layers``) exactly when ``kind.head``."""
+    from types import SimpleNamespace
+
+    from spade_lib.decoding import crossvocab, eagle, medusa  # noqa: F401 (every drafter class of the library)
+    from spade_lib.decoding.drafters import (HEAD_DRAFTER, Drafter, NGramTreeDrafter, NullDrafter, SuffixDrafter,
+                                             drafter_kind, drafter_names, make_drafter)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    library = [c for c in subclasses(Drafter) if c.__module__.startswith("spade_lib.")]
+    assert {"ModelDrafter", "NGramDrafter", "NullDrafter", "SuffixDrafter", "TextDrafter", "EagleDrafter"} <= \
+        {c.__name__ for c in library}
+    undeclared = [c.__name__ for c in library if c.kind is Drafter.kind and not c.__name__.endswith("SyncDrafter")]
+    assert undeclared == []
+    assert eagle.EagleDrafter.kind is medusa.MedusaDrafter.kind is HEAD_DRAFTER
+    assert drafter_kind("eagle") is drafter_kind("medusa") is HEAD_DRAFTER
+    assert (drafter_kind("ngram"), drafter_kind("ngram_tree"), drafter_kind("null")) == \
+        (NGramDrafter.kind, NGramTreeDrafter.kind, NullDrafter.kind)
+    assert drafter_kind("suffix") is SuffixDrafter.kind and SuffixDrafter.kind.shapes == ("trie",)
+    pair = SimpleNamespace(name="toy", target=draft, drafts={"small": draft}, heads={"e3": object()})
+    assert drafter_kind("small", pair) is ModelDrafter.kind and drafter_kind("e3", pair) is HEAD_DRAFTER
+    assert drafter_kind("small") is None and drafter_kind("huge", pair) is None
+    built = [make_drafter(n, pair) for n in drafter_names() if not drafter_kind(n).head] + [make_drafter("small", pair)]
+    assert {type(d) for d in built} == {NGramDrafter, NGramTreeDrafter, SuffixDrafter, NullDrafter, ModelDrafter}
+    for d in built:
+        kind = type(d).kind
+        assert d.deterministic is (not kind.q) and (d.drafting_model() is not None) is kind.model
+        assert bool(d.hidden_layers) is kind.head is False and kind.vocabulary == "same"
+
+
+def test_check_draft_refuses_what_make_drafter_would_before_anything_is_built(draft, monkeypatch):
+    """One check of a draft name against a pair (the runner, notebooks 04 and 05): an unknown name, a head
+    drafter of a pair without heads, a tree of a shape the kind does not propose, an option the drafter does not
+    take, a kind without what the caller ``needs`` (naming the pair's drafts that have it); make_drafter refuses
+    the same through it, before a factory runs."""
+    from types import SimpleNamespace
+
+    from spade_lib.decoding import drafters
+    from spade_lib.decoding.drafters import HEAD_DRAFTER, check_draft, make_drafter
+
+    pair = SimpleNamespace(name="toy", target=draft, drafts={"small": draft}, heads={})
+    assert check_draft(pair, "small", tree="eagle2:nodes=8,depth=3,topk=2") is ModelDrafter.kind
+    assert check_draft(pair, "ngram_tree", tree="trie:nodes=8", max_ngram=2) is drafters.NGramTreeDrafter.kind
+    assert check_draft(pair, "ngram", tree="chain") is NGramDrafter.kind  # the chain is every chain drafter's
+    cases = [(dict(draft="huge"), r"^draft: pair 'toy' has drafts \['small'\], heads \[\] \(or \[.*'ngram'.*\]\), "
+                                  r"not 'huge'"),
+             (dict(draft="eagle"), r"^draft: 'eagle' drafts with one of the pair's feature heads, and pair 'toy' has "
+                                   r"none attached"),
+             (dict(draft="ngram", tree="eagle2"), r"^tree: drafter 'ngram' drafts chains only, not a 'eagle2' tree"),
+             (dict(draft="small", tree="trie:nodes=8"), r"^tree: the draft model 'small' drafts \('chain', 'eagle2', "
+                                                        r"'static', 'sampled'\), not a 'trie' tree"),
+             (dict(draft="suffix", tree="chain"), r"^tree: drafter 'suffix' drafts \('trie',\), not a 'chain' tree"),
+             (dict(draft="ngram", max_ngram=2, bogus=1), r"^options: drafter 'ngram' takes \['max_ngram', "
+                                                         r"'min_ngram'\], not \['bogus'\]"),
+             (dict(draft="small", rule="tli"), r"^options: the draft model 'small' takes \['max_length'\], not "
+                                               r"\['rule'\]")]
+    def never_built(factory):
+        @functools.wraps(factory)  # the same options (drafter_options reads the signature)
+        def factory_(*args, **kwargs):
+            pytest.fail("a refused drafter was built")
+        return factory_
+
+    monkeypatch.setattr(drafters, "_REGISTRY", {n: drafters._Registered(never_built(r.factory), r.kind)
+                                                  for n, r in drafters._REGISTRY.items()})
+    for kw, match in cases:
+        draft_name = kw.pop("draft")
+        with pytest.raises(ValueError, match=match):
+            check_draft(pair, draft_name, **kw)
+        with pytest.raises(ValueError, match=match):
+            make_drafter(draft_name, pair, **kw)
+    with pytest.raises(ValueError, match=r"^draft: 'ngram' is not a drafter of pair 'toy' with q=True: to replay q "
+                                         r"\(those: \['small'\]\)"):
+        check_draft(pair, "ngram", needs={"q": True}, why=": to replay q")
+    headed = SimpleNamespace(**{**vars(pair), "heads": {"e3": object()}})
+    assert check_draft(headed, "eagle", needs={"head": True}) is check_draft(headed, "e3") is HEAD_DRAFTER
+    with pytest.raises(ValueError, match=r"^needs: fields of DrafterKind .*not \['cost'\]"):
+        check_draft(pair, "small", needs={"cost": 1})
+
+
+def test_a_drafter_kind_is_declared_and_checked():
+    from spade_lib.decoding.drafters import DrafterKind, register_drafter
+
+    with pytest.raises(ValueError, match=r"^vocabulary: must be one of \('same', 'other'\)"):
+        DrafterKind(q=True, vocabulary="mine", head=False, model=True, shapes=("chain",))
+    with pytest.raises(ValueError, match=r"^shapes: a non-empty tuple of"):
+        DrafterKind(q=True, vocabulary="same", head=False, model=True, shapes=("chain", "forest"))
+    with pytest.raises(ValueError, match=r"^kind: must be a DrafterKind"):
+        register_drafter("undeclared", lambda pair, *, device: NGramDrafter(), None)
 
 
 def test_sample_categorical_draws_q_exactly():

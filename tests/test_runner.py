@@ -275,6 +275,57 @@ def test_a_tree_run_config_is_canonical_and_chain_hashes_stay():
         RunConfig(tree="no_such_shape")
 
 
+def test_a_drafter_tree_combination_is_refused_when_the_config_is_built():
+    """Issue 57: a config checks its tree against the shapes its draft proposes (a registered drafter's declared
+    kind; any other name is a draft model or head of the pair, which grows the model shapes) when it is built,
+    not once run_suite has written its folder."""
+    from spade_lib.runs.config import RunConfig
+
+    with pytest.raises(ValueError, match=r"^tree: draft 'ngram' drafts chains only, not a 'eagle2' tree"):
+        RunConfig(tree="eagle2", draft="ngram")
+    with pytest.raises(ValueError, match=r"^tree: draft 'distilled' \(a draft model or head of the pair\) drafts "
+                                         r"\('chain', 'eagle2', 'static', 'sampled'\), not a 'trie' tree"):
+        RunConfig(tree="trie:nodes=8", draft="distilled")
+    with pytest.raises(ValueError, match=r"^tree: draft 'suffix' drafts \('trie',\), not a 'eagle2' tree"):
+        RunConfig(tree="eagle2", draft="suffix")
+    assert RunConfig(tree="trie:nodes=8", draft="ngram_tree").tree.startswith("trie")
+    assert RunConfig(tree="eagle2", draft="eagle").tree.startswith("eagle2")
+    assert RunConfig(tree="static", draft="distilled").tree.startswith("static")
+    assert RunConfig(tree="chain", draft="ngram").tree == ""  # the chain is no tree
+
+
+def test_a_refused_run_leaves_its_folder_as_it_was(pair, tmp_path):
+    """Issue 57: run_suite makes every check before it writes anything, so a config refused with the pair (a
+    cross-vocabulary draft with a tree, a head drafter without heads, an option the drafter does not take, an
+    unknown draft) leaves an absent folder absent and another run's folder byte for byte as it was; the
+    corrected config then runs in the folder the refused one named."""
+    import dataclasses
+
+    suite = mini_suite(1)
+    crossed = dataclasses.replace(pair, draft_tokenizers={"data_only": pair.tokenizer})
+    refused = [(crossed, cfg(draft="data_only", tree="eagle2:nodes=4,depth=2,topk=2"),
+                r"^tree: the cross-vocabulary draft 'data_only' drafts chains only"),
+               (pair, cfg(draft="eagle"), r"^draft: 'eagle' drafts with one of the pair's feature heads"),
+               (pair, cfg(draft="ngram", draft_options={"bogus": 1}), r"^options: drafter 'ngram' takes"),
+               (pair, cfg(draft="huge"), r"^draft: pair 'tiny' has drafts")]
+    for p, c, match in refused:
+        with pytest.raises(ValueError, match=match):
+            runner.run_suite(p, suite, c, tmp_path / "run", progress=False)
+        assert not (tmp_path / "run").exists()
+    other = runner.run_suite(pair, suite, cfg(method="ar"), tmp_path / "other", progress=False)
+
+    def files():
+        return {f.relative_to(other): (f.stat().st_mtime_ns, f.read_bytes()) for f in other.rglob("*") if f.is_file()}
+
+    before = files()
+    for p, c, match in refused:
+        with pytest.raises(ValueError, match=match):
+            runner.run_suite(p, suite, c, other, progress=False)
+        assert files() == before
+    d = runner.run_suite(pair, suite, cfg(draft="ngram"), tmp_path / "run", progress=False)
+    assert len(read_summary(d)) == 1
+
+
 def test_draft_options_reach_the_drafter_and_empty_ones_keep_the_hash():
     """RunConfig.draft_options: left out of an empty config's identity (hashes stay), part of the hash and
     label otherwise, passed to make_drafter (winning over ngram_max), refused for methods that build no

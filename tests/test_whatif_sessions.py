@@ -25,18 +25,27 @@ def run_config(**fields) -> RunConfig:
     return RunConfig(**{**dict(max_new_tokens=24, device="cpu", threads=1, max_prompt_tokens=64), **fields})
 
 
-def test_check_draft_names_the_same_vocabulary_drafts_and_heads():
+def test_alignable_reads_the_drafts_declared_kind_and_names_those_it_can_replay():
+    """Notebook 05 replays a draft's own q on the pair's vocabulary (sessions.REPLAYABLE, read from the declared
+    kind by drafters.check_draft): a draft model aligns too, a feature head (registered or by its name) only
+    replays; a cross-vocabulary draft, a model-free drafter and a head drafter without heads are refused."""
     pair = types.SimpleNamespace(name="p", drafts={"distilled": 0, "cross": 0}, draft_tokenizers={"cross": 0},
                                  heads={})
-    assert sessions.check_draft(pair, "distilled") is True  # a draft model: every section, the alignment too
-    for bad in ("cross", "ngram", "medusa"):  # a head without heads attached is none
-        with pytest.raises(ValueError, match=r"draft: .*'" + bad + r"' is neither a same-vocabulary draft model of "
-                                             r"pair 'p' \(those: \['distilled'\]\) nor one of its feature heads "
-                                             r"\(those: \[\]\)"):
-            sessions.check_draft(pair, bad)
-    with_heads = types.SimpleNamespace(**{**vars(pair), "heads": {"medusa": 0}})
-    assert sessions.check_draft(with_heads, "medusa") is False  # the replays only
-    assert sessions.check_draft(with_heads, "eagle") is False
+    assert sessions.alignable(pair, "distilled") is True  # a draft model: every section, the alignment too
+    for bad in ("cross", "ngram", "null"):
+        with pytest.raises(ValueError, match=r"^draft: '" + bad + r"' is not a drafter of pair 'p' with q=True, "
+                                             r"vocabulary='same': notebook 05 replays a draft's own probabilities q "
+                                             r"on the pair's vocabulary \(those: \['distilled'\]\)"):
+            sessions.alignable(pair, bad)
+    with pytest.raises(ValueError, match=r"^draft: 'medusa' drafts with one of the pair's feature heads, and pair "
+                                         r"'p' has none attached"):
+        sessions.alignable(pair, "medusa")
+    with_heads = types.SimpleNamespace(**{**vars(pair), "heads": {"m1": 0}})
+    assert sessions.alignable(with_heads, "medusa") is False  # the replays only
+    assert sessions.alignable(with_heads, "eagle") is False
+    assert sessions.alignable(with_heads, "m1") is False
+    with pytest.raises(ValueError, match=r"\(those: \['eagle', 'medusa', 'distilled', 'm1'\]\)"):
+        sessions.alignable(with_heads, "cross")
     assert "'medusa' is a feature head" in sessions.NO_ALIGNMENT.format(draft="medusa")
 
 

@@ -66,7 +66,7 @@ import torch
 from spade_lib.decoding.adapter import as_token_tensor, context_limit
 from spade_lib.decoding.common import GenerationResult, _check_budget
 from spade_lib.decoding.decode import _eos_set
-from spade_lib.decoding.drafters import HEAD_DRAFTERS, drafter_names
+from spade_lib.decoding.drafters import drafter_kind
 from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig
 
@@ -91,11 +91,13 @@ def _refuse_head(name: str, what: str):
 
 
 def check_assistant_name(name: str) -> None:
-    """Refuse a draft name that can never be an HF assistant, without a pair: a registered drafter (the
-    feature-head drafters ``"eagle"`` / ``"medusa"`` named as such; ``"ngram"``, ``"null"``: no model)."""
-    if name in HEAD_DRAFTERS:
+    """Refuse a draft name that can never be an HF assistant, without a pair: a registered drafter (one whose
+    declared kind reads the target's features named as such, ``"eagle"`` / ``"medusa"``; ``"ngram"``,
+    ``"null"``: no model)."""
+    kind = drafter_kind(name)  # None: not a registered drafter
+    if kind is not None and kind.head:
         _refuse_head(name, "a feature-head drafter (EAGLE / Medusa)")
-    if name in drafter_names():
+    if kind is not None:
         raise ValueError(f"draft: {name!r} is not available for method 'hf_assisted', which needs a draft model "
                          "(for prompt lookup use method 'hf' with spade_lib.decoding.baselines instead)")
 

@@ -284,18 +284,10 @@ def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: 
 
 
 def verify_cost_fn(costs: dict) -> Callable[[int], float]:
-    """``r(g)`` from :func:`measure_costs`' table; 1 at ``g = 0`` (a step that drafted nothing is one
-    target forward) and linear beyond the largest measured ``g`` (through its last two points)."""
-    table = {int(g): float(v) for g, v in costs["r"].items()}
-    top = max(table)
-    slope = table[top] - table[top - 1] if top - 1 in table else 0.0
+    """``r(g)`` from :func:`measure_costs`' table: :func:`spade_lib.theory.verify_cost_curve` of its points (1 at
+    ``g = 0``, piecewise linear between measured ``g``, extended through the last two points)."""
+    from spade_lib.theory import verify_cost_curve
 
-    def r(g) -> float:
-        g = int(g)
-        if g <= 0:
-            return 1.0
-        return table[g] if g in table else table[top] + slope * (g - top)
-
-    return r
+    return verify_cost_curve({int(g): float(v) for g, v in costs["r"].items()})
 
 

@@ -74,6 +74,11 @@ are windowed (:func:`retokenize`, :func:`continuation`: ``window`` tokens of com
 committed tails are decoded once per step (:func:`tail_of`), not once per drafted token: a text drafter's
 ``propose`` makes two tokenizer calls per draft token it draws plus a few per step; SLRS one encode per drafted
 target token after the first, and ``n_nodes`` forwards per drafted target token (one path when greedy).
+
+**By name.** This module registers its drafters under their rules (``"text"``, ``"tli"``, ``"slrs"``:
+:func:`spade_lib.decoding.drafters.register_cross_vocab_rule`), so that ``make_drafter(name, pair, rule=...)``
+builds them for a pair's cross-vocabulary draft; it builds on :mod:`spade_lib.decoding.drafters`, which never
+imports it: a caller that drafts across vocabularies imports it (``spade_lib.runs.config`` does).
 """
 from __future__ import annotations
 
@@ -84,7 +89,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.drafters import Drafter, _signals, one_hot_proposal, sample_categorical
+from spade_lib.decoding.drafters import (Drafter, DrafterKind, _signals, one_hot_proposal, register_cross_vocab_rule,
+                                        sample_categorical)
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree
 from spade_lib.sampling import SamplingConfig, adjust
@@ -463,7 +469,7 @@ class TextDrafter(TextSyncDrafter):
     :class:`DraftStepCosts`.
     """
 
-    deterministic = True
+    kind = DrafterKind(q=False, vocabulary="other", head=False, model=True, shapes=("chain",))  # one-hot q
     config_type = TextDraftConfig
 
     def __init__(self, model, draft_tokenizer, target_tokenizer, config: TextDraftConfig = TextDraftConfig(), *,
@@ -627,7 +633,7 @@ class TLIDrafter(TextSyncDrafter):
     step the re-sync of :class:`TextSyncDrafter` (encode/decode of ``window`` tokens).
     """
 
-    deterministic = False
+    kind = DrafterKind(q=True, vocabulary="other", head=False, model=True, shapes=("chain",))
     config_type = TLIConfig
 
     def __init__(self, model, draft_tokenizer, target_tokenizer, config: TLIConfig = TLIConfig(), *,
@@ -875,7 +881,7 @@ class SLRSDrafter(TextSyncDrafter):
     Greedy: the rows are one-hot, one path is walked (at most ``depth + 1`` forwards a position).
     """
 
-    deterministic = False
+    kind = DrafterKind(q=True, vocabulary="other", head=False, model=True, shapes=("chain",))
     config_type = SLRSConfig
 
     def __init__(self, model, draft_tokenizer, target_tokenizer, config: SLRSConfig = SLRSConfig(), *,
@@ -952,3 +958,9 @@ class SLRSDrafter(TextSyncDrafter):
                              torch.zeros(0, V, device=a.device), None, stop)
         return DraftTree(torch.tensor(tokens, dtype=torch.long, device=a.device), torch.stack(qs).to(a.device),
                          None, stop)
+
+
+# the rules of a cross-vocabulary draft (drafters.make_drafter builds them by name: option ``rule``)
+register_cross_vocab_rule("text", TextDraftConfig, TextDrafter)
+register_cross_vocab_rule("tli", TLIConfig, TLIDrafter)
+register_cross_vocab_rule("slrs", SLRSConfig, SLRSDrafter)

@@ -58,25 +58,37 @@ the runner: a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``
 same and ``tree``; ``"suffix"``: ``tree``, ``max_depth``, ``max_spec_factor``, ``min_token_prob``;
 ``"eagle"`` / ``"medusa"``: the pair's one head of that kind, or option ``head``), a draft model of the
 pair (``pair.drafts[name]``) or a head of the pair by its name (``pair.heads[name]``); ``tree`` names the
-tree of any of them that drafts one. :func:`register_drafter` adds a name.
+tree of any of them that drafts one. :func:`register_drafter` adds a name. A cross-vocabulary draft (one in
+``pair.draft_tokenizers``) drafts by a rule whose drafter :mod:`spade_lib.decoding.crossvocab` registers from its
+own module (:func:`register_cross_vocab_rule`): import that module before building one.
+
+**Kinds.** Every drafter class declares what it is (:class:`DrafterKind`, its ``kind``): whether it proposes a
+distribution ``q`` or only tokens, in the target's vocabulary or its own, whether it reads the target's features
+(a head), whether it runs a model (so has a cost ``c``), and the draft shapes it proposes (the chain, trees). A
+registered name carries its drafter's kind, and :func:`drafter_kind` finds the kind of any name a pair can draft
+with; :func:`check_draft` is the one check that a name, a tree and options fit a pair (what
+:func:`make_drafter` would refuse, before anything is built), which the runner, notebook 04's and 05's checks
+and ``RunConfig`` (a tree against a registered drafter's shapes, when it is built) read.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Callable, ClassVar
 
 import torch
 
 from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree
-from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TreeConfig, committed_rows, grow_tree
+from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TREE_SHAPES, TreeConfig, committed_rows, grow_tree
 from spade_lib.decoding.tree_shapes import SuffixIndex, TreeShape, ngram_tree
 from spade_lib.sampling import SamplingConfig, adjust
 
-__all__ = ["Draft", "Drafter", "TargetView", "ModelDrafter", "one_hot_proposal", "NGramDrafter", "NGramTreeDrafter", "SuffixDrafter",
-           "NullDrafter", "HEAD_DRAFTERS", "make_drafter", "register_drafter", "drafter_names", "sample_categorical", "draw_token"]
+__all__ = ["Draft", "Drafter", "DrafterKind", "HEAD_DRAFTER", "TargetView", "ModelDrafter", "one_hot_proposal", "NGramDrafter",
+           "NGramTreeDrafter", "SuffixDrafter", "NullDrafter", "make_drafter", "check_draft", "drafter_kind",
+           "register_drafter", "register_cross_vocab_rule", "drafter_names", "sample_categorical", "draw_token"]
 
 
 # The chain draft is a DraftTree with parents=None (spade_lib.decoding.tree: one definition of a proposal); the
@@ -105,12 +117,57 @@ class TargetView:
     next_token: int
 
 
-class Drafter:
-    """Interface of a drafter (see the module docstring)."""
+VOCABULARIES = ("same", "other")  # a drafter drafts in the target's vocabulary, or in its own (re-encoded)
 
-    deterministic: bool = False  # True: q is one-hot, verify with a deterministic lossless rule
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """What a drafter is, declared by its class (:attr:`Drafter.kind`) and read wherever a drafter is chosen
+    by name: the decoder (``q``: which rule verifies it), the checks of runs and notebooks
+    (:func:`check_draft`), a run's identity (a head's build is part of it), HF's assisted generation (never
+    a head), ``RunConfig`` (its tree against ``shapes``)."""
+
+    q: bool                  # proposes a distribution q (False: tokens only, q one-hot: a deterministic rule verifies)
+    vocabulary: str          # "same": drafts in the target's vocabulary; "other": in its own, re-encoded as target tokens
+    head: bool               # reads the target's features (a head: names hidden_layers, is told observe())
+    model: bool              # runs a model every drafting step, so has a cost c > 0 (drafting_model() is not None)
+    shapes: tuple[str, ...]  # the draft shapes it proposes (tree_drafting.TREE_SHAPES): ("chain",) drafts chains only
+
+    def __post_init__(self) -> None:
+        if self.vocabulary not in VOCABULARIES:
+            raise ValueError(f"vocabulary: must be one of {VOCABULARIES}, got {self.vocabulary!r}")
+        if not self.shapes or set(self.shapes) - set(TREE_SHAPES):
+            raise ValueError(f"shapes: a non-empty tuple of {TREE_SHAPES}, got {self.shapes!r}")
+
+    @property
+    def chain_only(self) -> bool:
+        return self.shapes == ("chain",)
+
+    def check_tree(self, tree: TreeConfig | str | None, what: str) -> None:
+        """Refuse a ``tree`` (a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` or spec; ``None``: the
+        drafter's own default) of a shape this kind does not propose; ``what`` names the drafter."""
+        if tree is None:
+            return
+        shape = TreeConfig.parse(tree).shape
+        if shape not in self.shapes:
+            grows = "chains only" if self.chain_only else f"{self.shapes}"
+            raise ValueError(f"tree: {what} drafts {grows}, not a {shape!r} tree")
+
+
+class Drafter:
+    """Interface of a drafter (see the module docstring). A subclass declares its :attr:`kind`."""
+
+    # What a drafter is (DrafterKind). A class that declares none is taken to be a same-vocabulary drafter
+    # of chains with a model and a q, reading no features (the interface's defaults); every drafter of the
+    # library, and any registered one, declares its own.
+    kind: ClassVar[DrafterKind] = DrafterKind(q=True, vocabulary="same", head=False, model=True, shapes=("chain",))
     mode: str | None = None      # the acceptance rule this drafter needs (None: by temperature and q)
     hidden_layers: tuple[int, ...] = ()  # target layers whose hidden states observe() receives
+
+    @property
+    def deterministic(self) -> bool:
+        """True when ``q`` is one-hot (``kind.q`` is False): verify with a deterministic lossless rule."""
+        return not self.kind.q
 
     def observe(self, view: TargetView) -> None:
         """Told what the target committed (see :class:`TargetView`); called after ``accept``. Default: ignore."""
@@ -203,7 +260,7 @@ class ModelDrafter(Drafter):
     ``accept_path`` then keeps the accepted path's fed rows and leaves the rest of the path unfed.
     """
 
-    deterministic = False
+    kind = DrafterKind(q=True, vocabulary="same", head=False, model=True, shapes=("chain", *MODEL_SHAPES))
 
     def __init__(self, model: torch.nn.Module | CausalLMAdapter, *, max_length: int | None = None,
                  tree: TreeConfig | str | None = None):
@@ -335,7 +392,7 @@ class NGramDrafter(Drafter):
     end position is kept up to date as tokens are committed, so a lookup costs O(max_ngram).
     """
 
-    deterministic = True
+    kind = DrafterKind(q=False, vocabulary="same", head=False, model=False, shapes=("chain",))
 
     def drafting_model(self) -> None:
         """None: a lookup in the committed text, no model (``c = 0``)."""
@@ -411,7 +468,7 @@ class _ContextTreeDrafter(Drafter):
     """What the model-free tree drafters share: the committed text (``_ctx``, on the host), the last
     proposal's tokens, and committing an accepted path (:meth:`_committed` sees the new tokens)."""
 
-    deterministic = True
+    kind = DrafterKind(q=False, vocabulary="same", head=False, model=False, shapes=("trie",))
 
     def drafting_model(self) -> None:
         """None: a trie or suffix index of the committed text, no model (``c = 0``)."""
@@ -514,7 +571,7 @@ class NullDrafter(Drafter):
     """The null-draft control: ``max_gamma`` copies of token 0, verified by the ``reject`` rule (module
     docstring). Output is distributed exactly as ``p`` (greedy: identical to autoregressive decoding)."""
 
-    deterministic = True
+    kind = DrafterKind(q=False, vocabulary="same", head=False, model=False, shapes=("chain",))
     mode = "reject"
 
     def drafting_model(self) -> None:
@@ -544,16 +601,49 @@ class NullDrafter(Drafter):
 # ------------------------------------------------------------------------------------------------
 # drafters by name
 
-_REGISTRY: dict[str, Callable[..., Drafter]] = {}
+# The kind of every drafter that drafts with one of the pair's feature heads (the registered "eagle" and
+# "medusa", and a head of pair.heads by its name); EagleDrafter and MedusaDrafter declare it as theirs.
+HEAD_DRAFTER = DrafterKind(q=True, vocabulary="same", head=True, model=True, shapes=("chain", *MODEL_SHAPES))
 
 
-def register_drafter(name: str, factory: Callable[..., Drafter], *, replace: bool = False) -> None:
-    """Register ``factory(pair, device=..., **options) -> Drafter`` under ``name``."""
+@dataclass(frozen=True)
+class _Registered:
+    factory: Callable[..., Drafter]  # factory(pair, device=..., **options) -> Drafter
+    kind: DrafterKind                # what the drafters it builds declare
+
+
+_REGISTRY: dict[str, _Registered] = {}
+
+
+def register_drafter(name: str, factory: Callable[..., Drafter], kind: DrafterKind, *, replace: bool = False) -> None:
+    """Register ``factory(pair, device=..., **options) -> Drafter`` under ``name``; ``kind``: the
+    :class:`DrafterKind` its drafters declare (e.g. ``NGramDrafter.kind``)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"name: must be a non-empty string, got {name!r}")
+    if not isinstance(kind, DrafterKind):
+        raise ValueError(f"kind: must be a DrafterKind (the drafter class's kind), got {kind!r}")
     if name in _REGISTRY and not replace:
         raise ValueError(f"name: drafter {name!r} is already registered (pass replace=True)")
-    _REGISTRY[name] = factory
+    _REGISTRY[name] = _Registered(factory, kind)
+
+
+CROSS_VOCAB_RULES = ("text", "tli", "slrs")  # how a cross-vocabulary draft drafts; decoding.crossvocab registers each
+_CROSS_VOCAB: dict[str, tuple[type, type[Drafter]]] = {}  # rule -> (its config dataclass, its drafter class)
+
+
+def register_cross_vocab_rule(rule: str, config_class: type, drafter_class: type[Drafter], *,
+                              replace: bool = False) -> None:
+    """Register how a cross-vocabulary draft drafts by ``rule`` (one of :data:`CROSS_VOCAB_RULES`):
+    ``drafter_class(model, draft_tokenizer, target_tokenizer, config_class(**options), max_length=...)``.
+    :mod:`spade_lib.decoding.crossvocab` registers its drafters from its own module (it builds on this one)."""
+    if rule not in CROSS_VOCAB_RULES:
+        raise ValueError(f"rule: must be one of {CROSS_VOCAB_RULES}, got {rule!r}")
+    if not (isinstance(drafter_class, type) and issubclass(drafter_class, Drafter)
+            and drafter_class.kind.vocabulary == "other"):
+        raise ValueError(f"drafter_class: a Drafter whose kind drafts in another vocabulary, got {drafter_class!r}")
+    if rule in _CROSS_VOCAB and not replace:
+        raise ValueError(f"rule: {rule!r} is already registered (pass replace=True)")
+    _CROSS_VOCAB[rule] = (config_class, drafter_class)
 
 
 def drafter_names(pair=None) -> tuple[str, ...]:
@@ -569,75 +659,115 @@ def drafter_options(name: str) -> tuple[str, ...]:
 
     if name not in _REGISTRY:
         return ()
-    params = inspect.signature(_REGISTRY[name]).parameters.values()
+    params = inspect.signature(_REGISTRY[name].factory).parameters.values()
     return tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name != "device")
+
+
+def _cross_vocab(name: str, rule: str) -> tuple[type, type[Drafter]]:
+    """The config and drafter classes of the cross-vocabulary draft ``name`` by ``rule``."""
+    if rule not in CROSS_VOCAB_RULES:
+        raise ValueError(f"rule: the cross-vocabulary draft {name!r} drafts by one of {CROSS_VOCAB_RULES}, not {rule!r}")
+    if rule not in _CROSS_VOCAB:
+        raise ValueError(f"rule: no drafter is registered for rule {rule!r} of the cross-vocabulary draft {name!r}; "
+                         "spade_lib.decoding.crossvocab registers them: import it first")
+    return _CROSS_VOCAB[rule]
+
+
+def _pair_parts(pair) -> tuple[dict, dict, dict]:
+    return (getattr(pair, "drafts", {}) or {}, getattr(pair, "heads", {}) or {},
+            getattr(pair, "draft_tokenizers", {}) or {})
+
+
+def drafter_kind(name: str, pair=None, *, rule: str = "text") -> DrafterKind | None:
+    """The declared :class:`DrafterKind` of the drafter ``name`` (resolved as :func:`make_drafter` does): a
+    registered drafter's, else -- with ``pair`` -- a draft model's (:class:`ModelDrafter`; a cross-vocabulary
+    draft's by its ``rule``) or a feature head's (:data:`HEAD_DRAFTER`); ``None`` for any other name."""
+    if name in _REGISTRY:
+        return _REGISTRY[name].kind
+    if pair is None:
+        return None
+    drafts, heads, draft_tokenizers = _pair_parts(pair)
+    if name in drafts:
+        return _cross_vocab(name, rule)[1].kind if name in draft_tokenizers else ModelDrafter.kind
+    return HEAD_DRAFTER if name in heads else None
+
+
+def check_draft(pair, draft: str, *, tree: TreeConfig | str | None = None, needs: Mapping[str, object] | None = None,
+                why: str = "", **options) -> DrafterKind:
+    """The kind of the drafter ``draft`` of ``pair`` (:func:`drafter_kind`), once everything
+    :func:`make_drafter(draft, pair, tree=tree, **options) <make_drafter>` would refuse by name is refused,
+    nothing built: an unknown name, a head drafter of a pair without heads, a ``tree`` of a shape the kind
+    does not propose, a cross-vocabulary ``rule`` or an option the drafter does not take. ``needs``: fields of
+    :class:`DrafterKind` the caller requires (e.g. ``{"q": True, "vocabulary": "same"}``), refused with the
+    pair's drafts that have them and ``why`` (a clause saying what needs them). Every ``ValueError`` names
+    the argument: ``draft``, ``tree``, ``rule``, ``options`` or ``needs``."""
+    drafts, heads, draft_tokenizers = _pair_parts(pair)
+    pair_name = getattr(pair, "name", "?")
+    needs = dict(needs or {})
+    unknown = set(needs) - {f.name for f in fields(DrafterKind)}
+    if unknown:
+        raise ValueError(f"needs: fields of DrafterKind {[f.name for f in fields(DrafterKind)]}, not {sorted(unknown)}")
+    cross = draft not in _REGISTRY and draft in drafts and draft in draft_tokenizers
+    kind = drafter_kind(draft, pair, rule=options.get("rule", "text") if cross else "text")
+    if kind is None:
+        raise ValueError(f"draft: pair {pair_name!r} has drafts {sorted(drafts)}, heads {sorted(heads)} "
+                         f"(or {sorted(_REGISTRY)}), not {draft!r}")
+    if kind.head and not heads:
+        raise ValueError(f"draft: {draft!r} drafts with one of the pair's feature heads, and pair {pair_name!r} has "
+                         "none attached (load_pair(..., heads=(...)))")
+    if draft in _REGISTRY:
+        what, takes = f"drafter {draft!r}", set(drafter_options(draft)) - {"tree"}
+    elif cross:
+        rule = options.get("rule", "text")
+        config_fields = sorted(_cross_vocab(draft, rule)[0].__dataclass_fields__)
+        what, takes = f"the cross-vocabulary draft {draft!r}", {"rule", "max_length", *config_fields}
+        if set(options) - takes:
+            raise ValueError(f"options: {what} with rule {rule!r} takes rule, max_length and {config_fields}, not "
+                             f"{sorted(set(options) - takes)}")
+    elif draft in drafts:
+        what, takes = f"the draft model {draft!r}", {"max_length"}
+    else:
+        what, takes = f"the feature head {draft!r}", set(options)  # the head's drafter takes its kind's own options
+    kind.check_tree(tree, what)
+    if set(options) - takes:
+        raise ValueError(f"options: {what} takes {sorted(takes)}, not {sorted(set(options) - takes)}")
+    if any(getattr(kind, f) != want for f, want in needs.items()):
+        def fits(name: str) -> bool:
+            k = drafter_kind(name, pair)
+            return not (k.head and not heads) and all(getattr(k, f) == want for f, want in needs.items())
+
+        have = [n for n in drafter_names(pair) if fits(n)]
+        wanted = ", ".join(f"{f}={want!r}" for f, want in needs.items())
+        raise ValueError(f"draft: {draft!r} is not a drafter of pair {pair_name!r} with {wanted}{why} (those: {have})")
+    return kind
 
 
 def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **options) -> Drafter:
     """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
     pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``; a
     cross-vocabulary draft, one in ``pair.draft_tokenizers``, drafts through the text: option ``rule``,
-    ``"text"`` (a :class:`~spade_lib.decoding.crossvocab.TextDrafter`), ``"tli"`` or ``"slrs"``), else
-    the pair's head ``pair.heads[name]`` (its ``drafter(**options)``). ``tree``: the
+    ``"text"`` (a :class:`~spade_lib.decoding.crossvocab.TextDrafter`), ``"tli"`` or ``"slrs"``, and the
+    rule's config fields; see :mod:`spade_lib.decoding.crossvocab`, which registers them), else the pair's
+    head ``pair.heads[name]`` (its ``drafter(**options)``). ``tree``: the
     :class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or spec string) of a drafter that drafts trees;
-    a drafter of chains only refuses any but the chain."""
+    one whose kind drafts chains only refuses any but the chain. Refuses what :func:`check_draft` refuses."""
     tree = None if tree is None else TreeConfig.parse(tree)
-    if tree is not None:
-        options["tree"] = tree
+    check_draft(pair, name, tree=tree, **options)
+    if tree is not None and (name not in _REGISTRY or "tree" in drafter_options(name)):
+        options["tree"] = tree  # a registered drafter of chains only takes no tree: it was the chain
     if name in _REGISTRY:
-        if tree is not None and "tree" not in drafter_options(name):
-            if not tree.is_chain:
-                raise ValueError(f"tree: drafter {name!r} drafts chains only, not a {tree.shape!r} tree")
-            del options["tree"]
         device = next(pair.target.parameters()).device
-        return _REGISTRY[name](pair, device=device, **options)
-    drafts = getattr(pair, "drafts", {}) or {}
-    heads = getattr(pair, "heads", {}) or {}
+        return _REGISTRY[name].factory(pair, device=device, **options)
+    drafts, heads, draft_tokenizers = _pair_parts(pair)
+    if name in drafts and name in draft_tokenizers:
+        options.pop("tree", None)  # the chain (check_draft refused any other)
+        config_class, drafter_class = _cross_vocab(name, options.pop("rule", "text"))
+        max_length = options.pop("max_length", None)
+        return drafter_class(drafts[name], draft_tokenizers[name], pair.tokenizer, config_class(**options),
+                             max_length=max_length)
     if name in drafts:
-        draft_tokenizers = getattr(pair, "draft_tokenizers", {}) or {}
-        if name in draft_tokenizers:
-            return _cross_vocab_drafter(name, drafts[name], draft_tokenizers[name], pair.tokenizer, **options)
         return ModelDrafter(drafts[name], **options)
-    if name in heads:
-        return heads[name].drafter(**options)
-    raise ValueError(f"draft: pair {getattr(pair, 'name', '?')!r} has drafts {sorted(drafts)}, heads "
-                     f"{sorted(heads)} (or {sorted(_REGISTRY)}), not {name!r}")
-
-
-CROSS_VOCAB_RULES = ("text", "tli", "slrs")  # how a cross-vocabulary draft drafts (decoding.crossvocab)
-
-
-def _cross_vocab_drafter(name: str, model, draft_tokenizer, target_tokenizer, *, rule: str = "text",
-                         tree: TreeConfig | None = None, max_length: int | None = None, **config) -> Drafter:
-    """The drafter of a pair's cross-vocabulary draft ``name`` (its tokenizer differs from the target's),
-    by ``rule`` (:mod:`spade_lib.decoding.crossvocab`):
-
-    - ``"text"`` (default): string-level drafting, :class:`~spade_lib.decoding.crossvocab.TextDrafter`: the
-      draft's text re-encoded as target tokens, a one-hot proposal, lossless whatever the two tokenizers;
-      ``config``: its ``TextDraftConfig`` fields (``temperature``, ``max_draft_tokens``, ``window``, ``hold_last``);
-    - ``"tli"``: token-level intersection, :class:`~spade_lib.decoding.crossvocab.TLIDrafter`: the draft's q
-      (the decoder's sampling) restricted to the strings that are one token on both sides, verified by the
-      standard rule; ``config``: its ``TLIConfig`` fields (``window``, ``stop_at_eos``);
-    - ``"slrs"``: string-level rejection sampling, :class:`~spade_lib.decoding.crossvocab.SLRSDrafter`: the draft
-      writes a string, the longest target token it starts with is proposed with its exact law over target ids
-      (summed over every draft-token path), verified by the standard rule; ``config``: its ``SLRSConfig`` fields
-      (``window``, ``max_nodes``: the most draft forwards per drafted token, beyond which the pair is refused).
-
-    Chains only."""
-    from spade_lib.decoding import crossvocab  # crossvocab builds on this module
-
-    if tree is not None and not tree.is_chain:
-        raise ValueError(f"tree: the cross-vocabulary draft {name!r} drafts chains only, not a {tree.shape!r} tree")
-    if rule not in CROSS_VOCAB_RULES:
-        raise ValueError(f"rule: the cross-vocabulary draft {name!r} drafts by one of {CROSS_VOCAB_RULES}, not {rule!r}")
-    config_cls, drafter_cls = {"text": (crossvocab.TextDraftConfig, crossvocab.TextDrafter),
-                               "tli": (crossvocab.TLIConfig, crossvocab.TLIDrafter),
-                               "slrs": (crossvocab.SLRSConfig, crossvocab.SLRSDrafter)}[rule]
-    fields = set(config_cls.__dataclass_fields__)
-    if set(config) - fields:
-        raise ValueError(f"options: the cross-vocabulary draft {name!r} with rule {rule!r} takes rule, max_length and "
-                         f"{sorted(fields)}, not {sorted(set(config) - fields)}")
-    return drafter_cls(model, draft_tokenizer, target_tokenizer, config_cls(**config), max_length=max_length)
+    return heads[name].drafter(**options)
 
 
 def _model_tree(tree: TreeConfig | str | None) -> TreeConfig:
@@ -681,10 +811,9 @@ def _head_drafter(kind: str) -> Callable[..., Drafter]:
     return factory
 
 
-register_drafter("ngram", _ngram)
-register_drafter("ngram_tree", _ngram_tree)
-register_drafter("suffix", _suffix)
-register_drafter("null", lambda pair, *, device: NullDrafter(device=device))
-HEAD_DRAFTERS = ("eagle", "medusa")  # the registered drafters that draft from one of the pair's feature heads
-for _kind in HEAD_DRAFTERS:
-    register_drafter(_kind, _head_drafter(_kind))
+register_drafter("ngram", _ngram, NGramDrafter.kind)
+register_drafter("ngram_tree", _ngram_tree, NGramTreeDrafter.kind)
+register_drafter("suffix", _suffix, SuffixDrafter.kind)
+register_drafter("null", lambda pair, *, device: NullDrafter(device=device), NullDrafter.kind)
+register_drafter("eagle", _head_drafter("eagle"), HEAD_DRAFTER)
+register_drafter("medusa", _head_drafter("medusa"), HEAD_DRAFTER)

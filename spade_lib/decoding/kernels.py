@@ -39,7 +39,10 @@ is not within a forward that streams all of them. Candidates:
   more than :data:`NATIVE_MARGIN` (then no per-product refinement either): a plan that flips with a few
   per cent of noise made two fresh clones on one host report different speedups for a reason that is not
   speculation. Until its products ran on OpenMP (``native.FLAGS``) they ran on one core, which is why the
-  chooser had ranked it behind MKL on an Intel Xeon (33.9 against 22.9 ms for SmolLM2's step).
+  chooser had ranked it behind MKL on an Intel Xeon (33.9 against 22.9 ms for SmolLM2's step);
+- ``"native_rows"``: the same kernel on the weights as the model holds them (row-major, one stream per weight
+  row): no copy. A model too large to hold its weights twice (``LeanForward(in_place=True)``) is timed on the
+  candidates that read the weights in place only, :data:`IN_PLACE` (``"mkl"`` and this one).
 
 numpy's OpenBLAS was tried as a fourth family of one-row candidates and left out: on the AMD EPYC
 machines its one-row forward of SmolLM2 alone was 1.37x faster than oneDNN's (paired, in turns), but
@@ -72,7 +75,7 @@ from spade_lib import devices, paths
 from spade_lib.decoding import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "MANY_ROWS", "POLICIES", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NATIVE", "POLICIES", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -80,7 +83,7 @@ MIN_GAIN = 0.02  # a product moves to another kernel only if the whole forward g
 PRUNE = 1.25  # the per-product pass tries only candidates whose uniform plan was within this of the best
 ROUNDS = 3  # the uniform plans, and the kept plan against the best of them, are timed in this many interleaved rounds
 NATIVE_MARGIN = 0.05  # the native plan is kept unless another uniform plan is faster by more than this
-PLAN_VERSION = 7  # part of the cache key: 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
+PLAN_VERSION = 8  # part of the cache key: 8 "native_rows" (in place); 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
 
 
@@ -100,6 +103,10 @@ def _native(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return native.linear(x, w, b, packed=True)
 
 
+def _native_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return native.linear(x, w, b, packed=False)
+
+
 # name -> (how its weights are prepared: "raw", "packed" (oneDNN's layout) or "tiles" (the
 # native kernel's, native.pack), apply to x [k, in], row classes it serves)
 CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
@@ -107,7 +114,11 @@ CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "onednn": ("packed", _lp, ("one", "many")),
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
     "native": ("tiles", _native, ("one", "many")),
+    "native_rows": ("raw", _native_rows, ("one", "many")),
 }
+NATIVE = ("native", "native_rows")  # SPADE's own kernel, on its packed copy or on the weights in place
+IN_PLACE = tuple(n for n, (family, _, _) in CANDIDATES.items() if family == "raw")  # candidates that copy nothing
+COPYING = tuple(n for n in CANDIDATES if n != "native_rows")  # the default set: the packed native kernel, not its in-place twin
 POLICIES = ("auto", "legacy", *CANDIDATES)
 
 
@@ -126,8 +137,8 @@ class Kernel:
         """``residual + u W^T + b`` with ``u = x``, or ``u = silu(x_1) * x_2`` for the halves of ``x`` if
         ``gated`` (a gated MLP's down projection); one call on the MKL kernel (``addmm``, beta = 1) and on
         ``"native"``, which also applies the gate."""
-        if self.name == "native":
-            return native.linear(x, self.w, self.b, residual, gated=gated, packed=True)
+        if self.name in NATIVE:
+            return native.linear(x, self.w, self.b, residual, gated=gated, packed=self.name == "native")
         if gated:
             half = x.shape[-1] // 2
             x = F.silu(x[..., :half]) * x[..., half:]
@@ -139,8 +150,8 @@ class Kernel:
         """``rmsnorm(x) W^T + b`` with ``rmsnorm(x) = gain * x / sqrt(mean(x^2) + eps)`` (``gain`` None: none, as
         where the lean forward folds it into ``W``); one call on ``"native"``, which scales the product instead
         of ``x``."""
-        if self.name == "native":
-            return native.linear(x, self.w, self.b, eps=eps, gain=gain, packed=True)
+        if self.name in NATIVE:
+            return native.linear(x, self.w, self.b, eps=eps, gain=gain, packed=self.name == "native")
         return self.fn(F.rms_norm(x, (x.shape[-1],), gain, eps), self.w, self.b)
 
 
@@ -168,7 +179,7 @@ def packing_available(device: torch.device, dtype: torch.dtype) -> bool:
 def usable(name: str) -> bool:
     """Whether candidate ``name`` runs here (``"native"`` only where :func:`native.available`; the oneDNN ones
     are only timed where :func:`packing_available`)."""
-    return name != "native" or native.available()
+    return name not in NATIVE or native.available()
 
 
 def fixed(policy: str, packable: bool) -> dict[str, str]:
@@ -242,15 +253,15 @@ def _time_plans(facts: dict, timer: Callable[[str, dict[str, str]], float], prod
     plans: dict[str, dict[str, str]] = {}
     confirmed: dict[str, dict] = {}
     for rows in ROW_CLASSES:
-        names = (candidates or {}).get(rows) or [n for n, (_, _, cls) in CANDIDATES.items()
-                                                 if rows in cls and usable(n)]
+        names = (candidates or {}).get(rows) or [n for n in COPYING if rows in CANDIDATES[n][2] and usable(n)]
         uniform = {n: {p: n for p in products} for n in names}
         sec = _rounds(timer, rows, uniform)
         best = min(sec, key=sec.get)
-        if "native" in sec and sec["native"] <= sec[best] * (1 + NATIVE_MARGIN):
-            best = "native"  # kept within the margin: one stable plan, and rows that do not depend on k
+        mine = next((n for n in NATIVE if n in sec), None)
+        if mine is not None and sec[mine] <= sec[best] * (1 + NATIVE_MARGIN):
+            best = mine  # kept within the margin: one stable plan, and rows that do not depend on k
         plan, t_best = uniform[best], sec[best]
-        near = [] if best == "native" else [n for n in names if sec[n] <= PRUNE * sec[best]]
+        near = [] if best in NATIVE else [n for n in names if sec[n] <= PRUNE * sec[best]]
         for p in products:
             for n in near:
                 if n == plan[p]:

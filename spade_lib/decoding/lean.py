@@ -72,7 +72,7 @@ SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "FRSp
 _LAYER_TYPES = {"llama": ("full_attention",), "gemma3": ("full_attention", "sliding_attention")}
 _ACTIVATIONS = {"llama": "silu", "gemma3": "gelu_pytorch_tanh"}
 _STATIC_ROPE = ("default", "linear", "llama3")
-_FUSE_MAX_PARAMS = 200_000_000  # layers above this, keep the projections separate (no copy of the weights)
+_COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once: no fused or packed copies
 
 
 def _family(model: torch.nn.Module) -> str:
@@ -140,7 +140,7 @@ class LeanForward:
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
-                 kernels: str | None = None):
+                 kernels: str | None = None, in_place: bool | None = None):
         why = _unsupported(model)
         if why is not None:
             raise ValueError(f"model: the lean forward does not cover {why}")
@@ -155,8 +155,13 @@ class LeanForward:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.gqa = self.n_kv != self.n_heads
         inner = model.model
+        if in_place is None:  # a large model's weights are held once: the products read the module's tensors
+            in_place = sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
+        self.in_place = bool(in_place)
         if fuse is None:  # fusing copies the layers' weights (never the embedding or the head)
-            fuse = sum(p.numel() for p in inner.layers.parameters()) <= _FUSE_MAX_PARAMS
+            fuse = not self.in_place
+        if fuse and self.in_place:
+            raise ValueError("fuse: fused projections are copies of the weights; in_place=True holds them once")
         self.family = _family(model)
         gemma = self.family == "gemma3"
         self.embed = inner.embed_tokens.weight
@@ -241,12 +246,18 @@ class LeanForward:
                                   and self.dtype == torch.float32 and _native.available())
         self._prepared: dict[str, list[dict]] = {}
         if policy == "auto" and packable:
-            facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse,
+            facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse, "in_place": self.in_place,
                      "shapes": {n: list(w.shape) for n, (w, _) in {**raw[0], **self._raw[-1]}.items()}}
-            hit = _kernels.choose(facts, self._time_plan, self._products())
+            names = [n for n in (_kernels.IN_PLACE if self.in_place else _kernels.COPYING) if _kernels.usable(n)]
+            hit = _kernels.choose(facts, self._time_plan, self._products(),
+                                  candidates={rows: [n for n in names if rows in _kernels.CANDIDATES[n][2]]
+                                              for rows in _kernels.ROW_CLASSES})
             plan = hit["plan"]
         else:
             plan = {"one": "mkl", "many": "mkl"} if policy == "auto" else _kernels.fixed(policy, packable)
+            if self.in_place and any(_kernels.CANDIDATES[n][0] != "raw" for n in plan.values()):
+                raise ValueError(f"kernels: {policy!r} packs a copy of the weights; in_place=True takes "
+                                 f"{list(_kernels.IN_PLACE)}")
         self._install(plan)
         self._prepared = {}  # only what the installed kernels reference stays in memory
 
@@ -256,7 +267,8 @@ class LeanForward:
         return sorted(sizes, key=lambda n: -sizes[n])
 
     def _weights(self, family: str) -> list[dict]:
-        """Every layer's ``{name: (weight as the family reads it, bias)}`` (copies made once per family)."""
+        """Every layer's ``{name: (weight as the family reads it, bias)}`` (copies made once per family; an
+        ``in_place`` forward reads the raw family only: the module's own tensors)."""
         if family not in self._prepared:
             self._prepared[family] = [{n: (_kernels.prepare(family, w), b) for n, (w, b) in layer.items()}
                                       for layer in self._raw]

@@ -13,9 +13,10 @@ acceptance rate. The M3 tables of :mod:`spade_lib.diagnose` read token-level tra
 - :func:`position_runs`: the runs of EAGLE's per-position table, every draft at ``position_gamma`` at each
   temperature (one session per temperature), as one trace with ``draft`` and ``T`` columns.
 
-:func:`check_drafts` is the check a declared parameter range cannot make: every draft must be one the pair
-can draft with (its draft models and heads, or a registered model-free drafter; a head drafter only when
-the pair carries heads).
+The check a declared parameter range cannot make -- every draft must be one the pair can draft with (its draft
+models and heads, or a registered drafter; a head drafter only when the pair carries heads) -- is
+:func:`spade_lib.decoding.drafters.check_draft`, per draft (:func:`run_drafts` and :func:`position_runs` make it
+before they run anything).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from spade_lib import devices
-from spade_lib.decoding.drafters import HEAD_DRAFTERS, drafter_names
+from spade_lib.decoding import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
+from spade_lib.decoding.drafters import check_draft
 from spade_lib.diagnose.frame import categorize, combine_runs
 from spade_lib.runs import protocol as _protocol, trace as _trace
 from spade_lib.runs.config import RunConfig
@@ -35,17 +37,6 @@ from spade_lib.runs.store import read_summary
 
 SPEED_COLUMNS = ["draft", "category", "tokens_per_s", "speedup", "speedup_low", "speedup_high", "speedup_prompts",
                  "speedup_rounds"]
-
-
-def check_drafts(pair, drafts: Sequence[str]) -> list[str]:
-    """``drafts`` as a list if ``pair`` can draft with each (:func:`spade_lib.decoding.drafters.drafter_names`:
-    its draft models and heads and the registered drafters; the head drafters only with heads attached),
-    else ``ValueError`` naming the unknown ones and the known."""
-    known = [d for d in drafter_names(pair) if pair.heads or d not in HEAD_DRAFTERS]
-    unknown = [d for d in drafts if d not in known]
-    if unknown:
-        raise ValueError(f"drafts {unknown} are not drafts of pair {pair.name!r} ({known})")
-    return list(drafts)
 
 
 @dataclass
@@ -79,7 +70,9 @@ def run_drafts(pair, suite, run_config: Callable[..., RunConfig], drafts: Sequen
                temperature: float, proto: _protocol.Protocol) -> DraftRuns:
     """Each draft of ``drafts`` at ``gamma`` and ``temperature`` and the AR baseline, in one interleaved session
     (module docstring); ``run_config(**fields)``: the experiment's ``RunConfig`` maker
-    (``spade_lib.experiment.Experiment.run_config``)."""
+    (``spade_lib.experiment.Experiment.run_config``). Every draft is checked first (``check_draft``)."""
+    for d in drafts:
+        check_draft(pair, d)
     ar = run_config(method="ar", temperature=temperature)
     configs = {d: run_config(method="spade", draft=d, gamma=gamma, temperature=temperature) for d in drafts}
     t0 = devices.clock()
@@ -97,7 +90,9 @@ def position_runs(pair, suite, run_config: Callable[..., RunConfig], drafts: Seq
     """The traces of every draft at draft length ``gamma`` (notebook 04's ``position_gamma``: 5 or more fills
     EAGLE's positions 0-4) at each of ``temperatures`` (duplicates once), one interleaved session with its AR
     baseline per temperature, concatenated with columns ``draft`` and ``T`` (in the order drafts within
-    temperatures)."""
+    temperatures). Every draft is checked first (``check_draft``)."""
+    for d in drafts:
+        check_draft(pair, d)
     dirs = {}
     for T in dict.fromkeys(temperatures):
         ar = run_config(method="ar", temperature=T)

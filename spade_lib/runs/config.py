@@ -5,8 +5,11 @@ every field of its config is hashed into the run's folder name (:func:`spade_lib
 so two configs that differ in any field are two runs. Each generation is seeded from
 ``(config.seed, question_id, sample)`` alone (:func:`generation_seed`), so its output does not depend on
 the order, process or rank that computed it; its prompt is tokenised as M1 counts it (:func:`prompt_ids`).
-:func:`check_pair_placement` and :func:`check_draft` refuse a pair that does not fit a config (device,
-dtype, drafts) before anything runs.
+:func:`check_pair_placement` refuses a pair whose device or dtype does not fit a config, and
+:func:`spade_lib.decoding.drafters.check_draft` (with :meth:`RunConfig.draft_kwargs`) one whose drafts do not, before
+anything runs. A config checks at construction what it can without a pair: a ``tree`` against the shapes its
+``draft`` proposes (a registered drafter's declared :class:`~spade_lib.decoding.drafters.DrafterKind`; any other
+name is a draft model or head of the pair, which grows the model shapes).
 """
 
 from __future__ import annotations
@@ -98,6 +101,12 @@ class RunConfig:
             if self.method != "spade":
                 raise ValueError(f"tree: only method 'spade' drafts trees, got method {self.method!r}")
             object.__setattr__(self, "tree", TreeConfig.parse(self.tree).spec())  # one canonical spec, one hash
+            # a registered drafter declares the shapes it drafts; any other name is a draft of the pair, a model or a
+            # head, which grow the model shapes (a cross-vocabulary draft, chains only, is known with its pair:
+            # run_suite refuses it, through drafters.check_draft, before it writes anything)
+            kind = drafters.drafter_kind(self.draft)
+            what = f"draft {self.draft!r}" if kind else f"draft {self.draft!r} (a draft model or head of the pair)"
+            (kind or drafters.ModelDrafter.kind).check_tree(self.tree, what)
         v.check_choice("chat_template", self.chat_template, (True, False, "auto"))
         v.check_str("device", self.device)
         self.sampling()  # validates temperature / top_k / top_p
@@ -122,16 +131,24 @@ class RunConfig:
         options = {name: getattr(self, name) for name in _POLICY_FIELDS if name in takes}
         return policies.get_policy(self.policy, **{**options, **self.policy_options})
 
-    def make_drafter(self, pair):
-        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.decoding.drafters.make_drafter`);
-        ``ngram_max`` fills a registered drafter's ``max_ngram``, then ``draft_options`` (which wins)."""
+    def draft_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``make_drafter(config.draft, pair, **kwargs)`` and of ``check_draft(pair,
+        config.draft, **kwargs)`` (:mod:`spade_lib.decoding.drafters`): ``ngram_max`` fills a registered drafter's
+        ``max_ngram``, then ``draft_options`` (which wins), and ``tree`` when one is named."""
         from spade_lib.decoding import drafters
 
         options = {"max_ngram": self.ngram_max} if "max_ngram" in drafters.drafter_options(self.draft) else {}
         options.update(self.draft_options)
         if self.tree:
             options["tree"] = self.tree
-        return drafters.make_drafter(self.draft, pair, **options)
+        return options
+
+    def make_drafter(self, pair):
+        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.decoding.drafters.make_drafter` with
+        :meth:`draft_kwargs`; a cross-vocabulary draft's drafters register from ``decoding.crossvocab``)."""
+        from spade_lib.decoding import crossvocab, drafters  # noqa: F401 (crossvocab: registers its drafters)
+
+        return drafters.make_drafter(self.draft, pair, **self.draft_kwargs())
 
     def __hash__(self) -> int:  # the option dicts are unhashable; equal configs have equal canonical JSON
         return hash(self.hash)
@@ -198,16 +215,3 @@ def check_pair_placement(pair, config: RunConfig):
         raise ValueError(f"dtype: config asks for {want_dtype} but the pair's target is {p.dtype}; "
                          f"load the pair with load_pair(..., dtype=torch.{str(want_dtype).removeprefix('torch.')})")
     return p.device
-
-
-def check_draft(pair, config: RunConfig) -> None:
-    """Refuse a ``config.draft`` that is neither a draft of ``pair`` nor a registered drafter."""
-    from spade_lib.decoding.drafters import drafter_names
-
-    if config.method in ("spade", "hf_assisted") and config.draft not in drafter_names(pair):
-        raise ValueError(f"draft: pair {pair.name!r} has drafts {sorted(pair.drafts)} (or "
-                         f"{list(drafter_names())}), not {config.draft!r}")
-    if config.method == "hf_assisted":
-        from spade_lib.decoding.baselines import assistant_model
-
-        assistant_model(pair, config.draft)  # a clear error for a feature head, before anything is written

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spade_lib.runs import timing
-from spade_lib.runs.config import RunConfig, check_draft
+from spade_lib.runs.config import RunConfig
 
 
 RECORDS = ("separate", "timed")  # how a SPADE run's token-level records stay off the clock (module docstring)
@@ -94,7 +94,6 @@ def make_generator(pair, config: RunConfig, records: str = "separate") -> Genera
     if records not in RECORDS:
         raise ValueError(f"records: must be one of {RECORDS}, got {records!r}")
     sampling = config.sampling()
-    check_draft(pair, config)
     if config.method == "spade":
         def decoder(record):
             return decode.SpeculativeDecoder(

@@ -18,9 +18,10 @@ with ``W > 1`` nobody writes ``summary.jsonl`` here: the launcher merges once ev
 (``spade_lib.runs.launch.merge_run``). ``python -m spade_lib.runs.cli --config run.yaml --out DIR`` (under
 ``torchrun`` or ``accelerate launch`` for several processes) is the command line (``spade_lib.runs.cli``).
 
-**One run per folder.** Resuming into a folder whose ``metadata.json`` -- or, if that file was
-deleted, any shard -- describes another run (config hash, schema version, pair, suite) is refused
-before anything is written (:func:`spade_lib.runs.store.check_existing`). Concurrent processes on one
+**One run per folder.** Every check comes before anything is written (a refused run leaves its folder
+as it was, or absent): the pair's placement, its drafts (:func:`spade_lib.decoding.drafters.check_draft`), and
+resuming into a folder whose ``metadata.json`` -- or, if that file was deleted, any shard -- describes another run
+(config hash, schema version, pair, suite) is refused (:func:`spade_lib.runs.store.check_existing`). Concurrent processes on one
 folder (or ranks) share the work: each shard is computed under its ``filelock`` lock by whichever
 process takes it first, never twice.
 """
@@ -36,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from spade_lib import paths
+from spade_lib.decoding import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
+from spade_lib.decoding.baselines import assistant_model
+from spade_lib.decoding.drafters import check_draft
 from spade_lib.io import write_json
 from spade_lib.runs import timing, trace
-from spade_lib.runs.config import RunConfig, check_draft, check_pair_placement, generation_seed, prompt_ids
+from spade_lib.runs.config import RunConfig, check_pair_placement, generation_seed, prompt_ids
 from spade_lib.runs.methods import Generator, make_generator, timed_generation
 from spade_lib.runs.store import (META_LOCK, check_existing, clean_temporaries, file_lock, run_dir_for, run_identity,
                                   shard_done, shard_path, suite_key, summary_row, write_summary)
@@ -66,12 +70,16 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
         name = safe_name(row["question_id"])
         if names.setdefault(name, row["question_id"]) != row["question_id"]:
             raise ValueError(f"suite: question_ids {names[name]!r} and {row['question_id']!r} map to one shard name")
+    # every check before anything is written: a refused run leaves its folder as it was (or absent)
     device = check_pair_placement(pair, config)
-    check_draft(pair, config)
+    if config.method == "spade":  # all that make_drafter would refuse by name, tree and options
+        check_draft(pair, config.draft, **config.draft_kwargs())
+    elif config.method == "hf_assisted":  # a draft model of the pair (never a head or a model-free drafter)
+        assistant_model(pair, config.draft)
     run_dir = Path(run_dir) if run_dir is not None else run_dir_for(pair.name, suite_key(suite), config)
     identity = run_identity(pair, suite, config)
     meta_path = run_dir / "metadata.json"
-    if run_dir.is_dir():  # refuse a folder of another run before writing anything into it
+    if run_dir.is_dir():  # refuse a folder of another run
         check_existing(run_dir, identity)
     trace_dir = paths.ensure_dir(run_dir / "trace")
     share = suite.rows[rank::world_size]

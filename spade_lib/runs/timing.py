@@ -279,6 +279,22 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 7) -> float:
     return 2 * n * 4 / sorted(times)[len(times) // 2]
 
 
+def gemm_peak(n: int = 2048, repeats: int = 5) -> float:
+    """The host's fp32 arithmetic peak as torch reaches it, in FLOP/s: ``2 n^3 / t`` for one ``[n, n] @ [n, n]``
+    product (MKL's SGEMM, compute-bound at this size), the median of ``repeats`` after a warm-up, at the
+    current thread count. A ``k``-row forward of ``N`` weights needs ``2 k N`` FLOP, so it cannot take less than
+    ``2 k N / peak``: with ``t(1)`` the one-row forward, ``r(k) >= max(1, 2 k N / (peak t(1)))`` (the roofline
+    floor ``benchmarks/bench_rows.py`` prints beside the measured ``r``)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / sorted(times)[len(times) // 2]
+
+
 def streaming_vs_copy(step: Callable[[], object], weight_bytes: int, *, rounds: int = 11, steps: int = 8,
                       nbytes: int = COPY_BYTES) -> dict[str, float]:
     """An AR decode step's weight-streaming rate beside the copy bandwidth, measured **in turns**: each

@@ -19,12 +19,14 @@ every speedup is paired with the AR generations of its own session; :meth:`Runs.
 ``c_trace`` / ``r_trace`` (:func:`spade_lib.runs.metrics.trace_costs`) against that paired baseline.
 :func:`run_chosen_rules` runs the stop rules a study chose, for real, and compares each with its replay.
 
-Checks across parameters (:func:`check_draft`, :func:`check_gammas`): the draft must draft the pair's own
-vocabulary with a ``q`` of its own -- a draft *model* (every section: the teacher-forced alignment re-scores its
-``q`` on the target's tokens) or a feature *head* (``"eagle"`` / ``"medusa"`` with the pair's heads attached:
-the re-verification and the stop rules replay its traces, which hold its ``q``; the alignment is skipped, as
-a head's ``q`` at a position depends on its depth in the block and on the target's features, which the
-alignment does not re-run, :data:`NO_ALIGNMENT`) -- and every ``gamma`` of the sweep at most ``max_gamma``.
+Checks across parameters (:func:`alignable`, :func:`check_gammas`): the draft must draft the pair's own
+vocabulary with a ``q`` of its own (:data:`REPLAYABLE`, read from the drafter's declared kind by
+:func:`spade_lib.decoding.drafters.check_draft`) -- a draft *model* (every section: the teacher-forced alignment
+re-scores its ``q`` on the target's tokens) or a feature *head* (``"eagle"`` / ``"medusa"`` or a head by its name,
+with the pair's heads attached: the re-verification and the stop rules replay its traces, which hold its ``q``;
+the alignment is skipped, as a head's ``q`` at a position depends on its depth in the block and on the target's
+features, which the alignment does not re-run, :data:`NO_ALIGNMENT`) -- and every ``gamma`` of the sweep at most
+``max_gamma``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from pathlib import Path
 import pandas as pd
 
 from spade_lib import devices
+from spade_lib.decoding import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
+from spade_lib.decoding.drafters import check_draft
 from spade_lib.runs import metrics, protocol as _protocol, trace as _trace
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
@@ -47,24 +51,21 @@ NO_ALIGNMENT = ("section 1 (teacher-forced alignment, predicted tau) is skipped:
                 "alignment does not re-run; sections 2 and 3 replay its recorded traces, which hold its q")
 
 
-def check_draft(pair, draft: str) -> bool:
-    """Whether notebook 05's teacher-forced alignment can score ``draft`` (module docstring): ``True`` for a
-    same-vocabulary draft model of ``pair`` (a name of ``pair.drafts`` without a tokenizer of its own in
-    ``pair.draft_tokenizers``), ``False`` for a feature head of it (``"eagle"`` / ``"medusa"`` with heads
-    attached: the replays only, :data:`NO_ALIGNMENT`); anything else (a cross-vocabulary draft, a model-free
-    drafter, whose ``q`` is a point mass the stop rules cannot read) is a ``ValueError`` naming those that can."""
-    from spade_lib.decoding.drafters import HEAD_DRAFTERS
+# what notebook 05 replays: the draft's own q (the rules are re-decided on it, the stop rules read its signals),
+# on the pair's vocabulary (the trace's p and q slices are over the target's tokens)
+REPLAYABLE = {"q": True, "vocabulary": "same"}
 
-    own = getattr(pair, "draft_tokenizers", {}) or {}
-    same = sorted(d for d in pair.drafts if d not in own)
-    heads = sorted(HEAD_DRAFTERS) if getattr(pair, "heads", None) else []
-    if draft in same:
-        return True
-    if draft in heads:
-        return False
-    raise ValueError(f"draft: notebook 05 replays a draft's own probabilities q on the pair's vocabulary; "
-                     f"{draft!r} is neither a same-vocabulary draft model of pair {pair.name!r} (those: {same}) "
-                     f"nor one of its feature heads (those: {heads})")
+
+def alignable(pair, draft: str) -> bool:
+    """Whether notebook 05's teacher-forced alignment can score ``draft`` (module docstring), once
+    :func:`~spade_lib.decoding.drafters.check_draft` has refused one whose declared kind is not
+    :data:`REPLAYABLE` (a cross-vocabulary draft, a model-free drafter: its ``q`` is a point mass, or over
+    another vocabulary) with a ``ValueError`` naming those that are: ``True`` for a draft model of ``pair``
+    (the alignment runs ``pair.drafts[draft]``), ``False`` for a feature head (the replays only,
+    :data:`NO_ALIGNMENT`)."""
+    kind = check_draft(pair, draft, needs=REPLAYABLE,
+                       why=": notebook 05 replays a draft's own probabilities q on the pair's vocabulary")
+    return not kind.head and draft in pair.drafts
 
 
 def check_gammas(gammas: Sequence[int], max_gamma: int) -> list[int]:

@@ -100,6 +100,19 @@ def save_dequantised(src, tokenizer, out: Path, model_cls):
     return clean
 
 
+def _in_memory(model):
+    """``model`` with every CPU tensor in the process's own memory, one tensor at a time (``model`` returned).
+
+    ``from_pretrained`` leaves safetensors weights memory-mapped from the file: the kernel may drop such clean
+    pages under memory pressure and read them back from disk inside a timed forward (a 7 GB target then ran
+    one token in seconds). Copying each tensor out of the mapping holds the weights once, in memory that stays."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.device.type == "cpu":
+                t.data = t.data.clone()
+    return model
+
+
 def first_device(model) -> torch.device:
     """Where ``model`` takes its inputs and computes: for a model placed with a ``device_map``, the
     first device of its map that is neither ``"cpu"`` nor ``"disk"`` (accelerate's execution device;
@@ -161,7 +174,7 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
 
     if "device" in placement:
         device = placement["device"]
-        target = model(target_ref, "target").to(device)
+        target = _in_memory(model(target_ref, "target").to(device))
     else:  # accelerate places the target (GPUs, then CPU, then disk); the drafts follow its first device
         target = model(target_ref, "target", **placement)
         device = first_device(target)
@@ -170,6 +183,8 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
             raise ValueError(f"max_memory: the target's first weights landed on {first}, not on its execution "
                              f"device {device} (device map {target.hf_device_map}); leave room for the input "
                              "embeddings on the first device")
-    drafts = {name: model(ref, f"draft {name!r}").to(device) for name, ref in draft_refs.items()}
+    drafts = {name: _in_memory(model(ref, f"draft {name!r}").to(device)) for name, ref in draft_refs.items()}
+    if draft_tokenizers:  # the drafters that draft across vocabularies register themselves from their module
+        import spade_lib.decoding.crossvocab  # noqa: F401
     return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={},
                 draft_tokenizers=draft_tokenizers)
