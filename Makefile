@@ -1,7 +1,9 @@
 # SPADE entry points. Two commands do everything on a fresh clone:
-#   make run   — set up .venv, build the embedded and the real pair, execute every notebook (03-05 also on
-#                the real pair SmolLM2-135M-Instruct) into one run folder, write figures/, and end with
-#                the results summary and the path of the HTML report (spade_lib.report)
+#   make run   — set up .venv, build the embedded pair and the headline pair (Qwen2.5-Coder-1.5B drafted by
+#                Qwen2.5-Coder-0.5B), execute every notebook (03-05 also on the headline pair) into one run folder,
+#                write figures/, and end with the results summary and the path of the HTML report (spade_lib.report).
+#                SmolLM2-135M and Gemma-3-270M are opt-in: python -m spade_lib.runbook --build smollm2 --only 03 04 05
+#                --params params/smollm2 (and the same with gemma3)
 #   make test  — set up .venv, run the unit tests and the notebooks (smoke profile) under nbval
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -21,7 +23,7 @@ export TOKENIZERS_PARALLELISM := false
 # Where `make test` puts what the smoke notebooks write (never over the real figures or runs).
 TEST_OUT := $(CURDIR)/runs/test
 
-# One folder per `make run` (`:=`: the timestamp is taken once): embedded/ and smollm2/ hold the executed
+# One folder per `make run` (`:=`: the timestamp is taken once): embedded/ and qwen2.5-coder/ hold the executed
 # notebooks of the two runbook calls; summary.md, summary.json and report/index.html cover both.
 RUN_STAMP := $(shell date -u +%Y%m%d-%H%M%S)
 RUN_DIR ?= $(or $(SPADE_RUNS_DIR),runs)/notebooks/$(RUN_STAMP)
@@ -54,8 +56,8 @@ venv: $(STAMP)
 # The pairs are built first, alone (a build sharing the two cores with a notebook is much slower), by the
 # runbook's --build, which times them into runbook.json: the summary's wall time counts them.
 run: venv
-	$(BIN)/python -m spade_lib.runbook --no-report --build default smollm2 --out $(RUN_DIR)/embedded
-	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/smollm2 --out $(RUN_DIR)/smollm2
+	$(BIN)/python -m spade_lib.runbook --no-report --build default qwen2.5-coder --out $(RUN_DIR)/embedded
+	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/qwen2.5-coder --out $(RUN_DIR)/qwen2.5-coder
 	$(BIN)/python -m spade_lib.report $(RUN_DIR)
 
 test: venv

@@ -239,13 +239,16 @@ def test_a_spade_head_folder_is_checked_when_it_loads(target, tmp_path):
     assert zoo_heads.load_head(folder, target) is not None
     state = load_file(str(folder / "model.safetensors"))
     key = "heads.0.1.weight"
-    for tensors, error, match in (({key: torch.full_like(state[key], float("nan"))}, ValueError, f"^{key}: state_dict holds NaN"),
-                                  ({key: state[key][:-1]}, ValueError, rf"^{key}: state_dict has shape .*the head's config gives"),
-                                  ({key: state[key].long()}, TypeError, f"^{key}: state_dict holds torch.int64"),
-                                  ({"d2t": state["d2t"].double()}, TypeError, "^d2t: state_dict holds torch.float64")):
+    for tensors, error, match in (({key: torch.full_like(state[key], float("nan"))}, ValueError, f"^{key}: .*model.safetensors holds NaN"),
+                                  ({key: state[key][:-1]}, ValueError, rf"^{key}: .*model.safetensors has shape .*the head's config gives"),
+                                  ({key: state[key].long()}, TypeError, f"^{key}: .*model.safetensors holds torch.int64"),
+                                  ({"d2t": state["d2t"].double()}, TypeError, "^d2t: .*model.safetensors holds torch.float64")):
         save_file({**state, **tensors}, str(folder / "model.safetensors"))
         with pytest.raises(error, match=match):
             zoo_heads.load_head(folder, target)
+    (folder / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="folder: .* has no config.json"):
+        zoo_heads.load_head(folder, target)
     with pytest.raises(TypeError, match="draft_vocab_size: must be an integer >= 1, got 'abc'"):
         MedusaConfig(hidden_size=8, vocab_size=16, feature_layer=2, draft_vocab_size="abc")
     with pytest.raises(ValueError, match=r"config: lacks the required MedusaConfig fields \['vocab_size'\]"):

@@ -165,8 +165,13 @@ def test_the_lean_forward_equals_hf_on_qwen2(pair, in_place, kernels):
         lean.reset()
         got = torch.cat([lean.forward(ids[:10]), *[lean.forward(ids[i:i + 1]) for i in range(10, 20)]])
         torch.testing.assert_close(got, ref[:20], atol=1e-4, rtol=1e-4)
+        lean.reset()  # a prefill of BULK_ROWS rows or more (in place: MKL's SGEMM on the same tensors)
+        torch.testing.assert_close(lean.forward(ids[:36]), ref[:36], atol=1e-4, rtol=1e-4)
+        lean.forward(ids[36:40])
+        lean.rollback(20)
         for k in (2, 5, 9, 17):
             lean.rollback(20)
+            assert lean._row_class(k) == 1
             torch.testing.assert_close(lean.forward(ids[20:20 + k]), ref[20:20 + k], atol=1e-4, rtol=1e-4)
         parents = [-1, 0, 0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # 16 nodes
         tree = torch.tensor(prompt(16, seed=5))

@@ -52,10 +52,16 @@ __all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "measure_loop_
 
 
 def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
-                  clock: Callable[[], float] | None = None, device=None) -> dict[str, np.ndarray]:
+                  clock: Callable[[], float] | None = None, device=None, max_seconds: float | None = None,
+                  min_reps: int = 5) -> dict[str, np.ndarray]:
     """Seconds of each callable in ``forwards`` over ``reps`` rounds (after ``warmup`` untimed ones):
-    every round runs each in turn, in an order rotated by the round. Returns ``{name: times [reps]}``;
+    every round runs each in turn, in an order rotated by the round. Returns ``{name: times [n]}``;
     round ``k`` of every name was timed close together, so ratios should be taken round by round.
+
+    ``max_seconds`` bounds the work for large models: once that much time has passed, no new round starts past
+    ``min_reps`` timed ones (``n`` is then ``min(reps, max(min_reps, rounds done))``), and one warm-up round
+    that already took ``max_seconds / (warmup + min_reps)`` or more is the only one (a 1.5 B-parameter
+    target's thirteen forward shapes in bursts of three take ~20 s a round, so 23 rounds were ~8 minutes).
 
     ``burst > 1`` runs each callable ``burst`` times in a row per round and keeps the median of all
     but the first call: decoding calls one forward again and again (the autoregressive loop its
@@ -68,7 +74,14 @@ def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmu
     clock = clock or (lambda: device_clock(device))
     names = list(forwards)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for k in range(warmup + reps):
+    start = clock()
+    k = 0
+    while k < warmup + reps:
+        if max_seconds is not None and k > warmup and len(times[names[0]]) >= min_reps \
+                and clock() - start > max_seconds:
+            break
+        if max_seconds is not None and k == 1 and warmup > 1 and clock() - start >= max_seconds / (warmup + min_reps):
+            k = warmup  # one slow warm-up round is warm-up enough
         for name in names[k % len(names):] + names[:k % len(names)]:
             calls = []
             for _ in range(burst):
@@ -79,6 +92,7 @@ def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmu
                 calls.append(clock() - t0)
             if k >= warmup:
                 times[name].append(float(np.median(calls[1:] if burst > 1 else calls)))
+        k += 1
     return {n: np.asarray(v) for n, v in times.items()}
 
 
@@ -141,13 +155,14 @@ class HeadStep:
 
 @torch.inference_mode()
 def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Callable[[], float] | None = None,
-                  reps: int = 30, device=None) -> dict:
+                  reps: int = 30, device=None, max_seconds: float | None = None) -> dict:
     """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.decoding.adapter.CausalLMAdapter`).
 
     ``draft=None`` (a drafter without a model, e.g. prompt lookup) gives ``c = 0``; a feature head (or its
     :class:`HeadStep`) gives the head's drafting step (module docstring). Returns ``{"c",
     "r": {g: r(g) for g = 1 .. max_gamma}, "t_target", "t_draft", "t_verify": {g: s}, "context",
-    "reps"}`` (times in seconds, medians; ratios are medians of per-round ratios)."""
+    "reps"}`` (times in seconds, medians; ratios are medians of per-round ratios; ``reps``: the rounds timed,
+    fewer than asked where ``max_seconds`` bounds them, :func:`time_in_turns`)."""
     if isinstance(max_gamma, bool) or not isinstance(max_gamma, int) or max_gamma < 1:
         raise ValueError(f"max_gamma: must be an integer >= 1, got {max_gamma!r}")
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
@@ -176,8 +191,10 @@ def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Call
     forwards = {"t1": lambda: tfwd(1), **{g: (lambda g=g: tfwd(g + 1)) for g in range(1, max_gamma + 1)}}
     if draft is not None:
         forwards["d1"] = dfwd
-    times = time_in_turns(forwards, reps=reps, warmup=3, burst=3, clock=clock, device=device)
-    t1, d1 = times["t1"], times.get("d1", np.zeros(reps))
+    times = time_in_turns(forwards, reps=reps, warmup=3, burst=3, clock=clock, device=device, max_seconds=max_seconds)
+    t1 = times["t1"]
+    reps = len(t1)
+    d1 = times.get("d1", np.zeros(reps))
     tk = {g: times[g] for g in range(1, max_gamma + 1)}
     t1a = np.maximum(np.asarray(t1), 1e-9)
     r = {g: float(np.median(np.asarray(v) / t1a)) for g, v in tk.items()}

@@ -73,6 +73,7 @@ _LAYER_TYPES = {"llama": ("full_attention",), "gemma3": ("full_attention", "slid
 _ACTIVATIONS = {"llama": "silu", "gemma3": "gelu_pytorch_tanh"}
 _STATIC_ROPE = ("default", "linear", "llama3")
 _COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once: no fused or packed copies
+BULK_ROWS = 32  # an in-place forward of this many rows or more (a prompt's prefill) runs on MKL's SGEMM
 
 
 def _family(model: torch.nn.Module) -> str:
@@ -282,6 +283,8 @@ class LeanForward:
             for name in self._raw[i]:
                 pair = tuple(_kernels.Kernel(plan[rows][name], *self._weights(
                     _kernels.CANDIDATES[plan[rows][name]][0])[i][name]) for rows in ("one", "many"))
+                if self.in_place:  # a prefill's block: SGEMM on the same tensors (compute-bound, no copy)
+                    pair = (*pair, _kernels.Kernel("mkl", *self._raw[i][name]))
                 if layer is None:
                     self.head = pair
                 else:
@@ -407,7 +410,7 @@ class LeanForward:
         x = self._embed(ids)  # [k, d]
         states = [x] if hidden_layers else None  # the hidden states: embeddings, then each layer's output
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
-        sel = 1 if k > 1 else 0  # which planned kernel: one row, or many
+        sel = self._row_class(k)  # which planned kernel: one row, many, or (in place) a prefill's bulk
         for layer, kv in zip(self.layers, self._kv):
             cos, sin = (r[None] for r in rot[layer["rope"]])  # [1, k, hd]
             n = self._rms(x, layer["ln1"])
@@ -447,11 +450,16 @@ class LeanForward:
         elif last_only:
             x = x[-1:]
         self.length = end
-        logits = self._logits(self.head[1 if x.shape[0] > 1 else 0](
+        logits = self._logits(self.head[self._row_class(int(x.shape[0]))](
             x if states is not None else self._rms(x, self.norm)))
         if states is not None:
             return logits, {i: states[i] for i in hidden_layers}
         return logits
+
+    def _row_class(self, k: int) -> int:
+        """The kernel of a ``k``-row product: 0 one row, 1 a verification block (the plan's), 2 a block of
+        :data:`BULK_ROWS` rows or more on an in-place forward (a prefill: MKL's SGEMM, compute-bound there)."""
+        return 0 if k == 1 else (2 if self.in_place and k >= BULK_ROWS else 1)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings ``[k, d]`` (Gemma-3's scaled by ``sqrt(d)``, as its forward does)."""

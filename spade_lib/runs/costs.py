@@ -59,6 +59,7 @@ from spade_lib.decoding.costs import measure_costs, measure_loop_overhead
 
 __all__ = ["MIN_GAMMA", "cost_folder", "loop_overhead", "pair_costs", "read_costs", "select_costs", "with_overhead"]
 
+MAX_SECONDS = 60.0  # pair_costs stops starting rounds of a measurement after this long (5 rounds at least)
 MIN_GAMMA = 12  # pair_costs measures r(g) at least up to this g (05's max_gamma: one measurement per draft)
 
 
@@ -143,14 +144,17 @@ def with_overhead(table: dict, loop: dict) -> dict:
 
 
 def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 128, reps: int = 20,
-               cache: bool = True, progress: bool = False, overhead: bool = True) -> dict[str, dict]:
+               cache: bool = True, progress: bool = False, overhead: bool = True,
+               max_seconds: float = MAX_SECONDS) -> dict[str, dict]:
     """:func:`measure_costs` for each draft of ``pair`` (a draft model, a feature head, or a registered
     drafter: timed by what it runs, ``c = 0`` only for one that holds no model, a drafter with a model
     that cannot be timed refused; :func:`_draft_of`), cached under ``runs/costs/`` (module docstring).
     ``r(g)`` is measured for ``g = 1 .. max(max_gamma, MIN_GAMMA)``, so notebooks asking for different
     ``max_gamma`` below that share one measurement (and one prediction per configuration). With
     ``overhead`` (the default) every table carries the pair's loop overhead (:func:`loop_overhead`,
-    :func:`with_overhead`; a table cached before it existed gets it added, and is rewritten with it)."""
+    :func:`with_overhead`; a table cached before it existed gets it added, and is rewritten with it).
+    ``max_seconds`` bounds each measurement past 5 rounds (:func:`spade_lib.decoding.costs.time_in_turns`): a
+    small pair does its ``reps`` well inside it, a 1.5 B-parameter target about 5."""
     from spade_lib.decoding.adapter import CausalLMAdapter
 
     max_gamma = max(int(max_gamma), MIN_GAMMA)
@@ -162,7 +166,8 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     # alone, so the first model draft's measurement (in turns with its draft) gives it too
     no_draft = None
     target_key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=str(device), dtype=dtype,
-                      threads=torch.get_num_threads(), context=int(context), reps=int(reps))
+                      threads=torch.get_num_threads(), context=int(context), reps=int(reps),
+                      max_seconds=float(max_seconds))
     target_path = cost_folder(pair.name) / "target" / f"r-{_digest(target_key)}.json"
     shared = read_costs(target_path) if cache and target_path.is_file() else None
     for name in dict.fromkeys(drafts):
@@ -186,7 +191,8 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
             got = dict(no_draft)
         else:
             draft = CausalLMAdapter(model) if what == "draft" else model
-            got = measure_costs(target, draft, int(max_gamma), context, reps=reps, device=device)
+            got = measure_costs(target, draft, int(max_gamma), context, reps=reps, device=device,
+                                max_seconds=max_seconds)
             if no_draft is None:
                 no_draft = {**got, "c": 0.0, "t_draft": 0.0}
         got = {**got, "key": key}

@@ -312,9 +312,15 @@ def load_head(folder, target):
 
     from spade_lib.zoo.speculators_format import is_speculators_folder, load_speculators
 
+    from spade_lib.decoding.heads import check_head_state
+
     folder = Path(folder)
     if is_speculators_folder(folder):
         return load_speculators(folder, target=target)
+    for name in ("config.json", "model.safetensors"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"folder: {folder} has no {name} (a head folder holds config.json and "
+                                    "model.safetensors, as save_head writes them)")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     kind = config.get(SPADE_HEAD)
     classes = {k.head_class.kind: k.head_class for k in HEAD_KINDS.values()}
@@ -324,6 +330,7 @@ def load_head(folder, target):
     cls = classes[kind]
     head = cls(cls.config_class.from_dict(config["config"]))
     state = load_file(str(folder / "model.safetensors"))
+    check_head_state(head, state, str(folder / "model.safetensors"))
     missing, unexpected = head.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k not in head.tied]:
         raise ValueError(f"folder: {folder} does not fit a {kind} head: missing {missing}, unexpected {unexpected}")
