@@ -240,7 +240,7 @@ def measure_tree_cost(target, parents, context: int = 128, clock: Callable[[], f
 
 @torch.inference_mode()
 def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: int = 8, min_seconds: float = 5.0,
-                          max_reps: int = 64, device=None) -> dict:
+                          max_reps: int = 64, max_seconds: float | None = None, device=None) -> dict:
     """The speculative loop's cost per step in autoregressive steps, for the cost model's ``overhead``.
 
     Two decode loops of ``steps`` greedy tokens on one seeded ``context``-token prompt, timed in turns
@@ -260,7 +260,8 @@ def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: 
     null draft's prediction at ``gamma = 1``, ``1 / (r(1) + o)``, is what this loop measured. ``o`` holds
     what the forwards do not: drafting calls, the verification's sampling and bookkeeping, rollback, less
     the AR loop's own per-token work (to first order ``(o_spec - o_AR) / t_1``); it is measured once per
-    pair and taken as the same at every ``gamma``."""
+    pair and taken as the same at every ``gamma``. ``max_seconds`` caps the timed rounds at what fits in it (3
+    at least): a 1.5 B-parameter target's round is ~25 s, where 8 rounds were 4 minutes of a notebook."""
     from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
     from spade_lib.decoding.drafters import NullDrafter
@@ -293,6 +294,8 @@ def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: 
     time_in_turns(forwards, reps=1, warmup=1, device=device)  # a warm-up round, then one timed: its length
     per_round = max((device_clock(device) - t0) / 2, 1e-9)
     reps = max(reps, min(max_reps, int(np.ceil(min_seconds / per_round))))
+    if max_seconds is not None:
+        reps = max(3, min(reps, int(max_seconds / per_round)))
     loops["ar"].clear(), loops["null"].clear()
     time_in_turns(forwards, reps=reps, warmup=0, device=device)
     s_ar, s_null = np.asarray(loops["ar"]), np.asarray(loops["null"])

@@ -114,19 +114,19 @@ def _device_dtype(pair) -> tuple[str, str]:
 
 
 def loop_overhead(pair, *, context: int = 128, min_seconds: float = 5.0, cache: bool = True,
-                  progress: bool = False) -> dict:
+                  progress: bool = False, max_seconds: float = MAX_SECONDS) -> dict:
     """:func:`spade_lib.decoding.costs.measure_loop_overhead` of ``pair``'s target (at least ``min_seconds`` of
-    timed rounds), cached as JSON under ``runs/costs/<pair>/loop/`` (keyed by pair and its folder, device,
-    dtype, threads, ``context`` and ``min_seconds``)."""
+    timed rounds, as many as ``max_seconds`` holds past 3), cached as JSON under ``runs/costs/<pair>/loop/``
+    (keyed by pair and its folder, device, dtype, threads, ``context``, ``min_seconds`` and ``max_seconds``)."""
     device, dtype = _device_dtype(pair)
     key = dict(pair=pair.name, path=str(getattr(pair, "path", None)), device=device, dtype=dtype,
                threads=torch.get_num_threads(), context=int(context), min_seconds=float(min_seconds),
-               what="loop_overhead")
+               max_seconds=float(max_seconds), what="loop_overhead")
     path = cost_folder(pair.name) / "loop" / f"loop-{_digest(key)}.json"
     if cache and path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))
     got = {**measure_loop_overhead(pair.target, context=int(context), min_seconds=min_seconds,
-                                   device=next(pair.target.parameters()).device),
+                                   max_seconds=max_seconds, device=next(pair.target.parameters()).device),
            "key": key}
     if progress:
         print(f"loop of {pair.name}: a null-draft step at gamma 1 costs {got['null_step']:.3f} AR steps "
