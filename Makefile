@@ -55,10 +55,13 @@ venv: $(STAMP)
 
 # The pairs are built first, alone (a build sharing the two cores with a notebook is much slower), by the
 # runbook's --build, which times them into runbook.json: the summary's wall time counts them.
+# A failed notebook stops its runbook call; the report is still written over what ran, then make exits non-zero.
 run: venv
-	$(BIN)/python -m spade_lib.runbook --no-report --build default qwen2.5-coder --out $(RUN_DIR)/embedded
-	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/qwen2.5-coder --out $(RUN_DIR)/qwen2.5-coder
-	$(BIN)/python -m spade_lib.report $(RUN_DIR)
+	@status=0; \
+	$(BIN)/python -m spade_lib.runbook --no-report --build default qwen2.5-coder --out $(RUN_DIR)/embedded || status=$$?; \
+	$(BIN)/python -m spade_lib.runbook --no-report --only 03 04 05 --params params/qwen2.5-coder --out $(RUN_DIR)/qwen2.5-coder || status=$$?; \
+	$(BIN)/python -m spade_lib.report $(RUN_DIR) || status=$$?; \
+	exit $$status
 
 test: venv
 	$(BIN)/python tests/speculators_pkg.py  # vLLM's speculators 0.9.0 for the format tests, --no-deps into .cache/

@@ -98,21 +98,20 @@ MODEL_FREE = ("ngram", "null", "suffix", "ngram_tree")
 
 
 def test_the_headline_holds_in_the_results_block():
+    """The README's headline pair is the results block's, and what the head says of it holds there: the 0.5B draft
+    of Qwen2.5-Coder-1.5B is timed at T = 0 and T = 1 beside the null-draft control, which is below 1x."""
     head, block, _ = parts()
-    assert "prompt lookup is the fastest configuration at both and wins outright at T = 0" in " ".join(head.split())
-    assert "drafted model" in head
-    assert "smollm2" in block.lower()
+    flat = " ".join(head.split())
+    assert "Qwen2.5-Coder-0.5B-Instruct drafting for Qwen2.5-Coder-1.5B-Instruct" in flat
+    assert "qwen2.5-coder" in block.lower()
     table = speedups(block)
     for t in ("0", "1"):
         row = {name: v for (name, col), v in table.items() if col == t}
         assert row, f"no speedups at T = {t} in the results block"
-        speculative = {n: v for n, v in row.items() if n.startswith("spade-")}
-        fastest = max(speculative, key=lambda n: speculative[n][0])
-        assert fastest.startswith("spade-ngram"), f"T = {t}: the fastest is {fastest}, not prompt lookup"
-        if t == "0":
-            assert speculative[fastest][1] > 1.0  # faster than autoregressive beyond its interval
-        drafted = {n: v for n, v in speculative.items() if n.split("-")[1] not in MODEL_FREE}
-        assert drafted and all(v[2] < 1.0 for v in drafted.values()), f"T = {t}: {drafted}"
+        assert any(n.startswith("spade-coder-0.5b") for n in row), f"T = {t}: no row of the 0.5B draft in {sorted(row)}"
+        nulls = {n: v for n, v in row.items() if n.startswith("spade-null")}
+        assert nulls and all(v[0] < 1.0 for v in nulls.values()), f"T = {t}: the null-draft control {nulls}"
+
 
 
 def test_the_parser_reads_a_table_row():
