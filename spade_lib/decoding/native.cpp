@@ -482,7 +482,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
           for (int j = 0; j < rb; ++j) emit(n + i, j, out[i * rb + j]);
       }
     }
-    }
     // more rows: the fewest tiles of RB_MAX rows or fewer, balanced (7 = 4 + 3, not 6 + 1: a one-row tile has
     // NW FMA chains, latency-bound, and would cost nearly what the six-row one does)
     const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
