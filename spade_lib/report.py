@@ -26,7 +26,7 @@ the notebooks' outputs).
 ``python -m spade_lib.report readme RUN_DIR`` rewrites the block of ``README.md`` between
 ``<!-- results:begin -->`` and ``<!-- results:end -->`` from ``RUN_DIR/summary.json`` (sentences and a
 table, the run's commit, date and machine) and copies the teaser figure of that run
-(``m2_speedup_runs-smollm2.png``) to ``figures/teaser.png``.
+(``m2_speedup_runs-<pair>.png``, the headline pair's: ``zoo.registry``) to ``figures/teaser.png``.
 
 ``summary.json``::
 
@@ -108,7 +108,7 @@ SCHEMA = "spade.summary/1"
 RUNBOOK_RECORD = "runbook.json"
 RESULTS_BEGIN = "<!-- results:begin -->"
 RESULTS_END = "<!-- results:end -->"
-TEASER = "m2_speedup_runs-smollm2"
+TEASER = "m2_speedup_runs-{pair}"  # the teaser figure's stem, {pair} the block's pair
 REPORT_DIR = "report"
 COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "policy", "gamma", "T", "tokens_per_s",
            "alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
@@ -869,6 +869,7 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
     """The README's results block (markers included) for one pair of the summary: the teaser, sentences
     printed from the numbers, a table, and the run, commit, date and machine they come from."""
     pair = _pick_pair(summary, pair)
+    teaser = teaser.format(pair=pair)
     rows = [r for r in summary["configurations"] if r["pair"] == pair]
     suite = rows[0]["suite"]
     m, run = summary["machine"] or {}, summary["run"]
@@ -956,6 +957,8 @@ def update_readme(run_dir, *, readme: str | Path | None = None, pair: str | None
     if text.count(RESULTS_BEGIN) != 1 or text.count(RESULTS_END) != 1 or text.index(RESULTS_BEGIN) > text.index(RESULTS_END):
         raise ValueError(f"{readme}: needs exactly one {RESULTS_BEGIN} ... {RESULTS_END} block")
     figures_dir = Path(figures_dir) if figures_dir is not None else paths.FIGURES_DIR
+    pair = _pick_pair(summary, pair)
+    teaser = teaser.format(pair=pair)
     source = next((f for f in (run_dir / REPORT_DIR / "figures" / f"{teaser}.png", figures_dir / f"{teaser}.png")
                    if f.is_file()), None)
     if source is None:

@@ -111,6 +111,11 @@ def test_the_headline_holds_in_the_results_block():
         assert any(n.startswith("spade-coder-0.5b") for n in row), f"T = {t}: no row of the 0.5B draft in {sorted(row)}"
         nulls = {n: v for n, v in row.items() if n.startswith("spade-null")}
         assert nulls and all(v[0] < 1.0 for v in nulls.values()), f"T = {t}: the null-draft control {nulls}"
+    assert "faster than autoregressive decoding beyond its interval at T = 0" in flat
+    coder0 = next(v for (n, col), v in table.items() if col == "0" and n.startswith("spade-coder-0.5b"))
+    assert coder0[1] > 1.0, f"T = 0: the 0.5B draft {coder0} is not beyond 1x"
+    hf_assisted = [v for (n, col), v in table.items() if col == "0" and n.startswith("hf_assisted-coder")]
+    assert hf_assisted and all(v[0] < coder0[0] for v in hf_assisted)
 
 
 
