@@ -100,16 +100,36 @@ def save_dequantised(src, tokenizer, out: Path, model_cls):
     return clean
 
 
-def _in_memory(model):
-    """``model`` with every CPU tensor in the process's own memory, one tensor at a time (``model`` returned).
+def _in_memory(model, folder: str | None = None):
+    """``model`` with every CPU tensor in the process's own memory (``model`` returned).
 
     ``from_pretrained`` leaves safetensors weights memory-mapped from the file: the kernel may drop such clean
     pages under memory pressure and read them back from disk inside a timed forward (a 7 GB target then ran
-    one token in seconds). Copying each tensor out of the mapping holds the weights once, in memory that stays."""
+    one token in seconds). So each tensor a local ``folder``'s safetensors files hold is read again into memory
+    of its own (``safe_open(..., backend="pread")``: the mapping's pages are never touched, so they never count
+    in the process's memory beside the copy); any other CPU tensor (a buffer, a name the files spell otherwise)
+    is copied out of wherever it lives. The weights are held once."""
+    named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    done: set[int] = set()
+    files = sorted(Path(folder).glob("*.safetensors")) if folder is not None and Path(folder).is_dir() else []
     with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            if t.device.type == "cpu":
+        for file in files:
+            from safetensors import safe_open
+
+            with safe_open(str(file), framework="pt", device="cpu", backend="pread") as st:
+                for key in st.keys():
+                    t = named.get(key)
+                    if t is None or t.device.type != "cpu" or id(t) in done:
+                        continue
+                    value = st.get_tensor(key)
+                    if value.shape != t.shape:
+                        raise ValueError(f"{file.name}: {key} has shape {tuple(value.shape)}, the model's is {tuple(t.shape)}")
+                    t.data = value.to(t.dtype)
+                    done.add(id(t))
+        for t in named.values():
+            if t.device.type == "cpu" and id(t) not in done:
                 t.data = t.data.clone()
+                done.add(id(t))
     return model
 
 
@@ -174,7 +194,7 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
 
     if "device" in placement:
         device = placement["device"]
-        target = _in_memory(model(target_ref, "target").to(device))
+        target = _in_memory(model(target_ref, "target").to(device), target_ref)
     else:  # accelerate places the target (GPUs, then CPU, then disk); the drafts follow its first device
         target = model(target_ref, "target", **placement)
         device = first_device(target)
@@ -183,7 +203,7 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
             raise ValueError(f"max_memory: the target's first weights landed on {first}, not on its execution "
                              f"device {device} (device map {target.hf_device_map}); leave room for the input "
                              "embeddings on the first device")
-    drafts = {name: _in_memory(model(ref, f"draft {name!r}").to(device)) for name, ref in draft_refs.items()}
+    drafts = {name: _in_memory(model(ref, f"draft {name!r}").to(device), ref) for name, ref in draft_refs.items()}
     if draft_tokenizers:  # the drafters that draft across vocabularies register themselves from their module
         import spade_lib.decoding.crossvocab  # noqa: F401
     return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={},
