@@ -68,7 +68,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from spade_lib.decoding import native
 from spade_lib.decoding.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, draw_token
-from spade_lib.decoding.heads import DraftHead
+from spade_lib.decoding.heads import DraftHead, config_from_dict
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree, ancestor_mask
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
@@ -218,15 +218,7 @@ class EagleConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "EagleConfig":
-        if not isinstance(d, dict):
-            raise ArgumentTypeError(f"config: must be a dict of EagleConfig fields, got {type(d).__name__}")
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"config: unknown EagleConfig fields {unknown}")
-        missing = [k for k in ("layer", "feature_layers", "draft_vocab_size") if k not in d]
-        if missing:
-            raise ValueError(f"config: lacks the required EagleConfig fields {missing}")
-        return cls(**d)
+        return config_from_dict(cls, d, ("layer", "feature_layers", "draft_vocab_size"))
 
 
 class EagleDecoderLayer(LlamaDecoderLayer):

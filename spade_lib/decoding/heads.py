@@ -24,6 +24,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from spade_lib.validate import ArgumentTypeError
+
 __all__ = ["DraftHead", "scatter_vocab", "check_head_state"]
 
 
@@ -187,3 +189,18 @@ class DraftHead(nn.Module):
         ids ``[T, depth]``: ``y[t, d - 1]`` the ``d``-th proposal after ``t``."""
         logits = self.chain_logits(features, next_tokens, depth, own_tokens=True)
         return torch.stack([self.draft_ids[lg.argmax(-1)] for lg in logits], dim=1)
+
+
+def config_from_dict(cls, d: dict, required: tuple[str, ...]):
+    """``cls(**d)`` for a head kind's config dataclass read from a folder: ``d`` must be a dict of ``cls``'s
+    fields, none unknown and every one of ``required`` present (each error names the fields)."""
+    name = cls.__name__
+    if not isinstance(d, dict):
+        raise ArgumentTypeError(f"config: must be a dict of {name} fields, got {type(d).__name__}")
+    unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"config: unknown {name} fields {unknown}")
+    missing = [k for k in required if k not in d]
+    if missing:
+        raise ValueError(f"config: lacks the required {name} fields {missing}")
+    return cls(**d)

@@ -34,7 +34,7 @@ from torch import nn
 
 from spade_lib.decoding import native
 from spade_lib.decoding.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, sample_categorical
-from spade_lib.decoding.heads import DraftHead
+from spade_lib.decoding.heads import DraftHead, config_from_dict
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
 from spade_lib.sampling import SamplingConfig, adjust
@@ -80,15 +80,7 @@ class MedusaConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "MedusaConfig":
-        if not isinstance(d, dict):
-            raise ArgumentTypeError(f"config: must be a dict of MedusaConfig fields, got {type(d).__name__}")
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"config: unknown MedusaConfig fields {unknown}")
-        missing = [k for k in ("hidden_size", "vocab_size", "feature_layer") if k not in d]
-        if missing:
-            raise ValueError(f"config: lacks the required MedusaConfig fields {missing}")
-        return cls(**d)
+        return config_from_dict(cls, d, ("hidden_size", "vocab_size", "feature_layer"))
 
 
 class ResBlock(nn.Module):

@@ -147,6 +147,18 @@ def measure(fn: Callable[[], T], *, warmup: int = 1, repeats: int = 3,
     return result, summarize_times(times)
 
 
+def _check_rule(rule, numbers: tuple[str, ...], integers: tuple[tuple[str, int], ...]) -> None:
+    """A timing rule's fields: ``numbers`` finite and >= 0, ``integers`` integers >= their bound."""
+    for name in numbers:
+        v = getattr(rule, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+            raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+    for name, low in integers:
+        v = getattr(rule, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+
+
 @dataclass(frozen=True)
 class StallRule:
     """When a timed reading is a stall (module docstring, **Stalls**): seconds per new token above
@@ -158,14 +170,7 @@ class StallRule:
     max_retimes: int = 2     # re-timings of a stalled reading before it is kept as the prompt's own time (0: report only)
 
     def __post_init__(self) -> None:
-        for name in ("k", "min_excess"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-        for name, low in (("min_reference", 2), ("max_retimes", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+        _check_rule(self, ("k", "min_excess"), (("min_reference", 2), ("max_retimes", 0)))
 
     def threshold(self, reference) -> float:
         """Seconds per token above which a reading is a stall, from the ``reference`` readings (seconds per
@@ -192,14 +197,7 @@ class PauseRule:
     slack: float = 1e-6      # seconds: a prefill may exceed its reading by float rounding only
 
     def __post_init__(self) -> None:
-        for name in ("gap", "k", "min_excess", "slack"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-        for name, low in (("min_reference", 2), ("max_retimes", 0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{name}: must be an integer >= {low}, got {v!r}")
+        _check_rule(self, ("gap", "k", "min_excess", "slack"), (("min_reference", 2), ("max_retimes", 0)))
 
     def round_limit(self, deviations) -> float:
         """The log-deviation from its prompt's median round above which a reading is paused:
