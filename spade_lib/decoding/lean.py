@@ -138,6 +138,10 @@ class LeanForward:
     candidate, or ``"product=candidate,..."``), ``self.kernel_plan`` the candidate of every product;
     ``self.native_attention`` whether the forward runs on SPADE's native kernels' attention
     (:meth:`_forward_native`, every row count: the products on whatever the plan chose).
+
+    ``in_place`` (default: whether the layers hold more than 200 M parameters) holds the weights once: no fused
+    or packed copies, every product on a kernel that reads the module's own tensors (``kernels.IN_PLACE``), a
+    block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging Face module stays whole.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
