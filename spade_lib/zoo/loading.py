@@ -63,6 +63,22 @@ def package_version(dist: str) -> str | None:
         return None
 
 
+def load_gguf(gguf: Path, expected: str):
+    """``(model, tokenizer, seconds)``: the GGUF file ``gguf`` dequantised by transformers (with the ``gguf``
+    package) into an fp32 causal LM, which must be an ``expected`` (a class name, e.g. ``"Qwen2ForCausalLM"``),
+    and its tokenizer; ``seconds`` the time both took."""
+    import time
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if type(src).__name__ != expected:
+        raise RuntimeError(f"{gguf.name}: loaded as {type(src).__name__}, expected {expected}")
+    return src, tokenizer, time.perf_counter() - t0
+
+
 def save_dequantised(src, tokenizer, out: Path, model_cls):
     """Copy ``src`` (a GGUF-loaded causal LM: ``save_pretrained`` refuses one) into a clean ``model_cls`` built
     from its config without the quantization config, and save it at ``out`` as safetensors with ``tokenizer``

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
-from spade_lib.zoo.loading import load_models, package_version, save_dequantised
+from spade_lib.zoo.loading import load_gguf, load_models, package_version, save_dequantised
 from spade_lib.zoo.registry import RealPair
 
 NAME = "qwen2.5-coder"
@@ -180,14 +180,10 @@ def model_recipe(spec: ChunkedGGUF) -> dict:
 
 def convert_gguf(gguf: Path, out: Path) -> dict:
     """Dequantise ``gguf`` into a clean fp32 ``Qwen2ForCausalLM`` saved at ``out`` with the GGUF's tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
     t0 = time.perf_counter()
-    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    t_dequant = time.perf_counter() - t0
-    if type(src).__name__ != "Qwen2ForCausalLM":
-        raise RuntimeError(f"{gguf.name}: loaded as {type(src).__name__}, expected Qwen2ForCausalLM")
+    src, tokenizer, t_dequant = load_gguf(gguf, "Qwen2ForCausalLM")
     clean = save_dequantised(src, tokenizer, out, Qwen2ForCausalLM)
     cfg = clean.config
     facts = {"n_parameters": sum(p.numel() for p in clean.parameters()), "n_layers": cfg.num_hidden_layers,
