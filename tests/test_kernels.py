@@ -255,7 +255,8 @@ class _RealProducts:
 
     @staticmethod
     def candidates(rows: str) -> list[str]:
-        return [n for n, (_, _, cls) in kernels.CANDIDATES.items() if rows in cls and kernels.usable(n)
+        """The candidates the chooser times by default (kernels.COPYING: not the in-place twin of native)."""
+        return [n for n in kernels.COPYING if rows in kernels.CANDIDATES[n][2] and kernels.usable(n)
                 and (PACKABLE or not n.startswith("onednn"))]
 
     @torch.inference_mode()
