@@ -1,5 +1,10 @@
-"""spade_lib.devices: the one CPU probe (what tells two hosts of one model name apart) and its parser."""
+"""spade_lib.devices: the one CPU probe (what tells two hosts of one model name apart) and its parser; the one
+clock."""
 
+import re
+from pathlib import Path
+
+import spade_lib
 from spade_lib import devices
 
 ZEN4 = """processor\t: 0
@@ -38,3 +43,21 @@ def test_what_cannot_be_read_is_left_out_of_the_label():
 def test_this_machine_is_probed_once():
     c = devices.cpu()
     assert c is devices.cpu() and c.name and c.label().startswith(c.name)
+
+
+CLOCKS = re.compile(r"\btime\.(perf_counter|perf_counter_ns|time|time_ns|monotonic|monotonic_ns)\b"
+                    r"|\bfrom time import\b[^\n]*\b(perf_counter|time|monotonic)\b")
+
+
+def test_devices_clock_is_the_only_wall_clock_in_the_package():
+    """Issue 55: every interval SPADE reports is read from one clock, ``devices.clock`` (which synchronises a
+    CUDA device first); a second clock read elsewhere would time a GPU interval at its launch. ``process_time``
+    (CPU seconds, a different quantity) is allowed."""
+    package = Path(spade_lib.__file__).parent
+    found = [f"{p.relative_to(package)}:{i}: {line.strip()}"
+             for p in sorted(package.rglob("*.py")) if p != package / "devices.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if CLOCKS.search(line)]
+    assert found == []
+    assert CLOCKS.search("t0 = time.perf_counter()") and CLOCKS.search("from time import monotonic")
+    assert not CLOCKS.search("cpu0 = time.process_time()")
+    assert CLOCKS.search((package / "devices.py").read_text())  # the one clock itself

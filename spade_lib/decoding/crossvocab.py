@@ -82,7 +82,6 @@ imports it: a caller that drafts across vocabularies imports it (``spade_lib.run
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -93,6 +92,7 @@ from spade_lib.decoding.drafters import (Drafter, DrafterKind, _signals, one_hot
                                         sample_categorical)
 from spade_lib.decoding.policies import Policy
 from spade_lib.decoding.tree import DraftTree
+from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig, adjust
 
 
@@ -259,7 +259,7 @@ def appended_text(committed: list[int], added: list[int], tokenizer, *, window: 
 @dataclass
 class DraftStepCosts:
     """A cross-vocabulary drafter's own account of one step: its ``propose`` and the ``accept`` after it
-    (``StepInfo.draft_costs`` holds it as a dict). Seconds are host wall clock (``time.perf_counter``);
+    (``StepInfo.draft_costs`` holds it as a dict). Seconds are host wall clock (:func:`spade_lib.devices.clock`);
     a draw reads its token to the host, so a forward's time is in ``t_forward`` on any device.
 
     Per drafted target token the draft costs ``(t_forward + t_text) / gamma`` seconds: over the target's
@@ -383,11 +383,11 @@ class TextSyncDrafter(Drafter):
     @contextmanager
     def _text_work(self):
         """Time the block inside as text work (``t_text``)."""
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             yield
         finally:
-            self._costs.t_text += time.perf_counter() - t0
+            self._costs.t_text += clock() - t0
 
     def _after_special(self, ids: list[int], offset: int) -> int:
         """``offset`` + 1 + the index of the last special token of the target's in ``ids`` (``offset``: none)."""
@@ -485,7 +485,7 @@ class TextDrafter(TextSyncDrafter):
         if self._committed is None:
             raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
         cfg, a, costs = self.config, self.adapter, self._costs
-        t0, text0 = time.perf_counter(), costs.t_text
+        t0, text0 = clock(), costs.t_text
         proposal: list[int] = []
         if self._draft_ids:
             feed = self._sync_cache()
@@ -517,7 +517,7 @@ class TextDrafter(TextSyncDrafter):
                     break
         tree = one_hot_proposal(proposal, max_gamma, policy, self.vocab_size, a.device)
         self._proposed = proposal[:len(tree.tokens)]
-        costs.t_forward += time.perf_counter() - t0 - (costs.t_text - text0)
+        costs.t_forward += clock() - t0 - (costs.t_text - text0)
         return tree
 
 
@@ -672,7 +672,7 @@ class TLIDrafter(TextSyncDrafter):
         if self._committed is None:
             raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
         a, costs = self.adapter, self._costs
-        t0 = time.perf_counter()
+        t0 = clock()
         n, stop = max_gamma, "max_gamma"
         if not self._draft_ids:
             n, stop = 0, "no_match"
@@ -699,7 +699,7 @@ class TLIDrafter(TextSyncDrafter):
                 stop = "policy"
                 break
         self._proposed = tokens
-        costs.t_forward += time.perf_counter() - t0  # TLI's propose does no text work
+        costs.t_forward += clock() - t0  # TLI's propose does no text work
         if not tokens:
             return DraftTree(torch.empty(0, dtype=torch.long, device=a.device),
                              torch.zeros(0, self.vocab_size, device=a.device), None, stop)
@@ -914,7 +914,7 @@ class SLRSDrafter(TextSyncDrafter):
         if self._committed is None:
             raise ValueError("propose: call reset(prompt_ids, vocab_size) first")
         a, costs, paths, V = self.adapter, self._costs, self.paths, self.vocab_size
-        t0, text0 = time.perf_counter(), costs.t_text
+        t0, text0 = clock(), costs.t_text
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         stop, text = "max_gamma", ""
@@ -952,7 +952,7 @@ class SLRSDrafter(TextSyncDrafter):
                 stop = "policy"
                 break
         self._proposed = tokens
-        costs.t_forward += time.perf_counter() - t0 - (costs.t_text - text0)
+        costs.t_forward += clock() - t0 - (costs.t_text - text0)
         if not tokens:
             return DraftTree(torch.empty(0, dtype=torch.long, device=a.device),
                              torch.zeros(0, V, device=a.device), None, stop)

@@ -37,13 +37,13 @@ import difflib
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from spade_lib import devices, measures, paths
 
+from spade_lib.devices import clock
 from spade_lib.runs import launch, runner
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary, run_dir_for, run_identity, suite_key
@@ -234,14 +234,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
-    start = time.perf_counter()
+    start = clock()
     spec = load_spec(args.config)
     ranks = launch.ranks_from_env()
     if args.merge:
         if not args.out:
             parser.error("--merge needs --out")
         merge_only(spec, Path(args.out))
-        info = summarize(Path(args.out), 1, time.perf_counter() - start, 0)
+        info = summarize(Path(args.out), 1, clock() - start, 0)
         _print_summary(info, spec.config)
         return info
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             launch.merge_run(run_dir, suite, run_identity(pair, suite, spec.config))
         else:
             n_decoded = len(decoded)
-        info = summarize(run_dir, ranks.world_size, time.perf_counter() - start, n_decoded)
+        info = summarize(run_dir, ranks.world_size, clock() - start, n_decoded)
         _print_summary(info, spec.config)
         return info
     finally:

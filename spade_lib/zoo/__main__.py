@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
+from spade_lib.devices import clock
 from spade_lib.zoo.pairs import all_pair_names, load_pair
 from spade_lib.zoo.registry import real_pair, real_pairs
 
@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("names", nargs="+", help=f"pairs to build: {all_pair_names()}")
     args = parser.parse_args(argv)
     for name in args.names:
-        start = time.perf_counter()
+        start = clock()
         pair = load_pair(name)
-        print(f"{pair!r} ready in {time.perf_counter() - start:.1f} s at {pair.path}")
+        print(f"{pair!r} ready in {clock() - start:.1f} s at {pair.path}")
         m = pair.manifest
         if name in real_pairs() and real_pair(name).describe is not None:
             print(real_pair(name).describe(m))

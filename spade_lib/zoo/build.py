@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from spade_lib import paths
+from spade_lib.devices import clock
 from spade_lib.zoo.cache import cache_key, get_or_build
 from spade_lib.zoo.configs import BUILD_FORMAT_VERSION, PairConfig
 from spade_lib.zoo.corpus import Corpus, CorpusConfig, build_corpus
@@ -86,11 +87,11 @@ def tokenizer_entry(config: PairConfig, *, rebuild: bool = False) -> Path:
     entry = zoo_dir() / f"{config.name}-tokenizer-{cache_key(recipe)}"
 
     def build(tmp: Path) -> dict:
-        t0 = time.perf_counter()
+        t0 = clock()
         facts = build_tokenizer(tmp, corpus.train, config.tokenizer)
         return {"kind": "tokenizer", "name": config.name, "recipe": recipe, **facts,
                 "corpus": corpus.manifest(), "environment": _environment(),
-                "build_seconds": time.perf_counter() - t0}
+                "build_seconds": clock() - t0}
 
     return get_or_build(entry, build, rebuild=rebuild)
 
@@ -116,7 +117,7 @@ def _build_pair(config: PairConfig, corpus: Corpus, recipe: dict, out: Path) -> 
 def _build_pair_body(config: PairConfig, corpus: Corpus, recipe: dict, out: Path) -> dict:
     from transformers import AutoTokenizer
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = clock(), time.process_time()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_entry(config))
     train_docs = select_documents(corpus.train, config.train_chars, config.seed)
     stream = encode_documents(tokenizer, train_docs)
@@ -124,34 +125,34 @@ def _build_pair_body(config: PairConfig, corpus: Corpus, recipe: dict, out: Path
     windows = eval_windows(heldout, config.eval.n_windows, config.eval.seq_len)
     bf16 = {"auto": bf16_supported(), "bf16": True, "off": False}[config.autocast]
     vocab = len(tokenizer)
-    t_data = time.perf_counter() - t0
+    t_data = clock() - t0
 
     models: dict[str, dict] = {}
-    t = time.perf_counter()
+    t = clock()
     target = new_model(config.target, vocab, config.target_train.seed)
     curve = train_model(target, stream, config.target_train, bf16=bf16, desc=f"{config.name} target")
-    models["target"] = {"n_parameters": n_parameters(target), "train_seconds": time.perf_counter() - t,
+    models["target"] = {"n_parameters": n_parameters(target), "train_seconds": clock() - t,
                         "train_curve": curve}
     drafts = {}
     for spec in config.drafts:
-        t = time.perf_counter()
+        t = clock()
         draft = new_model(spec.model, vocab, spec.train.seed)
         teacher = target if spec.train.objective == "kl" else None
         curve = train_model(draft, stream, spec.train, teacher=teacher, bf16=bf16,
                             desc=f"{config.name} draft {spec.name}")
         drafts[spec.name] = draft
         models[spec.name] = {"n_parameters": n_parameters(draft), "objective": spec.train.objective,
-                             "train_seconds": time.perf_counter() - t, "train_curve": curve}
+                             "train_seconds": clock() - t, "train_curve": curve}
 
     for sub, model in [("target", target), *((f"drafts/{n}", m) for n, m in drafts.items())]:
         model.save_pretrained(out / sub, safe_serialization=True)
         tokenizer.save_pretrained(out / sub)
 
-    t = time.perf_counter()
+    t = clock()
     ev = config.eval
     stats = teacher_forced_stats(target, drafts, windows, temperatures=ev.temperatures)
     costs = cost_ratios(target, drafts, gamma=ev.gamma, context=ev.context, reps=ev.timing_reps)
-    t_eval = time.perf_counter() - t
+    t_eval = clock() - t
     for name, m in models.items():
         m.update(stats[name])
         if name in costs["drafts"]:
@@ -171,7 +172,7 @@ def _build_pair_body(config: PairConfig, corpus: Corpus, recipe: dict, out: Path
         "models": models,
         "costs": costs,
         "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared",
-        "seconds": {"data": t_data, "eval": t_eval, "total": time.perf_counter() - t0,
+        "seconds": {"data": t_data, "eval": t_eval, "total": clock() - t0,
                     "cpu_total": time.process_time() - cpu0},
     }
 

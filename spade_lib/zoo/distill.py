@@ -33,12 +33,13 @@ import copy
 import math
 import re
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
+
+from spade_lib.devices import clock
 
 
 @dataclass(frozen=True)
@@ -300,7 +301,7 @@ def train_draft(draft, data: TeacherData, train_ids: list[int], cfg: DistillConf
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     g = torch.Generator().manual_seed(cfg.seed)
-    curve, running, t0 = [], [], time.perf_counter()
+    curve, running, t0 = [], [], clock()
     draft.train()
     for step in tqdm(range(cfg.steps), desc=desc, file=sys.stderr, leave=False, mininterval=1.0):
         lr = cfg.lr * ((step + 1) / cfg.warmup if step < cfg.warmup else
@@ -324,7 +325,7 @@ def train_draft(draft, data: TeacherData, train_ids: list[int], cfg: DistillConf
         running.append(loss.item())
         if (step + 1) % 10 == 0 or step + 1 == cfg.steps:
             curve.append({"step": step + 1, "loss": round(sum(running) / len(running), 5), "lr": lr,
-                          "seconds": round(time.perf_counter() - t0, 3)})
+                          "seconds": round(clock() - t0, 3)})
             running = []
     for p in draft.parameters():
         p.requires_grad_(False)

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
+
+from spade_lib.devices import clock
 
 
 GENERATORS = {"spade": "spade_lib.decoding.decode.AutoregressiveDecoder.generate_batch (greedy, on the lean weights: "
@@ -184,7 +186,7 @@ def teacher_sequences(target, tokenizer, cfg: HeadDataConfig, *, prompts: list[s
                       documents: list[str] | None = None) -> tuple[Sequences, dict]:
     """Generations then windows (``prompts`` / ``documents`` default to the corpus's, :func:`corpus_texts`);
     returns the sequences and facts for the manifest."""
-    t0 = time.perf_counter()
+    t0 = clock()
     if prompts is None or documents is None:
         default_prompts, default_documents = corpus_texts(cfg)
         prompts = default_prompts if prompts is None else prompts
@@ -195,9 +197,9 @@ def teacher_sequences(target, tokenizer, cfg: HeadDataConfig, *, prompts: list[s
     eos = getattr(target.generation_config, "eos_token_id", None)
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
     eos |= {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    t1, cpu1 = time.perf_counter(), time.process_time()
+    t1, cpu1 = clock(), time.process_time()
     gens = generations(target, kept, cfg, pad_id=int(pad if pad is not None else 0), eos_ids=eos)
-    t_gen, cpu_gen = time.perf_counter() - t1, time.process_time() - cpu1
+    t_gen, cpu_gen = clock() - t1, time.process_time() - cpu1
     n_gen = sum(int(s.numel()) - st for s, st in zip(gens.seqs, gens.starts))
     wins = windows(tokenizer, list(documents), cfg)
     seqs = Sequences(gens.seqs + wins.seqs, gens.starts + wins.starts, gens.kinds + wins.kinds)
@@ -210,7 +212,7 @@ def teacher_sequences(target, tokenizer, cfg: HeadDataConfig, *, prompts: list[s
                             "tokens_per_minute": 60.0 * n_gen / t_gen if t_gen > 0 else None,
                             "note": "wall-clock on the build machine (inflated if it was shared); cpu_seconds "
                                     "counts every thread"},
-             "seconds": {"generations": t_gen, "total": time.perf_counter() - t0}}
+             "seconds": {"generations": t_gen, "total": clock() - t0}}
     return seqs, facts
 
 

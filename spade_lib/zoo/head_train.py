@@ -16,7 +16,7 @@ a prediction ``q`` of ``s_{t+1}`` is the cross-entropy
 
 AdamW on the head's own parameters (the tied target embedding stays frozen), linear warm-up then
 cosine decay to 10 %, global-norm clipping, batches from a seeded generator: the same data, seed and
-thread count give the same weights. ``deadline`` (a ``time.perf_counter()`` value) is a guard, not the
+thread count give the same weights. ``deadline`` (a ``clock()`` value) is a guard, not the
 recipe: a recipe's steps are sized to end before it; if it trips, training stops there and the facts
 say so (``budget_hit``, ``steps_done``), and the weights then depend on the machine's speed.
 
@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from spade_lib import measures
 from spade_lib.decoding.eagle import STEP_DECAY, EagleHead
 from spade_lib.decoding.medusa import MedusaHead
+from spade_lib.devices import clock
 from spade_lib.zoo.head_data import HeadData
 
 
@@ -101,10 +101,10 @@ def _loop(head, params, cfg: HeadTrainConfig, loss_fn, deadline: float | None, d
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed)
-    curve, running, t0, done, hit = [], [], time.perf_counter(), 0, False
+    curve, running, t0, done, hit = [], [], clock(), 0, False
     head.train()
     for step in tqdm(range(cfg.steps), desc=desc, file=sys.stderr, leave=False, mininterval=1.0):
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and clock() > deadline:
             hit = True
             break
         lr = lr_at(step, cfg)
@@ -119,15 +119,15 @@ def _loop(head, params, cfg: HeadTrainConfig, loss_fn, deadline: float | None, d
         done = step + 1
         if done % 10 == 0 or done == cfg.steps:
             curve.append({"step": done, "loss": round(sum(running) / len(running), 5), "lr": lr,
-                          "seconds": round(time.perf_counter() - t0, 3)})
+                          "seconds": round(clock() - t0, 3)})
             running = []
     if running:
         curve.append({"step": done, "loss": round(sum(running) / len(running), 5), "lr": lr_at(done - 1, cfg),
-                      "seconds": round(time.perf_counter() - t0, 3)})
+                      "seconds": round(clock() - t0, 3)})
     head.eval()
     for p in head.parameters():
         p.requires_grad_(False)
-    return curve, {"steps_done": done, "budget_hit": hit, "train_seconds": time.perf_counter() - t0}
+    return curve, {"steps_done": done, "budget_hit": hit, "train_seconds": clock() - t0}
 
 
 def _eagle_batch(data: HeadData, pick: list[int], cfg: HeadTrainConfig, gen: torch.Generator, index: torch.Tensor,

@@ -59,6 +59,7 @@ import torch
 from spade_lib.decoding.eagle import EagleHead
 from spade_lib.decoding.heads import DraftHead
 from spade_lib.decoding.medusa import MedusaHead
+from spade_lib.devices import clock
 from spade_lib.io import write_json
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract, teacher_sequences
@@ -406,7 +407,7 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
     Returns ``(head, manifest facts)``."""
     from spade_lib.zoo.build import _environment
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = clock(), time.process_time()
     deadline = t0 + cfg.budget_s
     torch.manual_seed(cfg.train.seed)
     if sequences is None:
@@ -424,17 +425,17 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
                              cfg.draft_vocab_size, special, generations_only=gen,
                              starts=[_own_start(sequences, i) for i in train] if gen else None)
     head = _new_head(target, cfg, vocab)
-    t = time.perf_counter()
+    t = clock()
     data = extract(target, sequences, head.feature_layers, top_k=cfg.top_k,
                    feature_dtype=getattr(torch, cfg.feature_dtype))
-    t_features = time.perf_counter() - t
+    t_features = clock() - t
     depth = cfg.eval_depth if head.max_depth is None else min(cfg.eval_depth, head.max_depth)
     at_init = evaluate(head, data, held, depth)
     curve, train_facts = head_kind(cfg.kind).train(head, data, train, cfg.train, deadline=deadline)
-    t = time.perf_counter()
+    t = clock()
     heldout = evaluate(head, data, held, depth)
     costs = head_costs(target, head, reps=cost_reps)
-    t_eval = time.perf_counter() - t
+    t_eval = clock() - t
     if out is not None:
         save_head(head, Path(out) / "head", verifier_name_or_path=verifier_name_or_path)
     facts = {
@@ -452,7 +453,7 @@ def build_head(target, tokenizer, cfg: HeadConfig, out: Path | None = None, *, s
                         "outside its top-k not counted); 'generated': labels of the target's own answers",
         "train_curve": curve, **train_facts, "budget_s": cfg.budget_s,
         "costs": costs, "environment": _environment(),
-        "seconds": {"features": t_features, "eval": t_eval, "total": time.perf_counter() - t0,
+        "seconds": {"features": t_features, "eval": t_eval, "total": clock() - t0,
                     "cpu_total": time.process_time() - cpu0},
     }
     return head, facts

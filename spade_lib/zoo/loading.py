@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from spade_lib.devices import clock
+
 
 @dataclass
 class Pair:
@@ -71,12 +73,12 @@ def load_gguf(gguf: Path, expected: str):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    t0 = time.perf_counter()
+    t0 = clock()
     src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if type(src).__name__ != expected:
         raise RuntimeError(f"{gguf.name}: loaded as {type(src).__name__}, expected {expected}")
-    return src, tokenizer, time.perf_counter() - t0
+    return src, tokenizer, clock() - t0
 
 
 def save_dequantised(src, tokenizer, out: Path, model_cls):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from spade_lib.devices import clock
 from spade_lib.zoo.cache import cache_key, get_or_build, sha256_file
 from spade_lib.zoo.loading import load_models, package_version, save_dequantised
 from spade_lib.zoo.registry import RealPair
@@ -64,10 +65,10 @@ def convert_gguf(out: Path, gguf: Path | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     gguf = gguf or gguf_path()
-    t0 = time.perf_counter()
+    t0 = clock()
     src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    t_dequant = time.perf_counter() - t0
+    t_dequant = clock() - t0
     clean = save_dequantised(src, tokenizer, out, LlamaForCausalLM)
     config = clean.config
     del src
@@ -75,7 +76,7 @@ def convert_gguf(out: Path, gguf: Path | None = None) -> dict:
             "hidden": config.hidden_size, "vocab_size": config.vocab_size,
             "tie_word_embeddings": bool(config.tie_word_embeddings),
             "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-            "seconds": {"dequantise": t_dequant, "total": time.perf_counter() - t0}}
+            "seconds": {"dequantise": t_dequant, "total": clock() - t0}}
 
 
 def zoo_dir() -> Path:
@@ -156,14 +157,14 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
     from spade_lib.zoo.evaluate import cost_ratios
     from spade_lib.zoo.heads import load_target
 
-    t0, cpu0 = time.perf_counter(), time.process_time()
+    t0, cpu0 = clock(), time.process_time()
     target, tokenizer = load_target(target_dir / "target")
     torch.manual_seed(cfg.seed)
     prompts = distill.teacher_prompts(cfg.n_prompts, cfg.code_fraction, cfg.seed)
     gens = distill.teacher_generations(target, tokenizer, prompts, cfg)
-    t_gen = time.perf_counter() - t0
+    t_gen = clock() - t0
     data = distill.merge(gens, distill.teacher_windows(target, tokenizer, cfg))
-    t_teacher = time.perf_counter() - t0
+    t_teacher = clock() - t0
     n, n_gen = len(data.seqs), len(gens.seqs)
     every = max(2, round(1 / cfg.heldout_fraction))
     held = list(range(0, n, every))
@@ -177,19 +178,19 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
     head = distill.frequent_tokens(counts, cfg.head_vocab, special)
     head_mass = counts[head].sum().item() / max(1.0, counts.sum().item())
 
-    t = time.perf_counter()
+    t = clock()
     draft = distill.draft_from_target(target, head, cfg)
     init = distill.heldout_alpha(target, draft, data, held)
     curve = distill.train_draft(draft, data, train, cfg)
-    t_train = time.perf_counter() - t
+    t_train = clock() - t
     draft.save_pretrained(out / "drafts" / "distilled", safe_serialization=True)
     tokenizer.save_pretrained(out / "drafts" / "distilled")
 
-    t = time.perf_counter()
+    t = clock()
     stats = distill.heldout_alpha(target, draft, data, held)
     stats_gen = distill.heldout_alpha(target, draft, data, held_gen) if held_gen else None
     costs = cost_ratios(target, {"distilled": draft}, gamma=DEFAULT_GAMMA, context=64, reps=20)
-    t_eval = time.perf_counter() - t
+    t_eval = clock() - t
     alpha = stats["alpha_by_temperature"]
     c, r = costs["drafts"]["distilled"]["c"], costs["verify_cost_ratio"]
     model = {
@@ -208,7 +209,7 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
                                       "T=0": float(theory.speedup(alpha["0"], DEFAULT_GAMMA, c, r)),
                                       "T=1": float(theory.speedup(alpha["1.0"], DEFAULT_GAMMA, c, r))},
         "train_curve": curve, "train_seconds": t_train,
-        "build_seconds": time.perf_counter() - t0,  # teacher data included
+        "build_seconds": clock() - t0,  # teacher data included
     }
     return {
         "kind": "smollm2-drafts", "name": "smollm2", "recipe": recipe, "drafts": ["distilled"],
@@ -221,7 +222,7 @@ def _build_drafts(target_dir: Path, cfg, recipe: dict, out: Path) -> dict:
         "models": {"distilled": model}, "costs": costs, "environment": _environment(),
         "timings_note": "seconds are wall-clock on the build machine, inflated if it was shared",
         "seconds": {"teacher_generations": t_gen, "teacher": t_teacher, "train": t_train, "eval": t_eval,
-                    "total": time.perf_counter() - t0,
+                    "total": clock() - t0,
                     "cpu_total": time.process_time() - cpu0},
     }
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
+from spade_lib.devices import clock
 from spade_lib.zoo.configs import ModelConfig, TrainConfig
 from spade_lib.zoo.data import random_batch
 
@@ -97,7 +97,7 @@ def train_model(model, stream: torch.Tensor, config: TrainConfig, *, teacher=Non
     model.train()
     if teacher is not None:
         teacher.eval()
-    curve, t0, running = [], time.perf_counter(), []
+    curve, t0, running = [], clock(), []
     bar = tqdm(range(config.steps), desc=desc, file=sys.stderr, leave=False, mininterval=1.0)
     for step in bar:
         lr = lr_at(step, config)
@@ -121,7 +121,7 @@ def train_model(model, stream: torch.Tensor, config: TrainConfig, *, teacher=Non
         if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
             mean = sum(running) / len(running)
             curve.append({"step": step + 1, "loss": round(mean, 5), "lr": lr,
-                          "seconds": round(time.perf_counter() - t0, 3)})
+                          "seconds": round(clock() - t0, 3)})
             bar.set_postfix(loss=f"{mean:.3f}")
             running = []
     model.eval()
