@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import sys
-import time
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,6 +47,7 @@ from pathlib import Path
 import yaml
 
 from spade_lib import paths
+from spade_lib.devices import clock
 
 KERNEL = "python3"
 
@@ -137,12 +137,12 @@ def _build_pairs(names: list[str], out_dir: Path, record: dict, t_run: float) ->
         record["builds"].append(entry)
         _write_record(out_dir, record)
         print(f"==> building pair {name}", flush=True)
-        start = time.perf_counter()
+        start = clock()
         done = subprocess.run([sys.executable, "-m", "spade_lib.zoo", name], cwd=str(paths.REPO_ROOT), check=False)
-        entry.update(seconds=round(time.perf_counter() - start, 3), status="ok" if done.returncode == 0 else "failed")
+        entry.update(seconds=round(clock() - start, 3), status="ok" if done.returncode == 0 else "failed")
         _write_record(out_dir, record)
         if done.returncode != 0:
-            record.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 3), status="failed")
+            record.update(finished=_now(), seconds=round(clock() - t_run, 3), status="failed")
             _write_record(out_dir, record)
             print(f"\nFAILED: building pair {name} (python -m spade_lib.zoo {name}, exit {done.returncode})",
                   file=sys.stderr)
@@ -177,18 +177,21 @@ def run_notebooks(
             raise ValueError(f"builds: unknown pair(s) {unknown}; known: {known}")
     if profile:
         os.environ["SPADE_PROFILE"] = profile
+    # executed notebooks are records, not consoles: their kernels (which inherit this environment) draw no tqdm
+    # bars (tqdm reads TQDM_DISABLE); TQDM_DISABLE=0 in the caller's environment keeps them
+    os.environ.setdefault("TQDM_DISABLE", "1")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or paths.RUNS_DIR / "notebooks" / stamp
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     record = _new_record(profile, params_dir, only, extra)
     _write_record(out_dir, record)
-    t_run = time.perf_counter()
+    t_run = clock()
     _build_pairs(list(builds or []), out_dir, record, t_run)
     print(f"executing {len(notebooks)} notebook(s) into {out_dir} (profile={profile or 'default'})", flush=True)
     for nb in notebooks:
         output = out_dir / nb.name
-        start = time.perf_counter()
+        start = clock()
         entry = {"name": nb.stem, "started": _now(), "seconds": None, "status": "running"}
         record["notebooks"].append(entry)
         _write_record(out_dir, record)
@@ -204,15 +207,15 @@ def run_notebooks(
                 log_output=False,
             )
         except Exception as exc:  # papermill raises PapermillExecutionError with the cell's traceback
-            entry.update(seconds=round(time.perf_counter() - start, 3), status="failed")
-            record.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 3), status="failed")
+            entry.update(seconds=round(clock() - start, 3), status="failed")
+            record.update(finished=_now(), seconds=round(clock() - t_run, 3), status="failed")
             _write_record(out_dir, record)
             print(f"\nFAILED: {nb.name} — executed copy with the traceback: {output}\n{exc}", file=sys.stderr)
             raise SystemExit(1) from None
-        entry.update(seconds=round(time.perf_counter() - start, 3), status="ok")
+        entry.update(seconds=round(clock() - start, 3), status="ok")
         _write_record(out_dir, record)
         print(f"    {nb.name} done in {entry['seconds']:.0f} s", flush=True)
-    record.update(finished=_now(), seconds=round(time.perf_counter() - t_run, 3), status="ok")
+    record.update(finished=_now(), seconds=round(clock() - t_run, 3), status="ok")
     _write_record(out_dir, record)
     print(f"all notebooks executed; figures in {paths.FIGURES_DIR}, executed copies in {out_dir}")
     return out_dir

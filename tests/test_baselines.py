@@ -102,3 +102,27 @@ def test_assisted_generation_refuses_a_feature_head_by_name():
         baselines.assistant_model(pair, "nope")
     with pytest.raises(ValueError, match="cannot use a feature head"):
         baselines.hf_generate(target, [1, 2, 3], 2, assistant=head)
+
+
+def test_only_the_assisted_kwargs_notice_is_dropped():
+    """transformers' own assisted generation calls the assistant's ``generate`` with a ``generation_config`` and
+    new-token counts together, and ``generate`` logs a deprecation notice about that into every executed
+    notebook; the baselines module drops that one notice on its logger and lets every other message through."""
+    import logging
+
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("transformers.generation.utils")
+    handler = Keep(level=logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        logger.warning("Passing `generation_config` together with generation-related arguments=({'max_new_tokens'}) "
+                       "is deprecated")
+        logger.warning("some other generation notice")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["some other generation notice"]

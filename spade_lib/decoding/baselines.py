@@ -59,6 +59,7 @@ taken at the first sampled call; a draft whose weights change later needs :func:
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Sequence
 
 import torch
@@ -150,6 +151,19 @@ def _usd_assistant(assistant, target, target_tokenizer, assistant_tokenizer, pru
     AssistantVocabTranslatorCache._cache.setdefault(target_tokenizer, WeakKeyDictionary())[
         assistant_tokenizer] = translator
     return work
+
+
+class _AssistedKwargsNotice(logging.Filter):
+    """Drops one transformers notice that its *own* assisted generation raises: the candidate generator calls
+    the assistant's ``generate`` with a ``generation_config`` and ``min_new_tokens`` / ``max_new_tokens``
+    together (transformers 5.24 ``candidate_generator.py``), which ``generate`` calls deprecated. SPADE passes
+    no ``generation_config``; the notice says nothing about this call, and every other message passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "together with generation-related" not in record.getMessage()
+
+
+logging.getLogger("transformers.generation.utils").addFilter(_AssistedKwargsNotice())
 
 
 def _pad_id(model: torch.nn.Module) -> int:

@@ -148,7 +148,7 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
     rows = []
     points = [(T, B) for T in config.temperatures for B in config.batch_sizes]
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         points = tqdm(points, desc="batch study", leave=False)
     costs: dict[int, dict[str, float]] = {}

@@ -195,7 +195,7 @@ def run_interleaved(pair, suite, configs: Iterable[RunConfig], baseline: RunConf
             generators[c].timed(prompt_ids(pair.tokenizer, first, c), n_warm, generation_seed(c.seed, "warmup", w))
     rows = suite.rows
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         rows = tqdm(rows, desc=f"{pair.name}/{suite.name} {len(session)} configs interleaved", unit="prompt",
                     leave=False)

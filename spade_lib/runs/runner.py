@@ -163,6 +163,6 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
 def _progress(items, enabled: bool, desc: str, position: int = 0):
     if not enabled:
         return items
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(items, desc=desc, unit="prompt", leave=False, position=position)
