@@ -546,13 +546,34 @@ def _note(row: dict) -> str:
     return "; ".join(notes)
 
 
+DEGENERATE_SHARE = 0.5  # a configuration whose generations are more than this share loops makes no claim
+NOT_CLAIMED = "not claimed"
+
+
+def claimed(row: dict) -> bool:
+    """Whether a configuration's alpha, tau and speedup are results: not when more than
+    :data:`DEGENERATE_SHARE` of its generations are loops (``degenerate``: draft and target agree on a loop, so
+    the acceptance and the speedup measure the loop, not the pair). Unknown (``None``) counts as claimed."""
+    share = row.get("degenerate")
+    return share is None or share <= DEGENERATE_SHARE
+
+
 def table_rows(summary: dict) -> list[dict[str, str]]:
-    """The summary table as strings: one row per non-baseline configuration and temperature."""
-    return [{"pair": r["pair"], "suite": r["suite"], "configuration": r["configuration"], "T": f"{r['T']:g}",
-             "alpha": _with_interval(r, "alpha"), "tau": _with_interval(r, "tau"),
-             "speedup": _with_interval(r, "speedup", suffix="x"), "predicted": _fmt(r.get("predicted")),
-             "note": _note(r)}
-            for r in summary["configurations"] if r["role"] != "baseline"]
+    """The summary table as strings: one row per non-baseline configuration and temperature; a configuration
+    on degenerate text (:func:`claimed`) shows :data:`NOT_CLAIMED` and why instead of its numbers."""
+    out = []
+    for r in summary["configurations"]:
+        if r["role"] == "baseline":
+            continue
+        row = {"pair": r["pair"], "suite": r["suite"], "configuration": r["configuration"], "T": f"{r['T']:g}",
+               "alpha": _with_interval(r, "alpha"), "tau": _with_interval(r, "tau"),
+               "speedup": _with_interval(r, "speedup", suffix="x"), "predicted": _fmt(r.get("predicted")),
+               "note": _note(r)}
+        if not claimed(r):
+            row.update(alpha=NOT_CLAIMED, tau=NOT_CLAIMED, speedup=NOT_CLAIMED, predicted=NOT_CLAIMED,
+                       note=f"degenerate text: {r['degenerate']:.0%} of generations are loops")
+        out.append(row)
+    return out
 
 
 def _run_line(summary: dict) -> str:
@@ -874,8 +895,9 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
     suite = rows[0]["suite"]
     m, run = summary["machine"] or {}, summary["run"]
     temps = sorted({r["T"] for r in rows})
-    spec = [r for r in rows if r["role"] == "speculative" and r["speedup"] is not None]
-    sentences = []
+    spec = [r for r in rows if r["role"] == "speculative" and r["speedup"] is not None and claimed(r)]
+    sentences = [f"at T = {T:g} the generations are loops (more than {DEGENERATE_SHARE:.0%} degenerate), so no "
+                 "speed or acceptance is claimed" for T in sorted({r["T"] for r in rows if not claimed(r)})]
     for T in temps:
         at = [r for r in spec if r["T"] == T]
         if at:
@@ -902,7 +924,7 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
                 sentences.append(f"{name} at T = {T:g} (alpha {span}) is faster than autoregressive beyond its "
                                  f"interval at {above} of {len(d)} draft lengths and slower at {below}")
     for r in rows:
-        if r["method"] == "hf_assisted" and r.get("vs_hf") is not None:
+        if r["method"] == "hf_assisted" and r.get("vs_hf") is not None and claimed(r):
             sentences.append(f"HF assisted generation (`{r['configuration']}`, T = {r['T']:g}) runs at "
                              f"{_x(r, 'vs_hf')} of plain HF generate")
     for c in summary["controls"]:
@@ -923,8 +945,12 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
         if r["role"] != "baseline":
             by_cfg.setdefault(r["configuration"], {})[r["T"]] = r
     header = ["configuration"] + [h for T in temps for h in (f"alpha T={T:g}", f"speedup T={T:g}")]
-    table = [[f"`{cfg}`"] + [c for T in temps for c in (
-        _with_interval(v[T], "alpha") if T in v else "–", _x(v[T]) if T in v else "–")] for cfg, v in by_cfg.items()]
+    def cells(v: dict, T: float) -> tuple[str, str]:
+        if T not in v:
+            return "–", "–"
+        return (_with_interval(v[T], "alpha"), _x(v[T])) if claimed(v[T]) else (NOT_CLAIMED, NOT_CLAIMED)
+
+    table = [[f"`{cfg}`"] + [c for T in temps for c in cells(v, T)] for cfg, v in by_cfg.items()]
     commit = (run.get("commit") or "unknown")[:7] + (" + uncommitted changes" if run.get("dirty") else "")
     machine = f"{m.get('cpu_model')}, {m.get('threads')} torch threads, torch {m.get('torch')}, Python {m.get('python')}"
     lines = [RESULTS_BEGIN,

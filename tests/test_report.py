@@ -391,6 +391,30 @@ def test_readme_block_sentences_count_draft_lengths_not_variants():
     assert "`embedded` draft" not in block  # one length (4) under two rules: no sweep to summarise
 
 
+def test_configurations_on_degenerate_text_make_no_claim():
+    """Issue 56: a configuration whose generations are mostly loops (``degenerate`` > 0.5) shows no alpha, tau
+    or speedup in the summary table or the README block, and the block says why; its pair's coherent
+    temperature keeps its numbers."""
+    def row(T, degenerate, speedup, role="speculative"):
+        return {"pair": "smollm2", "suite": "s", "T": T, "role": role, "method": "spade", "control": False,
+                "configuration": "spade-d-g4", "draft": "d", "gamma": 4, "alpha": 0.9, "alpha_low": 0.8,
+                "alpha_high": 0.95, "tau": 3.0, "tau_low": 2.5, "tau_high": 3.5, "speedup": speedup,
+                "speedup_low": speedup - 0.1, "speedup_high": speedup + 0.1, "predicted": 1.2, "warnings": [],
+                "degenerate": degenerate}
+
+    rows = [row(0.0, 0.9, 1.43), row(1.0, 0.0, 1.07), dict(row(0.0, 0.9, 1.0), role="baseline", speedup=None)]
+    summary = {"configurations": rows, "machine": {"cpu_model": "Test CPU"}, "run": {"commit": "0123456789"},
+               "controls": [], "warnings": [], "run_dir": "runs/notebooks/x", "generated": "2026-12-05T00:00"}
+    table = report.table_rows(summary)
+    assert [t["speedup"] for t in table] == [report.NOT_CLAIMED, "1.07x [0.97, 1.17]"]
+    assert table[0]["alpha"] == table[0]["tau"] == report.NOT_CLAIMED and "90% of generations" in table[0]["note"]
+    block = report.readme_block(summary)
+    assert "1.43" not in block and "1.07" in block
+    assert "at T = 0 the generations are loops" in block and "fastest configuration is `spade-d-g4`, 1.07" in block
+    assert report.claimed({"degenerate": None}) and report.claimed({"degenerate": 0.5})
+    assert not report.claimed({"degenerate": 0.51})
+
+
 def test_a_warning_the_summary_found_and_a_notebook_printed_counts_once():
     w = ["cost-model control: smollm2/spade-ngram-g4-T0 on humaneval-1 at T=0: measured 1.2x excludes 1.4x",
          "cost-model control: default/spade-ngram-g4-T0 on embedded-1 at T=0: measured 1.5x excludes 1.7x",
