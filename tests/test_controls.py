@@ -194,3 +194,22 @@ def test_reading_warnings_name_the_run_and_the_prompt_once_each():
     assert controls.reading_warnings([]) == []
     with pytest.raises(ValueError, match="control"):
         controls.reading_warnings([dict(control="vibes")])
+
+
+def test_held_out_errors_price_each_run_against_its_interval():
+    """Issue 56: the cost model's error on configurations outside its fit, with the run's interval and n."""
+    table = [{"label": "spade-d-g4-T0", "method": "spade", "T": 0.0, "r_source": "loop", "loop_partners": 1,
+              "speedup": 1.15, "speedup_low": 1.08, "speedup_high": 1.21, "predicted": 1.20},
+             {"label": "spade-null-g4-T0", "method": "spade", "T": 0.0, "r_source": "loop", "loop_partners": 1,
+              "speedup": 0.88, "speedup_low": 0.84, "speedup_high": 0.92, "predicted": 0.80},
+             {"label": "hf-T0", "method": "hf", "T": 0.0, "speedup": 0.65, "speedup_low": 0.62,
+              "speedup_high": 0.69, "predicted": 0.9},
+             {"label": "spade-x-g4-T0", "method": "spade", "T": 0.0, "speedup": 1.0, "predicted": float("nan")}]
+    e = controls.held_out_errors(table)
+    assert list(e["label"]) == ["spade-d-g4-T0", "spade-null-g4-T0"]  # HF and unpriced runs are not predictions
+    assert list(e.columns) == controls.HELD_OUT_COLUMNS
+    assert e["error"].round(4).tolist() == [round(1.15 / 1.20 - 1, 4), round(0.88 / 0.80 - 1, 4)]
+    assert e["error_low"].iloc[0] < 0 < e["error_high"].iloc[0] and e["inside"].tolist() == [True, False]
+    line = controls.held_out_line(e)
+    assert "n = 2 runs" in line and "inside the run's 95 % interval for 1 of 2" in line and "largest 10.0 %" in line
+    assert "no priced speculative run" in controls.held_out_line(controls.held_out_errors([]))

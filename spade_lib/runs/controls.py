@@ -57,7 +57,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MODEL_PREFIX", "NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "READING_CONTROLS", "cost_warnings",
+import pandas as pd
+
+__all__ = ["HELD_OUT_COLUMNS", "MODEL_PREFIX", "NON_SPECULATIVE", "NULL_DRAFT", "PREFIX", "READING_CONTROLS", "cost_warnings",
+           "held_out_errors", "held_out_line",
            "prediction_warnings", "reading_warnings", "speedup_warnings", "session_report"]
 
 PREFIX = "physical control"
@@ -135,6 +138,50 @@ def prediction_warnings(table) -> list[str]:
         out.append(f"{MODEL_PREFIX}: {_name(row)}: measured {_interval(row)} excludes the cost-model prediction "
                    f"{pred:.3f}x ({priced}; measured / predicted = {ratio:.2f}): {why}")
     return out
+
+
+HELD_OUT_COLUMNS = ["label", "T", "r_source", "loop_partners", "speedup", "speedup_low", "speedup_high",
+                    "predicted", "error", "error_low", "error_high", "inside"]
+
+
+def held_out_errors(table):
+    """The cost model's error on configurations it was not fitted to, one row per priced speculative run of
+    ``table`` (a :func:`spade_lib.runs.protocol.speedup_table`): ``error = measured / predicted - 1`` with its
+    95 % interval ``[speedup_low, speedup_high] / predicted - 1`` (the prediction is a constant of the run, so
+    the interval is the speedup's), ``inside`` whether 0 lies in it.
+
+    Held out: a run with ``r_source == "loop"`` is priced at the level its *partners'* loops paid (the other
+    runs of its session and temperature, never its own steps; ``protocol.loop_priced``), so its row tests the
+    calibration on a configuration outside the fit; a ``"table"`` row is priced by the cost table alone
+    (measured in another process, also outside the run). Runs without a prediction are left out."""
+    rows = []
+    for row in _rows(table):
+        if row.get("method", "spade") in NON_SPECULATIVE:
+            continue
+        pred = _num(row.get("predicted"))
+        if not (math.isfinite(pred) and pred > 0):
+            continue
+        low, high, x = (_num(row.get(k)) for k in ("speedup_low", "speedup_high", "speedup"))
+        rows.append({"label": row.get("label"), "T": row.get("T"), "r_source": row.get("r_source") or "table",
+                     "loop_partners": row.get("loop_partners", 0), "speedup": x, "speedup_low": low,
+                     "speedup_high": high, "predicted": pred, "error": x / pred - 1,
+                     "error_low": low / pred - 1 if math.isfinite(low) else math.nan,
+                     "error_high": high / pred - 1 if math.isfinite(high) else math.nan,
+                     "inside": bool(low <= pred <= high) if math.isfinite(low) and math.isfinite(high) else None})
+    return pd.DataFrame(rows, columns=HELD_OUT_COLUMNS)
+
+
+def held_out_line(errors) -> str:
+    """One sentence over :func:`held_out_errors`: how many runs, the median and largest absolute error, and how
+    many predictions lie inside their run's interval (n stated: a verdict carries its sample size)."""
+    if not len(errors):
+        return "cost model on held-out configurations: no priced speculative run"
+    err = errors["error"].abs()
+    inside = errors["inside"].dropna()
+    return (f"cost model on held-out configurations (n = {len(errors)} runs, each priced by its session partners' "
+            f"loops or the cost table, never its own steps): median |measured / predicted - 1| = "
+            f"{100 * err.median():.1f} %, largest {100 * err.max():.1f} %; the prediction lies inside the run's 95 % "
+            f"interval for {int(inside.sum())} of {len(inside)}")
 
 
 def _physics_warnings(table) -> list[str]:
