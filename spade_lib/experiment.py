@@ -104,7 +104,22 @@ class Experiment:
                 f"(sha256 {self.suite.sha256[:12]}, run key {suite_key(self.suite)})\n"
                 f"machine: {fp.get('cpu_model')} ({fp.get('cpu_count')} CPUs), gpu: {fp.get('gpu')}, "
                 f"torch {fp.get('torch')}, transformers {fp.get('transformers')}, "
-                f"git {str(fp.get('git_commit'))[:10]}")
+                f"git {str(fp.get('git_commit'))[:10]}"
+                + "".join(f"\n{line}" for line in prepared_lines(getattr(self.pair, "prepared", []))))
+
+
+def prepared_lines(records: list[dict]) -> list[str]:
+    """One line per model of :meth:`spade_lib.zoo.loading.Pair.prepare`'s records: its kernel plan and where it
+    came from, and whether its lean forward agrees with the HF one (or why the HF forward runs it)."""
+    out = []
+    for r in records:
+        if not r.get("covered"):
+            out.append(f"{r['role']}: {r['model']} on the Hugging Face forward ({r.get('why')})")
+            continue
+        plan = ", ".join(f"{rows} rows {name}" for rows, name in (r.get("plan") or {}).items())
+        out.append(f"{r['role']}: {r['model']} on the lean forward ({plan}; plan {r['plan_source']}); "
+                   + ("agrees with its HF forward" if r["agrees"] else "DISAGREES with its HF forward: the HF forward runs it"))
+    return out
 
 
 def figure_name(base: str, pair_name: str) -> str:

@@ -153,6 +153,8 @@ def test_lean_forward_installs_the_chosen_kernels_and_matches_every_policy(fresh
         for policy in ["auto", "legacy", "mkl"] + (["onednn", "onednn_pad2"] if PACKABLE else []) + (
                 ["native"] if NATIVE else []):
             lean = LeanForward(model, 64, kernels=policy)
+            if policy == "auto":
+                lean.prepare()  # the timed plan (a constructor times nothing)
             got = torch.cat([lean.forward(ids[:4]), lean.forward(ids[4:5]), lean.forward(ids[5:])])
             torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
             names = lean.kernel_names
@@ -195,7 +197,7 @@ def test_the_native_candidate_is_offered_only_where_it_runs(fresh, monkeypatch):
 def test_sessions_record_the_chosen_kernels_and_the_identity_does_not(fresh):
     from spade_lib.runs.timing import environment_fingerprint, kernel_plans
 
-    LeanForward(llama(), 64, kernels="auto")
+    LeanForward(llama(), 64, kernels="auto").prepare()  # prepare() records the plan the sessions list
     assert "linear_kernels" not in environment_fingerprint("cpu")  # the run identity must not hang on history
     if PACKABLE:
         assert {"one", "many", "shapes", "threads"} <= set(kernel_plans()[-1])
@@ -348,3 +350,63 @@ def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
                 near = {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
                 assert set(plan.values()) <= near, (seed, rows, r, plan)
         before = after
+
+
+def test_constructors_time_nothing_and_prepare_records_the_plan_once(fresh, monkeypatch):
+    """Issue 55: a lean forward built before any plan is recorded runs an untimed default; prepare() times and
+    records the plan; a forward built afterwards takes the recorded plan, and a second prepare() times nothing."""
+    from spade_lib.decoding import lean as lean_module
+
+    model = llama()
+    calls = []
+    real = kernels._time_plans
+    monkeypatch.setattr(kernels, "_time_plans", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = LeanForward(model, 64)
+    if not PACKABLE:
+        assert first.plan_source == "fixed" and first.prepare() == "fixed" and calls == []
+        return
+    assert first.plan_source == "untimed" and calls == []
+    assert first.kernel_names == {r: kernels.untimed(first.in_place)[r] for r in ("one", "many")}
+    assert first.prepare() == "recorded" and calls == [1]
+    plan = first.kernel_plan
+    kernels._CHOSEN.clear()  # another process: the disk record
+    again = LeanForward(model, 64)
+    assert again.plan_source == "recorded" and again.kernel_plan == plan and calls == [1]
+    assert again.prepare() == "recorded" and calls == [1]
+    ids = torch.randint(0, 96, (5,), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        torch.testing.assert_close(again.forward(ids), model(ids[None], use_cache=False).logits[0],
+                                   rtol=1e-4, atol=1e-4)
+    records = lean_module.prepare(model, torch.nn.Linear(2, 2))
+    assert records[0]["covered"] and records[0]["agrees"] is True and records[0]["plan_source"] == "recorded"
+    assert records[1] == {"model": "Linear", "covered": False, "why": "architecture Linear", "plan": None,
+                          "plan_source": None, "agrees": None}
+
+
+def test_a_decoder_on_a_prepared_pair_times_and_checks_nothing(fresh, monkeypatch):
+    """Issue 55's done-when: after prepare(target, draft), building a SpeculativeDecoder and decoding calls no
+    plan timing and no lean-vs-HF check (both were recorded), and decodes exactly as AR does."""
+    from spade_lib.decoding import lean as lean_module
+    from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.sampling import SamplingConfig
+
+    target = llama()
+    torch.manual_seed(1)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         initializer_range=0.2)).eval()
+    records = lean_module.prepare(target, draft)
+    assert [r["agrees"] for r in records] == [True, True]
+
+    def refuse(*a, **k):
+        raise AssertionError("timed or checked after prepare()")
+
+    monkeypatch.setattr(kernels, "_time_plans", refuse)
+    monkeypatch.setattr(LeanForward, "_time_plan", refuse)
+    monkeypatch.setattr(lean_module, "_agrees", refuse)
+    dec = SpeculativeDecoder(target, draft, gamma=3, sampling=SamplingConfig(temperature=0))
+    out = dec.generate([5, 6, 7], 12)
+    with torch.inference_mode():
+        ar = target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, do_sample=False,
+                             attention_mask=torch.ones(1, 3, dtype=torch.long), pad_token_id=0)[0, 3:].tolist()
+    assert out.tokens == ar[:len(out.tokens)] and len(out.tokens) == 12

@@ -59,7 +59,9 @@ is cached per process and on disk (``<CACHE_DIR>/kernels/choices.json``, keyed b
 version, thread count, dtype and the model's weight shapes), so every process on one machine uses the
 same kernels and their outputs agree bit for bit; :func:`choices` lists what this process chose (the
 run metadata records it). Only fp32 on CPU with oneDNN available is timed; elsewhere (CUDA, bf16)
-every product is ``F.linear``, the framework's own dispatch.
+every product is ``F.linear``, the framework's own dispatch. The timing is an explicit step
+(``LeanForward.prepare``, ``lean.prepare``, ``Pair.prepare``, which ``load_pair`` runs): a lean forward's
+constructor times nothing, it takes the :func:`recorded` plan, else the :func:`untimed` default.
 """
 
 from __future__ import annotations
@@ -221,9 +223,7 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
     ``"product=candidate,..."``. ``candidates`` restricts each class's candidates (default: all serving
     it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version, thread count and
     whether the native kernels run (``SPADE_NATIVE``) key the cache."""
-    facts = {"cpu": devices.cpu().label(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-             "plan_version": PLAN_VERSION, "native": native.available() and native.isa(), **model_facts}
-    key = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    facts, key = _keyed(model_facts)
     hit = _CHOSEN.get(key)
     if hit is None and cache:  # one process at a time times a model and writes the file; the others read it
         from filelock import FileLock
@@ -244,6 +244,34 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
         hit = _time_plans(facts, timer, products, candidates)
     _CHOSEN[key] = hit
     return hit
+
+
+def _keyed(model_facts: dict) -> tuple[dict, str]:
+    """``(facts, key)``: ``model_facts`` with what else a plan depends on (CPU, torch, threads, plan version,
+    native ISA), and the cache key hashed from them."""
+    facts = {"cpu": devices.cpu().label(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "plan_version": PLAN_VERSION, "native": native.available() and native.isa(), **model_facts}
+    return facts, hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def recorded(model_facts: dict, products: list[str]) -> dict | None:
+    """The plan :func:`choose` recorded for these facts (this process's, else the disk cache's), read without
+    timing anything; ``None`` when none is recorded or the recorded one is not a plan of today's candidates."""
+    facts, key = _keyed(model_facts)
+    hit = _CHOSEN.get(key)
+    if hit is None:
+        hit = _read_disk().get(key)
+        if hit is None or not _valid(hit, products):
+            return None
+        _CHOSEN[key] = hit
+    return hit
+
+
+def untimed(in_place: bool) -> dict[str, str]:
+    """The plan of a model no plan was recorded for (:func:`recorded`), chosen without timing: SPADE's native
+    kernel where it runs (on the weights in place, or on its packed copy), else MKL, for both row classes."""
+    name = next((n for n in (("native_rows",) if in_place else ("native",)) if usable(n)), "mkl")
+    return {"one": name, "many": name}
 
 
 def _time_plans(facts: dict, timer: Callable[[str, dict[str, str]], float], products: list[str],

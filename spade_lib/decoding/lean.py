@@ -54,19 +54,24 @@ back to the Hugging Face path rather than changing outputs.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import warnings
 
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 
+from spade_lib import devices, paths
 from spade_lib.decoding import kernels as _kernels
 from spade_lib.decoding import native as _native
 from spade_lib.decoding.heads import scatter_vocab
 from spade_lib.devices import clock
+from spade_lib.io import write_json
 
-__all__ = ["LeanForward", "lean_forward", "SUPPORTED"]
+__all__ = ["LeanForward", "lean_forward", "prepare", "SUPPORTED"]
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "FRSpecLlamaForCausalLM",
              "Gemma3ForCausalLM")
@@ -251,21 +256,38 @@ class LeanForward:
         self.native_attention = (policy != "legacy" and self.folded and self.device.type == "cpu"
                                   and self.dtype == torch.float32 and _native.available())
         self._prepared: dict[str, list[dict]] = {}
+        self._plan_facts: dict | None = None  # what keys this model's timed plan ("auto" only): prepare() times it
         if policy == "auto" and packable:
-            facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse, "in_place": self.in_place,
-                     "shapes": {n: list(w.shape) for n, (w, _) in {**raw[0], **self._raw[-1]}.items()}}
-            names = [n for n in (_kernels.IN_PLACE if self.in_place else _kernels.COPYING) if _kernels.usable(n)]
-            hit = _kernels.choose(facts, self._time_plan, self._products(),
-                                  candidates={rows: [n for n in names if rows in _kernels.CANDIDATES[n][2]]
-                                              for rows in _kernels.ROW_CLASSES})
-            plan = hit["plan"]
+            self._plan_facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse, "in_place": self.in_place,
+                                "shapes": {n: list(w.shape) for n, (w, _) in {**raw[0], **self._raw[-1]}.items()}}
+            # a constructor times nothing: the plan prepare() recorded on this machine, else an untimed default
+            hit = _kernels.recorded(self._plan_facts, self._products())
+            plan = hit["plan"] if hit is not None else _kernels.untimed(self.in_place)
+            self.plan_source = "recorded" if hit is not None else "untimed"
         else:
             plan = {"one": "mkl", "many": "mkl"} if policy == "auto" else _kernels.fixed(policy, packable)
             if self.in_place and any(_kernels.CANDIDATES[n][0] != "raw" for n in plan.values()):
                 raise ValueError(f"kernels: {policy!r} packs a copy of the weights; in_place=True takes "
                                  f"{list(_kernels.IN_PLACE)}")
+            self.plan_source = "fixed"
         self._install(plan)
         self._prepared = {}  # only what the installed kernels reference stays in memory
+
+    def prepare(self) -> str:
+        """Time this model's kernel plan now, unless one is recorded (:func:`spade_lib.decoding.kernels.choose`:
+        every candidate on the whole forward, recorded on disk per model and machine), and install it; a
+        forward built afterwards on this machine takes the recorded plan without timing. Returns
+        :attr:`plan_source` (``"recorded"``, or ``"fixed"`` for a forced policy, which is never timed)."""
+        if self._plan_facts is None or self.plan_source == "recorded":
+            return self.plan_source
+        names = [n for n in (_kernels.IN_PLACE if self.in_place else _kernels.COPYING) if _kernels.usable(n)]
+        hit = _kernels.choose(self._plan_facts, self._time_plan, self._products(),
+                              candidates={rows: [n for n in names if rows in _kernels.CANDIDATES[n][2]]
+                                          for rows in _kernels.ROW_CLASSES})
+        self._install(hit["plan"])
+        self._prepared = {}
+        self.plan_source = "recorded"
+        return self.plan_source
 
     def _products(self) -> list[str]:
         """The products of one forward, largest weight first (the order :func:`kernels.choose` refines them)."""
@@ -303,8 +325,6 @@ class LeanForward:
         """Median seconds of one forward with the ``rows``-class products on ``plan`` (``{product: candidate}``),
         timed as decoding runs it: ``steps`` forwards in a row (1 new token each, or MANY_ROWS) on a cache of
         ``context`` tokens that grows as they go, then rolled back; the median over ``reps`` such loops."""
-        import time
-
         self._install({"one": "mkl", "many": "mkl", rows: plan})
         k = 1 if rows == "one" else _kernels.MANY_ROWS
         ctx = min(context, max(1, self.capacity - steps * k))
@@ -589,18 +609,81 @@ class LeanForward:
 
 def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:
     """A :class:`LeanForward` for ``model``, or ``None`` when it is not covered or (``check``) its logits
-    differ from one Hugging Face forward of a short random sequence beyond float rounding."""
+    differ from one Hugging Face forward of a short random sequence beyond float rounding. Times nothing: the
+    kernel plan is the one :func:`prepare` recorded (else an untimed default), and the agreement is read from
+    the record :func:`prepare` (or an earlier check of the same model, plan and machine) left."""
     if _unsupported(model) is not None or capacity < 2:
         return None
     try:
         lean = LeanForward(model, capacity)
     except (AttributeError, TypeError, ValueError, RuntimeError):
         return None
-    if check and not _agrees(model, lean):
+    if check and not _checked_agreement(model, lean):
         warnings.warn(f"lean forward of {type(model).__name__} disagrees with its Hugging Face forward; "
                       "using the Hugging Face forward", RuntimeWarning, stacklevel=2)
         return None
     return lean
+
+
+def prepare(*models: torch.nn.Module, capacity: int = 256) -> list[dict]:
+    """The explicit step before decoding on a machine: for each model the lean forward covers, time its kernel
+    plan (:meth:`LeanForward.prepare`) and check it against the Hugging Face forward, both recorded on disk
+    (``CACHE_DIR/kernels/``), so every decoder built afterwards on this machine takes that plan and that
+    verdict without timing or checking. One record per model: ``{"model", "covered", "plan" ({row class:
+    kernel}), "plan_source", "agrees"}`` (``covered`` False: the HF forward runs it; ``agrees`` None then)."""
+    out = []
+    for model in models:
+        why = _unsupported(model)
+        if why is not None:
+            out.append({"model": type(model).__name__, "covered": False, "why": why, "plan": None,
+                        "plan_source": None, "agrees": None})
+            continue
+        lean = LeanForward(model, max(int(capacity), 2))
+        source = lean.prepare()
+        out.append({"model": type(model).__name__, "covered": True, "plan": dict(lean.kernel_names),
+                    "plan_source": source, "agrees": _checked_agreement(model, lean)})
+        del lean
+    return out
+
+
+_AGREED: dict[str, bool] = {}  # this process: agreement key -> verdict (the disk record's copy)
+
+
+def _agreement_path():
+    return paths.CACHE_DIR / "kernels" / "agreement.json"
+
+
+def _agreement_key(model: torch.nn.Module, lean: LeanForward) -> str:
+    """What the lean-vs-HF verdict depends on: the model's class and configuration (its path left out), the
+    lean forward's dtype, placement, kernel plan and attention path, torch, the native build and the CPU."""
+    config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    facts = {"class": type(model).__name__, "config": config, "dtype": str(lean.dtype), "in_place": lean.in_place,
+             "plan": lean.kernel_plan, "native_attention": lean.native_attention, "torch": torch.__version__,
+             "native": _native.available() and _native.isa(), "cpu": devices.cpu().label()}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _checked_agreement(model: torch.nn.Module, lean: LeanForward) -> bool:
+    """:func:`_agrees`, once per agreement key: read from this process or the disk record, else run and
+    recorded (a disagreement too, so it is reported the same way every time)."""
+    key = _agreement_key(model, lean)
+    if key in _AGREED:
+        return _AGREED[key]
+    path = _agreement_path()
+    paths.ensure_dir(path.parent)
+    with FileLock(str(path) + ".lock"):
+        try:
+            disk = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            disk = {}
+        if not isinstance(disk.get(key), bool):
+            disk[key] = bool(_agrees(model, lean))
+            try:
+                write_json(path, disk)
+            except OSError:
+                pass
+    _AGREED[key] = disk[key]
+    return disk[key]
 
 
 @torch.inference_mode()

@@ -140,6 +140,7 @@ def _open_run(pair, suite, config: RunConfig, run_dir: Path, device, session: st
     env = timing.environment_fingerprint(device)
     sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
                      "protocol_session": session, "linear_kernels": timing.kernel_plans(),
+                     "prepared": getattr(pair, "prepared", []),
                      "records": records})
     write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
                            "sampling": dataclasses.asdict(config.sampling()),

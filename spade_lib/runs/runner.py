@@ -94,7 +94,8 @@ def run_suite(pair, suite, config: RunConfig, run_dir: str | os.PathLike | None 
             timing.fix_threads(config.threads)
         env = timing.environment_fingerprint(device)
         sessions.append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "environment": env,
-                         "world_size": world_size, "linear_kernels": timing.kernel_plans()})
+                         "world_size": world_size, "linear_kernels": timing.kernel_plans(),
+                         "prepared": getattr(pair, "prepared", [])})
         if rank == 0:
             write_json(meta_path, {**identity, "environment": env, "sessions": sessions,
                                    "sampling": dataclasses.asdict(config.sampling()),

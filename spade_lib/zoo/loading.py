@@ -38,6 +38,19 @@ class Pair:
     path: Path | None = None
     heads: dict[str, Any] = field(default_factory=dict)
     draft_tokenizers: dict[str, Any] = field(default_factory=dict)
+    prepared: list[dict] = field(default_factory=list)  # prepare()'s records, one per model
+
+    def prepare(self, capacity: int = 256) -> list[dict]:
+        """Time the kernel plan of the target and of every draft model, and check each lean forward against its
+        HF forward (:func:`spade_lib.decoding.lean.prepare`: once per model and machine, recorded on disk), so
+        the decoders built on this pair time and check nothing. Returns (and keeps in ``prepared``) one record
+        per model, ``"role"`` ``"target"`` or the draft's name first."""
+        from spade_lib.decoding.lean import prepare
+
+        roles = {"target": self.target, **{n: m for n, m in self.drafts.items() if isinstance(m, torch.nn.Module)}}
+        self.prepared = [{"role": role, **rec} for role, rec in zip(roles, prepare(*roles.values(),
+                                                                                   capacity=capacity))]
+        return self.prepared
 
     @property
     def draft(self):

@@ -91,7 +91,7 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
               rebuild: bool = False, device_map: str | dict | None = None,
               max_memory: dict[int | str, int | str] | None = None,
               offload_folder: str | os.PathLike | None = None, heads: tuple[str, ...] = (),
-              head_profile: str = "make") -> Pair:
+              head_profile: str = "make", prepare: bool = True) -> Pair:
     """Load an embedded pair by ``name`` or a real pair from ``target`` + ``draft``/``drafts``.
 
     Embedded (and ``"smollm2"``): ``draft`` optionally names which of the pair's drafts is the default
@@ -109,7 +109,24 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     ``{module: device}``; needs ``accelerate``), optionally ``max_memory`` (``{gpu index or "cpu":
     bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
     go onto the target's first device (:func:`spade_lib.zoo.loading.first_device`).
+
+    ``prepare`` (default): :meth:`Pair.prepare` before returning, the step that times each model's kernel plan
+    and checks its lean forward against the HF one, once per model and machine (recorded on disk, so a second
+    load reads it); ``pair.prepared`` says what it found, and the runs record it. The decoders built on the
+    pair then time nothing.
     """
+    if not isinstance(prepare, bool):
+        raise ValueError(f"prepare: True or False, got {prepare!r}")
+    pair = _load(name, target, draft, drafts, device, dtype, trust_remote_code, rebuild, device_map, max_memory,
+                 offload_folder, heads, head_profile)
+    if prepare:
+        pair.prepare()
+    return pair
+
+
+def _load(name, target, draft, drafts, device, dtype, trust_remote_code, rebuild, device_map, max_memory,
+          offload_folder, heads, head_profile) -> Pair:
+    """:func:`load_pair` without the prepare step."""
     if device is not None:
         device = resolve_device(device)  # refused here, before any model loads
     dtype = resolve_dtype(dtype)
