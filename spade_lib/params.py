@@ -45,6 +45,7 @@ import ast
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -287,6 +288,16 @@ def resolve(
     return NotebookParams(**values)
 
 
+def quiet_widget_warning() -> None:
+    """Ignore the one warning ``tqdm.auto`` raises on import in a Jupyter kernel without ``ipywidgets`` ("IProgress
+    not found": it cannot draw widget bars). ``transformers`` imports ``tqdm.auto`` with itself, so without this
+    every notebook's first model import prints it; an executed notebook draws no bars anyway (the runbook sets
+    ``TQDM_DISABLE``). Every other ``TqdmWarning`` is still shown."""
+    from tqdm import TqdmWarning
+
+    warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWarning)
+
+
 def setup_notebook(namespace: dict[str, Any], notebook: str, *, show: bool = True) -> NotebookParams:
     """Validate this notebook's parameters, apply the active profile, set the plot style.
 
@@ -304,6 +315,7 @@ def setup_notebook(namespace: dict[str, Any], notebook: str, *, show: bool = Tru
     from spade_lib.plots import use_style
 
     use_style()
+    quiet_widget_warning()
     if show:
         shown = ", ".join(f"{k}={v!r}" for k, v in params.as_dict().items())
         print(f"[{notebook}] profile={profile or 'default'}: {shown}")

@@ -78,3 +78,20 @@ def test_setup_notebook_reads_ipython_history(monkeypatch):
     ns["In"][2] = "# Parameters\nn_prompts = 3\nbogus = 1\n"
     with pytest.raises(ParameterError, match="bogus"):
         setup_notebook(ns, "nb", show=False)
+
+
+def test_only_tqdms_missing_widgets_warning_is_quietened():
+    """Issue 56: the executed notebooks carry no library warnings; tqdm.auto's "IProgress not found" (raised on
+    transformers' import in a kernel without ipywidgets) is ignored, every other tqdm warning is not."""
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    from spade_lib.params import quiet_widget_warning
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_widget_warning()
+        warnings.warn("IProgress not found. Please update jupyter and ipywidgets.", TqdmWarning)
+        warnings.warn("some other tqdm warning", TqdmWarning)
+    assert [str(w.message) for w in seen] == ["some other tqdm warning"]
