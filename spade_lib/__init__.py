@@ -1,42 +1,28 @@
 """SPADE: Speculative decoding Acceptance Diagnostics and Evaluation.
 
-Notation (Leviathan et al., 2023, used throughout): ``p`` is the target model's distribution, ``q``
-the draft model's, ``gamma`` the number of drafted tokens per step, ``alpha`` the acceptance rate and
-``c`` the cost of a draft forward relative to a target forward.
+Notation (Leviathan et al., 2023, used throughout): ``p`` is the target model's distribution, ``q`` the draft model's,
+``gamma`` the number of drafted tokens per step, ``alpha`` the acceptance rate and ``c`` the cost of a draft forward
+relative to a target forward.
 
 Every module has one import path; import names from the module that defines them. Top to bottom
 (a layer imports only from the layers below it; ``lint-imports`` checks this, see ``pyproject.toml``):
 
-- ``spade_lib.runbook``: runs the notebooks; ``spade_lib.report`` (the run report) and
-  ``spade_lib.experiment`` (the notebooks' pair, suite and runs);
+- ``spade_lib.runbook``: runs the notebooks; ``spade_lib.report`` (the run report) and ``spade_lib.experiment`` (the
+  notebooks' pair, suite and runs);
 - ``spade_lib.whatif`` (``align``, ``replay``, ``stoprules``) and ``spade_lib.diagnose`` (M3);
-- ``spade_lib.runs``: suite runs, traces, timing protocol, metrics, the run command line
-  (``python -m spade_lib.runs.cli``);
+- ``spade_lib.runs``: suite runs, traces, timing protocol, metrics, the run CLI (``python -m spade_lib.runs.cli``);
 - ``spade_lib.bench`` (M1 suites), then ``spade_lib.zoo`` (embedded and real draft/target pairs);
-- ``spade_lib.decoding`` (``adapter``, ``lean``, ``kernels``, ``drafters``, ``policies``, ``adaptive``,
-  ``records``, ``common``, ``costs``, ``batch``, ``decode``, ``batch_study``, ``baselines``,
-  ``divergence``: the M2 decoder);
+- ``spade_lib.decoding`` (``adapter``, ``lean``, ``kernels``, ``drafters``, ``policies``, ``adaptive``, ``records``,
+  ``common``, ``costs``, ``batch``, ``decode``, ``batch_study``, ``baselines``, ``divergence``: the M2 decoder);
 - ``spade_lib.exactness``; ``spade_lib.verify``, ``spade_lib.theory``: the verification core;
 - ``spade_lib.sampling``, ``spade_lib.measures``, ``spade_lib.rules``, ``spade_lib.devices``;
-- ``spade_lib.params``, ``spade_lib.plots``, then ``spade_lib.validate``, ``spade_lib.io``,
-  ``spade_lib.paths`` (foundation).
+- ``spade_lib.params``, ``spade_lib.plots``; foundation: ``spade_lib.validate``, ``spade_lib.io``, ``spade_lib.paths``.
 
-Heavy modules (torch, transformers) are imported by the modules that need them: ``import spade_lib``
-is cheap.
-
-**The front door.** The names a newcomer needs first are importable from the package top in one line,
-``from spade_lib import load_pair, SpeculativeDecoder, SamplingConfig``, lazily (as ``transformers``
-does): :data:`_FRONT_DOOR` maps each name to ``"module:attribute"`` of the module that *defines* it,
-and the module-level :func:`__getattr__` imports that module on first access (PEP 562), so
-``import spade_lib`` alone imports neither torch nor any submodule. These are not second import
-paths: ``spade_lib.load_pair is spade_lib.zoo.pairs.load_pair``, the same object, and the defining
-module stays where the rest of the package imports it from. The table names modules as strings for
-:func:`importlib.import_module` rather than importing them: every ``import spade_lib.<module>`` runs this
-file first, so a plain import here would load torch (and every layer) for ``spade_lib.paths`` too. The
-``[tool.importlinter]`` contract does not cover this file (the package top is the contract's container,
-not a layer), so ``tests/test_front_door.py`` checks the other direction itself: no module of the
-package imports a front-door name from the package top (that would be an upward import the contract
-cannot see).
+**The front door**, lazily (PEP 562, as ``transformers`` does): ``from spade_lib import load_pair, SpeculativeDecoder,
+SamplingConfig``. :data:`_FRONT_DOOR` maps each name to the ``"module:attribute"`` that *defines* it (the same object,
+``spade_lib.load_pair is spade_lib.zoo.pairs.load_pair``), as strings so that ``import spade_lib`` (run before every
+submodule import) stays cheap: no torch, no submodule. ``tests/test_front_door.py`` checks that no module imports a
+front-door name from the package top (an upward import the ``[tool.importlinter]`` contract cannot see).
 """
 
 import importlib

@@ -1,30 +1,28 @@
 """Proof tools for acceptance rules: exact enumeration, Monte-Carlo chi-square checks, a loop reference.
 
-Used by the tests (``tests/test_verify.py``) and by M2's acceptance-math notebook; kept out of the
-hot-path module :mod:`spade_lib.verify`. Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft,
-``gamma`` draft length.
+Used by the tests (``tests/test_verify.py``) and by M2's acceptance-math notebook; kept out of the hot-path module
+:mod:`spade_lib.verify`. Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length.
 
-- :func:`draft_tree` + :func:`block_law_error`: the exact law of the emitted block by enumeration of
-  every draft block over a small vocabulary and every acceptance cut (no sampling; fp64);
-  :func:`proposal_law_error` the same for any law of proposals (a cross-vocabulary draft's re-encoded
-  blocks), both on :func:`forced_cuts` (every cut of a verification with its exact probability);
-  :func:`draft_text_law` the exact law of the text a draft writes, over every tokenization of it (the
-  reference for SLRS's law over target tokens);
-- :func:`monte_carlo_check` + :func:`chi_square_pvalue`: first and second emitted tokens against
-  ``p`` by Pearson chi-square (a stated p-value);
-- :data:`MC_CONFIGS` / :func:`warped_pair`: the Monte-Carlo configurations (sampling warpers,
-  vocabulary, gamma, seed) the tests and the notebook both check;
+- :func:`draft_tree` + :func:`block_law_error`: the exact law of the emitted block by enumeration of every draft block
+  over a small vocabulary and every acceptance cut (no sampling; fp64); :func:`proposal_law_error` the same for any law
+  of proposals (a cross-vocabulary draft's re-encoded blocks), both on :func:`forced_cuts` (every cut of a verification
+  with its exact probability); :func:`draft_text_law` the exact law of the text a draft writes, over every tokenization
+  of it (the reference for SLRS's law over target tokens);
+- :func:`monte_carlo_check` + :func:`chi_square_pvalue`: first and second emitted tokens against ``p`` by Pearson
+  chi-square (a stated p-value);
+- :data:`MC_CONFIGS` / :func:`warped_pair`: the Monte-Carlo configurations (sampling warpers, vocabulary, gamma, seed)
+  the tests and the notebook both check;
 - :func:`verify_reference`: Leviathan Alg. 1 as written, row by row (``"exact"`` only).
 
 Draft trees (:func:`spade_lib.verify.verify_tree`, tests in ``tests/test_verify_tree.py``):
 
-- :func:`tree_case` + :func:`tree_law_error`: every assignment of sibling tokens of a small tree with
-  its probability under ``draws`` (iid, without replacement, deterministic top-k), every
-  accept/reject pattern, the exact law of each emitted token level against ``p`` (fp64);
-- :func:`tree_monte_carlo_check`: trees drawn by :func:`sample_tree`, verified by the real vectorised
-  ``verify_tree``, first and second emitted tokens chi-square-tested against ``p``;
-- :func:`verify_tree_reference`: the walk written from the definitions, row by row, node by node
-  (with ``"eagle"`` ported from EAGLE's ``evaluate_posterior``).
+- :func:`tree_case` + :func:`tree_law_error`: every assignment of sibling tokens of a small tree with its probability
+  under ``draws`` (iid, without replacement, deterministic top-k), every accept/reject pattern, the exact law of each
+  emitted token level against ``p`` (fp64);
+- :func:`tree_monte_carlo_check`: trees drawn by :func:`sample_tree`, verified by the real vectorised ``verify_tree``,
+  first and second emitted tokens chi-square-tested against ``p``;
+- :func:`verify_tree_reference`: the walk written from the definitions, row by row, node by node (with ``"eagle"``
+  ported from EAGLE's ``evaluate_posterior``).
 """
 
 from __future__ import annotations

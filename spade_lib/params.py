@@ -1,42 +1,28 @@
 """Notebook parameters: declared once, validated strictly, with named profiles.
 
 Every SPADE notebook declares its parameters in one cell tagged ``parameters`` whose first line is
-``# SPADE parameters``, one annotated assignment per line::
+``# SPADE parameters``, one annotated assignment per line, and calls :func:`setup_notebook` in the next cell::
 
     # SPADE parameters
     n_prompts: int = 8  # prompts per category
     pair: str = "default"  # embedded pair name; range: one of ["tiny", "default"]
     gamma: int = 4  # draft length; range: [1, inf)
 
-and calls :func:`setup_notebook` in the next cell. Papermill injects overrides in a cell of its own
-right after the parameters cell, and only *warns* about names the notebook does not declare; SPADE
-makes that an error. :func:`setup_notebook` reads the declared cell and papermill's injected cell back
-from IPython's input history (``In``), so the declaration is written exactly once, and then
+:func:`setup_notebook` reads this cell and papermill's injected-overrides cell back from IPython's history (``In``;
+where none is kept, as under nbval, from ``notebooks/<notebook>.ipynb``, nothing injected), then (1) rejects injected
+names the notebook does not declare, listing the declared ones (papermill only warns); (2) applies the profile
+``SPADE_PROFILE`` (or a declared ``profile`` parameter): ``params/<profile>/<notebook stem>.yaml`` (a flat mapping, as
+``papermill -f`` takes) replaces the defaults of every parameter papermill did *not* inject; (3) checks each value
+against its annotation (``int``, ``float``, ``str``, ``bool``, ``list[...]``, ``dict``, ``X | None``; ints accepted as
+floats); (4) checks it against its range, before the notebook prints anything; (5) sets the plotting style and
+returns a :class:`NotebookParams` namespace, also written into the notebook's globals.
 
-1. rejects injected names that the notebook does not declare (listing the declared ones);
-2. applies the profile named by ``SPADE_PROFILE`` (or a declared ``profile`` parameter): values from
-   ``params/<profile>/<notebook stem>.yaml`` (a flat mapping, the same file ``papermill -f`` takes)
-   replace the declared defaults of every parameter papermill did *not* inject (explicit values win);
-3. checks every value against its annotation (``int``, ``float``, ``str``, ``bool``, ``list[...]``,
-   ``dict``, ``X | None``); ints are accepted where floats are declared;
-4. checks every value against its declared range (below), before the notebook prints anything;
-5. sets the plotting style and returns the final values as a :class:`NotebookParams` namespace,
-   also written back into the notebook's globals.
-
-**Ranges** are declared in the comment, after the description, as ``range: <spec>``:
-
-- an interval ``[a, b]``, ``(a, b]``, ``[a, b)`` or ``(a, b)``, where ``inf`` / ``-inf`` are allowed
-  bounds (``range: [0, 1]``, ``range: [1, inf)``, ``range: (0, inf)``);
-- a choice ``one of [<literal>, ...]`` (``range: one of ["tiny", "default"]``);
-- comparisons ``> a``, ``< b`` (also ``>= a``, ``<= b``), combined with ``and``. Prefer intervals:
-  papermill's ``--help-notebook`` drops any parameter line with two ``=`` signs, so ``>=`` hides
-  the parameter from it (``tests/test_notebooks.py`` checks that every parameter stays listed).
-
-A range applies to a number, to every element of a ``list[...]`` value, and never to ``None`` (for
-``X | None``). A malformed range is an error when the cell is parsed.
-
-Where the kernel keeps no input history (nbval executes cells without storing it), the declaration is
-read from ``notebooks/<notebook>.ipynb`` itself and nothing counts as injected.
+**Ranges** follow the description in the comment as ``range: <spec>``: an interval ``[a, b]``, ``(a, b]``, ``[a, b)``
+or ``(a, b)``, with ``inf`` / ``-inf`` allowed as bounds (``range: (0, inf)``); a choice ``one of [<literal>, ...]``;
+or comparisons ``> a``, ``< b`` (also ``>= a``, ``<= b``) combined with ``and``. Prefer intervals: papermill's
+``--help-notebook`` drops a parameter line with two ``=`` signs, so ``>=`` hides it (``tests/test_notebooks.py``
+checks every parameter stays listed). A range applies to a number, to every element of a ``list[...]``, never to
+``None`` (for ``X | None``); a malformed range is an error when the cell is parsed.
 """
 
 from __future__ import annotations

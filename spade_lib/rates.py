@@ -1,50 +1,28 @@
 """Counts to rates: every acceptance rate and accepted-length statistic of SPADE, each defined once.
 
-Notation (Leviathan et al. 2023): ``p`` the target distribution, ``q`` the draft's, ``gamma`` the tokens
-drafted in a step, ``alpha`` the acceptance rate, ``tau`` the mean accepted length. A step drafts ``gamma``
-tokens ``x_0 .. x_{gamma-1}``, accepts a prefix of ``N`` of them (``n_accepted``) and emits one more token
-(the residual at the first rejection, or the bonus token), so it yields ``N + 1`` tokens.
+Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` tokens drafted in a step, ``alpha`` acceptance
+rate, ``tau`` mean accepted length; a step accepts a prefix of ``N`` (``n_accepted``) of ``x_0 .. x_{gamma-1}`` and
+emits one more (residual or bonus), ``N + 1`` tokens. Inputs are counts under the trace schema's names
+(:mod:`spade_lib.decoding.records`): one row per *drafted* token with ``reached`` (every earlier position of its block
+accepted: judged), ``accepted``, ``pos`` (draft position ``i``), ``tv = TV(p, q)``, per step ``gamma``, ``n_accepted``.
+Over rows: ``D`` drafted, ``R`` reached, ``A`` accepted; at position ``i``: ``D_i``, ``R_i``, ``A_i`` (column names).
 
-Inputs are counts under the trace schema's names (:mod:`spade_lib.decoding.records`): one trace row per
-*drafted* token, with ``reached`` (every earlier position of its block was accepted, so it was judged) and
-``accepted``; ``pos`` the draft position ``i``; ``tv`` = TV(p, q) there; per step ``gamma`` and
-``n_accepted``. Over a set of rows: ``drafted`` ``D`` = the rows, ``reached`` ``R`` = the judged rows,
-``accepted`` ``A`` = the accepted rows; at position ``i`` (over the steps that drafted it) ``D_i``, ``R_i``,
-``A_i``. Every table here uses these column names.
+- ``alpha`` = ``A / R``, acceptance per judged token (i.i.d.: each judged position Bernoulli(alpha)); SPADE's "alpha".
+- ``acceptance_per_drafted`` = ``A / D``, drafted tokens kept (unjudged count as lost), ``<= alpha``.
+- ``alpha_cond`` (position i) = ``A_i / R_i = P(x_i accepted | x_0 .. x_{i-1} accepted)``, EAGLE's per-position alpha.
+- ``alpha_uncond`` (position i) = ``A_i / D_i = P(N > i)`` over steps that drafted ``i``; for a fixed ``gamma``
+  ``alpha_uncond_i = prod_{j <= i} alpha_cond_j`` (i.i.d.: ``alpha^(i+1)``).
+- ``expected_alpha`` = ``sum_{reached rows} (1 - tv) / R`` (an exact sampler accepts a judged ``x ~ q`` with
+  probability ``1 - TV(p, q)``); per position ``expected_cond``.
+- ``tau`` = :func:`spade_lib.measures.tau`: ``mean_s (N_s + 1)``, or ``mean_s N_s`` (``tau_no_bonus``).
+- ``accept_length_hist``: per ``k = 0 .. k_max`` ``steps`` with ``N = k``, ``fraction = P(N = k)``, ``survival =
+  P(N >= k)``, ``accept_length = k + 1``; ``tau_per_request`` ``tau_r``, ``alpha_per_request`` ``alpha_r = A_r / R_r``.
 
-=============================  =====================================================================
-``alpha``                      ``A / R``: acceptance per judged (*reached*) token. Under the i.i.d.
-                               model every judged position is Bernoulli(alpha), so this estimates
-                               alpha. The rate SPADE reports as "alpha".
-``acceptance_per_drafted``     ``A / D``: the fraction of drafted tokens kept (unjudged tokens count
-                               as lost), ``<= alpha``.
-``alpha_cond`` (position i)    ``A_i / R_i = P(x_i accepted | x_0 .. x_{i-1} accepted)``, EAGLE's
-                               per-position alpha, the *conditional* acceptance; i.i.d.: ``alpha``.
-``alpha_uncond`` (position i)  ``A_i / D_i = P(x_i accepted) = P(N > i)`` among the steps that drafted
-                               position ``i``, the *unconditional* acceptance; for a fixed ``gamma``
-                               ``alpha_uncond_i = prod_{j <= i} alpha_cond_j`` (i.i.d.: ``alpha^(i+1)``).
-``expected_alpha``             ``sum_{reached rows} (1 - tv) / R``: the same alpha estimated from the
-                               distributions instead of the coin flips (an exact sampler accepts a
-                               judged ``x ~ q`` with probability ``1 - TV(p, q)``); per position
-                               ``expected_cond``.
-``tau``                        :func:`spade_lib.measures.tau`, the one definition: ``mean_s (N_s + 1)``
-                               with the bonus token, ``mean_s N_s`` without (``tau_no_bonus``).
-``accept_length_hist``         per ``k = 0 .. k_max``: ``steps`` with ``N = k``, ``fraction = P(N = k)``,
-                               ``survival = P(N >= k)``, ``accept_length = k + 1``.
-``tau_per_request``            ``tau_r`` of every request (a prompt's generation) ``r``; their plain
-                               mean is the *per-request mean* ``mean_r tau_r`` (below).
-``alpha_per_request``          ``alpha_r = A_r / R_r`` of every request ``r``.
-=============================  =====================================================================
-
-**Pooled vs per-request means.** The pooled rates above are ratios of totals: ``tau = sum_r (A_r + S_r) /
-sum_r S_r`` over requests ``r`` with ``S_r`` steps and ``A_r`` accepted drafts, which is ``sum_r w_r tau_r``
-with ``w_r = S_r / sum S``: a long completion (many steps) weighs more than a short one. The per-request
-mean ``mean_r tau_r`` gives every request weight 1 (the typical request). The two coincide when every
-request has the same number of steps, and differ when acceptance and length are related (a request that
-repeats itself is both long and easy). The same holds for ``alpha`` with ``R_r`` judged positions as weights.
-
-Rates are ``NaN`` where the denominator is 0 (nothing to average over); bounds come from
-:func:`spade_lib.intervals.binomial_ci` (:func:`add_rate`).
+**Pooled vs per-request means.** Pooled rates are ratios of totals: ``tau = sum_r (A_r + S_r) / sum_r S_r`` (``S_r``
+steps, ``A_r`` accepted drafts of request ``r``) ``= sum_r w_r tau_r``, ``w_r = S_r / sum S``: long completions weigh
+more. The per-request mean ``mean_r tau_r`` weighs each request 1; they differ when acceptance and length are related
+(a request that repeats itself is long and easy). Likewise ``alpha`` with weights ``R_r``. Rates are ``NaN`` where the
+denominator is 0; bounds from :func:`spade_lib.intervals.binomial_ci` (:func:`add_rate`).
 """
 
 from __future__ import annotations

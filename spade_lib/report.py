@@ -1,87 +1,34 @@
 """The results of a run on one page: ``summary.md``, ``summary.json`` and an HTML report.
 
-``python -m spade_lib.report RUN_DIR [RUN_DIR ...]`` reads a folder of executed notebooks (what
-``python -m spade_lib.runbook`` writes, ``runs/notebooks/<stamp>/``; or a folder of such folders, as
-``make run`` writes: ``<stamp>/embedded/`` and ``<stamp>/smollm2/``) and writes, inside the (first)
-run folder and nowhere else:
+``python -m spade_lib.report RUN_DIR [RUN_DIR ...]`` reads executed notebooks (the runbook's ``runs/notebooks/<stamp>/``
+or ``make run``'s ``<stamp>/<part>/``) and writes, in the first run folder only, ``summary.json``, ``summary.md`` and
+``report/index.html`` (notebooks as HTML ``report/[<part>/]NN_name.html``, the table, the gallery, figures copied to
+``report/figures/``), from :func:`spade_lib.runs.compare.speedups` of ``SPADE_RUNS_DIR`` (``runs/``) over the runs the
+notebooks print (``label -> traces/<pair>/<suite>/<run>``; else all). ``python -m spade_lib.report readme RUN_DIR``
+rewrites README's ``<!-- results:begin -->`` .. ``<!-- results:end -->`` block and copies the headline pair's
+``m2_speedup_runs-<pair>.png`` to ``figures/teaser.png``. The ``summary.json`` schema (``X*`` stands for ``X, X_low,
+X_high``, the 95 % interval; a number the table lacks is ``null``)::
 
-- ``summary.json``: the machine-readable summary (schema ``spade.summary/1``, below);
-- ``summary.md``: the same as Markdown tables;
-- ``report/index.html``: links to every executed notebook as HTML (``report/[<part>/]NN_name.html``,
-  converted by nbconvert, figures embedded), the summary table, and the run's figures (copied to
-  ``report/figures/`` so the folder opens from disk, links relative) as a gallery grouped by pair, then
-  by the notebook that saved them, each captioned (below);
+    {schema: "spade.summary/1", generated, run_dir, runs_dir, selection: "referenced"|"all", warnings, errors,
+     run: {commit, dirty, started, finished, seconds, parts: [{name, folder, profile, params, only, status, started,
+     finished, seconds, commit}]}, machine: {cpu_model, cpu_count, threads, torch, python, platform},
+     notebooks: [{part, name, file, seconds, status, html, pair}], builds: [{part, name, seconds, status}],
+     configurations: [{pair, suite, run, baseline, label, run_label, configuration, method, draft, policy, gamma, T,
+     role: baseline|hf|speculative|control, control, notebooks (that printed it), tokens_per_s, alpha*, tau*, speedup*,
+     predicted, r, overhead, r_source, loop_level, stalls, costs_file, vs_hf*, repetition, degenerate, warnings}],
+     controls: [{pair, suite, label, T, speedup*, predicted, passed, matches_prediction}], costs: {pair: {draft: {c,
+     r: {g: r(g)}, overhead, threads, device, dtype, file, used}}}, figures (run-relative), report: "report/index.html",
+     gallery: [{figure, name (stem), pair (figure_name's -<pair> suffix; null: one name for every pair), notebook
+     (whose save_figure/figure_name saves it), caption (plots.captions.CAPTIONS, else the preceding markdown)}]}
 
-and prints the summary table and the path of the index. Its numbers are
-:func:`spade_lib.runs.compare.speedups` of the runs folder (``SPADE_RUNS_DIR``, ``runs/``), restricted to
-the run folders the executed notebooks name (notebook 03 prints ``label -> traces/<pair>/<suite>/<run>``;
-every run of the runs folder when none is named): per pair, configuration and temperature, alpha, tau
-and the speedup over the autoregressive baseline of the same interleaved session, with their 95 %
-intervals where the table has them; the null-draft control (draft ``"null"``); ``c`` and ``r(g)`` per
-pair and draft from the cost tables under ``runs/costs/<pair>/``; the machine; each notebook's wall
-time (the runbook's ``runbook.json``, else papermill's metadata); and the physical-control warnings of
-:mod:`spade_lib.runs.controls` (computed here, plus any line starting with ``physical control:`` in
-the notebooks' outputs).
-
-``python -m spade_lib.report readme RUN_DIR`` rewrites the block of ``README.md`` between
-``<!-- results:begin -->`` and ``<!-- results:end -->`` from ``RUN_DIR/summary.json`` (sentences and a
-table, the run's commit, date and machine) and copies the teaser figure of that run
-(``m2_speedup_runs-<pair>.png``, the headline pair's: ``zoo.registry``) to ``figures/teaser.png``.
-
-``summary.json``::
-
-    {"schema": "spade.summary/1", "generated": ISO time, "run_dir": str, "runs_dir": str,
-     "selection": "referenced" | "all",
-     "run": {"commit", "dirty", "started", "finished", "seconds",
-             "parts": [{"name", "folder", "profile", "params", "only", "status", "started", "finished",
-                        "seconds", "commit"}]},
-     "machine": {"cpu_model", "cpu_count", "threads", "torch", "python", "platform"},
-     "notebooks": [{"part", "name", "file", "seconds", "status", "html", "pair"}],
-     "builds": [{"part", "name", "seconds", "status"}],
-     "configurations": [{"pair", "suite", "run", "baseline", "label", "run_label", "configuration", "method",
-                         "draft", "policy", "gamma", "T", "role": "baseline"|"hf"|"speculative"|"control",
-                         "control": bool, "notebooks": [str], "tokens_per_s", "alpha", "alpha_low",
-                         "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
-                         "speedup_high", "predicted", "r", "overhead", "r_source", "loop_level", "stalls",
-                         "costs_file", "vs_hf",
-                         "vs_hf_low", "vs_hf_high", "repetition", "degenerate", "warnings": [str]}],
-     "controls": [{"pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high", "predicted",
-                   "passed", "matches_prediction"}],
-     "costs": {pair: {draft: {"c", "r": {g: r(g)}, "overhead", "threads", "device", "dtype", "file",
-                              "used"}}},
-     "warnings": [str], "figures": [paths relative to the run folder],
-     "gallery": [{"figure", "name", "pair", "notebook", "caption"}], "report": "report/index.html",
-     "errors": [str]}
-
-Numbers missing from the table (say ``alpha_low`` before the table has it) are ``null``. A notebook's
-``pair`` is the ``pair`` parameter papermill gave it (``null``: the notebook's default, ``"default"``).
-
-**The gallery** has one entry per figure of ``figures`` (same path), in the index's order: ``name`` the file
-stem, ``pair`` the pair it shows (from the ``-<pair>`` suffix of ``spade_lib.experiment.figure_name``;
-``"default"`` for a per-pair figure of the embedded pair without one; ``null`` for a figure saved under one
-name for every pair, as notebooks 01 and 02 do), ``notebook`` the executed notebook whose code saves it (its
-``save_figure(fig, "m2_...")`` or ``E.figure_name("m2_...")`` call; ``null`` when none does) and ``caption``
-(:data:`spade_lib.plots.captions.CAPTIONS`, else the first sentence of the markdown cell before the saving
-cell).
-
-**Repetition of the generations** (:mod:`spade_lib.diagnose.repetition`): ``repetition`` is the mean over the
-run's generations of the 4-gram repetition rate ``rep_4`` (the share of a generation's 4-grams that
-already occurred in it), ``degenerate`` the share of generations with ``rep_4 > 0.5`` (a loop), both from
-the ``output_ids`` of the run's ``summary.jsonl``; ``null`` where the run folder has none. A greedy
-baseline near 1 means the speedups of that temperature are measured on loops.
-
-**Labels are unique per pair**: ``label`` is the run's label (``run_label``), with, where two rows of a
-pair would share it, what tells them apart in brackets (``spade-distilled-g12-T1 [max_new_tokens=128]``;
-:func:`_unique_labels`); ``notebooks`` names the executed notebooks that printed the run. **The cost
-table is the one the predictions used**: ``costs_file`` of each row (:func:`spade_lib.runs.compare.speedups`
-picks it, :func:`spade_lib.runs.costs.select_costs`), and ``costs`` lists exactly those files (``used``);
-a chain run's ``r`` (its ``r(gamma)``) and ``overhead`` are the file's at the level its session partners'
-loops paid (``r_source`` ``"loop"``, ``loop_level`` the factor; :func:`spade_lib.runs.protocol.loop_priced`)
-or the file's own (``"table"``).
-**The wall time includes the pair builds**: ``builds`` (the runbook's ``--build`` record) are counted in
-``run.seconds`` beside the notebooks. The warnings are the physical controls and the two-sided
-cost-model control (:mod:`spade_lib.runs.controls`), and every printed verdict without a measured interval
-(:mod:`spade_lib.runs.verdicts`).
+Notebook ``pair``: papermill's parameter (``null``: its default, ``"default"``). ``repetition``: mean ``rep_4`` (the
+share of a generation's 4-grams already in it, :mod:`spade_lib.diagnose.repetition`) over ``summary.jsonl``'s
+``output_ids``; ``degenerate``: share with ``rep_4 > 0.5``. ``label``: ``run_label``, unique per pair by a bracketed
+difference. ``costs_file``: the table the prediction used (:func:`spade_lib.runs.costs.select_costs`), ``costs`` exactly
+those (``used``); ``r_source`` ``"loop"``: a chain run's ``r``, ``overhead`` at its session's ``loop_level``
+(:func:`spade_lib.runs.protocol.loop_priced`), else ``"table"``. ``run.seconds`` counts ``builds``. ``warnings``: the
+physical and two-sided cost-model controls of :mod:`spade_lib.runs.controls` (and notebook lines starting ``physical
+control:``), and every printed verdict without a measured interval (:mod:`spade_lib.runs.verdicts`).
 """
 
 from __future__ import annotations

@@ -1,46 +1,28 @@
 """Acceptance rules: the one registry that ``verify``, the decoder, ``RunConfig`` and ``replay`` read.
 
-Notation (Leviathan et al. 2023): at a reached draft position the target distribution is ``p``, the
-draft's ``q``, the drafted token ``x ~ q``. A rule is
+Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``x ~ q`` drafted at a reached position. A :class:`Rule` is
+an **accept probability** ``a(x)`` of named inputs, the trace columns (``p_x`` = ``p(x)``, ``q_x`` = ``q(x)``, ``h_p`` =
+``H(p)`` in nats, ``draft_token`` = ``x``, ``p_top1`` = ``argmax p``), the *same* function in ``verify`` and
+``whatif.replay``; a **decision** (accept iff ``u < a``, ``u ~ U[0, 1)`` recorded; deterministic rules: iff ``a = 1``);
+a **residual** (weights at the first rejection; the bonus after ``gamma`` accepts samples ``p``); flags ``lossless``
+(emitted tokens ~ ``p`` whatever ``q``), ``deterministic``; **options** (defaults, ranges: ``verify(..., **options)``,
+``RunConfig.mode_options``); replay's ``needs`` (trace columns) and ``exactness``. Built-ins (lossless unless marked):
 
-- an **accept probability** ``a(x)`` written against *named inputs*, the same names as the trace
-  columns (``p_x`` = ``p(x)``, ``q_x`` = ``q(x)``, ``h_p`` = ``H(p)`` in nats, ``draft_token`` = ``x``,
-  ``p_top1`` = ``argmax p``), so that :func:`spade_lib.verify.verify` computes it from ``p``/``q`` and
-  :mod:`spade_lib.whatif.replay` from a stored trace with the *same* function;
-- a **decision**: stochastic rules accept iff ``u < a`` (``u ~ U[0, 1)``, recorded); deterministic
-  rules accept iff ``a = 1`` (``a`` is 0 or 1);
-- a **residual**: the weights of the next-token draw at the first rejection, from ``p`` and ``q`` at
-  that position (the bonus after ``gamma`` accepts always samples ``p``);
-- flags: ``lossless`` (emitted tokens follow ``p`` exactly, whatever ``q``), ``deterministic``;
-- **options** with defaults and validated ranges (``verify(..., **options)``, ``RunConfig.mode_options``);
-- what **replay** needs: ``needs`` (trace columns) and ``exactness`` (how exact its replay is).
+================  =========================================================================  =========================
+``exact``         ``min(1, p(x) / q(x))``                                                    ``norm(max(0, p - q))``
+``greedy``        ``1[x == argmax p]`` (greedy target)                                       ``argmax p``
+``sample_match``  ``p(x)``; pathwise ``y ~ p`` (inverse CDF at ``u``), accept iff ``y == x``  ``y`` itself
+``one_hot_q``     ``p(x)`` (``q`` treated as one-hot at ``x``)                               ``norm(p`` without ``x)``
+``typical``       lossy: ``1[p(x) > min(eps, delta exp(-H(p)))]`` (Medusa)                   ``p`` (no residual)
+``lenience``      lossy: ``min(1, p(x) / (l q(x)))``, ``l`` in (0, 1]                        ``norm(max(0, p - l q))``
+``reject``        ``0``: every draft rejected (the null-draft control, one token ``~ p``)    ``p``
+================  =========================================================================  =========================
 
-Built-in rules (``a`` at a reached position; residual at the first rejection):
-
-================  ========  ================================================  ==============================
-rule              kind      accept probability ``a(x)``                       residual
-================  ========  ================================================  ==============================
-``exact``         lossless  ``min(1, p(x) / q(x))``                           ``norm(max(0, p - q))``
-``greedy``        lossless  ``1[x == argmax p]`` (greedy target)              ``argmax p``
-``sample_match``  lossless  ``p(x)``; pathwise: ``y ~ p`` by inverse CDF      ``y`` itself
-                            at ``u``, accept iff ``y == x``
-``one_hot_q``     lossless  ``p(x)`` (``q`` treated as one-hot at ``x``)      ``norm(p`` without ``x)``
-``typical``       lossy     ``1[p(x) > min(eps, delta exp(-H(p)))]`` (Medusa)  ``p`` (no residual)
-``lenience``      lossy     ``min(1, p(x) / (l q(x)))``, ``l`` in (0, 1]      ``norm(max(0, p - l q))``
-``reject``        lossless  ``0`` (every draft rejected: the null-draft       ``p``
-                            control, one token ~ ``p`` per step)
-================  ========  ================================================  ==============================
-
-Adding a rule is one :func:`register_rule` call: a :class:`Rule` with its accept probability (a
-function of named inputs, non-decreasing in ``p_x`` so that top-k replay can bound it), and optionally
-a residual. Every layer then accepts its name: ``verify(mode=name, **options)``,
-``SpeculativeDecoder(mode=name)``, ``RunConfig(mode=name, mode_options={...})``, and the replay
-functions of :mod:`spade_lib.whatif.replay` (which read :func:`rule_names` and :func:`get_rule`).
-
-Tree rules (:class:`TreeRule`, a second registry read by :func:`spade_lib.verify.verify_tree`) reuse a
-chain rule at every sibling: ``exact`` (recursive rejection sampling, from ``exact``), ``eagle``
-(EAGLE's one-hot-q scheme, from ``one_hot_q``), ``greedy`` and ``typical``. Each states the ``draws``
-(how siblings were drawn) under which it is lossless, a claim the tests measure by enumeration.
+One :func:`register_rule` call adds a rule (``a`` non-decreasing in ``p_x``, so top-k replay can bound it; residual
+optional) to every layer: ``verify(mode=name)``, ``SpeculativeDecoder(mode=name)``, ``RunConfig.mode`` /
+``mode_options``, replay (:func:`rule_names`, :func:`get_rule`). Tree rules (:class:`TreeRule`, ``verify_tree``) reuse
+a chain rule per sibling: ``exact`` (recursive rejection sampling), ``eagle`` (``one_hot_q``), ``greedy``, ``typical``,
+each lossless under the ``draws`` (how siblings were drawn) it states, measured by enumeration in the tests.
 """
 
 from __future__ import annotations

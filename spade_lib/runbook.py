@@ -1,37 +1,27 @@
 """Execute SPADE's numbered notebooks headlessly, in order, with papermill.
 
-``python -m spade_lib.runbook`` (what ``make run`` calls) runs every ``notebooks/NN_*.ipynb`` into a
-fresh ``runs/<timestamp>/`` folder (the source notebooks are never overwritten), with the kernel
-named explicitly and the working directory fixed to ``notebooks/``. It stops at the first failing
-notebook and exits non-zero, naming it and the executed copy that holds the traceback.
-
-Options::
+``python -m spade_lib.runbook`` (what ``make run`` calls) runs every ``notebooks/NN_*.ipynb`` into a fresh
+``runs/notebooks/<timestamp>/`` (sources never overwritten; kernel named, working directory ``notebooks/``; tqdm
+bars off in the kernels: ``TQDM_DISABLE``). It stops at the first failing notebook and exits non-zero, naming it
+and the executed copy that holds the traceback. Options::
 
     python -m spade_lib.runbook [--only 03 04] [--profile smoke] [--params params/<name>] [-p NAME VALUE]
                                 [--out DIR] [--no-report] [--build PAIR [PAIR ...]]
 
-``--build default smollm2`` first builds (or verifies) those pairs, each with ``python -m spade_lib.zoo
-NAME`` in a child process, alone, before any notebook starts (a build sharing the cores with a notebook
-is much slower); each build's wall time and status go into ``runbook.json`` (``builds``), so the run's
-wall time in the summary counts them (``make run`` builds this way).
+``--build default qwen2.5-coder`` first builds (or verifies) those pairs, each alone in a child process
+(``python -m spade_lib.zoo NAME``) before any notebook starts; their wall times go into ``runbook.json``
+(``builds``) and the summary's run time. ``--profile NAME`` sets ``SPADE_PROFILE`` (each notebook's
+``setup_notebook`` fills what papermill does not pass from ``params/NAME/<notebook>.yaml``); ``--params DIR``
+passes ``DIR/<notebook>.yaml`` as explicit parameters (``papermill ... -f DIR/<notebook>.yaml``); ``-p NAME
+VALUE`` goes to every selected notebook (combine it with ``--only``: a notebook rejects undeclared names).
 
-``--profile NAME`` sets ``SPADE_PROFILE`` (read by each notebook's ``setup_notebook``: values from
-``params/NAME/<notebook>.yaml`` fill in whatever papermill does not pass). ``--params DIR`` passes
-``DIR/<notebook>.yaml`` to papermill as explicit parameters, exactly like
-``papermill notebook.ipynb out.ipynb -f DIR/<notebook>.yaml``. ``-p NAME VALUE`` is passed to every
-selected notebook, so combine it with ``--only`` (a notebook rejects parameters it does not declare).
-
-Everything is checked before papermill runs and before the output folder is made
-(:func:`check_parameters`): the ``--params`` folder exists and holds mappings; every parameter name
-is a Python identifier declared in the notebook's ``parameters`` cell (papermill pastes names into
-code, so an undeclared name must never reach it); values have the declared types and ranges; the
-profile exists.
-
-``--out DIR`` executes into ``DIR`` instead of ``runs/notebooks/<timestamp>/`` (``make run`` puts its two
-runbook calls into ``runs/notebooks/<timestamp>/embedded`` and ``.../smollm2``). The folder also gets
-``runbook.json`` (rewritten after each notebook: profile, params folder, parameters, start/end, the
-commit, the machine, each notebook's seconds and status), and, unless ``--no-report``, the run's
-summary and HTML report (:mod:`spade_lib.report`), printed at the end.
+Everything is checked before papermill runs and before the output folder is made (:func:`check_parameters`):
+the ``--params`` folder holds mappings; every name is an identifier declared in the notebook's ``parameters``
+cell (papermill pastes names into code); values have the declared types and ranges; the profile exists.
+``--out DIR`` executes into ``DIR`` (``make run``: ``<timestamp>/embedded`` and ``<timestamp>/qwen2.5-coder``),
+which also gets ``runbook.json`` (rewritten after each notebook: profile, params, parameters, start/end,
+commit, machine, each notebook's seconds and status) and, unless ``--no-report``, the run's summary and HTML
+report (:mod:`spade_lib.report`).
 """
 
 from __future__ import annotations

@@ -8,25 +8,21 @@ Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.
   ``E[tokens] = (1 - alpha^(gamma+1)) / (1 - alpha)``  ( = ``gamma + 1`` at ``alpha = 1``).
   With position-wise *conditional* acceptance rates ``alpha_1 .. alpha_gamma`` (``alpha_i`` = P(accept
   position i | positions before it accepted)): ``E[tokens] = 1 + sum_i prod_{j <= i} alpha_j``.
-- walltime speedup (Thm. 3.8): ``E[tokens] / (gamma c + 1)``; with a measured verify-cost ratio
-  ``r`` = (time of a ``gamma+1``-token target forward) / (time of a 1-token one):
-  ``E[tokens] / (gamma c + r)``.
+- walltime speedup (Thm. 3.8): ``E[tokens] / (gamma c + 1)``; with a measured verify-cost ratio ``r`` = (time of a
+  ``gamma+1``-token target forward) / (time of a 1-token one): ``E[tokens] / (gamma c + r)``.
 - optimal ``gamma``: argmax of the speedup over ``1 .. max_gamma`` (numeric search; ties -> smallest).
 - total-ops overhead (Thm. 3.11): ``(1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1))``
   = ``(gamma c_hat + gamma + 1) / E[tokens]``.
 - free-draft limit: as ``c -> 0`` and ``gamma -> inf`` the speedup tends to ``1 / (1 - alpha)``.
-- cost of one step (target-forward units): ``C(gamma) = gamma c + r(gamma) + o`` with ``r`` the verify-cost
-  ratio, a number or a callable of ``gamma``, and ``o`` the decoding loop's own per-step cost beyond its
-  forwards (``overhead``, default 0: the paper's model; measured once per pair by
-  :func:`spade_lib.decoding.costs.measure_loop_overhead`) (:func:`step_cost`); :func:`verify_cost_curve` is the
-  one interpolation of ``r(g)`` from measured points (piecewise linear through ``r(0) = 1``, extended
-  linearly; :func:`linear_verify_cost` through one point) (the measured ``c`` and ``r(g)`` of a pair are
-  :func:`spade_lib.runs.costs.pair_costs`). Every speedup in SPADE (``replay``, ``align``,
-  notebooks) is ``tokens / C`` with this ``C``.
+- cost of one step (target-forward units, :func:`step_cost`): ``C(gamma) = gamma c + r(gamma) + o``, ``r`` a number or
+  a callable of ``gamma``, ``o`` the loop's own per-step cost beyond its forwards (``overhead``, default 0: the paper's
+  model; measured by :func:`spade_lib.decoding.costs.measure_loop_overhead`). :func:`verify_cost_curve` interpolates
+  ``r(g)`` from measured points (piecewise linear through ``r(0) = 1``, extended linearly; :func:`linear_verify_cost`
+  through one point; a pair's measured ``c``, ``r(g)``: :func:`spade_lib.runs.costs.pair_costs`). Every speedup in
+  SPADE (``replay``, ``align``, notebooks) is ``tokens / C`` with this ``C``.
 
-Scalar ``alpha`` broadcasts against array ``gamma``, ``c``, ``c_hat`` and ``verify_cost`` (NumPy
-semantics). An ``alpha`` of one or more dimensions is a vector of position-wise rates along its last
-axis (the per-position form); ``gamma`` then defaults to its length.
+Scalar ``alpha`` broadcasts against array ``gamma``, ``c``, ``c_hat``, ``verify_cost`` (NumPy semantics); an ``alpha``
+of one or more dimensions is a vector of position-wise rates along its last axis (``gamma`` defaults to its length).
 """
 
 from __future__ import annotations

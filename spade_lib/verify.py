@@ -1,43 +1,27 @@
 """Batched speculative verification: decide which drafted tokens to keep and what token comes next.
 
-Notation (Leviathan et al. 2023): for each of ``B`` rows the draft proposed ``gamma`` tokens
-``x_0 .. x_{gamma-1}``; ``q[b, i]`` is the (adjusted) draft distribution ``x_i`` was drawn from,
-``p[b, i]`` the (adjusted) target distribution at the same position and ``p[b, gamma]`` the target's
-distribution after the whole block (the bonus position). Shapes: ``p [B, gamma+1, V]``,
-``q [B, gamma, V]``, ``draft_tokens [B, gamma]``.
+Notation (Leviathan et al. 2023): per row ``b`` of ``B`` the draft proposed ``x_0 .. x_{gamma-1}``; ``q[b, i]`` is the
+(adjusted) draft distribution ``x_i`` was drawn from, ``p[b, i]`` the (adjusted) target's at that position and
+``p[b, gamma]`` the target's after the block (the bonus position). Shapes: ``p [B, gamma+1, V]``, ``q [B, gamma, V]``,
+``draft_tokens [B, gamma]``. Exact speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023), ``"exact"``:
 
-Exact speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023), mode ``"exact"``:
+- accept ``x_i`` iff ``u_i < a_i = min(1, p_i(x_i) / q_i(x_i))``, ``u_i ~ U[0, 1)``; keep the prefix before the first
+  rejection ``n``; emit ``t ~ r_n = norm(max(0, p_n - q_n))`` (residual) there, or the bonus ``t ~ p_gamma`` if none;
+- so every emitted token follows the target: ``P(emit y at i | reached i) = q_i(y) a_i(y) + (1 - alpha_i) r_i(y) =
+  min(p_i, q_i)(y) + max(0, p_i - q_i)(y) = p_i(y)``.
 
-- accept ``x_i`` with probability ``a_i = min(1, p_i(x_i) / q_i(x_i))``: draw ``u_i ~ U[0, 1)`` and
-  accept iff ``u_i < a_i``; keep the accepted *prefix* (everything before the first rejection);
-- at the first rejection ``n`` emit ``t ~ norm(max(0, p_n - q_n))`` (the residual); when all
-  ``gamma`` are accepted emit the bonus ``t ~ p_gamma``.
-
-Then every emitted token is distributed exactly as the target's: ``P(emit y at i | reached i) =
-q_i(y) a_i(y) + (1 - alpha_i) r_i(y) = min(p_i, q_i)(y) + max(0, p_i - q_i)(y) = p_i(y)``.
-
-Other modes (``greedy``, ``one_hot_q``, ``sample_match``, and the lossy ``typical`` and ``lenience``)
-are rules of the registry :mod:`spade_lib.rules`, which holds each rule's accept probability,
-residual, options and flags (``lossless``: the emitted tokens follow ``p`` exactly whatever ``q`` the
-drafts came from); ``verify(mode=name, **options)`` runs any registered rule. The proof tools
-(enumeration, Monte-Carlo checks, the loop reference) live in :mod:`spade_lib.exactness`.
-
-Randomness and replay: acceptance uniforms (``B * gamma`` of them, drawn for every position whether
-or not it is reached, so the stream never depends on the outcome) come from ``generator``; the
-next-token draw (one uniform per row, inverse-CDF sampling by :func:`sample_inverse_cdf`) comes from
-``residual_generator`` (default: ``generator``). Both are returned; passing them back as
-``uniforms=`` / ``next_uniforms=`` reproduces the decision bit for bit. Deterministic modes record
-NaN uniforms.
-
-Draft trees: :func:`verify_tree` verifies ``N`` drafted nodes with parents (siblings tried in index
-order) under the tree rules of :mod:`spade_lib.rules` (``exact``: recursive rejection sampling with
-each sibling's draw distribution under ``draws`` = iid / without replacement / deterministic;
-``eagle``; ``greedy``; ``typical``); a chain tree reproduces :func:`verify` bit for bit.
-
-Everything is vectorised over ``B`` and ``gamma``; only the ``gamma`` drafted probabilities and one
-``V``-row per batch row (the rejection or bonus position) are read, so with ``validate=False`` the
-cost is ``O(B * (gamma + V))`` (``sample_match`` samples the target at every position: ``O(B * gamma * V)``).
-``validate=True`` (default) adds two reads of ``p`` and ``q`` (row sums and the minimum).
+Other modes (``greedy``, ``one_hot_q``, ``sample_match``; lossy ``typical``, ``lenience``) are rules of the registry
+:mod:`spade_lib.rules` (accept probability, residual, options, flags; ``lossless``: emitted tokens follow ``p`` exactly
+whatever ``q``); ``verify(mode=name, **options)`` runs any of them. Proof tools: :mod:`spade_lib.exactness`.
+**Replay**: ``B * gamma`` acceptance uniforms, drawn for every position reached or not (the stream never depends on the
+outcome), come from ``generator``; the next-token draw (one uniform a row, :func:`sample_inverse_cdf`) from
+``residual_generator`` (default ``generator``). Both are returned; passed back as ``uniforms=`` / ``next_uniforms=``
+they reproduce the decision bit for bit (deterministic modes record NaN). **Trees**: :func:`verify_tree` verifies ``N``
+nodes with parents (siblings in index order) under :mod:`spade_lib.rules`' tree rules (``exact``: recursive rejection
+sampling, sibling draws ``iid`` / without replacement / deterministic; ``eagle``; ``greedy``; ``typical``); a chain
+reproduces :func:`verify` bit for bit. **Cost**: vectorised over ``B`` and ``gamma``, reading the ``gamma`` drafted
+probabilities and one ``V``-row per row: ``O(B (gamma + V))`` with ``validate=False`` (``sample_match``: ``O(B gamma
+V)``); ``validate=True`` (default) adds two reads of ``p`` and ``q`` (row sums, minimum).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The suite format: Spec-Bench-compatible JSONL rows plus a hashed manifest.
 
-A suite is a list of prompts, one JSON object per line, in the shape of Spec-Bench's
-``question.jsonl`` (Xia et al. 2024) so that Spec-Bench tooling reads it unchanged::
+A suite is one JSON object per line, shaped like Spec-Bench's ``question.jsonl`` (Xia et al. 2024), which Spec-Bench
+tooling reads unchanged (it ignores SPADE's extra keys)::
 
     {"question_id": 81, "category": "writing", "turns": ["first user turn", "second turn"]}
-
-SPADE adds provenance and length fields to every row (extra keys are ignored by Spec-Bench):
 
 ============  =======  ==================================================================
 field         type     meaning
@@ -21,13 +19,10 @@ length_tier   str      ``short`` / ``medium`` / ``long`` by ``n_tokens`` (null: 
 reference     [str]    optional: a reference answer / the held-out continuation, per turn
 ============  =======  ==================================================================
 
-The manifest (``<stem>.manifest.json`` beside ``<stem>.jsonl``) records the suite name and format
-version, the spec it was built from, the seed, each source's license, counts per category,
-token-length statistics, the tokenizer, software versions and ``sha256`` of the JSONL bytes.
-:func:`load_suite` recomputes the hash and refuses a file whose bytes changed.
-
-Serialisation is canonical (``json.dumps(row, sort_keys=True, ensure_ascii=False)``, ``\\n`` line
-ends), so equal suites are equal bytes.
+The manifest ``<stem>.manifest.json`` (beside ``<stem>.jsonl``): suite name and format version, the spec it was built
+from, seed, each source's license, counts per category, token-length statistics, tokenizer, software versions and the
+``sha256`` of the JSONL bytes, which :func:`load_suite` recomputes (a changed file is refused). Serialisation is
+canonical (``json.dumps(row, sort_keys=True, ensure_ascii=False)``, ``\\n`` line ends): equal suites are equal bytes.
 """
 
 from __future__ import annotations

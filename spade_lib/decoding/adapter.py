@@ -1,46 +1,28 @@
 """Cache-safe adapter over any Hugging Face causal LM: prefill, extend by k tokens, roll back.
 
-Speculative decoding runs the target on ``gamma + 1`` tokens at once and then throws away the key/value
-states of the rejected drafts. :class:`CausalLMAdapter` owns one model's KV cache
-(``transformers.DynamicCache``) and keeps its length in a plain ``int``:
+Speculative decoding runs the target on ``gamma + 1`` tokens, then drops the rejected drafts' key/value states.
+:class:`CausalLMAdapter` owns one model's KV cache (``transformers.DynamicCache``) and its length as a plain ``int``:
 
-- ``extend(ids)`` feeds ``k`` new tokens at absolute positions ``length .. length + k - 1`` and returns
-  the logits at each of them, ``[k, V]`` (row ``i`` is the next-token distribution after ``ids[i]``);
-- ``rollback(n)`` crops the cache back to its first ``n`` tokens with the cache's own
-  ``crop(-(length - n))`` (transformers 5.x: a *negative* argument = number of tokens to remove).
+- ``extend(ids)`` feeds ``k`` tokens at positions ``length .. length + k - 1`` (explicit ``position_ids``: absolute
+  and rotary models alike) and returns logits ``[k, V]``, row ``i`` the next-token distribution after ``ids[i]``;
+- ``rollback(n)`` crops to the first ``n`` tokens: ``crop(-(length - n))`` (transformers 5.x: ``-m`` drops m tokens).
 
-After any sequence of extends and rollbacks the cache holds exactly the states that a fresh prefill of the
-kept tokens would (``tests/test_adapter.py`` compares the logits).
-
-**Trees and hidden states** (:mod:`spade_lib.decoding.tree`). ``extend(ids, parents=...)`` feeds the ``k``
-rows as a forest: row ``i`` attends to the cache and to the rows on its own path (``parents[i]``, an
-earlier row, or ``-1``: a child of the last cached token), at position ``length + depth[i]`` — a 4-D
-additive mask ``[1, 1, k, length + k]`` (0 or the dtype's minimum) and explicit ``position_ids`` for the
-Hugging Face forward, which takes a 4-D mask as given (``transformers.masking_utils``); so row ``i``'s
-logits are those of a causal forward of its path. A tree can also be fed level by level: with
-``tree_from=S`` the rows cached from ``S`` on are earlier nodes of the same tree, ``parents`` lists the
-parents of all of them and then of the fed rows (indices into that list; ``-1``: a child of the token at
-``S - 1``), and a fed row sees the cache before ``S`` and only its own ancestors after it -- so a draft
-model evaluates one level of its tree per forward, over that level's nodes only. ``keep(slots, start=L)`` then commits any increasing
-subset of the rows fed from ``L`` (the root and the accepted path), moving their keys/values to the
-contiguous positions ``L, L + 1, ..``: afterwards the cache equals a fresh prefill of the kept tokens.
-``extend(ids, hidden_layers=(l, ..))`` also returns the hidden states of every fed row at those layers,
-indexed as Hugging Face's ``output_hidden_states`` (0: the embeddings, ``i``: the output of decoder layer
-``i``, ``n_layers``: after the final norm; negative indices count from the end), in an
-:class:`ExtendOutput`. Without ``parents`` and ``hidden_layers`` an extend runs exactly the plain causal
-path. Position ids are passed explicitly
-(``arange(length, length + k)``), so models with absolute (GPT-2) and rotary (Llama, Qwen2) positions
-behave the same. A model whose cache cannot be cropped (recurrent / linear-attention states, a sliding
-window already overrun) is refused with a ``ValueError``. The adapter is device- and dtype-agnostic: it
-feeds tokens on the model's device and returns logits in the model's dtype.
-
-Backends (``backend=``): ``"hf"`` calls the model's own forward with a ``DynamicCache`` as above;
-``"lean"`` runs :class:`spade_lib.decoding.lean.LeanForward` — the same function computed from the model's
-weights with a preallocated KV cache (rollback is setting an integer), without the per-call module,
-mask and cache bookkeeping that dominates a small draft's forward; ``"auto"`` (default) takes
-``"lean"`` whenever it covers the model and agrees with one Hugging Face forward, else ``"hf"``.
-The lean forward fuses (copies) the projection weights when the adapter is built: build a new adapter
-after changing a model's weights, dtype or device.
+Invariant: after any extends and rollbacks the cache equals a fresh prefill of the kept tokens (tests/test_adapter.py).
+**Trees** (:mod:`spade_lib.decoding.tree`): ``extend(ids, parents=...)`` feeds the rows as a forest, row ``i`` attending
+to the cache and its own path (``parents[i]``, an earlier row or ``-1``: child of the last cached token) at position
+``length + depth[i]``, via a 4-D additive mask ``[1, 1, k, length + k]`` (0 or the dtype's min) and explicit
+``position_ids``: row ``i``'s logits are a causal forward of its path. With ``tree_from=S`` the rows cached from ``S``
+are earlier nodes of the tree (``parents`` indexes them, then the fed rows; ``-1``: child of the token at ``S - 1``),
+so a draft model evaluates one level per forward. ``keep(slots, start=L)`` commits an increasing subset of the rows
+fed from ``L``, moved to ``L, L + 1, ..`` (again a fresh prefill's cache). ``extend(ids, hidden_layers=(l, ..))`` also
+returns those layers' hidden states (HF ``output_hidden_states`` indexing; negative from the end) in an
+:class:`ExtendOutput`; without ``parents`` / ``hidden_layers`` it is the plain causal path. Uncroppable caches
+(recurrent states, an overrun sliding window) raise ``ValueError``; device- and dtype-agnostic.
+**Backends** (``backend=``): ``"hf"`` the model's forward with a ``DynamicCache``; ``"lean"``
+:class:`spade_lib.decoding.lean.LeanForward`, the same function from the weights with a preallocated cache (rollback
+sets an integer) and without the per-call module, mask and cache bookkeeping that dominates a small draft's forward;
+``"auto"`` (default) ``"lean"`` where it covers the model and agrees with one HF forward, else ``"hf"``. Lean fuses
+(copies) weights at build: build a new adapter after changing a model's weights, dtype or device.
 """
 
 from __future__ import annotations

@@ -1,59 +1,28 @@
 """Hugging Face ``generate`` as a side-by-side baseline: plain, and assisted (``assistant_model=``).
 
-A thin wrapper, so that SPADE's decoder can be compared with what practitioners actually run:
+Plain: ``target.generate(input_ids, max_new_tokens, do_sample=not greedy, temperature, top_k, top_p)``; assisted: the
+same with ``assistant_model=draft`` and, for the call, ``num_assistant_tokens = gamma``, ``num_assistant_tokens_schedule
+= "constant"``, ``assistant_confidence_threshold = 0`` (HF's defaults, 20 tokens, heuristic, 0.4, differ from SPADE's).
+A feature head cannot be an assistant (HF drafts from tokens alone): :func:`assistant_model` resolves a draft name to
+the pair's draft model and refuses heads and model-free drafters. HF samples from the *global* torch RNG, seeded by
+``torch.manual_seed(seed)`` (reproducible, not draw for draw SPADE's streams); only new tokens and wall time come back.
 
-- plain: ``target.generate(input_ids, max_new_tokens, do_sample=not greedy, temperature, top_k, top_p)``;
-- assisted: the same with ``assistant_model=draft`` and, on the assistant's generation config for the
-  duration of the call, ``num_assistant_tokens = gamma``, ``num_assistant_tokens_schedule = "constant"``
-  and ``assistant_confidence_threshold = 0`` (HF's defaults, 20 tokens with a heuristic schedule and a
-  0.4 threshold, would make it a different algorithm from a fixed-gamma SPADE run).
+**Cross-tokenizer** (``target_tokenizer=``, ``assistant_tokenizer=``: both or neither), by ``do_sample``:
 
-A feature head (EAGLE, Medusa: ``pair.heads``, or the drafters ``"eagle"`` / ``"medusa"``) cannot be an
-assistant: HF's assisted generation runs ``assistant_model.generate`` on the tokens alone, and a head
-drafts from the target's hidden states. :func:`assistant_model` resolves a run's draft name to the
-pair's draft model and refuses a head (or a model-free drafter) by name.
+- greedy: ``AssistedCandidateGeneratorDifferentTokenizers`` (Universal Assisted Generation, text re-encoding, longest
+  common diagonal) keeps candidates while they equal the target's argmax: **exact** (tests/test_hf_crossvocab.py).
+- sampling: ``UniversalSpeculativeDecodingGenerator`` + ``AssistantToTargetTranslator`` (TLI, Timor et al. 2025,
+  arXiv 2502.05202) is lossless, HF's code **not**: it prunes the assistant's LM head to the intersection, column ``j``
+  being token ``overlap[j]`` in ``get_vocab()`` order, but ``get_target_logits`` writes in ascending assistant-id
+  order; unless ``get_vocab()`` iterates in id order (a fast tokenizer's: a per-process random hash map) ``q`` is
+  permuted and ``min(1, p(x) / q(x))`` uses the wrong ``q(x)`` (``test_usd_sampling_law``). ``prune_lm_head=False``
+  installs HF's unpruned, id-ordered translator (exact; full draft LM head, off-intersection tokens suppressed).
+- HF refuses equal ``vocab_size`` (one tokenizer, it assumes: ``test_hf_refuses_equal_vocab_sizes``).
 
-HF samples from the *global* torch RNG: the wrapper calls ``torch.manual_seed(seed)`` first, so a run is
-reproducible but not comparable draw for draw with SPADE's separate streams. Only the new tokens and
-the wall time come back (``GenerationResult`` with no steps: HF does not expose accepted counts).
-
-Cross-tokenizer assisted generation (``target_tokenizer=`` and ``assistant_tokenizer=``, passed to HF as
-``tokenizer=`` / ``assistant_tokenizer=``; both or neither). transformers 5.24 picks the generator by
-``do_sample``, and the two are not equally exact (tests/test_hf_crossvocab.py):
-
-- greedy (``do_sample=False``): ``AssistedCandidateGeneratorDifferentTokenizers`` (Universal Assisted
-  Generation: decode the context to text, re-encode it for the assistant, align with the longest common
-  diagonal, and the same for the assistant's new tokens). The verifier keeps candidates while they equal the
-  target's argmax, so the output is the target's greedy output whatever is proposed: **exact**
-  (``test_uag_greedy_equals_target_greedy``, token for token).
-- sampling (``do_sample=True``): ``UniversalSpeculativeDecodingGenerator`` with ``AssistantToTargetTranslator``
-  (token-level intersection, TLI, Timor et al. 2025, arXiv 2502.05202). The algorithm is lossless, HF's
-  implementation is **not**: ``generate`` always prunes the assistant's LM head to the intersection
-  (``assistant_prune_lm_head=True``). Pruned column ``j`` is assistant token ``overlap[j]``, with ``overlap``
-  in the iteration order of ``assistant_tokenizer.get_vocab()``, and ``get_target_ids`` maps a sampled ``j``
-  through that order; but ``get_target_logits`` writes the pruned logits onto the target ids of the
-  intersection in *ascending assistant id* order. Unless ``get_vocab()`` iterates in id order the draft's
-  ``q`` is attached to the wrong target tokens (a permutation), and the rejection rule
-  ``min(1, p(x) / q(x))`` then uses a ``q(x)`` that is not the probability ``x`` was proposed with. A fast
-  tokenizer's ``get_vocab()`` is a Rust hash map, its order random per process: the output law is wrong,
-  by a different amount in every process. ``test_usd_sampling_law`` (first two tokens, T = 1, gamma 3)
-  rejects it by chi-square with a vocabulary iterated in reverse id order (p = 1e-169, N = 300) and accepts
-  the same generator with one iterated in id order (p = 0.67, N = 1000: then TLI as implemented is exact),
-  on the same models, prompt and tokenizers (a plain fast tokenizer, hash-ordered, gave p = 7e-29 at
-  N = 300 in one process). HF's translator *without* pruning maps both sides in id order and is exact
-  (p = 0.69, N = 1000, reverse-ordered): ``prune_lm_head=False`` installs that translator in HF's cache
-  before the call, a lossless USD baseline that leaves the draft as it is (at the cost of the full draft
-  LM head and a suppression of the tokens outside the intersection at each draft step).
-- HF refuses cross-tokenizer generation when the two models have the same ``vocab_size`` (it takes that to
-  mean one tokenizer: ``test_hf_refuses_equal_vocab_sizes``), and needs both tokenizers otherwise.
-
-The pruning replaces the assistant's ``lm_head`` and input embeddings *in place*, and HF caches the
-translator per tokenizer pair (a weak-keyed cache), so a second model with the same tokenizers would meet a
-translator built for another one. Under sampling the wrapper therefore hands HF a copy of the draft, made
-and pruned once per ``(assistant, target_tokenizer, assistant_tokenizer)`` outside the timed region
-(:func:`_usd_assistant`), and installs that copy's translator in HF's cache before each call: the caller's
-draft is never changed (``test_usd_leaves_the_callers_draft_alone``). The copy (and a translator) is
-taken at the first sampled call; a draft whose weights change later needs :func:`clear_usd_copies`.
+Pruning edits ``lm_head`` and input embeddings *in place* and HF caches translators per tokenizer pair, so under
+sampling HF gets a copy of the draft pruned once per ``(assistant, target_tokenizer, assistant_tokenizer)`` outside the
+timing, its translator installed before each call (:func:`_usd_assistant`); the caller's draft is never changed
+(``test_usd_leaves_the_callers_draft_alone``). A draft whose weights change later needs :func:`clear_usd_copies`.
 """
 
 from __future__ import annotations

@@ -1,67 +1,28 @@
 """Batched decoding (batch size ``B > 1``): exact speculative decoding with ragged acceptance.
 
-Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length. Each of the ``B``
-rows of a batch runs the loop of :mod:`spade_lib.decoding.decode` (draft ``x_0 .. x_{gamma_b - 1} ~ q``, one
-target forward on ``[t_b, x_0 ..]``, :func:`spade_lib.verify.verify`, keep ``n_b`` drafts plus the
-residual / bonus token), but every model forward is one batched call over the rows still running.
-Verification and the commit decision are the single decoder's own step, :mod:`spade_lib.decoding.step`,
-run once per group of rows with the same ``gamma_b``; this module adds only the batched caches
-(:class:`BatchLM`), the batched model draft and the per-row bookkeeping. Model drafts only (drafters
-that read the target's hidden states are single decoding's); a model draft with a tree config runs the
-tree loop of :mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`BatchLM.forward_tree`,
-:meth:`BatchLM.keep`: a 4-D tree mask per row, the accepted path kept and the other nodes masked).
+Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length. Row ``b`` runs the loop of
+:mod:`spade_lib.decoding.decode` (draft ``gamma_b`` tokens from ``q``, one target forward, keep ``n_b`` plus the
+residual / bonus token) with every model forward batched over the running rows; verification and commit are
+:mod:`spade_lib.decoding.step`'s, once per group of rows with equal ``gamma_b``. Model drafts only; a tree config runs
+:mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`BatchLM.forward_tree`, :meth:`BatchLM.keep`: tree masks).
 
-**Design: per-row lengths with masked holes.** ``DynamicCache.crop`` cuts every row at once, so a
-rejection cannot be undone row by row. Instead each model (target and draft) keeps, next to its batched
-cache of ``S`` *slots*, a 2-D attention mask ``[B, S]`` (1 = the slot holds a committed token of that
-row) and each row's true length ``l_b`` (committed tokens in the cache). A forward appends the same
-number of slots to every row; a row that has fewer tokens to feed (a shorter draft, a shorter prompt:
-left padding) fills the rest with *holes* (mask 0). After verification row ``b`` keeps its first
-``l_b + n_b + 1`` valid slots (``n_b`` accepted drafts) and masks the rest (:meth:`BatchLM.rollback`); a
-masked slot is never attended to again. Position ids are explicit, ``l_b + (rank among the new valid slots)``,
-so every token sits at its true position (RoPE and absolute embeddings alike) whatever the holes before
-it, and row ``b`` attends to exactly the keys/values a single-sequence decode of row ``b`` would hold:
-the batched logits equal the single ones up to floating-point rounding. Trailing slots that are holes in
-every row are cropped after each step, finished rows leave the batch (``batch_select_indices``), and
-when the slots outnumber twice the longest row (plus :data:`COMPACT_SLACK`) the cache is compacted (each
-row's valid slots gathered, order kept). The draft must be a model (prompt lookup is not batched).
+**Masked holes** (:class:`BatchLM`; ``DynamicCache.crop`` cuts every row at once): each model has ``S`` cache slots,
+a mask ``[B, S]`` (1 = a committed token of the row) and row lengths ``l_b``. A forward appends as many slots to every
+row; a row with fewer tokens (shorter draft, left padding) fills *holes* (mask 0); after verification row ``b`` keeps
+its first ``l_b + n_b + 1`` valid slots (:meth:`BatchLM.rollback`). Position ids are explicit, ``l_b`` + rank among the
+new valid slots, so row ``b`` attends to exactly what its single-sequence decode would: logits equal up to float
+rounding. All-hole trailing slots are cropped, finished rows leave, ``S > 2 x longest row + COMPACT_SLACK`` compacts
+the cache (order kept). **Sliding windows** (Gemma-3: keys at positions ``> p - window``): every slot is kept, with its
+position ``BatchLM.pos [R, S]`` and masks per layer type; query ``i`` of row ``r`` sees the row's valid slots up to its
+own (a sliding layer: only those ``> p_{r,i} - window``) and its own slot (a hole's junk state no valid query reads).
 
-**Sliding-window layers** (Gemma-3: a query at position ``p`` sees keys at positions ``> p - window``). A
-Hugging Face sliding cache keeps the last ``window - 1`` *slots*, which with holes are not the last
-positions, so such a model gets a cache whose every layer keeps every slot, the position of each slot
-(``BatchLM.pos [R, S]``), and its own per-row masks by layer type (a dict, which the model takes as
-given): a full layer lets query ``i`` of row ``r`` see the row's valid slots up to its own; a sliding layer
-those of them whose position is ``> p_{r,i} - window``; every query sees its own slot (a hole then computes
-a finite junk state that no valid query ever reads). Row ``r`` attends to exactly the positions a
-single-sequence decode of it attends to, in every layer.
-
-**Ragged acceptance.** The step's width is ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` tokens
-(its cap, its budget, its policy's ``keep_drafting``), the rest of its columns are holes. A stateful
-policy gives every row its own state (``policy.start()`` per row): row ``b``'s cap is its state's
-``gamma()`` and its state observes only row ``b``'s steps, exactly as in single decoding
-(:func:`spade_lib.decoding.policies.step_cap`). Verification (:meth:`spade_lib.decoding.step.Step.verify`)
-runs once per distinct ``gamma_b`` over the rows that drafted that many, with each row's own uniforms;
-one :func:`~spade_lib.decoding.step.commit` moves every row's outcome to the host.
-
-**Cost per row.** Forwards are batched; sampling is not: each row draws its draft tokens with
-``sample_categorical`` from its own generator, exactly as :class:`~spade_lib.decoding.drafters.ModelDrafter`
-does (``V`` exponential draws per token), so that cost grows linearly with ``B``.
-
-**Randomness: per-row seeds.** Row ``b`` has its own three generators (:func:`spade_lib.decoding.common.seed_streams`
-of its seed: ``seed`` for every row when ``seed`` is an int, ``seed[b]`` when it is a list), and draws
-from them exactly what a single-sequence :meth:`~spade_lib.decoding.decode.SpeculativeDecoder.generate` with
-that seed draws (draft samples, ``gamma_b`` acceptance uniforms, one residual/bonus uniform per step).
-So a row's tokens depend only on its prompt and its seed, never on the other rows of its batch, and
-equal ``generate(prompt, seed=seed_b)`` token for token whenever the batched and single forwards round
-the same way (greedy: always, barring a near-tie of the target's top two logits; see
-:func:`spade_lib.decoding.divergence.compare_greedy`).
-
-Results: one :class:`BatchGenerationResult` per prompt (a :class:`~spade_lib.decoding.common.GenerationResult`
-with ``row``, ``batch_size``, the batch's totals), whose steps are :class:`BatchStepInfo` (row, batch
-step, rows in the step, step width) and whose :meth:`~BatchGenerationResult.records` add the columns
-``row``, ``batch_size``, ``batch_step``, ``batch_rows``. :func:`batch_metrics` reports tokens/s per row
-and per batch. :func:`spade_lib.decoding.batch_study.batch_study` measures throughput against batch size
-(``m2_speedup_vs_batch``).
+**Ragged acceptance**: width ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` (cap, budget, ``keep_drafting``),
+holes elsewhere; a stateful policy keeps one state per row (:func:`spade_lib.decoding.policies.step_cap`). Draft
+sampling is per row (``V`` exponential draws a token: cost linear in ``B``). **Seeds**: row ``b``'s three generators
+(:func:`spade_lib.decoding.common.seed_streams` of ``seed`` or ``seed[b]``) draw what ``generate(prompt, seed=seed_b)``
+draws, so a row never depends on its batch and equals that call when the forwards round alike (greedy: barring a
+top-2 near-tie, :func:`spade_lib.decoding.divergence.compare_greedy`). :class:`BatchGenerationResult` per prompt,
+:class:`BatchStepInfo` steps, columns ``row``, ``batch_size``, ``batch_step``, ``batch_rows``; :func:`batch_metrics`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,26 @@
 """Batched decoding against batch size: where speculation stops paying (``m2_speedup_vs_batch``).
 
-:func:`batch_study` decodes batches of prompts with batched autoregressive and batched speculative
-decoding (:mod:`spade_lib.decoding.batch`) at each batch size ``B`` and temperature, in alternating
-turns, over several timed **rounds**, each on its own prompts: round ``k`` decodes rows
-``prompts[(k B + b) mod n]``, ``b = 0 .. B-1`` with seeds ``seed + k B + b`` (distinct prompts within a
-batch while ``B <= n``; the rounds walk through the suite). Per point:
+:func:`batch_study` decodes batches with batched autoregressive and batched speculative decoding
+(:mod:`spade_lib.decoding.batch`) at each batch size ``B`` and temperature, in alternating turns over several timed
+**rounds**: round ``k`` decodes rows ``prompts[(k B + b) mod n]``, ``b = 0 .. B-1``, seeds ``seed + k B + b`` (distinct
+prompts within a batch while ``B <= n``; the rounds walk through the suite). Per point:
 
-- throughput ``= sum_k tokens_k / sum_k seconds_k`` of each method and the speedup as their ratio (the
-  ratio of totals), with every round's tokens and seconds, so that
-  :func:`spade_lib.runs.batch_speedup.with_intervals` adds its percentile bootstrap interval
-  ``speedup_low`` / ``speedup_high`` (:func:`spade_lib.runs.metrics.bootstrap_speedup`, the rounds resampled:
-  each round's AR and speculative batches are paired, same prompts and seeds, timed one after the other,
-  so the interval holds the prompt-to-prompt and the round-to-round spread). This module measures; the
-  interval is computed a layer up, where SPADE's one bootstrap lives;
-- the prediction from the cost model ``tau / (gamma c(B) + r(B) + o(B))`` (:func:`spade_lib.theory.speedup`)
-  with ``alpha`` measured from the speculative steps, ``r(B)`` and ``c(B)`` the batched forwards' cost
-  ratios (:func:`forward_costs`) and ``o(B)`` the loop's per-step overhead: the pair's single-sequence
-  ``o`` (in one-token target forwards, :func:`spade_lib.runs.costs.loop_overhead`), taken as the same
-  seconds per batched step and so rescaled to the ``B x 1`` forward, ``o(B) = o t(1 x 1) / t(B x 1)``
-  (its per-row part, which grows with ``B``, is not modelled). ``predicted_forwards`` is the same with
-  ``o = 0``.
+- throughput ``sum_k tokens_k / sum_k seconds_k`` per method and the speedup as their ratio (of totals), with every
+  round's tokens and seconds, from which :func:`spade_lib.runs.batch_speedup.with_intervals` adds ``speedup_low`` /
+  ``speedup_high`` (:func:`spade_lib.runs.metrics.bootstrap_speedup`, rounds resampled; a round's AR and speculative
+  batches are paired: same prompts and seeds, timed back to back, so the interval holds the prompt-to-prompt and
+  round-to-round spread); this module measures, the interval is computed a layer up;
+- the prediction ``tau / (gamma c(B) + r(B) + o(B))`` (:func:`spade_lib.theory.speedup`), ``alpha`` from the
+  speculative steps, ``c(B)``, ``r(B)`` the batched forwards' cost ratios (:func:`forward_costs`), ``o(B) = o t(1 x 1) /
+  t(B x 1)`` the single-sequence loop overhead ``o`` (:func:`spade_lib.runs.costs.loop_overhead`, in one-token target
+  forwards) as the same seconds per batched step (its per-row part is not modelled); ``predicted_forwards`` is the same
+  with ``o = 0``.
 
-The batched forwards are not the single-sequence ones: :class:`spade_lib.decoding.batch.BatchLM` runs the
-model's own (Hugging Face) forward with a padding mask, position ids and a ``DynamicCache`` on the prompts'
-cache lengths, while the pair's cost table (:mod:`spade_lib.runs.costs`) times the decoding adapter's
-single-sequence forward (SPADE's lean forward where it covers the model) on a 128-token cache, so ``c`` and
-``r`` at ``B = 1`` differ from the table's; each prediction uses the costs of the loop it predicts.
-
-:func:`stops_paying` reads off, per temperature, the smallest ``B`` whose measured interval lies below 1
-(or, for the prediction, whose point falls below 1).
+The batched forwards (:class:`spade_lib.decoding.batch.BatchLM`: the Hugging Face forward with padding mask, position
+ids and a ``DynamicCache``) are not the cost table's (:mod:`spade_lib.runs.costs`: the adapter's single-sequence, lean
+where covered, on a 128-token cache), so ``c``, ``r`` at ``B = 1`` differ from the table's: each prediction uses its own
+loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose measured interval lies below 1
+(prediction: whose point does).
 """
 
 from __future__ import annotations

@@ -1,31 +1,28 @@
 """Batched decoding with draft trees: every row drafts its own tree, one target forward scores them all.
 
-Notation (Leviathan et al. 2023; tree terms of :mod:`spade_lib.decoding.tree`): ``p`` target, ``q``
-draft; row ``b``'s tree has ``N_b`` nodes ``x_0 .. x_{N_b - 1}`` under the root ``t_b`` (the row's
-newest committed token, not yet in the target's cache). One batched step of ``R`` running rows:
+Notation (Leviathan et al. 2023; tree terms of :mod:`spade_lib.decoding.tree`): ``p`` target, ``q`` draft; row ``b``'s
+tree has ``N_b`` nodes ``x_0 .. x_{N_b - 1}`` under the root ``t_b`` (the row's newest committed token, not yet in the
+target's cache). One batched step of ``R`` running rows:
 
-1. **draft** (per row): row ``b``'s own :class:`~spade_lib.decoding.drafters.ModelDrafter` (the decoder's
-   draft model and ``tree=`` config, with a KV cache of its own) proposes its tree with
-   ``propose(max_gamma_b, ...)`` from the row's draft stream, exactly the call
-   :meth:`~spade_lib.decoding.decode.SpeculativeDecoder.generate` makes. *The draft side is not batched*:
-   the rows' trees are grown one after the other with the single-row draft machinery
-   (:func:`spade_lib.decoding.tree_drafting.grow_tree`), so drafting costs ``R`` times a row's.
+1. **draft** (per row): row ``b``'s own :class:`~spade_lib.decoding.drafters.ModelDrafter` (the decoder's draft model
+   and ``tree=`` config, with its own KV cache) proposes its tree with ``propose(max_gamma_b, ...)`` from the row's
+   draft stream, exactly the call :meth:`~spade_lib.decoding.decode.SpeculativeDecoder.generate` makes. *The draft
+   side is not batched*: trees are grown one after the other (:func:`spade_lib.decoding.tree_drafting.grow_tree`), so
+   drafting costs ``R`` times a row's.
 2. **score** (batched): one target forward over the padded blocks ``[t_b, x_0 .. x_{N_b - 1}]``, width
-   ``K = 1 + max_b N_b`` (holes past ``N_b``), with each row's tree mask over its own valid cache slots
-   (:meth:`spade_lib.decoding.batch.BatchLM.forward_tree`, positions ``l_b + depth``): block row
-   ``i + 1`` of row ``b`` gives the target's logits after the path of node ``i``.
+   ``K = 1 + max_b N_b`` (holes past ``N_b``), each row's tree mask over its own valid cache slots
+   (:meth:`spade_lib.decoding.batch.BatchLM.forward_tree`, positions ``l_b + depth``): block row ``i + 1`` of row
+   ``b`` gives the target's logits after the path of node ``i``.
 3. **verify and commit** (per row): :meth:`spade_lib.decoding.step.Step.verify_tree` on row ``b``'s
    ``logits_p [N_b + 1, V]``, the step single decoding runs (a row without a tree: ``Step.plain``).
-4. **keep**: the target's cache keeps the root and the accepted path of each row
-   (:meth:`~spade_lib.decoding.batch.BatchLM.keep`; every other block slot becomes a hole), each row's
-   drafter keeps its accepted path (``accept_path``).
+4. **keep**: the target's cache keeps each row's root and accepted path (:meth:`~spade_lib.decoding.batch.BatchLM.keep`;
+   other block slots become holes); each row's drafter keeps its accepted path (``accept_path``).
 
-Row ``b`` therefore draws exactly what ``generate(prompt_b, seed=seed_b)`` draws, from its own
-:func:`~spade_lib.decoding.common.seed_streams`, and its tokens equal single tree decoding's whenever
-the batched and single target forwards round the same way (see :mod:`spade_lib.decoding.batch`).
-Reached through :meth:`spade_lib.decoding.decode.SpeculativeDecoder.generate_batch` when the decoder's
-drafter is a :class:`ModelDrafter` with a tree config; chains go to
-:func:`spade_lib.decoding.batch.speculative_generate_batch`, which refuses a tree drafter.
+Row ``b`` draws exactly what ``generate(prompt_b, seed=seed_b)`` draws, from its own
+:func:`~spade_lib.decoding.common.seed_streams`, and its tokens equal single tree decoding's whenever the batched and
+single target forwards round the same way (see :mod:`spade_lib.decoding.batch`). Reached through
+:meth:`spade_lib.decoding.decode.SpeculativeDecoder.generate_batch` for a :class:`ModelDrafter` with a tree config;
+chains go to :func:`spade_lib.decoding.batch.speculative_generate_batch`, which refuses a tree drafter.
 """
 
 from __future__ import annotations

@@ -4,37 +4,25 @@ The cost model (:mod:`spade_lib.theory`) prices one speculative step at ``g c + 
 
 - ``c``    = t(draft, 1 token) / t(target, 1 token), each with a ``context``-token KV cache;
 - ``r(g)`` = t(target, ``g + 1`` tokens) / t(target, 1 token), the verification forward;
-- for a draft tree of ``N`` nodes, ``r(N)`` = t(target, the ``N + 1`` rows ``[t, x_0 .. x_{N-1}]`` under
-  the tree mask) / t(target, 1 token) (:func:`measure_tree_cost`): the decoder's tree verification forward.
+- a tree of ``N`` nodes: ``r(N)`` = t(target, ``N + 1`` rows ``[t, x_0 .. x_{N-1}]``, tree mask) / t(target, 1 token).
 
-Every ratio SPADE reports comes from :func:`time_in_turns`: the forwards being compared are timed
-**in turns** (each round runs every one, in an order rotated from round to round, each rolled back),
-so load hits numerator and denominator alike, and a ratio is the **median over rounds of the
-per-round ratios**. :func:`measure_costs` runs each forward in a burst of three and keeps the later
-calls, as decoding repeats one forward (on a CPU whose last-level cache holds much of a small model,
-a one-token forward right after a forward over *other* weight copies is slower than in the loop). :func:`measure_costs` does this for decoding adapters (batch size 1: the pairs'
-cost tables, ``benchmarks/bench_decode.py``, the zoo's build manifest), and
-:func:`spade_lib.decoding.batch.forward_costs` for ``B`` rows at once (the batch study). Costs taken
-from a run's step timings instead are normalised by the autoregressive run's time per token, which
-also holds the prompt's prefill and the loop's per-token work: on short generations of long prompts
-that made ``r`` < 1 (``r_trace`` in :func:`spade_lib.runs.metrics.run_metrics`, kept for comparison).
-Caching per pair is :func:`spade_lib.runs.costs.pair_costs`.
+Every ratio comes from :func:`time_in_turns`: the compared forwards are timed **in turns** (each round runs every one,
+in an order rotated per round, each rolled back), so load hits numerator and denominator alike, and a ratio is the
+**median over rounds of the per-round ratios**. Each forward runs in a burst of three and the later calls are kept,
+as decoding repeats one forward. :func:`measure_costs` does this for decoding adapters (batch size 1: cost tables,
+``bench_decode``, zoo manifests), :func:`measure_tree_cost` for trees, :func:`spade_lib.decoding.batch.forward_costs`
+for ``B`` rows at once; cached per pair by :func:`spade_lib.runs.costs.pair_costs`. ``c_trace`` / ``r_trace`` of
+:func:`spade_lib.runs.metrics.run_metrics` (run timings over the AR time per token, prefill included) are estimates.
 
-**Feature heads** (EAGLE, Medusa: :mod:`spade_lib.decoding.eagle`, :mod:`spade_lib.decoding.medusa`) are
-not model-free: their ``c`` is the time of one *drafting step* of the head against the target's
-one-token forward, as the EAGLE papers count a draft step (:class:`HeadStep`):
+**Feature heads** (:mod:`spade_lib.decoding.eagle`, :mod:`spade_lib.decoding.medusa`): ``c`` is one *drafting step*
+of the head over the target's one-token forward, as the EAGLE papers count it (:class:`HeadStep`), timed by the same
+protocol on seeded random features (a forward's time does not depend on them):
 
-- EAGLE (both variants): ``q = lm_head(norm(layer(fc(f_t), E x_{t+1})))`` on the head's KV cache of
-  ``context`` positions, with the feature fusion ``fc`` of one fresh target feature ``f_t`` included
-  and the ``[Vd] -> [V]`` scatter the drafter does (``target_logits``). A chain's later steps feed
-  ``o`` back (EAGLE-3: no ``fc``, so slightly cheaper; EAGLE-1: through ``fc``, the same), so
-  ``gamma c`` is the cost of a chain of ``gamma`` drafted tokens, rounded up;
-- Medusa: one head (its ResBlocks and ``lm_head_i`` over ``Vd``, then the scatter) on one state: a
-  step drafting ``g`` tokens runs ``g`` heads (:class:`~spade_lib.decoding.medusa.MedusaDrafter`), so it
-  costs ``g c`` exactly.
-
-The timed forward is the same protocol as a draft model's (:func:`time_in_turns`, bursts of three, medians
-of per-round ratios); the features are seeded random vectors (a forward's time does not depend on them).
+- EAGLE: ``q = lm_head(norm(layer(fc(f_t), E x_{t+1})))`` on a ``context``-position head cache, with the fusion ``fc``
+  of one fresh feature ``f_t`` and the drafter's ``[Vd] -> [V]`` scatter (``target_logits``); later chain steps feed
+  ``o`` back (EAGLE-3: no ``fc``, slightly cheaper; EAGLE-1: through ``fc``), so ``gamma c`` rounds a chain up;
+- Medusa: one head (ResBlocks, ``lm_head_i`` over ``Vd``, scatter) on one state; ``g`` tokens run ``g`` heads
+  (:class:`~spade_lib.decoding.medusa.MedusaDrafter`): ``g c`` exactly.
 """
 
 from __future__ import annotations

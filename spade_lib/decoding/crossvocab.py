@@ -1,84 +1,28 @@
-"""Speculative verification across vocabularies: string-level drafting (SLEM-style), token-level intersection
-(TLI) and string-level rejection sampling (SLRS).
+"""Speculative verification across vocabularies (Timor et al., ICML 2025, arXiv 2502.05202): draft vocabulary ``V_q``,
+target ``V_p``, ``I`` the strings that are one token in both. Three drafters, each lossless (emitted law ``p``):
 
-Timor et al., "Lossless Speculative Decoding Algorithms for Heterogeneous Vocabularies" (ICML 2025,
-arXiv 2502.05202). The draft has vocabulary ``V_q`` and the target ``V_p``; ``I`` is the set of strings that
-are one token in both. TLI drafts from
+- **String-level** (:class:`TextDrafter`, SLEM-style): the draft's text re-encoded for the target (:func:`continuation`)
+  is proposed as ``q = one_hot(x)`` and verified by ``one_hot_q`` (accept ``x`` w.p. ``p(x)``, else draw from ``p``
+  without ``x``): exact for any proposal independent of the verifier's uniforms (``exactness.proposal_law_error``).
+- **TLI** (:class:`TLIDrafter`): ``I`` by each token's decoded text (:func:`token_strings`, :func:`vocab_intersection`:
+  ``"Ġthe"``, ``"▁the"`` -> ``" the"``); draft from ``q_I(x) = q(x) / sum_{y in I} q(y)`` on ``I``, else 0
+  (:func:`tli_q`); the standard rule (accept ``min(1, p/q_I)``, residual ``norm(max(p - q_I, 0))``) gives law ``p``
+  (Leviathan 2023, Thm 1); full-``q`` drafting is lossy (``naive_emitted_law``). Text sync: :class:`TextSyncDrafter`.
+- **SLRS** (:class:`SLRSDrafter`): the draft writes a string ``S`` from rows ``r = adjust(draft logits, sampling)``;
+  ``psi(t) = Q(S starts with t) = sum over paths d_1..d_m with str(d_<m) a proper prefix of t and t a prefix of
+  str(d_<=m) of prod_j r(d_j | D, d_<j)``. ``S`` proposes ``lambda(S)``, the longest target token it starts with:
+  ``q(t) = psi(t) - sum_{t' in ext(t)} psi(t')`` (``ext(t)``: shortest target tokens extending ``t``) and
+  ``P(STOP) = 1 - sum_t q(t)`` (STOP ends the block). Position ``i`` draws ``S`` afresh from ``D_i`` (draft tokens of
+  the committed text and ``x_<i``; :func:`sample_string`) and verifies ``x_i`` by the standard rule told
+  ``q_i = q / (1 - P(STOP))`` (:func:`slrs_law`, every path), ``x_i``'s exact conditional law: Thm 1 holds per position.
+  Told normalised ``psi``, or one tokenization's probability, the rule is lossy (``tests/test_crossvocab.py``).
 
-    q_I(x) = q(x) / sum_{y in I} q(y)   for x in I,   0 elsewhere,
-
-mapped to target ids, and verifies with the standard rule (accept with ``min(1, p(x)/q_I(x))``, else draw
-from ``norm(max(p - q_I, 0))``). Since ``q_I`` is a distribution over target tokens, the emitted token has
-law exactly ``p`` (Leviathan et al. 2023, Theorem 1). A careless implementation drafts from the full ``q``
-and rejects with ``p(x)/q(x)`` over target ids reached by re-encoding; its output law is not ``p``
-(``naive_emitted_law``; the test shows the gap).
-
-String-level drafting (:class:`TextDrafter`, SLEM-style): the draft writes text with its own tokenizer,
-the text is re-encoded with the target's (:func:`continuation`, aligned against the committed target
-tokens) and proposed as a deterministic block, ``q = one_hot(x)``, verified by ``one_hot_q``: accept
-``x`` with probability ``p(x)``, else draw from ``p`` with ``x`` removed, which emits ``y`` with
-probability ``p(y)`` for *any* proposal whose randomness is independent of the verifier's.
-:func:`spade_lib.exactness.proposal_law_error` proves a rule on a law of proposals by enumeration (fp64,
-through :func:`spade_lib.verify.verify`).
-
-Token-level drafting (:class:`TLIDrafter`, TLI): the intersection ``I`` is found by the text each token
-decodes to on its own (:func:`token_strings`, :func:`vocab_intersection`; byte-level BPE's ``"Ġthe"`` and
-sentencepiece's ``"▁the"`` both decode to ``" the"``), the draft samples from ``q_I`` (:func:`tli_q`, the
-decoder's sampling config applied to the draft's logits first) and the block is verified by the standard
-rule with ``q_I`` over target ids. Both drafters keep the committed text in sync with the draft the same
-way (:class:`TextSyncDrafter`).
-
-String-level rejection sampling (:class:`SLRSDrafter`, SLRS): the draft writes a string ``S`` after the
-committed text (ids ``d_1 d_2 ..`` drawn from its rows ``r = adjust(draft logits, sampling)``; the text ends
-at an id that is not text), and verification compares the target's probability of a token with the draft's
-probability of writing a string that starts with that token's text, summed over every draft-token path
-(every tokenization) that writes it:
-
-    psi(t) = Q(S starts with t) = sum over paths d_1..d_m with str(d_<m) a proper prefix of t and
-             t a prefix of str(d_<=m) of prod_j r(d_j | D, d_<j).
-
-``psi`` is no law over target tokens where one is a prefix of another (``"a"``, ``"ab"``: a string that
-starts with ``"ab"`` counts for both), so one token is proposed per string: ``lambda(S)``, the *longest*
-target token ``S`` starts with, whose law is
-
-    q(t) = P(lambda(S) = t) = psi(t) - sum_{t' in ext(t)} psi(t'),
-
-``ext(t)`` the shortest target tokens extending ``t`` (disjoint events), and ``P(STOP) = 1 - sum_t q(t)``
-where ``S`` starts with no target token. A step: at position ``i`` the draft writes ``S`` from ``D_i`` (its
-tokens of the committed text and of ``x_<i``'s text) until ``lambda(S)`` is decided (:func:`sample_string`),
-``x_i = lambda(S)`` is proposed (a ``STOP`` ends the block) and verified by the standard rule told
-``q_i = q / (1 - P(STOP))`` (:func:`slrs_law`, the sum over every path): accept with ``min(1, p(x)/q_i(x))``,
-else draw from ``norm(max(p - q_i, 0))``. **Why the law is the target's:** ``q_i`` is exactly the conditional
-law of the proposed ``x_i`` given the committed tokens, ``x_<i`` and that position ``i`` is proposed (``S`` is
-drawn afresh from ``D_i``, a function of those; the block ends on ``STOP`` alone), drawn with randomness
-independent of the verifier's uniforms, so Leviathan et al.'s Theorem 1 applies position by position. So SLRS
-reduces to the draft's marginal law over target tokens, computed by enumerating its paths. Told ``psi``
-normalised, or the probability along one tokenization of ``t``, the same rule is lossy (``tests/test_crossvocab.py``:
-:func:`slrs_law` against the draft's exact text law (:func:`spade_lib.exactness.draft_text_law`), fp64
-enumeration of whole blocks through :func:`spade_lib.verify.verify`, and a chi-square test of the decoder).
-
-**What SLRS costs** (why it is built only where tractable). ``q`` needs the draft's row at every *inner node*
-of :class:`DraftPaths` -- every draft-token path whose text is a proper prefix of a target token -- one draft
-forward each, for every drafted target token: ``n_nodes = sum_s N(s)`` over those prefixes ``s``, ``N(s)`` the
-number of draft spellings of ``s``, exponential in the target tokens' lengths where the draft has short tokens
-(Timor et al. point out the same growth). It is counted from the two tokenizers when the drafter is built and
-refused beyond ``SLRSConfig.max_nodes`` (4,096) with a ``ValueError``: the byte-level BPE pair of the tests
-(target tokens of up to 8 characters) has 138 paths, 7 deep; the zoo's tiny pair (up to 20 characters) 18,022.
-Greedy walks one path (at most ``depth + 1`` forwards a position); top-k / top-p skip paths without mass.
-
-**What a step costs.** Both drafters keep their own account of each step (:class:`DraftStepCosts`, read by
-the decoder through ``Drafter.step_costs`` into ``StepInfo.draft_costs``): the draft's forwards (``t_forward``,
-how many, how many tokens fed) apart from the text work (``t_text``: decoding, re-encoding and aligning the
-committed and drafted text, in ``propose`` and ``accept``) and the tokenizer calls made. The re-encodings
-are windowed (:func:`retokenize`, :func:`continuation`: ``window`` tokens of committed tail), and the
-committed tails are decoded once per step (:func:`tail_of`), not once per drafted token: a text drafter's
-``propose`` makes two tokenizer calls per draft token it draws plus a few per step; SLRS one encode per drafted
-target token after the first, and ``n_nodes`` forwards per drafted target token (one path when greedy).
-
-**By name.** This module registers its drafters under their rules (``"text"``, ``"tli"``, ``"slrs"``:
-:func:`spade_lib.decoding.drafters.register_cross_vocab_rule`), so that ``make_drafter(name, pair, rule=...)``
-builds them for a pair's cross-vocabulary draft; it builds on :mod:`spade_lib.decoding.drafters`, which never
-imports it: a caller that drafts across vocabularies imports it (``spade_lib.runs.config`` does).
+**Costs.** SLRS runs a draft forward per inner node of :class:`DraftPaths` (path whose text is a proper prefix of a
+target token) per drafted token: ``n_nodes = sum_s N(s)`` (``N(s)``: draft spellings of prefix ``s``), exponential in
+target-token length, refused above ``SLRSConfig.max_nodes`` (4,096; ``ValueError`` at build); greedy walks one path.
+:class:`DraftStepCosts` (``Drafter.step_costs`` -> ``StepInfo.draft_costs``) splits ``t_forward`` from ``t_text``
+(decode, windowed re-encode :func:`retokenize`, align; tails once a step, :func:`tail_of`) and counts tokenizer calls.
+Importing this module registers rules ``"text"``, ``"tli"``, ``"slrs"`` for ``make_drafter(name, pair, rule=...)``.
 """
 from __future__ import annotations
 

@@ -1,54 +1,28 @@
-"""The SPADE speculative decoder: raw model forwards, KV-cache rollback, every decision recorded.
+"""The SPADE speculative decoder (:class:`SpeculativeDecoder`): raw forwards, KV-cache rollback, every step recorded.
 
-Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length. One *step*:
+Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length. One *step*: (1) the drafter
+proposes ``x_0 .. x_{gamma-1}`` with adjusted ``q_0 .. q_{gamma-1}`` (``gamma`` from the policy, capped to fit
+``max_new_tokens`` and the context); (2) one target forward on ``[t, x_0 .. x_{gamma-1}]`` (``t``: newest committed
+token, not yet cached) gives ``p_0 .. p_gamma`` via the same warpers (:func:`spade_lib.sampling.adjust`); (3)
+:func:`spade_lib.verify.verify` accepts ``n`` drafts, then draws a residual ``norm(max(0, p_n - q_n))`` or the bonus
+``~ p_gamma``; (4) the cache is cropped to the committed text, the drafter told ``n``. (3) and the commit (statistics,
+one host transfer, EOS / budget cut) are :mod:`spade_lib.decoding.step`'s, shared with :mod:`~spade_lib.decoding.batch`
+(``R = 1`` here). A step emits ``n + 1`` tokens, each exactly ``~ p`` (lossless modes; greedy at ``temperature == 0``);
+``gamma = 0`` is a plain target step; an EOS ends generation there; ``max_new_tokens`` is exact; context never exceeded.
 
-1. the drafter proposes ``x_0 .. x_{gamma-1}`` with adjusted draft distributions ``q_0 .. q_{gamma-1}``
-   (``gamma`` chosen by the policy, capped so the block fits ``max_new_tokens`` and the context);
-2. one target forward on ``[t, x_0 .. x_{gamma-1}]`` (``t`` the newest committed token, not yet in the
-   target's cache) gives ``p_0 .. p_gamma`` — all through :func:`spade_lib.sampling.adjust`, the same
-   warpers as ``q``;
-3. :func:`spade_lib.verify.verify` accepts a prefix of ``n`` drafts and draws the next token (residual
-   ``norm(max(0, p_n - q_n))`` at the first rejection, bonus ``~ p_gamma`` after ``gamma`` accepts);
-4. the target cache is cropped to the committed text (``x_n ..`` removed), the drafter is told ``n``.
+**Trees** (:mod:`spade_lib.decoding.tree`): a ``DraftTree`` with ``parents`` is verified in one tree-masked forward
+(row ``i + 1`` sees the cache, ``t`` and node ``i``'s path; ``CausalLMAdapter.extend``) by ``Step.verify_tree`` under
+the tree rule for ``mode`` (``exact``; ``eagle`` for ``one_hot_q``; ``greedy``); the cache keeps ``t`` and the accepted
+path (``CausalLMAdapter.keep``), told to the drafter (``accept_path``); ``parents=None`` is the chain path; a tree too
+big for the context is cut to its first nodes. A drafter naming ``hidden_layers`` gets ``observe(TargetView(...))``
+after the prefill and each step (target hidden states at its committed rows, same forwards); naming none costs nothing.
 
-Steps 3 and the commit decision (statistics, the one host transfer, the EOS / budget cut) are
-:mod:`spade_lib.decoding.step`, the step batched decoding (:mod:`spade_lib.decoding.batch`) runs too,
-here with ``R = 1`` row; this loop keeps the drafter, the target's cache and the bookkeeping.
-
-**Trees** (:mod:`spade_lib.decoding.tree`). A drafter may return a :class:`~spade_lib.decoding.tree.DraftTree`
-with ``parents``: step 2 is then one target forward on ``[t, x_0 .. x_{N-1}]`` with the tree mask (row
-``i + 1`` sees the cache, ``t`` and the path of node ``i``; :meth:`CausalLMAdapter.extend` with ``parents``),
-step 3 is :meth:`spade_lib.decoding.step.Step.verify_tree` (:func:`spade_lib.verify.verify_tree`, which
-accepts a path of nodes) under the tree rule that applies ``mode`` to siblings (``exact``; ``eagle`` for
-``one_hot_q``; ``greedy``), and step 4 keeps ``t`` and the accepted path in the target's cache
-(:meth:`CausalLMAdapter.keep`) and tells the drafter the path (``accept_path``). A chain (``parents=None``) takes the path above, unchanged: no mask, no extra sync. A
-tree with more nodes than the context has room for is cut to its first nodes (a tree again).
-
-**What the drafter sees of the target.** A drafter naming ``hidden_layers`` gets, after the prefill and
-after every step, ``observe(TargetView(...))`` with the target's hidden states at the rows it committed
-(the prompt but its last token; then ``t`` and the accepted drafts), computed in the same forwards. A
-drafter that names none and does not override ``observe`` costs nothing: no hidden states are asked
-for and ``observe`` is not called.
-
-The step emits ``n + 1`` tokens, each distributed exactly as the target's adjusted ``p`` (lossless
-modes; greedy when ``temperature == 0``). A step with ``gamma = 0`` (no proposal, or one token left) is
-a plain target step. An EOS inside the emitted block ends generation there; ``max_new_tokens`` is exact
-(a longer block is truncated); the prompt plus the continuation never exceeds the context limit.
-
-Randomness: three ``torch.Generator``s seeded from ``seed`` through ``numpy.random.SeedSequence`` —
-draft sampling, acceptance uniforms, residual/bonus sampling — so the same seed and inputs replay bit
-for bit, and what one stream draws does not depend on how many draws the others consumed.
-
-Records (``record=True``): one row per drafted token with the trace columns of
-:data:`spade_lib.runs.trace.TRACE_SCHEMA` (:meth:`spade_lib.decoding.common.GenerationResult.records`). Per step the statistics are
-computed vectorised over the ``gamma`` positions as named tensors (one per column of
-``spade_lib.decoding.records``' position columns, :func:`spade_lib.decoding.records.position_stats`), stacked and moved to the host with a single ``.tolist()``.
-``record="light"`` keeps only step-level facts (``n``, ``gamma``, next token, timings, and the drafter's own
-account of the step, ``StepInfo.draft_costs`` from ``Drafter.step_costs``, where it keeps one),
-``record=False`` only the tokens and total times. With ``record=True`` the statistics are timed on
-their own (:class:`~spade_lib.decoding.step.Verdict` ``.t_records``) and taken out of the step's
-``t_verify``; ``timing["records"]`` is their sum, which a timed run subtracts from the generation's
-wall time (``spade_lib.runs.methods``): the clock then measures what a deployed decoder would run.
+Randomness: three ``torch.Generator``s from ``seed`` via ``numpy.random.SeedSequence`` (draft sampling, acceptance
+uniforms, residual/bonus): same seed and inputs replay bit for bit; no stream depends on how many draws others made.
+``record=True``: one row per drafted token (:data:`spade_lib.runs.trace.TRACE_SCHEMA`), statistics vectorised
+(:func:`spade_lib.decoding.records.position_stats`), one ``.tolist()``, timed apart (``Verdict.t_records``, out of
+``t_verify``; timed runs subtract ``timing["records"]``); ``"light"``: step facts (``n``, ``gamma``, next token,
+timings, ``StepInfo.draft_costs``); ``False``: tokens and total times.
 """
 
 from __future__ import annotations

@@ -1,74 +1,28 @@
 """Drafters: whatever proposes the block ``x_0 .. x_{gamma-1}`` that the target then verifies.
 
-One interface (:class:`Drafter`), driven by :class:`spade_lib.decoding.decode.SpeculativeDecoder`:
+Interface (:class:`Drafter`, driven by :class:`spade_lib.decoding.decode.SpeculativeDecoder`): ``reset(prompt_ids,
+vocab_size)`` (the target's ``V``); ``propose(max_gamma, policy, sampling, generator)`` returns a
+:class:`~spade_lib.decoding.tree.DraftTree` (``Draft``): the tokens and the adjusted ``q_i`` each was drawn from,
+``[gamma, V]``, a chain unless it gives ``parents``; ``accept(n_accepted, next_token)`` / ``accept_path(path,
+next_token)`` commit the accepted drafts and the residual/bonus token; ``observe(view)`` (if overridden) gets the
+target's hidden states at committed positions for the layers in ``hidden_layers`` (:class:`TargetView`). A chain
+drafter consults the policy after each token with its ``q``'s temperature-1 signals (:mod:`spade_lib.decoding.policies`;
+one-hot ``q``: ``q_top_prob = 1``, ``h_q = 0``, no host sync) unless ``needs_signals = False`` (``FixedGamma``).
 
-- ``reset(prompt_ids, vocab_size)`` starts a prompt (``vocab_size`` is the target's ``V``);
-- ``propose(max_gamma, policy, sampling, generator)`` returns a :class:`~spade_lib.decoding.tree.DraftTree`
-  (``Draft`` here): the tokens and the adjusted draft distribution ``q_i`` each was drawn from,
-  ``[gamma, V]``; a chain unless it gives ``parents``;
-- ``accept(n_accepted, next_token)`` tells the drafter what was committed: ``x_0 .. x_{n-1}`` and the
-  target's residual/bonus token; after a tree, ``accept_path(path, next_token)`` (the accepted nodes);
-- ``observe(view)`` (optional) is told the target's hidden states at the committed positions, for the
-  layers the drafter names in ``hidden_layers`` (:class:`TargetView`); the target computes them only
-  for a drafter that names some, and ``observe`` is called only when a drafter overrides it.
+- :class:`ModelDrafter`: a small causal LM on its own cache (:class:`~spade_lib.decoding.adapter.CausalLMAdapter`),
+  ``q_i = adjust(logits, sampling)`` warped exactly like the target, ``x_i ~ q_i`` (argmax when greedy), logits cut
+  or ``-inf``-padded to the target's vocabulary (changes ``q``, never the output law: any ``q`` is lossless).
+- :class:`NGramDrafter` (prompt lookup, Saxena 2023): what followed the latest earlier occurrence of the trailing
+  n-gram (longest first), ``q_i = one_hot(x_i)`` (``one_hot_q`` rule: accept with ``p(x_i)``, else resample ``p``
+  without ``x_i``); it may propose fewer than ``max_gamma`` tokens, or none (a plain target step).
+- :class:`NullDrafter` (``"null"``), the physical control: ``max_gamma`` tokens the ``reject`` rule always rejects;
+  a ``gamma + 1``-token forward per token ``~ p``, speedup ``1 / r(gamma) <= 1`` (above 1: the baseline's defect).
+- Trees: ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` or spec, one level per draft forward, depth
+  <= ``max_gamma``, no policy; model-free ``"ngram_tree"``, ``"suffix"``; feature heads ``eagle``, ``medusa``.
 
-:class:`ModelDrafter` runs a small causal LM with its own KV cache (:class:`~spade_lib.decoding.adapter.CausalLMAdapter`):
-``q_i = adjust(draft logits, sampling)`` — warped exactly like the target — and ``x_i ~ q_i`` from the
-draft-sampling generator (argmax when greedy). Its logits are cut or ``-inf``-padded to the target's
-vocabulary, which changes ``q`` but never the output distribution (any ``q`` is lossless).
-
-:class:`NGramDrafter` (prompt lookup, Saxena 2023) has no model: it finds the latest earlier occurrence
-of the context's trailing n-gram (longest ``n`` first) and proposes the tokens that followed it. Its
-proposals are deterministic, ``q_i = one_hot(x_i)``, so exact verification reduces to the
-``one_hot_q`` rule: accept ``x_i`` with probability ``p(x_i)``, else resample from
-``p`` with ``x_i`` removed. It may propose fewer than ``max_gamma`` tokens, or none (the decoder then
-takes a plain target step).
-
-**Policy and drafter.** The decoder caps each block at ``max_gamma`` (the policy's, the budget's);
-*every* drafter consults the policy after each drafted token with the temperature-1 signals of the
-distribution that token was drawn from (:mod:`spade_lib.decoding.policies`), and stops when it says so
-(``DraftTree.stop == "policy"``). A deterministic drafter's ``q`` is one-hot: ``q_top_prob = 1``,
-``h_q = 0``, computed on the host without a sync. A policy that reads no signals (``FixedGamma``,
-``needs_signals = False``) is never consulted, so a fixed gamma adds no per-token host sync.
-
-:class:`NullDrafter` (``"null"``) is the physical control of every speedup sweep: it proposes
-``max_gamma`` tokens that the ``reject`` rule always rejects, so each step pays a ``gamma + 1``-token
-target forward for one token drawn from ``p``. Its speedup over autoregressive decoding is
-``1 / r(gamma) <= 1``; a measured value above 1 is a defect of the baseline, not a result.
-
-**Trees.** A drafter may propose a :class:`~spade_lib.decoding.tree.DraftTree` with ``parents``, told the
-accepted path by ``accept_path``. Every drafter with a model takes ``tree=`` a
-:class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or its spec string; default the chain): EAGLE-2
-dynamic, static choice lists or sampled i.i.d. / without-replacement trees, grown one level per draft
-forward (:mod:`spade_lib.decoding.tree_drafting`). :class:`ModelDrafter` feeds each level as one
-tree-masked extend on its own cache (``extend(ids, parents=..., tree_from=...)``) and afterwards keeps
-the accepted path's rows (``keep``), so its cache is again the committed text. The model-free tree
-drafters are :class:`NGramTreeDrafter` (``"ngram_tree"``: every prompt-lookup match, merged into a trie)
-and :class:`SuffixDrafter` (``"suffix"``: SuffixDecoding over the prompt and earlier outputs). A tree's
-size is its config's; the decoder's ``max_gamma`` caps its depth, and the policy's per-token signals are
-not consulted inside a tree.
-
-**Feature heads.** :class:`~spade_lib.decoding.eagle.EagleDrafter` and
-:class:`~spade_lib.decoding.medusa.MedusaDrafter` (modules ``eagle`` and ``medusa``) draft from the
-target's hidden states (``hidden_layers``, :meth:`Drafter.observe`) with a head of the pair
-(``pair.heads[name]``).
-
-**By name.** :func:`make_drafter(name, pair, tree=None, **options) <make_drafter>` builds a drafter for
-the runner: a registered name (``"ngram"``, options ``max_ngram``, ``min_ngram``; ``"ngram_tree"``, the
-same and ``tree``; ``"suffix"``: ``tree``, ``max_depth``, ``max_spec_factor``, ``min_token_prob``;
-``"eagle"`` / ``"medusa"``: the pair's one head of that kind, or option ``head``), a draft model of the
-pair (``pair.drafts[name]``) or a head of the pair by its name (``pair.heads[name]``); ``tree`` names the
-tree of any of them that drafts one. :func:`register_drafter` adds a name. A cross-vocabulary draft (one in
-``pair.draft_tokenizers``) drafts by a rule whose drafter :mod:`spade_lib.decoding.crossvocab` registers from its
-own module (:func:`register_cross_vocab_rule`): import that module before building one.
-
-**Kinds.** Every drafter class declares what it is (:class:`DrafterKind`, its ``kind``): whether it proposes a
-distribution ``q`` or only tokens, in the target's vocabulary or its own, whether it reads the target's features
-(a head), whether it runs a model (so has a cost ``c``), and the draft shapes it proposes (the chain, trees). A
-registered name carries its drafter's kind, and :func:`drafter_kind` finds the kind of any name a pair can draft
-with; :func:`check_draft` is the one check that a name, a tree and options fit a pair (what
-:func:`make_drafter` would refuse, before anything is built), which the runner, notebook 04's and 05's checks
-and ``RunConfig`` (a tree against a registered drafter's shapes, when it is built) read.
+:func:`make_drafter(name, pair, tree=None, **options) <make_drafter>` builds a registered name, a pair's draft or head
+(:func:`register_drafter`; cross-vocabulary: import :mod:`spade_lib.decoding.crossvocab`). Each class declares a
+:class:`DrafterKind`, read by :func:`drafter_kind` and :func:`check_draft` (refuses what ``make_drafter`` would).
 """
 
 from __future__ import annotations

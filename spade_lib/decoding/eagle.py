@@ -1,57 +1,28 @@
 """EAGLE draft heads (Li et al. 2024, 2025): one decoder layer that drafts from the target's own hidden states.
 
-Notation (Leviathan et al. 2023 for ``p``, ``q``, ``gamma``): ``x_t`` the token at position ``t``;
-``h^l_t`` the target's hidden state there, indexed like Hugging Face's ``output_hidden_states`` (``l = 0``
-the embeddings, ``0 < l < L`` the output of decoder layer ``l``, i.e. the residual stream *entering*
-layer ``l + 1``, which is what vLLM captures as ``eagle_aux_hidden_state_layer_ids = [l]``; ``l = L``
-after the final norm). ``E`` is the target's input embedding, ``H`` the width, ``V`` the target's
-vocabulary and ``Vd <= V`` the head's (a frequency-ranked subset, FR-Spec style).
+Notation: ``x_t`` the token at position ``t``; ``h^l_t`` the target's hidden state, indexed like HF's
+``output_hidden_states`` (``l = 0`` embeddings, ``0 < l < L`` output of layer ``l`` = the residual stream entering
+``l + 1``, vLLM's ``eagle_aux_hidden_state_layer_ids = [l]``; ``l = L`` after the final norm); ``E`` the input
+embedding, ``H`` the width, ``V`` the target's vocabulary, ``Vd <= V`` the head's (frequency-ranked, FR-Spec).
+**EAGLE-3** (``variant="eagle3"``, training-time test; vLLM speculators' ``Eagle3DraftModel`` layout)::
 
-**EAGLE-3** (``variant="eagle3"``; "training-time test", Li et al. 2025), the layout of vLLM's
-speculators ``Eagle3DraftModel``. A *draft position* pairs a feature with the token that follows it::
-
-    g_t = fc([h^{l1}_t ; h^{l2}_t ; h^{l3}_t])                  fc: 3H -> H (low / middle / high layers;
-                                                                 speculators' default l = 2, L // 2, L - 3)
+    g_t = fc([h^{l1}_t ; h^{l2}_t ; h^{l3}_t])                  fc: 3H -> H (speculators' default l = 2, L // 2, L - 3)
     u   = [input_layernorm(E x_{t+1}) ; hidden_norm(g_t)]       2H: q/k/v of the one layer take 2H inputs
     a   = g_t + o_proj(Attn(u))                                  (residual = hidden_norm(g_t) if norm_before_residual)
     o_t = a + MLP(post_attention_layernorm(a))
     q(x_{t+2} | x_{<=t+1}) = softmax(lm_head(norm(o_t)))        over Vd; draft row j is target token j + d2t[j]
 
-and the next draft position feeds the head's own output in place of ``g``: ``(o_t, x_{t+2}) -> o_{t+1}``
-(``norm(o_t)`` with ``norm_output``), so drafting ``gamma`` tokens is ``gamma`` one-layer forwards on the
-head's own small KV cache. Draft position ``t`` sits at RoPE position ``t + 1`` (speculators' convention;
-attention under RoPE depends only on position differences, so vLLM's ``t`` is the same model).
-
-**Training-time test** (:meth:`EagleHead.unrolled`): the chain is unrolled for ``k`` steps during
-training. Step 0 runs every position on the target's features; step ``i > 0`` runs every position ``t``
-on the step ``i - 1`` output with the token ``x_{t+1+i}``, and its query at ``t`` attends to the step-0
-keys at ``<= t`` plus the keys of steps ``1 .. i`` *at ``t`` only* (one diagonal per step): exactly the
-cache a chain of ``i + 1`` drafted tokens after position ``t`` sees at inference. Step ``i`` predicts
-``x_{t+2+i}``; the loss is ``sum_i 0.8^i CE_i`` (:func:`step_weights`).
-
-**Targets.** A Llama-type target's head copies its layer's shape; a Gemma-3 target's keeps the Llama layer
-above (SiLU MLP, no QK-norm; speculators too fixes only the draft layer, whatever the verifier) over the
-Gemma features, and ``E x`` is what the target feeds its own first layer: ``s E x`` with Gemma's
-``s = sqrt(H)`` (``EagleConfig.embed_scale``, 1 for Llama), on every path that embeds a token.
-
-**EAGLE-1 variant** (``variant="eagle1"``; Li et al. 2024): a single feature, by default the target's
-last hidden state ``h^L`` (what its LM head reads), and the prediction fed back *through* ``fc``
-(``g = fc(o_t)``) because ``o_t`` is trained to regress onto the target's next feature ``h^L_{t+1}``
-(SmoothL1 beside the cross-entropy, :mod:`spade_lib.zoo.heads`). The decoder layer keeps the EAGLE-3
-2H-input layout (EAGLE-1 proper fuses ``[E x; h]`` through ``fc`` before a plain layer): one layer
-class for both, and the speculators format only for ``eagle3``.
-
-:class:`EagleDrafter` is the :class:`~spade_lib.decoding.drafters.Drafter`: it names the target layers
-it reads (``hidden_layers``), keeps what :meth:`~EagleDrafter.observe` tells it (features of committed
-positions, fed into the head's cache at the next ``propose``, where they count as draft time), drafts
-a chain with ``q_i = adjust(logits, sampling)`` (``-inf`` off the draft vocabulary, so ``q = 0`` there:
-still lossless), consults the policy like :class:`~spade_lib.decoding.drafters.ModelDrafter`, and on
-``accept`` crops its cache back to the committed positions (the drafted positions are recomputed from
-the target's features, as EAGLE does). With ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig`
-(EAGLE-2's dynamic tree, a static one, sampled trees) it proposes that tree instead, each level one pass of
-the layer over the level's nodes under the tree mask (a node sees the committed positions and its own
-ancestors), its ``g`` the feedback of its parent's output; :meth:`EagleDrafter.propose_tree` is the full
-top-``k`` tree of a given depth as plain tensors (tokens, parents, depth, q).
+The next position feeds ``o_t`` (``norm(o_t)`` with ``norm_output``) in place of ``g``: ``gamma`` tokens are ``gamma``
+one-layer forwards on the head's own KV cache; draft position ``t`` sits at RoPE position ``t + 1`` (speculators').
+**Training-time test** (:meth:`EagleHead.unrolled`, ``k`` steps): step ``i > 0`` runs position ``t`` on step ``i - 1``'s
+output with ``x_{t+1+i}``, attending to step-0 keys ``<= t`` plus steps ``1 .. i`` at ``t`` only (the cache of an
+``i + 1``-token chain), predicts ``x_{t+2+i}``; loss ``sum_i 0.8^i CE_i`` (:func:`step_weights`). A Gemma-3 target
+keeps this Llama layer (SiLU, no QK-norm) and embeds ``s E x``, ``s = sqrt(H)`` (``EagleConfig.embed_scale``, Llama 1).
+**EAGLE-1** (``variant="eagle1"``): one feature, default ``h^L``, fed back through ``fc`` (``g = fc(o_t)``, ``o_t``
+regressed onto ``h^L_{t+1}``, SmoothL1 beside the CE, :mod:`spade_lib.zoo.heads`), same 2H layer, no speculators format.
+:class:`EagleDrafter` reads ``hidden_layers``, feeds observed features at the next ``propose``, drafts ``q_i =
+adjust(logits)`` (``-inf`` off ``Vd``: lossless), crops its cache to the committed positions on ``accept``; ``tree=``:
+one tree level per pass under the tree mask; :meth:`EagleDrafter.propose_tree`: the full top-``k`` tree as tensors.
 """
 
 from __future__ import annotations

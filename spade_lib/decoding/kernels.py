@@ -1,67 +1,27 @@
 """The fastest linear kernels for a model's decoding forward, chosen by timing it on the machine that runs it.
 
-A decoding forward is a chain of ``y = x W^T + b`` with ``x`` of ``k`` rows: ``k = 1`` for an
-autoregressive step or a draft step, ``k = g + 1`` for verifying ``g`` drafted tokens. On a CPU at
-these sizes each product is bound by streaming ``W`` from memory (or from a large last-level cache),
-so its time should barely depend on ``k``. Which library routine gets there depends on the CPU: on the
-2-core AMD EPYC machines of this project MKL's one-row GEMV (``F.linear``) reads SmolLM2's
-``49152 x 576`` LM head in 6.5 ms and the oneDNN kernel on pre-packed weights
-(``torch.ops.mkldnn._linear_pointwise``) in 2.0-2.6 ms; on an Intel Xeon with a 260 MiB L3 the
-picture reverses for one row. A baseline that runs its single rows on the slow kernel makes
-verification look cheaper than a decode step (``r(g) < 1``) and every speedup too large.
+A decoding forward is a chain of ``y = x W^T + b``, ``x`` of ``k`` rows (``k = 1``: an AR or draft step;
+``k = g + 1``: verifying ``g`` drafted tokens); each product streams ``W`` from memory, so its time should
+barely depend on ``k``. Which routine gets there depends on the CPU, and a baseline whose single rows run on
+the slow one makes verification look cheaper than a decode step (``r(g) < 1``). So :func:`choose` times the
+:data:`CANDIDATES` of a row class (``"one"``; ``"many"``, timed at :data:`MANY_ROWS` rows) **on the model's
+whole forward**, back to back as decoding runs it: every product on one candidate, in :data:`ROUNDS`
+interleaved rounds (median); then one pass over the products, largest first, moving a product to a
+candidate within :data:`PRUNE` of the fastest where the forward gains more than :data:`MIN_GAIN`, a move kept
+only if it still wins when timed again in rounds. ``"native"`` (SPADE's kernel, :mod:`.native`) is kept
+unless another uniform plan beats it by more than :data:`NATIVE_MARGIN`, so one host keeps one plan.
+Candidates: ``"mkl"`` (``F.linear``), ``"onednn"`` (oneDNN on weights packed once), ``"onednn_pad2"`` (one
+row padded to two), ``"native"`` (on its own packed copy, RMSNorm and residual fused; a row's result does not
+depend on its neighbours, so verification reproduces the AR logits bit for bit) and ``"native_rows"`` (the
+same kernel on the weights in place). A model too large to hold its weights twice is timed on
+:data:`IN_PLACE` only. ``policy="legacy"`` is SPADE's rule before timing (MKL one row, oneDNN more);
+``SPADE_LINEAR_KERNELS`` sets every lean forward's policy (default ``"auto"``).
 
-So nothing is assumed. :func:`choose` times the candidates of :data:`CANDIDATES` that serve a row
-class (``"one"``: ``k = 1``; ``"many"``: ``k > 1``, timed at :data:`MANY_ROWS` rows) **on the whole
-forward of the model**, back to back as decoding runs it (the autoregressive loop calls the one-row
-forward again and again, speculative verification the ``g + 1``-row one). First every product of the
-class on one candidate; then, from the fastest of those, one pass over the products (largest first)
-that moves a product to another candidate (of those within :data:`PRUNE` of the fastest) where the
-whole forward gets faster by more than :data:`MIN_GAIN`: the best routine can differ by weight shape
-(a small square projection and a 49152-row LM head are different problems for a GEMV). The uniform
-plans are timed in :data:`ROUNDS` interleaved rounds (median); each move is timed once, so a plan that
-moved is kept only if it still beats the best uniform plan by :data:`MIN_GAIN` when the two are timed
-again in rounds (``"confirmed"`` in the choice). One timing per plan was not enough: on a fresh clone a
-chooser once ranked the native one-row kernel behind oneDNN (4.45 against 4.18 ms for the embedded
-target's forward, where it runs in 2.46 ms); the embedded autoregressive baseline then ran at 229
-rather than 326 tokens/s, and r(g) and every speedup carried that. Timing single products in
-isolation was tried first and misleads: a group of weights that fits the cache looks fast alone and
-is not within a forward that streams all of them. Candidates:
-
-- ``"mkl"``: ``F.linear(x, W, b)`` (MKL's GEMV for one row, its SGEMM for more);
-- ``"onednn"``: ``_linear_pointwise(x, W_packed, b)`` on weights reordered once for oneDNN;
-- ``"onednn_pad2"`` (one row only): the row duplicated into two rows for the oneDNN kernel, first row kept;
-- ``"native"`` (where it builds): SPADE's own kernel (:mod:`spade_lib.decoding.native`, AVX-512 or AVX2 as the
-  CPU has it: :func:`native.isa`) for any number of rows,
-  one sequential stream of weight rows per thread of torch's pool, each weight read once for all rows,
-  with the RMSNorm before the product and the residual add after it fused in (:meth:`Kernel.normed`,
-  :meth:`Kernel.add_to`); a row's result does not depend on the rows beside it, so on it verification
-  computes the autoregressive loop's logits bit for bit. It is kept unless another uniform plan beats it by
-  more than :data:`NATIVE_MARGIN` (then no per-product refinement either): a plan that flips with a few
-  per cent of noise made two fresh clones on one host report different speedups for a reason that is not
-  speculation. Until its products ran on OpenMP (``native.FLAGS``) they ran on one core, which is why the
-  chooser had ranked it behind MKL on an Intel Xeon (33.9 against 22.9 ms for SmolLM2's step);
-- ``"native_rows"``: the same kernel on the weights as the model holds them (row-major, one stream per weight
-  row): no copy. A model too large to hold its weights twice (``LeanForward(in_place=True)``) is timed on the
-  candidates that read the weights in place only, :data:`IN_PLACE` (``"mkl"`` and this one).
-
-numpy's OpenBLAS was tried as a fourth family of one-row candidates and left out: on the AMD EPYC
-machines its one-row forward of SmolLM2 alone was 1.37x faster than oneDNN's (paired, in turns), but
-inside the autoregressive loop 0.90x (T = 0) and 0.82x (T = 1): its threads and torch's OpenMP threads
-fight for the two cores between the forwards (sampling, bookkeeping), and a verification forward needs
-torch's threads for the many-row kernels.
-
-``policy="legacy"`` reproduces SPADE's rule before kernels were timed (MKL for one row, oneDNN for
-more), for before/after comparisons; the environment variable ``SPADE_LINEAR_KERNELS`` sets the
-policy of every lean forward a process builds (default ``"auto"``).
-
-All compute the same product; they differ in summation order only (fp32: ~1e-6 relative). A choice
-is cached per process and on disk (``<CACHE_DIR>/kernels/choices.json``, keyed by CPU model, torch
-version, thread count, dtype and the model's weight shapes), so every process on one machine uses the
-same kernels and their outputs agree bit for bit; :func:`choices` lists what this process chose (the
-run metadata records it). Only fp32 on CPU with oneDNN available is timed; elsewhere (CUDA, bf16)
-every product is ``F.linear``, the framework's own dispatch. The timing is an explicit step
-(``LeanForward.prepare``, ``lean.prepare``, ``Pair.prepare``, which ``load_pair`` runs): a lean forward's
-constructor times nothing, it takes the :func:`recorded` plan, else the :func:`untimed` default.
+All compute one product up to summation order (fp32: ~1e-6 relative). A choice is cached per process and on
+disk (``<CACHE_DIR>/kernels/choices.json``, keyed by CPU, torch, threads, dtype and weight shapes);
+:func:`choices` lists this process's (the runs record it). Timing is an explicit step (``LeanForward.prepare``,
+``lean.prepare``, ``Pair.prepare``, run by ``load_pair``): a constructor takes the :func:`recorded` plan,
+else the :func:`untimed` default. Only fp32 on CPU is timed. Measured history: ``docs/measurements.md``.
 """
 
 from __future__ import annotations

@@ -1,55 +1,28 @@
 """A lean decoding forward for Llama-family and Gemma-3 models, with a preallocated KV cache.
 
-Speculative decoding calls a small draft model once per drafted token. For a 1-layer draft the
-arithmetic is tiny (its FLOP ratio to the 12 M target is ~0.06), so the Hugging Face forward's
-per-call work dominates: module dispatch, output dataclasses, mask construction, the dynamic cache's
-``torch.cat`` growth and ``crop``. :class:`LeanForward` computes the same function with the model's own
-weights and nothing else:
+A small draft's Hugging Face forward is dominated by per-call work (dispatch, dataclasses, masks, the dynamic cache's
+``torch.cat`` / ``crop``). :class:`LeanForward` computes the same function with the model's own weights, nothing else:
 
-- per layer: ``h = x + W_o · attn(rope(W_q n), rope(W_k n), W_v n)`` with ``n = rmsnorm(x)``, then
-  ``x' = h + W_down (silu(W_gate m) * W_up m)`` with ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` are fused into
-  one matrix, as are ``W_gate, W_up`` (one matmul each instead of three and two);
-- rotary embeddings: ``cos`` and ``sin`` of every position, from the model's own rotary module, are
-  computed once and indexed;
-- the KV cache is one preallocated buffer per layer, ``[2, kv_heads, capacity, head_dim]``; extending
-  writes in place, and rolling back to ``n`` tokens is setting an integer (nothing is copied or freed).
-  The capacity doubles when needed, up to the context limit;
-- one new token (the AR step, every draft step) takes a path of as few kernel calls as the math allows:
-  the norms' gains and the attention scale folded into the fused weights, each norm and residual add
-  done by the product next to it where the kernel allows; where SPADE's native kernels build
-  (:mod:`spade_lib.decoding.native`) the rotation, cache write and attention of a layer are one call,
-  else the query/key rotation is one product with the position's rotation matrix;
-- attention is ``softmax(q K^T / sqrt(d) + mask) V`` in two batched matmuls over the first ``length + k``
-  cached positions (cheaper per call than the fused CPU attention kernel at decoding sizes); one new token
-  needs no mask, ``k > 1`` new tokens the causal mask ``j <= length + i``, or a draft tree's (row ``i``
-  sees the cache and its own path, at position ``length + depth[i]``; :mod:`spade_lib.decoding.tree`),
-  and committing a tree's accepted path copies its rows' keys/values down (``keep``);
-- the final norm and LM head run on the last position only when only it is needed;
-- every projection and the LM head run on the linear kernel whose whole forward
-  :mod:`spade_lib.decoding.kernels` timed fastest on this machine, separately for one new token and
-  for blocks of ``k > 1`` (the verification forward): MKL's GEMV, oneDNN on pre-packed weights, SPADE's
-  AVX2 GEMV for one row, ... — chosen by timing, never assumed (on the project's AMD EPYC machines MKL's
-  one-row GEMV is 2-3x slower than the packed oneDNN kernel; on other CPUs it is the faster one).
-  ``kernels=`` forces one;
-- an FR-Spec draft (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`, a head over a subset of the
-  vocabulary) computes its ``head_vocab`` logits and scatters them into ``-inf``-filled full-vocabulary
-  rows, exactly as its Hugging Face forward does.
+- per layer ``h = x + W_o attn(rope(W_q n), rope(W_k n), W_v n)``, ``n = rmsnorm(x)``, then ``x' = h + W_down
+  (silu(W_gate m) * W_up m)``, ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` fused into one matrix, ``W_gate, W_up`` into one;
+  norm gains and attention scale folded into them; rotary ``cos``/``sin`` computed once per position and indexed;
+- KV cache: one buffer per layer ``[2, kv_heads, capacity, head_dim]``, written in place; rollback to ``n`` tokens sets
+  an integer; capacity doubles up to the context limit;
+- attention ``softmax(q K^T / sqrt(d) + mask) V``, two batched matmuls over the first ``length + k`` positions: no
+  mask for one token, causal ``j <= length + i`` for ``k > 1``, or a draft tree's (row ``i``: the cache and its path, at
+  position ``length + depth[i]``; :mod:`spade_lib.decoding.tree`); ``keep`` copies an accepted path's keys/values down;
+  one new token takes as few kernel calls as the math allows (rotation, cache write and attention one call where
+  :mod:`spade_lib.decoding.native` builds); final norm and LM head on the last position only when that suffices;
+- projections on the linear kernel (MKL GEMV, oneDNN packed, SPADE AVX2, ...) :mod:`spade_lib.decoding.kernels` timed
+  fastest here, for one row and ``k > 1`` rows apart (``kernels=`` forces one); an FR-Spec draft scatters its
+  ``head_vocab`` logits into ``-inf`` full-vocabulary rows (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`).
 
-Gemma-3 (``Gemma3ForCausalLM``) is the same loop with its own layer: the embedding scaled by
-``sqrt(d)``; RMSNorms with gain ``1 + w``; four norms a layer, ``h = x + norm_2(W_o attn(...))`` and
-``x' = h + norm_4(W_down (gelu_tanh(W_gate m) * W_up m))`` with ``n = norm_1(x)``, ``m = norm_3(h)`` (the
-pre-norms' gains folded into the fused weights as above, the post-norms applied to the products'
-outputs); QK-norm (each query and key head RMS-normed with its own gain before rotation, the query scale
-``query_pre_attn_scalar^-1/2`` folded into the query gain); two rotary tables (local and global bases),
-one per layer type; and sliding-window layers, where a token at position ``p`` sees the cached positions
-``> p - window`` only (global layers see everything).
-
-Numerically it is the same computation in a different order of kernel calls (fused matmuls), so
-logits agree with the Hugging Face forward to float rounding (fp32: ~1e-6). :func:`lean_forward`
-returns ``None`` for any model it does not cover (other architectures, sliding windows, RoPE types
-whose frequencies depend on the sequence length, QK-norm, biases on the MLP, ...), and it checks
-every model it builds against one Hugging Face forward before use, so an unnoticed difference falls
-back to the Hugging Face path rather than changing outputs.
+Gemma-3: embedding times ``sqrt(d)``; RMSNorm gain ``1 + w``; ``h = x + norm_2(W_o attn(..))``, ``x' = h +
+norm_4(W_down (gelu_tanh(W_gate m) * W_up m))``, ``n = norm_1(x)``, ``m = norm_3(h)``; per-head QK-norm before rotation
+(``query_pre_attn_scalar^-1/2`` folded in); local and global rotary tables; sliding layers see ``> p - window`` only.
+Logits equal Hugging Face's to float rounding (fp32: ~1e-6). :func:`lean_forward` returns ``None`` for a model it does
+not cover (other architectures, ``device_map``, Qwen2/Mistral sliding windows, length-dependent RoPE, Llama QK-norm, MLP
+bias, ...) and checks each model against one Hugging Face forward, falling back to it on any disagreement.
 """
 
 from __future__ import annotations

@@ -1,40 +1,28 @@
-"""SPADE's own decoding kernels on the CPU (``native.cpp``), compiled once per machine.
+"""SPADE's own decoding kernels on the CPU (``native.cpp``), compiled once per machine: :func:`linear`, :func:`attend`.
 
-Every decoding forward multiplies ``k`` rows ``x`` by each weight matrix ``W`` of the model: ``Y = x W^T``,
-``k = 1`` for an autoregressive step or a draft step, ``k = g + 1`` for verifying ``g`` drafted tokens (or
-a tree's nodes). On a CPU at these sizes that is bound by reading ``W`` from memory, so the best a kernel
-can do is to read ``W`` once, at the machine's bandwidth, for all ``k`` rows: the cost of a verification
-forward should then barely exceed an autoregressive step's (``r(g)`` near 1) until the ``2 k`` flops per
-weight catch up with the bandwidth. :func:`linear` computes, for each row ``r``,
+A forward multiplies ``k`` rows ``x`` by each weight matrix ``W``, ``Y = x W^T`` (``k = 1`` for an AR or draft step,
+``k = g + 1`` to verify ``g`` drafted tokens or a tree's nodes). On a CPU at these sizes that is bound by reading ``W``,
+so the best kernel reads ``W`` once, at memory bandwidth, for all ``k`` rows: a verification forward then costs about
+an AR step (``r(g)`` near 1) until the ``2 k`` flops per weight catch up. For each row ``r``, :func:`linear` computes
 
-    ``Y_r = s_r (W u_r) + b + R_r``,   ``u_r = x_r`` (or ``gain * x_r``) or ``u_r = silu(x_r1) * x_r2``
-    (``gated``: a gated MLP's input), ``s_r = 1 / sqrt(mean(x_r^2) + eps)`` when ``eps`` is given (an
-    RMSNorm, its gain folded into ``W`` by the lean forward or passed as ``gain``), else ``s_r = 1``
+    ``Y_r = s_r (W u_r) + b + R_r``,   ``u_r = x_r`` (or ``gain * x_r``) or ``u_r = silu(x_r1) * x_r2`` (``gated``),
+    ``s_r = 1 / sqrt(mean(x_r^2) + eps)`` when ``eps`` is given (RMSNorm, gain folded into ``W`` or passed), else 1,
 
-with each thread of torch's own pool reading one contiguous block of weight rows front to back, a tile of
-weight rows times input rows held in registers (AVX-512 where the CPU has it, else AVX2) so each weight is
-read from memory once for all ``k`` rows. The lean forward and the heads hand it weights in :func:`pack`'s
-layout (four rows interleaved chunk by chunk), so a tile's reads are one sequential stream per core. The norm prologue and the residual
-epilogue save the small kernel calls around the products that a forward is otherwise full of.
-:func:`attend` does the rest of a layer's token mixing in one call: the rotary embedding of the new
-tokens' query and key heads, their keys and values written into the cache, and ``softmax(q K^T) V`` per
-query head over the cache slots each row sees (causal, or a draft tree's ancestors; grouped-query heads
-read their group's KV head).
+each thread of torch's pool reading one contiguous block of weight rows front to back, a tile of weight rows x input
+rows in registers (AVX-512, else AVX2); weights come in :func:`pack`'s layout (four rows interleaved chunk by chunk),
+one sequential stream per core. :func:`attend` does the rest of a layer's token mixing in one call: rotary embedding of
+the new query/key heads, their keys and values into the cache, ``softmax(q K^T) V`` per query head over the slots each
+row sees (causal, or a draft tree's ancestors; grouped-query heads read their group's KV head).
 
-**One summation order.** Every output of both kernels is summed in one order whatever ``k`` is (see
-``native.cpp``), so a row's result is the same bit for bit alone or among ``k`` rows: a verification
-forward sees exactly the logits the autoregressive loop computes for the same prefix, and greedy
-speculative decoding on these kernels reproduces greedy decoding exactly, not just up to near-ties. Both
-equal their torch formulation up to fp32 summation order (~1e-6 relative; ``tests/test_native.py``).
+**One summation order.** Every output is summed in one order whatever ``k`` (see ``native.cpp``), so a row's result is
+bit-identical alone or among ``k`` rows: verification sees exactly the AR loop's logits, and greedy speculative decoding
+reproduces greedy decoding exactly. Both kernels equal their torch form up to fp32 summation order (~1e-6 relative).
 
-:func:`linear` is one candidate (``"native"``) among the library kernels of
-:mod:`spade_lib.decoding.kernels`, used where timing says it is not slower; the lean forward then also
-attends with :func:`attend`. It exists only where it can be built: an x86-64 CPU with AVX2 and FMA, a
-C++ compiler and ``ninja`` (the project's machines have both). The build (~45 s on two cores) goes to
-``<CACHE_DIR>/ext/<key>`` (keyed by the source, torch version and flags), under a file lock so concurrent
-processes build it once; anywhere it cannot be built :func:`available` is ``False`` (one warning says why)
-and the library kernels remain; ``SPADE_NATIVE=0`` turns it off. ``SPADE_NATIVE_REQUIRED=1`` (set by
-``make test``) makes a failed build on a machine with the compiler an error instead of a warning.
+:func:`linear` is the ``"native"`` candidate of :mod:`spade_lib.decoding.kernels`, used where timing says it is not
+slower (the lean forward then attends with :func:`attend`). It needs x86-64 with AVX2 and FMA, a C++ compiler and
+``ninja``; built into ``<CACHE_DIR>/ext/<key>`` (key: source, torch version, flags) under a file lock; where it cannot
+be, :func:`available` is ``False`` (one warning) and library kernels remain. ``SPADE_NATIVE=0`` turns it off;
+``SPADE_NATIVE_REQUIRED=1`` (``make test``) makes a failed build on a machine with the compiler an error.
 """
 
 from __future__ import annotations

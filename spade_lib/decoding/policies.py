@@ -1,38 +1,26 @@
 """Draft-length policies: how many tokens the drafter proposes before the target verifies.
 
-A policy is consulted after each drafted token ``x_i`` (``i = 0, 1, ...``) with two signals of the
-draft's *temperature-1* distribution at that position, ``q_raw = softmax(draft logits)``:
+A policy is consulted after each drafted token ``x_i`` with two signals of the draft's *temperature-1* distribution
+there, ``q_raw = softmax(draft logits)``: ``q_top_prob = max_v q_raw(v)`` (confidence) and ``h_q = -sum_v q_raw(v) log
+q_raw(v)`` (entropy, nats), and answers whether to draft ``x_{i+1}`` (``keep_drafting``). The token just drafted is
+always kept (as in HF assisted generation). Every policy has a ``max_gamma``; the decoder may cap the block further
+(``max_new_tokens``, context limit). Policies are frozen dataclasses; a step's length depends only on that step's draft
+distributions and, for a *stateful* policy, on earlier steps' outcomes, never on the target's verdict on the current
+block, so speculative sampling stays lossless for any policy (Leviathan et al. 2023, Theorem 1 holds for any block
+length chosen before verification). The decoder logs ``gamma`` and both signals every step.
 
-- ``q_top_prob = max_v q_raw(v)`` (the draft's confidence), and
-- ``h_q = -sum_v q_raw(v) log q_raw(v)`` (its entropy, nats),
+**Per-generation state.** :meth:`Policy.start` (once per generation, per row when batched) returns ``None`` (stateless:
+up to ``max_gamma`` every step) or a fresh :class:`PolicyState`, whose :meth:`~PolicyState.gamma` gives each step's cap
+in ``[1, max_gamma]`` (then the budget; ``keep_drafting`` may stop earlier) and whose :meth:`~PolicyState.observe` is
+told ``(gamma, n_accepted)`` after verification (``gamma = 0``: a plain target step); :func:`step_cap` is that rule,
+:class:`spade_lib.decoding.adaptive.AdaptiveGamma` (``"adaptive"``) the built-in stateful policy.
 
-and answers whether to draft ``x_{i+1}``. The token just drafted is always kept (as in HF assisted
-generation: a low-confidence token is verified, drafting just stops after it). Every policy has a
-``max_gamma``; the decoder may cap the block further (``max_new_tokens``, the context limit).
-
-Policies are frozen dataclasses: a step's draft length depends only on that step's draft distributions
-and, for a *stateful* policy, on the outcomes of earlier steps, so the choice never peeks at the
-target's verdict on the current block and speculative sampling stays lossless for any policy (Leviathan
-et al. 2023, Theorem 1 holds for every block length chosen before verification). The decoder logs the
-draft length (``gamma``) and both signals for every step.
-
-**Per-generation state.** :meth:`Policy.start` is called once at the start of every generation (once
-per row in batched decoding) and returns ``None`` (the default: stateless, every step may draft up to
-``max_gamma``) or a fresh :class:`PolicyState`. Before each step the decoder asks the state's
-:meth:`~PolicyState.gamma` for that step's cap (an integer in ``[1, max_gamma]``, further capped by the
-budget; ``keep_drafting`` may still stop earlier), and after verification tells it
-:meth:`~PolicyState.observe` ``(gamma, n_accepted)`` (``gamma = 0`` for a plain target step).
-:func:`step_cap` is that rule. :class:`spade_lib.decoding.adaptive.AdaptiveGamma` (``"adaptive"``) is
-the built-in stateful policy.
-
-**Registry.** Policies are looked up by name (``get_policy("confidence", threshold=0.3)``), as the
-runner does (``RunConfig.policy`` + ``policy_options``); :func:`register_policy` adds one. Every policy
-also has a vectorised replay form for :mod:`spade_lib.whatif.replay`: :meth:`Policy.keep_mask` answers
-``keep_drafting`` for every row of a trace at once (from the columns ``q_top_prob`` and ``h_q_raw``,
-the same temperature-1 signals), and :meth:`Policy.replay_gamma` turns it into the draft length of
-each recorded step, ``g = min(1 + #leading kept positions, max_gamma, recorded gamma)``. A policy
-that only defines ``keep_drafting`` gets a row-by-row ``keep_mask`` (correct, slower). A stateful
-policy has no replay form (its caps depend on outcomes the trace may not hold): ``replay_gamma`` refuses.
+**Registry**: ``get_policy("confidence", threshold=0.3)`` (the runner's ``RunConfig.policy`` + ``policy_options``);
+:func:`register_policy` adds one. **Replay** (:mod:`spade_lib.whatif.replay`): :meth:`Policy.keep_mask` answers
+``keep_drafting`` for every trace row at once (columns ``q_top_prob``, ``h_q_raw``: the same signals; a policy defining
+only ``keep_drafting`` gets a slower row-by-row one) and :meth:`Policy.replay_gamma` gives each recorded step's ``g =
+min(1 + #leading kept positions, max_gamma, recorded gamma)``; a stateful policy has no replay form (its caps depend on
+outcomes the trace may not hold): ``replay_gamma`` refuses.
 """
 
 from __future__ import annotations

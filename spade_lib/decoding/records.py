@@ -1,23 +1,14 @@
 """The trace's columns, each defined once: name, type, group, meaning, and where its value comes from.
 
-A token-level trace has one row per *drafted* token (notation of Leviathan et al. 2023: ``p`` the
-target distribution, ``q`` the draft's, ``gamma`` the tokens drafted in a step, ``x`` a drafted token;
-probabilities of the *adjusted* -- temperature / top-k / top-p warped -- distributions unless the name
-ends in ``_raw``: temperature 1, no truncation). Every column is one :class:`Column` in the registry of
-this module, and everything else reads the registry:
-
-- the Parquet schema (:func:`spade_lib.runs.trace.schema_for`) takes each column's name and ``dtype``;
-- the rows of a generation (:func:`rows`, what ``GenerationResult.records()`` returns) take the
-  ``value`` of each step / block / tree column from the step's facts and the token's place, and each
-  position column from the statistics the decoder computed;
-- the decoders compute every position column with :func:`position_stats`, one ``compute`` per column
-  over a batch of verified blocks (:class:`StatInputs`);
-- a file of an older schema version is read by filling each newer column with its ``fill``.
-
-Adding a column is therefore one place: one entry of ``_BUILTIN`` (bump
-``spade_lib.runs.trace.SCHEMA_VERSION`` and give it ``since`` and ``fill``), or one
-:func:`register_column` call for an extension (``tests/test_trace.py`` registers one and finds it in
-the Parquet file).
+A token-level trace has one row per *drafted* token (Leviathan et al. 2023: ``p`` target, ``q`` draft, ``gamma``
+tokens drafted in a step, ``x`` a drafted token; probabilities of the *adjusted* -- temperature / top-k / top-p warped
+-- distributions unless the name ends in ``_raw``: temperature 1, no truncation). Every column is one :class:`Column`
+of this module's registry, which everything else reads: the Parquet schema (:func:`spade_lib.runs.trace.schema_for`:
+name, ``dtype``); a generation's rows (:func:`rows`, ``GenerationResult.records()``: step / block / tree columns'
+``value`` from the step's facts and the token's place, position columns from the decoder's statistics); the decoders'
+:func:`position_stats` (one ``compute`` per column over a batch of verified blocks, :class:`StatInputs`); older schema
+versions (each newer column filled with its ``fill``). Adding a column is one entry of ``_BUILTIN`` (bump
+``spade_lib.runs.trace.SCHEMA_VERSION``, give ``since`` and ``fill``) or one :func:`register_column` call.
 
 Groups (``GROUPS``):
 
@@ -27,13 +18,11 @@ Groups (``GROUPS``):
 ``tree``      its node in the step's draft tree (terms below)
 ``position``  per-position statistics the decoder computes for each drafted token
 
-**The draft tree.** A step drafts a tree below the root, the newest committed token ``t``; each drafted
-token is a *node*, numbered ``0 ..`` in drafting order so that a node's *parent* is numbered before it
-(``parent < node``; ``-1`` is the root). Its *depth* is its distance below the root minus one
-(``depth = 0`` under the root, else ``depth(parent) + 1``); its *sibling rank* is its place among its
-parent's children (0 first); the nodes from the root to a node are its *path*. A chain -- every drafter
-today -- is the tree with one child per node: ``node = pos``, ``parent = pos - 1``, ``depth = pos``,
-``sibling_rank = 0``, which is what :func:`rows` writes and what a version-1 file is filled with.
+**The draft tree.** Below the root (the newest committed token ``t``) each drafted token is a *node*, numbered ``0 ..``
+in drafting order so that ``parent < node`` (``-1``: the root); ``depth = 0`` under the root, else ``depth(parent) +
+1``; *sibling rank*: its place among its parent's children (0 first); *path*: the nodes from the root to it. A chain
+has one child per node: ``node = pos``, ``parent = pos - 1``, ``depth = pos``, ``sibling_rank = 0``, which is what a
+version-1 file is filled with.
 """
 
 from __future__ import annotations

@@ -1,36 +1,28 @@
 """One speculative decoding step after the target's forward: verify, record, commit — for ``R`` rows at once.
 
-Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length (``g`` here: the
-rows of one call share it). Both decoding loops call this module and keep only what is theirs (the
-drafter, the target's cache, their bookkeeping): :meth:`spade_lib.decoding.decode.SpeculativeDecoder.generate`
-with ``R = 1`` and :func:`spade_lib.decoding.batch.speculative_generate_batch` once per group of rows
-that drafted the same ``g``. Given ``logits_p [R, g + 1, V]``, the target's logits after
-``[t, x_0 .. x_{g-1}]``, and ``p = adjust(logits_p)`` (:func:`spade_lib.sampling.adjust`):
+Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft length (``g`` here, shared by the rows of a
+call). Both loops call this module and keep only what is theirs (drafter, target cache, bookkeeping):
+:meth:`spade_lib.decoding.decode.SpeculativeDecoder.generate` with ``R = 1`` and
+:func:`spade_lib.decoding.batch.speculative_generate_batch` per group of rows that drafted the same ``g``. Given
+``logits_p [R, g + 1, V]``, the target's logits after ``[t, x_0 .. x_{g-1}]``, and ``p = adjust(logits_p)``
+(:func:`spade_lib.sampling.adjust`):
 
-1. **verify** (:meth:`Step.verify`): :func:`spade_lib.verify.verify` accepts a prefix of ``n_r`` drafts
-   of row ``r`` and draws its next token ``y_r`` — the residual ``norm(max(0, p_n - q_n))`` at the first
-   rejection, the bonus ``~ p_g`` after ``g`` accepts (or the rule's own, :mod:`spade_lib.rules`);
-   with ``record=True`` also the per-position statistics :func:`spade_lib.decoding.records.position_stats`
-   ``[R, C, g]`` and, with ``record_topk = k``, the top-``k`` of ``p`` and ``q`` at each position,
-   timed on their own (``t_records``: the decoder takes it out of the step's and the generation's times,
-   so a recorded generation is timed as a deployed decoder would run).
-   A step with ``g = 0`` (no proposal) is a plain target step: ``y_r ~ p_0`` (:func:`sample_next`).
-2. **commit** (:func:`commit`): one device -> host transfer of every row's ``n``, ``y``, drafts and
-   statistics; row ``r`` emits ``x_0 .. x_{n-1}, y`` cut after the first EOS and to its budget
-   (:func:`spade_lib.decoding.common._truncate`).
+1. **verify** (:meth:`Step.verify`): :func:`spade_lib.verify.verify` accepts a prefix of ``n_r`` drafts of row ``r``
+   and draws its next token ``y_r``: the residual ``norm(max(0, p_n - q_n))`` at the first rejection, the bonus
+   ``~ p_g`` after ``g`` accepts (or the rule's own, :mod:`spade_lib.rules`); with ``record=True`` also
+   :func:`spade_lib.decoding.records.position_stats` ``[R, C, g]`` and, with ``record_topk = k``, the top-``k`` of
+   ``p`` and ``q``, timed apart (``t_records``, taken out of the step's and generation's times). ``g = 0`` (no
+   proposal) is a plain target step, ``y_r ~ p_0`` (:func:`sample_next`).
+2. **commit** (:func:`commit`): one device -> host transfer of every row's ``n``, ``y``, drafts and statistics;
+   row ``r`` emits ``x_0 .. x_{n-1}, y`` cut after the first EOS and to its budget (``common._truncate``).
 
-**Randomness.** Row ``r`` draws from its own streams (:func:`spade_lib.decoding.common.seed_streams`):
-``g`` acceptance uniforms from ``"accept"`` (none for a deterministic rule), one next-token uniform from
-``"residual"`` (none for an ``argmax_next`` rule such as greedy). With one row the generators go to
-:func:`~spade_lib.verify.verify`, which draws exactly that; with several the uniforms are drawn row by
-row and passed in, so a row's draws never depend on the other rows of its batch.
-
-**Trees** (:mod:`spade_lib.decoding.tree`; single decoding and, row by row, :mod:`spade_lib.decoding.batch_tree`):
-:meth:`Step.verify_tree` is the same step for one row's tree of ``N`` nodes, ``logits_p [N + 1, V]``
-after ``[t, x_0 .. x_{N-1}]`` under the tree mask: :func:`spade_lib.verify.verify_tree` under the tree
-rule that applies ``mode`` to siblings accepts a path of nodes; each node's statistics are taken against
-``p`` at its parent (row ``parents + 1``), and the same one transfer carries the path, each node's depth
-and sibling rank.
+**Randomness.** Row ``r`` draws from its own streams (:func:`spade_lib.decoding.common.seed_streams`): ``g`` acceptance
+uniforms from ``"accept"`` (none for a deterministic rule), one next-token uniform from ``"residual"`` (none for an
+``argmax_next`` rule such as greedy); one row passes the generators to :func:`~spade_lib.verify.verify`, several draw
+row by row, so a row's draws never depend on its batch. **Trees** (:mod:`spade_lib.decoding.tree`, and row by row
+:mod:`spade_lib.decoding.batch_tree`): :meth:`Step.verify_tree` for one row's ``N``-node tree, ``logits_p [N + 1, V]``
+under the tree mask: :func:`spade_lib.verify.verify_tree` accepts a path (``mode`` applied to siblings); each node's
+statistics are against ``p`` at its parent (row ``parents + 1``); the same transfer carries path, depth, sibling rank.
 """
 
 from __future__ import annotations

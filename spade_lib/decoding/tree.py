@@ -1,33 +1,26 @@
 """Draft trees: what a drafter proposes, a chain being the tree in which every node has one child.
 
-Terms (used with these meanings everywhere in SPADE; SpecInfer, Miao et al. 2024; Medusa, Cai et al.
-2024). The *root* is the pending token ``t``: the newest committed token, not yet in the target's
-cache. A draft tree has ``N`` *nodes* ``0 .. N-1``; node ``i`` carries the drafted token ``x_i`` and
-its *parent* ``parents[i]`` (``-1``: a child of the root); nodes are in topological order
-(``parents[i] < i``), so every prefix ``0 .. m-1`` of the nodes is itself a tree. ``depth[i]`` is the
-number of ancestors of ``i`` other than the root (a child of the root has depth 0), so ``x_i`` would
-sit at absolute position ``root + 1 + depth[i]``; the *sibling rank* of ``i`` is the number of earlier
-nodes with the same parent (the order siblings were drawn in). The *path* of node ``i`` is its
-ancestors and itself, root-down; verification accepts one path (possibly empty) and then draws the
-next token from the target at its end.
+Terms (used with these meanings everywhere in SPADE; SpecInfer, Miao et al. 2024; Medusa, Cai et al. 2024). The
+*root* is the pending token ``t``: the newest committed token, not yet in the target's cache. A draft tree has ``N``
+*nodes* ``0 .. N-1``; node ``i`` carries the drafted token ``x_i`` and its *parent* ``parents[i]`` (``-1``: a child
+of the root); nodes are in topological order (``parents[i] < i``), so every prefix ``0 .. m-1`` is itself a tree.
+``depth[i]`` is the number of ancestors of ``i`` other than the root (a child of the root has depth 0), so ``x_i``
+sits at absolute position ``root + 1 + depth[i]``; the *sibling rank* of ``i`` is the number of earlier nodes with the
+same parent (the order siblings were drawn in). The *path* of ``i`` is its ancestors and itself, root-down;
+verification accepts one path (possibly empty), then draws the next token from the target at its end.
 
 ``q[i]`` is the (adjusted) draft distribution ``x_i`` was drawn from, ``[N, V]``; ``draws`` (one of
-:data:`spade_lib.rules.DRAWS`, which :func:`spade_lib.verify.verify_tree` reads) says how siblings were
-drawn from their parent's ``q``: ``"iid"`` (independently, the chain case and
-SpecInfer's multi-step sampling), ``"without_replacement"`` (distinct siblings, each from ``q`` with
-the earlier ones removed and renormalised) or ``"deterministic"`` (e.g. top-``k`` children; ``q`` may be
-``None``, verification then treats each ``q[i]`` as ``one_hot(x_i)``).
+:data:`spade_lib.rules.DRAWS`, read by :func:`spade_lib.verify.verify_tree`) says how siblings were drawn from their
+parent's ``q``: ``"iid"`` (independently: the chain case, SpecInfer's multi-step sampling), ``"without_replacement"``
+(distinct, each from ``q`` with the earlier ones removed and renormalised) or ``"deterministic"`` (e.g. top-``k``
+children; ``q`` may be ``None``, verification then treats ``q[i]`` as ``one_hot(x_i)``).
 
-A **chain** (``x_0 .. x_{gamma-1}``, node ``i``'s parent ``i - 1``) is stored with ``parents=None``:
-its shape is known on the host, so the decoder takes the chain path (a plain causal forward, no mask
-built, no extra host sync) without reading a tensor. ``DraftTree(tokens, q, logits, stop)`` — the
-positional order of the chain draft :class:`spade_lib.decoding.drafters.Draft` always had — is a
-chain; :func:`DraftTree.chain` says so by name.
-
-The target scores a tree in one forward over ``[t, x_0 .. x_{N-1}]`` in which row ``r`` attends to the
-cache and to the rows of its own path (:meth:`DraftTree.ancestor_mask`), at position
-``length + depth``: row ``i + 1`` then computes exactly what a causal forward of the path of ``i``
-would (``tests/test_adapter.py``).
+A **chain** (node ``i``'s parent ``i - 1``) is stored with ``parents=None``: its shape is known on the host, so the
+decoder takes the chain path (plain causal forward, no mask, no extra host sync). ``DraftTree(tokens, q, logits,
+stop)``, the positional order of the chain draft :class:`spade_lib.decoding.drafters.Draft`, is a chain
+(:func:`DraftTree.chain`). The target scores a tree in one forward over ``[t, x_0 .. x_{N-1}]`` in which row ``r``
+attends to the cache and its own path's rows (:meth:`DraftTree.ancestor_mask`) at position ``length + depth``: row
+``i + 1`` then computes exactly what a causal forward of the path of ``i`` would (``tests/test_adapter.py``).
 """
 
 from __future__ import annotations

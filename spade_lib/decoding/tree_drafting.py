@@ -1,45 +1,28 @@
 """Tree drafting: how a drafter with a model grows its draft tree, named once by a :class:`TreeConfig`.
 
-A run names the tree in one place -- ``make_drafter(name, pair, tree=TreeConfig(...))``, or the spec string
-``TreeConfig.parse("eagle2:nodes=16,depth=4,topk=4")`` -- and every drafter that drafts from a model (a draft
-model, :class:`~spade_lib.decoding.drafters.ModelDrafter`; EAGLE and Medusa heads) grows it the same way,
-:func:`grow_tree`, with the builders of :mod:`spade_lib.decoding.tree_shapes`. Terms are those of
-:mod:`spade_lib.decoding.tree` (node, parent, depth, sibling rank, path; the root is the pending token).
+A run names it once (``make_drafter(name, pair, tree=TreeConfig(...))``, or a spec for ``TreeConfig.parse`` such as
+``"eagle2:nodes=16,depth=4,topk=4"``); every drafter with a model (``ModelDrafter``, EAGLE and Medusa heads) grows it
+by :func:`grow_tree` with :mod:`spade_lib.decoding.tree_shapes`. Terms are :mod:`spade_lib.decoding.tree`'s (the root
+is the pending token). **Shapes** (``TreeConfig.shape``; fields read in brackets; ``"chain"``, the default: no tree):
 
-**Shapes** (``TreeConfig.shape``; the fields each one reads in brackets):
+- ``"eagle2"`` [``total_nodes``, ``depth``, ``top_k``]: EAGLE-2 (Li et al. 2024): per level the ``top_k`` nodes of
+  highest cumulative draft probability expand to their ``top_k`` likeliest children; all reranked to ``total_nodes``;
+- ``"static"`` [``choices``, ``depth``]: a Medusa choice list (paths of top-k ranks; :data:`SMALL_TREE`, 16 nodes of
+  depth 4, or ``"medusa63"``: ``mc_sim_7b_63``), the rank-th likeliest token at each parent (``fill_static``);
+- ``"sampled"`` [``widths`` or ``top_k`` and ``depth``, ``draws``]: SpecInfer (Miao et al. 2024): ``widths[d]``
+  children per node at depth ``d`` from ``q = adjust(draft logits, sampling)`` at the parent, i.i.d. (``"iid"``) or
+  without replacement (Jeon et al. 2024); no ``widths``: ``(top_k, 1, .., 1)`` of length ``depth``;
+- ``"trie"`` [``total_nodes``, ``depth``]: the model-free drafters' trie (``"ngram_tree"``, ``"suffix"``).
 
-- ``"chain"``: no tree, the drafter's chain ``x_0 .. x_{gamma-1}`` (the default, unchanged);
-- ``"eagle2"`` [``total_nodes``, ``depth``, ``top_k``]: EAGLE-2's dynamic tree (Li et al. 2024,
-  :func:`~spade_lib.decoding.tree_shapes.eagle2_tree`): per level expand the ``top_k`` nodes of highest
-  cumulative draft probability into their ``top_k`` most likely children, then rerank all candidates to
-  ``total_nodes``; ``draws="deterministic"``;
-- ``"static"`` [``choices``, ``depth``]: a Medusa-style choice list (paths of top-k ranks;
-  :data:`SMALL_TREE`, 16 nodes of depth 4, or ``"medusa63"``, Medusa's ``mc_sim_7b_63``), filled with the
-  rank-th most likely token at each parent (:func:`~spade_lib.decoding.tree_shapes.fill_static`);
-  ``draws="deterministic"``;
-- ``"sampled"`` [``widths`` or ``top_k`` and ``depth``, ``draws``]: SpecInfer's tree (Miao et al. 2024):
-  ``widths[d]`` children per node at depth ``d``, drawn from ``q = adjust(draft logits, sampling)`` at the
-  parent, i.i.d. (``draws="iid"``) or without replacement (Jeon et al. 2024); without ``widths``,
-  ``(top_k, 1, .., 1)`` of length ``depth``: ``top_k`` sampled chains;
-- ``"trie"`` [``total_nodes``, ``depth``]: the model-free drafters' own shape (``"ngram_tree"``,
-  ``"suffix"`` in :mod:`spade_lib.decoding.drafters`): a trie of the continuations seen in the text.
-
-**Which ``q``.** Verification of a drawn tree is exact only with the ``q`` its tokens were really drawn
-from, so a sampled tree carries ``q = adjust(logits, sampling)`` at each node's parent (before the removal
-of earlier siblings, which :func:`spade_lib.verify.verify_tree` re-derives). The deterministic shapes rank
-by the draft's temperature-1 softmax of its raw logits (as EAGLE does, whatever the sampling temperature:
-at temperature 0 the adjusted ``q`` is one-hot and would rank nothing) and carry ``q = None``: the tree
-rule then treats each node as drawn from ``one_hot(x_i)``, lossless at every temperature.
-
-**One forward per level.** :func:`grow_tree` asks the drafter's ``feed(tokens, parents, depths)`` for the
-raw logits after the nodes it expands, a whole level at once: the new rows' tokens, the parents of *every*
-row fed so far in this tree then the new ones (indices into that list, ``-1``: the root), and the new
-rows' depths (0: a child of the root). A draft model feeds them with one tree-masked extend on its own
-cache (``CausalLMAdapter.extend(ids, parents=..., tree_from=...)``), an EAGLE head with one pass of its
-layer under the same mask, Medusa's heads read their depth's head. A path asked for twice (i.i.d.
-siblings that drew the same token) is fed once. Rows fed: at most ``top_k (depth - 1)`` (eagle2), the
-nodes with children (static), the nodes above the last level (sampled); :meth:`TreeConfig.levels` cuts the
-depth so that they fit a cache's room.
+**Which q.** Exact verification needs the ``q`` the tokens were drawn from: a sampled tree carries
+``q = adjust(logits, sampling)`` at each node's parent (before removing earlier siblings: ``verify_tree`` does that);
+eagle2 and static (``draws="deterministic"``) rank by the temperature-1 softmax of the raw draft logits, as EAGLE
+does, and carry ``q = None``: each node counts as drawn from ``one_hot(x_i)``, lossless at every temperature.
+**One forward per level**: :func:`grow_tree` asks the drafter's ``feed(tokens, parents, depths)`` for the raw logits
+after a level: new rows' tokens, the parents of every row fed so far then the new ones (indices into it, ``-1``: the
+root), new rows' depths (0: child of the root). A draft model runs one tree-masked ``CausalLMAdapter.extend``, EAGLE
+one layer pass, Medusa its depth's head; a repeated path is fed once; :meth:`TreeConfig.levels` cuts the depth so the
+rows fed (eagle2: ``<= top_k (depth - 1)``; static: nodes with children; sampled: all but the last level) fit.
 """
 
 from __future__ import annotations

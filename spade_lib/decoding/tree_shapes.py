@@ -1,44 +1,28 @@
 """The shapes of draft trees: which tokens a drafter puts where, and what a tree is expected to yield.
 
-**Terms** (those of :func:`spade_lib.verify.verify_tree`). A draft tree has ``N`` *nodes*; node ``i``
-carries the drafted token ``tokens[i]`` and has a *parent* ``parents[i]``: ``-1`` for a child of the
-*root* (the position right after the last committed token), else an earlier node (``parents[i] < i``).
-A node's *depth* is 1 for a child of the root; its *path* is the tokens from the root down to it,
-itself included (the root's path is ``[]``); its *sibling rank* is how many earlier nodes share its
-parent. verify_tree judges siblings in index order, so every builder puts first the sibling it
-trusts most. Notation of Leviathan et al. (2023): ``p`` the target, ``q`` the draft.
+**Terms** (:func:`spade_lib.verify.verify_tree`'s; ``p`` target, ``q`` draft). A tree has ``N`` *nodes*; node ``i``
+carries ``tokens[i]`` and a *parent* ``parents[i]``: ``-1`` for a child of the *root* (the position after the last
+committed token), else an earlier node (``parents[i] < i``). *Depth*: 1 for a child of the root; *path*: the tokens
+from the root down to the node, itself included (root: ``[]``); *sibling rank*: how many earlier nodes share its
+parent. verify_tree judges siblings in index order, so every builder puts first the sibling it trusts most.
+**Layout** (every builder): level order, within a depth by parent index, then by the builder's sibling order (for a
+Medusa choice list, Medusa's own ``sorted(choices, key=lambda c: (len(c), c))``).
+**The draft** is ``dist_fn(paths) -> [n, V]``: for ``n`` paths from the root, the *adjusted* next-token distribution
+(after :func:`spade_lib.sampling.adjust`: the ``q`` verify_tree gets), called once per depth with every node expanded
+there (one forward per level for a model draft). Medusa: ``dist_fn = lambda paths: heads[[len(x) for x in paths]]``.
+Every builder returns a :class:`TreeShape` ``(tokens [N], parents [N], q [N, V] | None, draws, score [N] | None)``:
 
-**Layout** (every builder): level order -- all depth-1 nodes, then depth 2, ...; within a depth by
-the parent's index, then by the builder's sibling order. For a Medusa choice list this is Medusa's
-own ``sorted(choices, key=lambda c: (len(c), c))``.
-
-**The draft** is one callable, ``dist_fn(paths) -> [n, V]``: for ``n`` paths (lists of token ids from
-the root) the draft's distribution of the next token after each -- the *adjusted* one, after the
-sampling warpers (:func:`spade_lib.sampling.adjust`), i.e. the ``q`` verify_tree will be given.
-Builders call it once per depth with every node they expand there, so a model draft evaluates a
-whole level in one forward (with tree attention). For Medusa's heads, whose depth-``d`` distribution
-does not depend on the path, ``dist_fn = lambda paths: heads[[len(x) for x in paths]]``.
-
-Every builder returns a :class:`TreeShape` ``(tokens [N], parents [N], q [N, V] | None, draws,
-score [N] | None)`` -- the fields of the draft-tree dataclass verify_tree's callers use, plus the
-score the builder ranked nodes by.
-
-- :func:`static_tree` / :func:`fill_static`: a static tree from a Medusa-style choice list (each
-  path a list of top-k ranks per depth; :data:`MEDUSA_63`, Medusa's ``mc_sim_7b_63``), its tokens
-  the rank-th most likely under the draft at the parent; ``draws="deterministic"``.
-- :func:`eagle2_tree`: EAGLE-2's dynamic tree (Li et al. 2024): per depth, expand the ``top_k``
-  nodes of highest cumulative draft probability ``prod q(x_j | x_<j)`` along the path into their
-  ``top_k`` children, then keep the best ``total_nodes`` of all candidates (ancestor-closed).
-- :func:`sampled_tree`: SpecInfer's tree (Miao et al. 2024): ``widths[d]`` children per node at
-  depth ``d + 1``, drawn i.i.d. from ``q`` at the parent, or without replacement (Jeon et al. 2024).
-- :func:`ngram_tree`: prompt lookup as a tree: every earlier occurrence of the trailing n-gram
-  proposes its continuation; the continuations merge into a trie.
-- :class:`SuffixIndex`: a SuffixDecoding-style drafter core (Oliaro et al. 2024): a depth-bounded
-  suffix trie with occurrence counts over the prompt and earlier outputs, updated as tokens are
-  committed, that proposes a candidate trie scored by empirical continuation frequency.
-- :func:`path_probabilities` / :func:`deterministic_accept_prob`: each node's probability of being
-  reached and of lying on the accepted path, and the expected number of accepted nodes, exactly by
-  recursion over the tree (given each node's acceptance probability when judged).
+- :func:`static_tree` / :func:`fill_static`: a Medusa-style choice list (top-k ranks per depth; :data:`MEDUSA_63` is
+  ``mc_sim_7b_63``), each token the rank-th most likely at its parent; ``draws="deterministic"``;
+- :func:`eagle2_tree` (EAGLE-2, Li et al. 2024): per depth expand the ``top_k`` nodes of highest ``prod q(x_j | x_<j)``
+  along the path into ``top_k`` children each, then keep the best ``total_nodes`` (ancestor-closed);
+- :func:`sampled_tree` (SpecInfer, Miao et al. 2024): ``widths[d]`` children per depth-``d + 1`` node, i.i.d. from ``q``
+  or without replacement (Jeon et al. 2024); :func:`ngram_tree`: prompt lookup, every earlier occurrence of the trailing
+  n-gram's continuation merged into a trie;
+- :class:`SuffixIndex` (SuffixDecoding, Oliaro et al. 2024): a depth-bounded suffix trie with counts over prompt and
+  outputs, updated on commit, proposing a trie scored by continuation frequency;
+- :func:`path_probabilities` / :func:`deterministic_accept_prob`: each node's probability of being reached and of being
+  on the accepted path, and the expected number of accepted nodes, exactly by recursion (given acceptance per node).
 """
 
 from __future__ import annotations

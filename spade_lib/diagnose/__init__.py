@@ -1,36 +1,28 @@
 """M3 rejection diagnostics: token-level traces in, tidy tables out.
 
-Every function takes a trace (one row per drafted token, :mod:`spade_lib.runs.trace`'s schema; a DataFrame
-or a run directory) and an optional ``by`` of grouping columns, and returns a tidy ``DataFrame``
-(one row per group x position / bin / token; variables as columns). Figures are thin functions over
-these tables in :mod:`spade_lib.plots.m3`. Notation of Leviathan et al. (2023): ``p`` target, ``q``
-draft, ``x`` the drafted token, ``gamma`` the draft length, ``alpha`` the acceptance rate.
+Every function takes a trace (one row per drafted token, :mod:`spade_lib.runs.trace`'s schema; a DataFrame or a run
+directory) and an optional ``by`` of grouping columns, and returns a tidy ``DataFrame`` (one row per group x position /
+bin / token; variables as columns); figures are thin functions over these in :mod:`spade_lib.plots.m3`. Notation of
+Leviathan et al. (2023): ``p`` target, ``q`` draft, ``x`` the drafted token, ``gamma`` draft length, ``alpha`` the
+acceptance rate.
 
-==========================  ==============================================================
-module                      what it answers
-==========================  ==============================================================
-``position``                acceptance per draft position (conditional and unconditional),
-                            accepted-length distribution, the prompt x step heatmap
-``correlates``              entropy at rejected vs accepted positions; acceptance vs H(p),
-                            H(q), TV, KL; a logistic model with held-out AUC
-``calibration``             reliability of q(x) and min(1, p/q) as acceptance predictors; ECE
-``expected``                realised accepts vs the exactly known expectation: a sampler test
-``repetition``              repeated n-grams of generations (is greedy text a loop?), per run
-``tokens``                  per-token and per-token-class acceptance, decoded
-``tree``                    draft trees (and chains): acceptance by depth and sibling rank,
-                            the first drafted token, accepted-length histogram, per-run summary
-``tree_study``              notebook 04's draft-tree runs (chain, wide tree, smaller trees) and
-                            their tables
-``crossvocab``              cross-vocabulary drafts: acceptance per target and per draft token,
-                            rejections against the two tokenizers' boundaries, text-sync costs
-``summary``                 per-category summary in Spec-Bench's shape, the run's tau beside
-                            it; ``all_tables``
-``study``                   notebook 04's runs (drafts, EAGLE's per-position runs), per-category
-                            speedups, the check of its drafts
-``synthetic``               traces with known answers (tests, benchmarks)
-``frame``, ``stats``        inputs (``combine_runs``) and shared statistics (binomial CIs, AUC); every
-                            rate from counts is :mod:`spade_lib.rates`'s
-==========================  ==============================================================
+====================  =================================================================================================
+module                what it answers
+====================  =================================================================================================
+``position``          acceptance by draft position (conditional, unconditional), accepted lengths, prompt x step heatmap
+``correlates``        entropy at rejected vs accepted positions; acceptance vs H(p), H(q), TV, KL; logistic model, AUC
+``calibration``       reliability of q(x) and min(1, p/q) as acceptance predictors; ECE
+``expected``          realised accepts vs the exactly known expectation: a sampler test
+``repetition``        repeated n-grams of generations (is greedy text a loop?), per run
+``tokens``            per-token and per-token-class acceptance, decoded
+``tree``              draft trees (and chains): acceptance by depth, sibling rank; first token; lengths; run summary
+``tree_study``        notebook 04's draft-tree runs (chain, wide tree, smaller trees) and their tables
+``crossvocab``        cross-vocabulary drafts: acceptance per target / draft token, tokenizer boundaries, sync costs
+``summary``           per-category summary in Spec-Bench's shape, the run's tau beside it; ``all_tables``
+``study``             notebook 04's runs (drafts, EAGLE per position), per-category speedups, the check of its drafts
+``synthetic``         traces with known answers (tests, benchmarks)
+``frame``, ``stats``  inputs (``combine_runs``), shared statistics (binomial CIs, AUC); rates: :mod:`spade_lib.rates`
+====================  =================================================================================================
 """
 
 from spade_lib.diagnose.calibration import calibration_error, calibration_table

@@ -1,46 +1,28 @@
 """Cross-vocabulary runs: acceptance per target and per draft token, rejections against the two
 tokenizers' token boundaries, and what the drafter's text sync costs per step.
 
-The drafters are :mod:`spade_lib.decoding.crossvocab`'s (``TextDrafter``: the draft's text re-encoded;
-``TLIDrafter``: the vocabulary intersection). Notation of Leviathan et al. (2023): ``gamma`` target
-tokens drafted in a step, ``n`` of them accepted, ``alpha`` the acceptance rate.
+Drafters: :mod:`spade_lib.decoding.crossvocab`'s ``TextDrafter`` (the draft's text re-encoded) and ``TLIDrafter`` (the
+vocabulary intersection). Per step ``gamma`` target tokens are drafted, ``n`` accepted (Leviathan et al. 2023).
 
-**Boundaries.** A generation's text ``T`` (prompt and continuation, decoded with
-``skip_special_tokens``) is cut into tokens twice: by the target's committed ids and by the draft
-tokenizer's own segmentation ``encode(T)`` (what the draft reads of it, up to the drafter's windowed
-re-tokenisation). A *boundary* is a character offset where a token ends; ``B_q`` is the set of the
-draft's (:func:`token_offsets`: an offset inside a character, a byte-level token's partial UTF-8, is
-none). Target token ``j`` of the continuation spans ``[s_j, e_j)`` (:func:`alignment_table`):
+**Boundaries.** A generation's text ``T`` (``skip_special_tokens``) is cut by the target's committed ids and by the
+draft tokenizer's ``encode(T)``; a *boundary* is a character offset where a token ends, ``B_q`` the draft's
+(:func:`token_offsets`; none inside a character). Target token ``j`` spans ``[s_j, e_j)`` (:func:`alignment_table`):
+``start_aligned`` iff ``s_j in B_q``; ``kind`` is ``"same"`` (``s_j, e_j in B_q``, no draft boundary between),
+``"merge"`` (both in, boundaries between), ``"split"`` (otherwise) or ``"special"`` (no text, EOS).
 
-- ``start_aligned``: ``s_j`` is in ``B_q`` (a draft token can start where this one starts);
-- ``kind``: ``"same"`` when ``s_j`` and ``e_j`` are in ``B_q`` with no draft boundary between (one draft
-  token of the same string), ``"merge"`` when both are with draft boundaries between (several draft
-  tokens make it), ``"split"`` otherwise (an end of it falls inside a draft token), ``"special"`` for a
-  token without text (EOS).
+**Rejections by boundary** (:func:`boundary_acceptance`): drafted position ``i`` is judged against the committed
+target token at ``abs_pos`` (the drafted token if accepted, else the target's own, starting where it did); per ``kind``
+(or ``start_aligned``): ``reached``, ``accepted``, ``alpha = accepted / reached`` (Wilson bounds), ``first_rejections``
+(each rejecting step's rejected position) and the base rate ``committed`` (continuation tokens of that kind).
 
-**Rejections by boundary** (:func:`boundary_acceptance`). Drafted position ``i`` of a step is judged
-against the target token committed at continuation index ``abs_pos`` (the drafted token itself when it
-was accepted; at the first rejection the target's own token there, which starts where the drafted one
-did): per ``kind`` (or ``start_aligned``), ``reached``, ``accepted`` and the conditional acceptance
-``alpha = accepted / reached`` (Wilson bounds), ``first_rejections`` (the rejected position of each step
-that rejected one) and, as the base rate, ``committed``: the continuation tokens of that kind.
-
-**Per target and per draft token** (:func:`token_acceptance`). Per target token
-``alpha_target = sum n / sum gamma`` (:func:`spade_lib.runs.metrics.acceptance_rate`); per draft token
-``alpha_draft = sum a_q / sum d``, ``d`` the tokens the draft model drew in the step
-(``DraftStepCosts.draft_tokens``: a text drafter draws past what it proposes) and ``a_q`` the draft
-tokens the accepted text completes, ``|B_q ∩ (s_a, e_{a + n - 1}]|`` for a step starting at index ``a``;
-``target_per_draft = sum gamma / sum d``.
-
-**Costs** (:func:`step_costs`). Per step the drafter's own account (``StepInfo.draft_costs``): seconds of
-draft forwards ``t_forward`` and of text work ``t_text`` (decode, re-encode, align; ``propose`` and
-``accept``), tokenizer calls. Over ``t_target``, the seconds of one autoregressive target step, per
-drafted target token: ``c_forward = sum t_forward / (sum gamma t_target)``, ``c_text`` alike, and
-``c = c_forward + c_text``, the cost model's ``c`` of the cross-vocabulary draft.
-
-:func:`run_crossvocab` decodes a few prompts with each configuration (the decoder itself, not the runner:
-the drafter's step costs live on the ``StepInfo``, not in the trace's schema) and the autoregressive
-baseline, and returns the inputs of the tables.
+**Per token** (:func:`token_acceptance`): ``alpha_target = sum n / sum gamma``
+(:func:`spade_lib.runs.metrics.acceptance_rate`); ``alpha_draft = sum a_q / sum d`` with ``d`` the tokens the draft
+drew (``DraftStepCosts.draft_tokens``; a text drafter draws past its proposal) and ``a_q = |B_q ∩ (s_a, e_{a+n-1}]|``
+for a step starting at ``a``; ``target_per_draft = sum gamma / sum d``. **Costs** (:func:`step_costs`, from
+``StepInfo.draft_costs``): ``t_forward`` (draft forwards), ``t_text`` (decode, re-encode, align), tokenizer calls;
+with ``t_target`` one AR target step, ``c_forward = sum t_forward / (sum gamma t_target)``, ``c_text`` alike, ``c =
+c_forward + c_text`` (the cost model's ``c``). :func:`run_crossvocab` decodes a few prompts per configuration and the
+AR baseline with the decoder itself (step costs live on ``StepInfo``, not in traces) and returns the tables' inputs.
 """
 
 from __future__ import annotations

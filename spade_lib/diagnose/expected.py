@@ -1,56 +1,28 @@
-"""Expected vs realised acceptance: a test of the sampler itself.
+"""Expected vs realised acceptance: a test of the sampler itself (:func:`expected_vs_realised`).
 
-At a reached position the verifier's acceptance probability is known exactly, twice over:
+At a reached position the acceptance probability is known exactly, on two bases: ``pi = min(1, p(x) / q(x))`` given
+the drafted ``x`` (``accept_prob``), ``pi = 1 - TV(p, q)`` before it is drawn (``tv``). A group's flags ``A_i`` are
+independent Bernoulli(``pi_i``) given their contexts, so ``S = sum A_i`` is Poisson-binomial, ``E S = sum pi_i``,
+``Var S = sum pi_i (1 - pi_i)``; the table reports ``z = (S - E S) / sqrt(Var S)``, its two-sided normal p-value and a
+Bonferroni-adjusted one over its rows. Under an exact sampler z is standard normal (unbiased: ``S - E S`` is a
+martingale over reached positions, ``E z = 0`` up to ``O(n^-1/2)``; ``tests/test_expected.py``); a significant gap
+means the sampler or its records are wrong (mismatched ``q``, wrong warper, off-by-one positions). ``accept_prob`` is
+the sharper test, ``tv`` also checks the residual bookkeeping; greedy traces (``pi`` in {0, 1}): any mismatch, p = 0.
 
-- given the drafted ``x``: ``pi = min(1, p(x) / q(x))`` (``accept_prob``), and
-- before ``x`` is drawn: ``pi = 1 - TV(p, q)`` (``tv``; averaging ``min(1, p/q)`` over ``x ~ q``).
+**The two bases judge the same flags.** With ``a_i = min(1, p/q)``, ``t_i = 1 - TV_i`` and ``s^2 = sum pi (1 - pi)``
+per basis, ``z_a = (S - sum a) / s_a`` and ``z_t = (S - sum t) / s_t`` share ``S - sum a`` (uncorrelated with
+``sum a - sum t``), so under an exact sampler ``corr(z_a, z_t) = rho = s_a / s_t`` and
+``P(both > 0) = 1/4 + asin(rho) / (2 pi)`` (:func:`basis_agreement`). ``G`` drafts (independent runs) give all ``2 G``
+z positive w.p. ``prod_g (1/4 + asin(rho_g) / (2 pi))``, one shared sign w.p. twice that (:func:`same_sign_chance`).
 
-Either way the flags ``A_i`` of a group of reached positions are independent Bernoulli(``pi_i``) given
-their contexts, so ``S = sum A_i`` is Poisson-binomial with ``E S = sum pi_i`` and
-``Var S = sum pi_i (1 - pi_i)``. The table reports ``z = (S - E S) / sqrt(Var S)`` and its two-sided
-normal p-value (plus a Bonferroni-adjusted one over the rows of the table). With an exact sampler z is
-standard normal; a significant gap means the sampler, or what it recorded, is wrong (a mismatched
-``q``, a wrong warper, an off-by-one in the draft positions). The ``accept_prob`` basis has the
-smaller variance and is the sharper test; the ``tv`` basis also checks the residual bookkeeping of
-the distributions. Greedy (deterministic) traces have ``pi`` in {0, 1}: any mismatch gives p = 0.
-
-**Is z biased?** No: with the verifier's own flags, ``S - E S`` is a martingale over the reached
-positions (whether a position is reached is decided before its flag is drawn), so ``E z = 0`` up to the
-``O(n^-1/2)`` effect of the random normaliser; ``tests/test_expected.py`` runs the real ``verify`` on
-exact ``(p, q, x ~ q)`` blocks 1,000 times and the real decoder on a tiny pair, and a one-sample
-t-test finds the mean of z indistinguishable from 0 on both bases, and a binomial test finds
-``P(z > 0)`` indistinguishable from 1/2 (no sign bias from the small-sample skew of the sum either).
-
-**Why a run can show z > 0 in every test.** A notebook's overall tests are two bases per draft, and the
-two bases judge the *same* flags: with ``a_i = min(1, p/q)`` and ``t_i = 1 - TV_i``,
-``z_a = (S - sum a) / s_a`` and ``z_t = (S - sum t) / s_t`` share ``S - sum a``, while ``sum a - sum t``
-(the draw of ``x`` against its mean) is uncorrelated with it (each ``a_i - t_i`` has mean 0 given the past,
-each ``A_i - a_i`` mean 0 given ``x_i`` too), so under an exact sampler
-``corr(z_a, z_t) = rho = s_a / s_t`` (``s^2 = sum pi (1 - pi)`` on each basis) and, for normal z,
-``P(both > 0) = 1/4 + asin(rho) / (2 pi)`` (:func:`basis_agreement`). Different drafts are different runs,
-independent; so all ``2 G`` z values of ``G`` drafts are positive with probability
-``prod_g (1/4 + asin(rho_g) / (2 pi))``, 0.04 to 0.08 for three drafts with ``rho`` from 0.5 to 0.9, and
-share one sign, either one, with twice that (:func:`same_sign_chance`: 0.07 to 0.16), which is the chance
-to set against a pattern noticed after the fact: not rare enough to mean anything. ``tests/test_expected.py``
-checks ``rho`` and ``P(both > 0)`` against 1,000 exact traces. The per-position and per-category rows are
-parts of the same traces, and a single +2.4 is a two-sided p of 0.016, which Bonferroni over the table
-does not reject.
-
-**The planted bug on a recorded trace.** :func:`rejudge_wrong_q` re-decides a sampled trace's
-recorded uniforms against ``pi' = min(1, p(x) / ((1 + w) q(x)))`` (a stale or mis-scaled ``q``),
-keeping the block structure (a position after a new rejection is no longer reached), while the
-expectation keeps the recorded ``pi``. The bug lowers acceptance only where ``p(x)/q(x) < 1 + w``, so
-on a real pair whose accepted tokens mostly have ``p(x) >= (1 + w) q(x)`` it moves z little:
-:func:`wrong_q_power` states by how much (``shift``, in standard deviations) and the test's power to
-flag it at a level, from the normal approximation: with ``mu_0 = sum pi``, ``s_0^2 = sum pi (1 - pi)``,
-``mu_1 = sum pi'``, ``s_1^2 = sum pi' (1 - pi')`` over the positions reached under the bug,
-``power = Phi((-c s_0 - (mu_1 - mu_0)) / s_1) + 1 - Phi((c s_0 - (mu_1 - mu_0)) / s_1)``,
-``c = Phi^-1(1 - level / 2)`` (with ``s_0 = 0``, as in :func:`poisson_binomial_z`: power 1 if the
-bug moves the expectation by half a token or more, else 0).
-
-**Both, for a run.** :func:`wrong_q_study` runs the planted bug twice: on synthetic traces with the run's
-per-position acceptance (exact and wrong, at least 100 x the run's steps so the test has power) and on the
-run itself re-judged, with the power beside it.
+**The planted bug.** :func:`rejudge_wrong_q` re-decides a sampled trace's uniforms against
+``pi' = min(1, p(x) / ((1 + w) q(x)))`` (a stale or mis-scaled ``q``; a position after a new rejection is no longer
+reached; the expectation keeps the recorded ``pi``): it bites only where ``p(x)/q(x) < 1 + w``. :func:`wrong_q_power`
+gives the ``shift`` (in SDs) and the power at ``level``: with ``mu_0 = sum pi``, ``s_0^2 = sum pi (1 - pi)``,
+``mu_1 = sum pi'``, ``s_1^2 = sum pi' (1 - pi')`` over positions reached under the bug, ``c = Phi^-1(1 - level / 2)``,
+``power = Phi((-c s_0 - (mu_1 - mu_0)) / s_1) + 1 - Phi((c s_0 - (mu_1 - mu_0)) / s_1)`` (``s_0 = 0``: 1 if the
+expectation moves by half a token or more, else 0). :func:`wrong_q_study` runs it on synthetic traces with the run's
+per-position acceptance (>= 100x the run's steps) and on the run itself re-judged, the power beside each.
 """
 
 from __future__ import annotations

@@ -1,37 +1,27 @@
 """Draft-tree diagnostics: acceptance by depth and by sibling rank, the accepted-length histogram, a summary.
 
-Terms are those of :mod:`spade_lib.decoding.tree` and the trace's tree columns
-(:mod:`spade_lib.decoding.records`): each row is a *node* of its step's draft tree, with ``parent``
-(``-1``: the root), ``depth`` (0 below the root) and ``sibling_rank`` (0 first); ``reached`` says the
-node was *judged* (its parent is on the accepted path and every earlier sibling was rejected) and
-``accepted`` that it is *on the accepted path*; ``n_accepted`` is the path's length ``N`` and ``gamma``
-the step's node count. A chain is the tree with ``parent = node - 1``, so every table here also reads
-chain traces, and then equals the per-position tables of :mod:`spade_lib.diagnose.position`.
+Terms of :mod:`spade_lib.decoding.tree` and the trace's tree columns (:mod:`spade_lib.decoding.records`): each row is a
+*node* of its step's draft tree with ``parent`` (``-1``: the root), ``depth`` (0 below the root) and ``sibling_rank``
+(0 first); ``reached``: the node was *judged* (its parent on the accepted path, every earlier sibling rejected);
+``accepted``: it is *on the accepted path*; ``n_accepted`` the path's length ``N``, ``gamma`` the step's node count.
+A chain is the tree with ``parent = node - 1``, so chain traces read too, giving :mod:`spade_lib.diagnose.position`'s
+per-position tables. With ``s`` a step, ``A_d(s)``: the path reaches depth ``d`` (``N(s) > d``); ``J_d(s)``: a node at
+depth ``d`` was judged (the path reached depth ``d - 1``, the root for ``d = 0``, and its end has a child):
 
-Definitions (``s`` a step; ``A_d(s)`` the path reaches depth ``d``, i.e. ``N(s) > d``; ``J_d(s)`` some node
-at depth ``d`` was judged, i.e. the path reached depth ``d - 1`` (the root for ``d = 0``) and its end has
-a child in the tree):
-
-- conditional acceptance by depth (EAGLE's per-position alpha for a tree):
-  ``alpha_d = #{s: A_d(s)} / #{s: J_d(s)}``, the probability that the path grows past depth ``d`` given
-  that it reached its parent; for a chain ``J_d = R_d`` and this is ``alpha_cond`` of position ``d``;
-- unconditional acceptance by depth: ``beta_d = #{s: A_d(s)} / #{s: the tree has depth > d}`` = ``P(N > d)``;
+- conditional acceptance by depth (EAGLE's per-position alpha for a tree): ``alpha_d = #{s: A_d(s)} / #{s: J_d(s)}``,
+  P(path grows past ``d`` | it reached the parent); for a chain ``J_d = R_d``: ``alpha_cond`` of position ``d``;
+- unconditional: ``beta_d = #{s: A_d(s)} / #{s: the tree has depth > d}`` = ``P(N > d)``;
 - per judged node at depth ``d``: ``accepted / judged`` (a tree judges several siblings per step);
-- by sibling rank ``k`` at depth ``d``: ``P(accepted | judged)`` of the rank-``k`` nodes (judged: the
-  parent on the path and the ``k`` earlier siblings rejected) and ``share``, the fraction of the
-  steps accepting at depth ``d`` that accepted the rank-``k`` child;
-- the first drafted token (:func:`root_acceptance`): the root's rank-0 child, its acceptance and the mean
-  exact acceptance probability recorded there;
-- accepted length ``N`` per step (``0 .. max depth + 1``), its histogram and survival ``P(N >= k)``;
-  ``tau = mean(N) + 1`` over the trace's steps (:func:`spade_lib.measures.tau`: the tokens a step emits,
-  the path and the residual or bonus token; steps that drafted nothing have no rows and are not counted,
-  so over a run whose drafter may draft nothing this is ``tau_drafting_steps``, as
-  ``metrics.tau_drafting_steps`` of a trace).
+- by sibling rank ``k`` at depth ``d``: ``P(accepted | judged)`` of rank-``k`` nodes (parent on the path, ``k`` earlier
+  siblings rejected) and ``share``, the fraction of steps accepting at depth ``d`` that took the rank-``k`` child;
+- first drafted token (:func:`root_acceptance`): the root's rank-0 child, its acceptance and mean exact acceptance
+  probability;
+- accepted length ``N`` per step (``0 .. max depth + 1``), histogram, survival ``P(N >= k)``; ``tau = mean(N) + 1`` over
+  the trace's steps (:func:`spade_lib.measures.tau`; steps that drafted nothing have no rows: ``tau_drafting_steps``).
 
-Every rate is a ratio of counts as :mod:`spade_lib.rates` defines them (``alpha_cond``, ``alpha_uncond``:
-its per-position rates with steps as the trials; ``alpha_judged``: its ``alpha``, accepted over judged
-nodes). Intervals are binomial (:func:`spade_lib.rates.add_rate`, Wilson by default), over steps (or
-judged nodes) as independent trials.
+Every rate is a ratio of counts as in :mod:`spade_lib.rates` (``alpha_cond``, ``alpha_uncond``: its per-position rates,
+steps as trials; ``alpha_judged``: its ``alpha``, accepted over judged nodes). Intervals are binomial
+(:func:`spade_lib.rates.add_rate`, Wilson by default), steps (or judged nodes) as independent trials.
 """
 
 from __future__ import annotations

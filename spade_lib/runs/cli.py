@@ -1,32 +1,28 @@
-"""The run command line: one :class:`~spade_lib.runs.config.RunConfig` over one suite, in one process or
-sharded over several::
+"""The run command line: one :class:`~spade_lib.runs.config.RunConfig` over one suite, in one process or sharded::
 
     python -m spade_lib.runs.cli --config params/cli/tiny.yaml --out runs/cli/tiny
     torchrun --nproc-per-node 8 -m spade_lib.runs.cli --config params/cli/qwen2.5_0.5b_7b.yaml --out runs/cli/qwen
     accelerate launch --multi_gpu --num_processes 8 -m spade_lib.runs.cli --config ... --out ...
     python -m spade_lib.runs.cli --config ... --out DIR --merge   # after ranks launched as separate jobs
 
-The YAML file is a flat mapping (unknown keys are refused) of :class:`~spade_lib.runs.config.RunConfig`
-fields plus:
+The YAML file is a flat mapping (unknown keys refused) of :class:`~spade_lib.runs.config.RunConfig` fields plus:
 
-=================  ==========================================================================
+=================  ====================================================================================================
 ``pair``           an embedded pair (``tiny``, ``default``); with ``target_id``, only a label
 ``target_id``      hub id or local folder of a real target (with ``draft_id`` and/or ``drafts``)
 ``draft_id``       hub id or local folder of its draft (the draft named ``"draft"``)
 ``drafts``         ``{name: hub id or folder}``: more drafts of a real pair
-``suite``          ``embedded`` (``data/embedded.jsonl``, notebook 01), another file stem under
-                   ``data/``, or a ``.jsonl`` path (relative paths: to the current directory)
+``suite``          a file stem under ``data/`` (``embedded``: notebook 01's) or a ``.jsonl`` path (relative to cwd)
 ``n_per_category`` prompts per category (``null``: every prompt)
 ``device_map``     big targets: ``auto`` / ``balanced`` / ``sequential`` / ``{module: device}``
 ``max_memory``     ``{gpu index or cpu: size}`` for ``device_map`` (e.g. ``{0: 70GiB, cpu: 200GiB}``)
 ``offload_folder`` where ``device_map`` puts weights mapped to ``disk``
 ``resume``         reuse finished shards (default ``true``)
-=================  ==========================================================================
+=================  ====================================================================================================
 
-Under ``torchrun`` / ``accelerate launch`` each process takes the prompts ``rows[rank::world_size]``
-and, on GPUs, the device ``cuda:LOCAL_RANK`` (``device: cuda`` or ``auto`` in the YAML); rank 0 merges
-after a barrier and prints the summary (``spade_lib.runs.launch``). The run folder is the same as a
-one-process run's, whatever the number of processes (only the measured timings differ).
+Under ``torchrun`` / ``accelerate launch`` each process takes the prompts ``rows[rank::world_size]`` and, on GPUs,
+``cuda:LOCAL_RANK`` (``device: cuda`` or ``auto``); rank 0 merges after a barrier and prints the summary
+(``spade_lib.runs.launch``). The run folder is the same whatever the number of processes (only timings differ).
 """
 
 from __future__ import annotations

@@ -1,54 +1,28 @@
 """Physical controls: numbers a correct measurement cannot produce, turned into warnings.
 
-Each function is pure (no files, no clocks) and returns a list of human-readable strings, each
-starting with :data:`PREFIX` and naming the pair, the configuration and the numbers, so a notebook, a
-benchmark or ``python -m spade_lib.report`` can print them (the report also collects lines starting
-with :data:`PREFIX` from the executed notebooks' outputs). An empty list means every control passed.
+Each function is pure (no files, no clocks) and returns strings starting with :data:`PREFIX` that name the pair, the
+configuration and the numbers (printed by notebooks, benchmarks and ``python -m spade_lib.report``, which also collects
+such lines from executed notebooks); an empty list: every control passed. ``t_1``: a one-token target forward.
 
-The physics, with ``t_1`` the time of a one-token target forward on the cache:
+(a) **A speculative speedup cannot exceed tau.** An AR step costs one forward for one token; a speculative step (SPADE
+    or HF assisted) emits ``tau`` tokens on average (:func:`spade_lib.runs.metrics.mean_accepted_length`) for at
+    least ``r(g) t_1 >= t_1`` (``g + 1`` tokens read the same weights as one) plus drafting ``>= 0``, so ``speedup =
+    tau t_AR / t_step <= tau``. ``speedup_low > tau`` (95 % interval wholly above) is a defect of the **baseline**
+    (slower than its forwards: extra work, cold cache, other thread count). Plain HF (``hf``) and AR are not checked.
+(b) **The null draft is the control**: always rejected, ``tau = 1``, so ``speedup_low > 1`` means a slow baseline.
+(c) **Verification cannot be cheaper than one token**: ``r(g) = t(target, g + 1 tokens) / t_1 >= 1``; ``r(g) < 1 -
+    tol`` is a defective micro-benchmark (frequency scaling, load between paired forwards, unequal caches).
+(d) **The cost model, two-sided**: each speculative run beside its prediction ``tau / (gamma c + r(gamma) + o)``
+    (null draft: ``1 / (r(g) + o)``; :func:`spade_lib.runs.metrics.run_metrics`' ``predicted``, ``o`` from
+    :func:`spade_lib.decoding.costs.measure_loop_overhead`); a prediction outside the measured 95 % interval warns
+    either way. Not physics: lines start with :data:`MODEL_PREFIX`, go to ``model_control`` of
+    :func:`spade_lib.runs.protocol.speedup_table` (not ``physical_control``), and the run stays in the figures.
+(e) **Every reading is physical** (:func:`reading_warnings`; rules in :mod:`spade_lib.runs.timing`, applied by
+    :func:`spade_lib.runs.protocol.run_interleaved` before pricing): a prefill longer than its reading, a clock gap
+    between readings or a reading far beyond its rounds re-times the block or drops the generation; a method and
+    baseline timing different new-token counts for one prompt are flagged. Each line names the run and the prompt.
 
-(a) **A speculative speedup cannot exceed tau.** An autoregressive step costs one target forward and
-    emits one token. A speculative step (SPADE or HF assisted generation) emits on average ``tau``
-    tokens (accepted drafts plus the bonus token, :func:`spade_lib.runs.metrics.mean_accepted_length`)
-    and costs at least one target forward, ``r(g) t_1 >= t_1`` (verifying ``g + 1`` tokens reads the
-    same weights as verifying one, and does more arithmetic), plus drafting, which costs ``>= 0``. So
-    ``speedup = tau t_AR / t_step <= tau``. A speedup whose whole 95 % interval lies above ``tau``
-    (``speedup_low > tau``) is a defect of the **baseline** (an autoregressive loop slower than its
-    target forwards: extra work per token, a cold cache, a different thread count), not a win.
-    Plain HF ``generate`` (method ``hf``) and the autoregressive baseline itself are not speculative
-    and are not checked.
-
-(b) **The null draft is the control.** Its proposals are always rejected, so every step costs a
-    draft call plus a target forward and emits exactly one token (``tau = 1``): it can only be as fast
-    as autoregressive decoding or slower. Its speedup's interval lying wholly above 1
-    (``speedup_low > 1``) again means the baseline is slow.
-
-(c) **Verification cannot be cheaper than one token.** ``r(g) = t(target, g + 1 tokens) / t_1`` is
-    at least 1 by the argument of (a); a measured ``r(g) < 1 - tol`` is a defective micro-benchmark
-    (frequency scaling or other load between the paired forwards, an unequal cache), and every
-    prediction priced with it is too optimistic.
-
-(d) **The cost model, two-sided.** Every speculative run (the null draft included, whose prediction is
-    ``1 / (r(g) + o)``) is measured beside its prediction ``tau / (gamma c + r(gamma) + o)``
-    (:func:`spade_lib.runs.metrics.run_metrics`' ``predicted``, with ``o`` the loop's per-step cost,
-    :func:`spade_lib.decoding.costs.measure_loop_overhead`). A prediction outside the measured 95 %
-    interval (``predicted < speedup_low`` or ``> speedup_high``) is a warning, either way: measured
-    below, the loop pays a cost the model does not price (or the run was disturbed); measured above,
-    the model over-prices a step (or the baseline is slow). This is not physics -- the run is not a
-    defect and stays in the figures -- so its lines start with :data:`MODEL_PREFIX` and
-    :func:`spade_lib.runs.protocol.speedup_table` puts them in ``model_control``, not
-    ``physical_control``.
-
-(e) **Every reading is physical** (:func:`reading_warnings`; the rules in :mod:`spade_lib.runs.timing`,
-    **Physical controls on every reading**, applied by :func:`spade_lib.runs.protocol.run_interleaved` to
-    every block of readings before any is priced): a prefill longer than the reading it lies inside, a gap
-    in the session's clock between two readings (a host pause) or a reading far beyond its own rounds (a
-    pause inside it) makes the block timed again, or its generation dropped (never priced); a method and
-    its baseline that timed different numbers of new tokens for one prompt are flagged (the pairing
-    compares unequal work). Each line names the run and the prompt; the session prints each once.
-
-:func:`session_report` is what notebook 03 prints about a session's controls: the violations above, the
-null-draft control against its prediction, the two speedup estimators, the intervals' widths.
+:func:`session_report` (notebook 03): violations, null draft vs prediction, both speedup estimators, interval widths.
 """
 
 from __future__ import annotations

@@ -1,47 +1,28 @@
 """The pairs' cost tables: :func:`spade_lib.decoding.costs.measure_costs` per draft, cached per pair.
 
-:func:`pair_costs` measures each draft of a pair once (``c`` and ``r(g)`` from paired
-micro-benchmarks; the method is :mod:`spade_lib.decoding.costs`) and caches the result as JSON under
-``runs/costs/`` (keyed by pair and its folder, draft, device, dtype, threads, ``max_gamma`` and
-``context``; the folder is :func:`cost_folder`), so every notebook of one ``make run`` predicts from the
-same numbers;
-:func:`read_costs` reads a cached table back.
+:func:`pair_costs` measures each draft of a pair once (``c`` and ``r(g)`` from paired micro-benchmarks, the method of
+:mod:`spade_lib.decoding.costs`) and caches it as JSON under ``runs/costs/`` (folder :func:`cost_folder`; keyed by
+pair and folder, draft, device, dtype, threads, ``max_gamma``, ``context``), so every notebook of one ``make run``
+predicts from the same numbers; :func:`read_costs` reads a table back.
 
-**One r(g) per target.** ``r(g)`` is the target's alone, yet each model draft's table times it afresh, in turns
-with its draft (so its ``c`` is paired); on a noisy host two such tables of one target have disagreed by a third
-at ``g = 4`` (the embedded pair: 1.51 against 1.12 in one run), which made the null control and the drafted runs
-predicted from different targets. So the first table measured (or read) for a target (its key without the draft
-and ``max_gamma``) also becomes the target's table, ``target/r-<digest>.json`` under the drafts' folder (``r``,
-``t_target``, ``t_verify`` and the draft whose session gave them, ``source``), and every draft's table of that
-target is priced with it (a table measured to a larger ``max_gamma`` extends it at the new ``g``, listed in
-``extended``): its own ``r`` is kept as ``r_paired`` where it differed, ``r_source`` names the shared one's
-draft, and its loop overhead is recomputed from the shared ``r(1)``.
+**One r(g) per target.** ``r(g)`` is the target's alone, but each draft's table times it anew; the first table measured
+(or read) for a target (key without draft and ``max_gamma``) becomes the target's, ``target/r-<digest>.json`` (``r``,
+``t_target``, ``t_verify``, ``source``: the draft whose session gave them), and prices every draft's table of that
+target (a larger ``max_gamma`` extends it, new ``g`` in ``extended``): a table keeps its own differing ``r`` as
+``r_paired``, ``r_source`` names the shared one's draft, and its loop overhead is recomputed from the shared ``r(1)``.
 
-Every table also carries the pair's **loop overhead** ``o`` (:func:`loop_overhead`): the speculative
-loop's per-step cost beyond its forwards, in target steps, ``o = max(0, null_step - r(1))`` with
-``null_step`` one null-draft step at ``gamma = 1`` over one autoregressive step, measured once per pair
-(:func:`spade_lib.decoding.costs.measure_loop_overhead`, cached under ``runs/costs/<pair>/loop/``) and
-``r(1)`` the table's own, so the cost model ``tau / (gamma c + r(gamma) + o)`` meets the null draft's
-loop at ``gamma = 1`` exactly and every other configuration is a test of it
-(:func:`spade_lib.runs.controls.prediction_warnings`). The table's ``overhead_raw`` is the difference
-before the clip at 0 (a negative one is noise: the speculative loop does all the AR loop does).
+**Loop overhead** ``o`` (:func:`loop_overhead`), in target steps: ``o = max(0, null_step - r(1))``, ``null_step`` one
+null-draft step at ``gamma = 1`` over one AR step (:func:`spade_lib.decoding.costs.measure_loop_overhead`, once per
+pair, cached under ``runs/costs/<pair>/loop/``), so ``tau / (gamma c + r(gamma) + o)`` meets the null draft at
+``gamma = 1`` exactly and every other configuration tests it (:func:`spade_lib.runs.controls.prediction_warnings`).
+``overhead_raw`` is ``o`` before the clip (a negative one is noise: the speculative loop does all the AR loop does).
 
-A draft is priced by what it runs (:func:`_draft_of`), never by its name or its attributes:
-
-- a draft model of the pair (``pair.drafts[name]``): its one-token forward;
-- a feature head of the pair (``pair.heads[name]``): the head's drafting step,
-  :class:`spade_lib.decoding.costs.HeadStep`; the key names the head's build;
-- a registered drafter (:func:`spade_lib.decoding.drafters.register_drafter`) is built and asked what a
-  drafting step runs (:meth:`~spade_lib.decoding.drafters.Drafter.drafting_model`, declared by every
-  drafter): a decoding adapter (a :class:`~spade_lib.decoding.drafters.ModelDrafter`'s: a distilled draft,
-  say) is timed, the key naming the model (class and a sha256 of its weights); a feature head (``"eagle"``
-  / ``"medusa"``: the pair's head; or a head of the drafter's own) is timed by its drafting step; ``None``
-  (``"ngram"``, ``"ngram_tree"``, ``"suffix"``, ``"null"``) runs no forward: ``c = 0`` by rule. Its host-side
-  lookup is no forward of the cost model; that time is in the runs' measured step times, and the
-  null-draft control prices the loop around it (``o``);
-- a registered drafter that does not say what it runs, says ``None`` while holding a ``torch.nn.Module``
-  or a decoding adapter, or names something else is **refused** (``ValueError``): ``c = 0`` would be a
-  silent lie.
+A draft is priced by what it runs (:func:`_draft_of`), never by its name: a pair's draft model (``pair.drafts[name]``)
+by its one-token forward, a feature head (``pair.heads[name]``) by its drafting step (``costs.HeadStep``; key: the
+head's build), a registered drafter by ``Drafter.drafting_model()``: an adapter is timed (key: class, sha256 of its
+weights), a head by its drafting step; ``None`` (``"ngram"``, ``"ngram_tree"``, ``"suffix"``, ``"null"``) runs no
+forward, ``c = 0`` by rule (host lookups are in the step times and ``o``). Anything else (undeclared; ``None`` while
+holding a module or adapter) is **refused** (``ValueError``): ``c = 0`` would be a silent lie.
 """
 
 from __future__ import annotations

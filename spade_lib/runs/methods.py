@@ -1,39 +1,28 @@
 """How a run generates: one :class:`Generator` per method, and the timed generation of one prompt.
 
-**Methods** (``RunConfig.method``), all counted the same way (``new_tokens`` = tokens emitted after
-the prompt) and timed the same way (``spade_lib.runs.timing``: ``warmup`` untimed generations on the
+**Methods** (``RunConfig.method``; :func:`make_generator`), all counted alike (``new_tokens`` = tokens emitted after the
+prompt) and timed alike (:func:`timed_generation`, ``spade_lib.runs.timing``: ``warmup`` untimed generations on the
 first prompt, then each generation timed ``repeats`` times, median kept):
 
-- ``"spade"``: :class:`spade_lib.decoding.decode.SpeculativeDecoder` with the drafter ``config.draft`` (a draft
-  of the pair, or a registered drafter such as ``"ngram"`` for prompt lookup:
-  :func:`spade_lib.decoding.drafters.make_drafter`), the draft-length policy ``config.policy`` with
-  ``config.policy_options`` (:func:`spade_lib.decoding.policies.get_policy`) and the acceptance rule
-  ``config.mode`` with ``config.mode_options`` (:mod:`spade_lib.rules`);
+- ``"spade"``: :class:`spade_lib.decoding.decode.SpeculativeDecoder` with the drafter ``config.draft`` (a draft of the
+  pair or a registered drafter such as ``"ngram"``: :func:`spade_lib.decoding.drafters.make_drafter`), the policy
+  ``config.policy`` / ``policy_options`` (:func:`spade_lib.decoding.policies.get_policy`) and the acceptance rule
+  ``config.mode`` / ``mode_options`` (:mod:`spade_lib.rules`);
 - ``"ar"``: SPADE's autoregressive loop on the same adapter (the baseline for ``"spade"``);
-- ``"hf"``: plain ``model.generate``; ``"hf_assisted"``: HF assisted generation with the same draft
-  and ``num_assistant_tokens = gamma`` (constant schedule), the baseline a reader asks about; with a
-  cross-vocabulary draft (``pair.draft_tokenizers``) HF's generators for different tokenizers (UAG when
-  greedy, USD with its exact unpruned translator when sampling: :mod:`spade_lib.decoding.baselines`).
+- ``"hf"``: plain ``model.generate``; ``"hf_assisted"``: HF assisted generation with the same draft and
+  ``num_assistant_tokens = gamma`` (constant schedule); with a cross-vocabulary draft (``pair.draft_tokenizers``), HF's
+  generators for different tokenizers (UAG when greedy, USD with its exact unpruned translator when sampling:
+  :mod:`spade_lib.decoding.baselines`). Baselines draft nothing: no shard rows, timings in their summaries.
 
-Baselines draft nothing, so their shards hold no rows; their summaries carry the timings.
+**Instrumentation is not timed.** SPADE's token-level statistics (entropies, TV, KL over the vocabulary per drafted
+position) cost what a deployed decoder would not spend; ``records`` (:data:`RECORDS`) keeps them off the clock:
 
-**Instrumentation is not timed.** SPADE's token-level statistics (entropies, TV, KL over the
-vocabulary at every drafted position) cost what a deployed decoder would not spend. Two ways keep them
-off the clock (``records``, :data:`RECORDS`):
-
-- ``"separate"`` (the default): the timed passes record step-level facts only (``record="light"``);
-  the statistics come from one more, untimed pass with the same seed (``record=True``), which must
-  reproduce the timed tokens exactly; the trace's ``t_*`` columns are the last timed pass's.
-- ``"timed"``: the timed pass itself records (``record=True``) and times its statistics on their own
-  (``GenerationResult.timing["records"]``); its timed wall time is the clock minus that
-  (:attr:`Generation.untimed`), its step timings already exclude it, and no second pass runs. The
-  statistics still touch memory a deployed decoder would not, so this is unbiased only where the
-  weights stream from DRAM anyway. Measured on the 2-core AMD EPYC (32 MiB L3), paired against
-  ``record="light"``, T = 1, gamma 4, 64 tokens, median ratio of the times: SmolLM2-135M (538 MB;
-  16 rounds) 0.99x / 1.00x / 1.01x for the null draft / the distilled draft / prompt lookup (quartiles
-  within 0.96-1.08); the embedded pair (48 MB, largely cache-resident; 30 rounds) 1.07x / 1.04x / 1.01x,
-  a bias against speculation. So the real pair's notebooks time this way (no second pass: about half
-  of their decoding) and the embedded pair's do not.
+- ``"separate"`` (default): timed passes record step facts only (``record="light"``); one more untimed pass with the
+  same seed (``record=True``, must reproduce the timed tokens) gives the statistics; trace ``t_*``: last timed pass;
+- ``"timed"``: the timed pass records (``record=True``), timing its statistics apart (``timing["records"]``); its wall
+  time is the clock minus that (:attr:`Generation.untimed`), step timings exclude it, no second pass. The statistics
+  still touch memory, so this is unbiased only where the weights stream from DRAM anyway: the real pair's notebooks
+  time this way, the embedded pair's (largely cache-resident) do not.
 """
 
 from __future__ import annotations

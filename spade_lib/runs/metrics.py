@@ -1,81 +1,28 @@
 """Speculative decoding metrics, each named and defined once.
 
-Notation (Leviathan et al., 2023): a *step* drafts ``gamma`` tokens ``x_0..x_{gamma-1}`` with the draft
-``q`` and verifies them with one forward of the target ``p``; it accepts a prefix of ``n`` of them
-(``0 <= n <= gamma``) and then emits one more token (the residual sample at the first rejection, or
-the *bonus* token ``~ p`` when all ``gamma`` were accepted), so a step yields ``n + 1`` tokens.
+Notation (Leviathan et al., 2023): a *step* drafts ``gamma`` tokens with ``q``, verifies them in one forward of ``p``,
+accepts a prefix of ``n <= gamma`` and adds the residual (first rejection) or *bonus* token ``~ p``: ``n + 1`` tokens.
+Inputs: a **trace** (``spade_lib.runs.trace``, one row per drafted token: ``reached``, ``accepted``, ``n_accepted``,
+``tv``, ``t_draft`` ...; ``gamma = 0`` steps have no rows) or a **summary** (``summary.jsonl``, Spec-Bench's shape:
+one row per generation ``question_id, category, sample``; ``new_tokens`` emitted after truncation and stop tokens,
+``wall_time`` s (median of timed repeats), ``accept_lengths`` ``n + 1`` per step before truncation, all 1 for AR,
+``[]`` for HF generate). Sums run over the rows passed in; ``s_AR = sum wall_time_AR / sum new_tokens_AR`` (prefill in).
 
-Two inputs:
+- ``acceptance_rate`` ``sum(accepted) / sum(reached)`` (or ``/ n_drafted``, ``over="drafted"``; every rate is
+  defined in :mod:`spade_lib.rates`); ``mean_accepted_length`` ``tau = mean_steps (n + 1)`` over a summary, each
+  step weight 1 (``tau_no_bonus = mean n``; :func:`spade_lib.measures.tau`); ``tau_drafting_steps`` the same over
+  a trace's steps only, ``>= tau``; ``block_efficiency`` ``sum(new_tokens) / sum(steps)`` (Chen et al., 2023);
+- ``tokens_per_second`` ``sum(new_tokens) / sum(wall_time)``; ``speedup_ratio_of_totals`` ``tps(method) /
+  tps(baseline)``; ``speedup_mean_of_ratios`` ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``;
+  ``bootstrap_speedup``, ``bootstrap_acceptance``: percentile bootstrap intervals, prompts (and timed rounds)
+  resampled; ``paired_alpha_difference`` ``alpha_a - alpha_b`` of two runs, prompts resampled jointly;
+- ``cost_ratio`` ``c_trace = (sum t_draft / n_drafted) / s_AR``, ``verify_cost_ratio`` ``r_trace = mean t_verify /
+  s_AR`` (``trace_costs``: both; run-timing estimates, the measurement is :mod:`spade_lib.decoding.costs`);
+  ``predicted_speedup`` Thm. 3.8 with verify and loop cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r + o))``
+  (per-step drafted counts: ratio of expected totals; ``prefill``: added to both); ``prefill_steps`` ``(P_AR, P_run)``.
 
-- a **trace** (``spade_lib.runs.trace``): one row per drafted token with ``reached``, ``accepted``,
-  ``n_accepted``, ``tv``, ``t_draft`` ...; steps that drafted nothing (``gamma = 0``) have no rows.
-- a **summary** (``summary.jsonl`` of a run, Spec-Bench's answer shape): one row per generation
-  (``question_id``, ``category``, ``sample``) with ``new_tokens`` (tokens emitted, after truncation
-  and stop tokens), ``wall_time`` (seconds, median of the timed repeats) and ``accept_lengths``
-  (``n + 1`` per step, the verification's outcome before truncation; all 1 for autoregressive
-  decoding, ``[]`` for HF generate, which does not expose its steps).
-
-Definitions (sums run over the rows of the frame passed in; group by ``category`` for per-category
-figures):
-
-==============================  =================================================================
-``acceptance_rate``             ``alpha_hat = sum(accepted) / sum(reached)`` (:func:`spade_lib.rates.alpha`:
-                                acceptance per judged token), or ``over="drafted"`` ``sum(accepted) /
-                                n_drafted`` (:func:`spade_lib.rates.acceptance_per_drafted`). Every
-                                acceptance rate, per position (conditional and unconditional), from the
-                                distributions (``alpha_expected``) and per request, is defined once in
-                                :mod:`spade_lib.rates`; the per-position table is
-                                :func:`spade_lib.diagnose.position_acceptance`.
-``mean_accepted_length``        ``tau = mean over steps of (n + 1)`` with the bonus / residual token,
-                                or ``tau_no_bonus = mean(n)`` without it, over every step of a
-                                summary's ``accept_lengths``; each step weighs 1 (pooled over
-                                prompts). The formula is :func:`spade_lib.measures.tau`, the one
-                                definition every layer calls.
-``tau_drafting_steps``          the same mean over a trace's steps only (steps that drafted nothing
-                                have no rows): ``>= tau``, equal when every step drafted.
-``block_efficiency``            ``sum(new_tokens) / sum(steps)``: tokens emitted per target
-                                verification call (Chen et al., 2023's "block efficiency"; ``tau``
-                                over the tokens left after truncation).
-``tokens_per_second``           ``sum(new_tokens) / sum(wall_time)`` (ratio of totals), or per
-                                generation with ``per_generation=True``.
-``speedup_ratio_of_totals``     ``tokens_per_second(method) / tokens_per_second(baseline)`` over the
-                                same generations.
-``speedup_mean_of_ratios``      ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``.
-``bootstrap_speedup``           both speedups with percentile bootstrap intervals (prompts
-                                resampled, and each generation's timed rounds within them) and a
-                                flag where the two intervals do not overlap.
-``bootstrap_acceptance``        ``alpha`` and ``tau`` with percentile intervals, prompts resampled
-                                (ratio of resampled sums: a prompt's positions and steps are not
-                                independent draws, its text decides many of them together).
-``paired_alpha_difference``     ``alpha_a - alpha_b`` of two runs over the same prompts, with an
-                                interval from resampling prompts *jointly* (the runs are dependent).
-``cost_ratio``                  ``c_trace = (sum t_draft / n_drafted) / (sum wall_time_AR /
-                                sum new_tokens_AR)``: one draft forward relative to one
-                                autoregressive target step, estimated from the run's step timings.
-``verify_cost_ratio``           ``r_trace = mean t_verify per step / (sum wall_time_AR / sum
-                                new_tokens_AR)``: one verification forward relative to one AR step,
-                                from the same timings. Both are estimates from a trace, normalised
-                                by the AR run's time per token (prefill included, so they run low on
-                                short generations); the cost *measurement* is ``c`` and ``r(g)`` of
-                                :func:`spade_lib.decoding.costs.measure_costs` (forwards timed in
-                                turns), cached per pair by :func:`spade_lib.runs.costs.pair_costs`.
-``trace_costs``                 both, ``{"c_trace", "r_trace"}``, for one run and its AR generations.
-``predicted_speedup``           Leviathan et al.'s Theorem 3.8 with a verify cost and the loop's
-                                per-step cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha) (gamma c + r +
-                                o))``, from measured alpha, c, r and o; with per-step drafted counts
-                                (prompt lookup drafts fewer than gamma) the ratio of expected totals
-                                over the steps, and with ``prefill`` the prompts' prefills added to
-                                both totals (a measured speedup is over whole generations).
-``prefill_steps``               ``(P_AR, P_run)``: the prompts' prefill seconds of the AR baseline and
-                                of the run over the AR loop's seconds per decode step.
-==============================  =================================================================
-
-**Truncated final block.** A generation stops at ``max_new_tokens`` (or a stop token) possibly in
-the middle of a step's ``n + 1`` tokens. The rule: acceptance metrics and ``tau`` count every
-verification as it happened (the judged positions and ``n`` are facts about ``p`` and ``q``,
-whatever was cut afterwards); throughput, block efficiency and speedup count only the tokens
-actually emitted (``new_tokens``), which is also how the baselines are counted, so the speedup
-compares equal token counts whenever both stop at ``max_new_tokens``.
+**Truncated final block.** Acceptance metrics and ``tau`` count every verification as it happened; throughput, block
+efficiency and speedups count only emitted ``new_tokens``, like the baselines (equal counts at ``max_new_tokens``).
 """
 
 from __future__ import annotations

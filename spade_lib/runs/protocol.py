@@ -1,65 +1,28 @@
 """One timing protocol for every wall-clock number: methods interleaved per prompt, one shared baseline.
 
-A speedup is a ratio of two timings taken at different moments on a machine whose speed drifts
-(other processes, thermal state, frequency scaling). Timing all of method A, then all of method B
-turns that drift into a fake speedup. :func:`run_interleaved` therefore times every configuration
-of a *session* on the same prompt, one after the other, before moving to the next prompt:
+Timing all of method A, then all of B turns the machine's speed drift into a fake speedup, so :func:`run_interleaved`
+times every configuration of a *session* on the same prompt, one after the other, before the next prompt:
 
-1. **Warm-up**: ``Protocol.warmup`` untimed generations of every configuration on the first prompt, of
-   at most ``Protocol.warmup_tokens`` new tokens each (enough to pay allocation and first-call costs;
-   the warm-up's outputs are discarded, so it is not part of a run's identity).
-2. **Interleaving**: for each prompt and sample, ``Protocol.repeats`` (>= 3) rounds; each round
-   times every configuration once, in an order rotated by prompt and round (no configuration is
-   always first). A generation's ``wall_time`` is the median of its repeats.
-2b. **Stalls are re-timed**: every timed reading is judged against the same configuration's readings of
-   the session (all prompts and rounds so far) by :class:`spade_lib.runs.timing.StallRule` (seconds per
-   token above ``median + max(5 scaled MADs, 0.5 median)``; the first prompts wait until
-   ``min_reference`` readings exist). A stall is timed again, at once, up to ``max_retimes`` times; the
-   first re-timing that is not a stall replaces it (if every re-timing is one, the prompt is slow, not
-   stalled, and the median of all its readings is kept). Each summary row says how many of its readings
-   were re-timed (``stalls``) and what they read (``stall_readings``, seconds); each session's entry in
-   ``metadata.json`` counts them and names the prompts (``stalls``). The speedup stays the ratio of
-   totals over the same generations (:func:`spade_lib.runs.metrics.bootstrap_speedup`): the work is
-   unchanged, only a reading the machine spoiled is taken again.
-2c. **Physical controls on every reading** (``Protocol.pauses``, :class:`spade_lib.runs.timing.PauseRule`, whose
-   docstring has the math): each *block* (one prompt and sample: every member's rounds, timed one after the
-   other) is checked as soon as it is timed, before any of it is judged for stalls or priced: every reading's
-   prefill lies inside it (``prefill <= wall``); the session's clock does not jump between two of its readings
-   (a host pause, which the per-reading stall rule cannot see: no reading holds it); no reading lies far
-   beyond its own rounds by the session's robust spread of rounds (a pause inside a reading). A block that
-   breaks one is timed again as a whole, at once, up to ``max_retimes`` times; if every timing of it does,
-   its generation is **dropped**: its rows are written with ``priced = False`` and :func:`speedup_table`
-   leaves it out of the speedup intervals and the prediction, for every run of the session (a read-back row
-   whose ``prefill_time`` exceeds its ``wall_time``, its own or its baseline's, is left out the same way).
-   A re-timed stall keeps a reading with its own output, so a row's ``prefill_time`` is the **median of
-   its kept readings' prefills** (not one pass's: a stalled or untimed pass's prefill inside a median wall
-   time priced issue 56's spurious prediction), which the order statistics keep ``<= wall_time``. Tokens
-   are counted on both sides: a member that timed another number of new tokens than the baseline on a
-   prompt is flagged. Every event is a line of :func:`spade_lib.runs.controls.reading_warnings` (``physical
-   control: <pair>/<run>: prompt <id> (sample <s>): ...``), printed once, by the session, at its end; the
-   rows carry their generation's (``reading_controls``) and each session's entry in ``metadata.json`` the
-   events (``controls``, :func:`session_controls`).
-3. **One baseline per session**: the baseline (autoregressive decoding) is a member of every
-   session. When its run already exists (another notebook made it), it is re-timed in the new
-   session and those times are kept with the new runs only; its own run folder is not touched.
-4. **Pairing**: every summary row of a session run carries ``session`` (its id) and
-   ``session_wall_time`` / ``session_wall_times`` / ``session_new_tokens`` / ``session_prefill_time``: the
-   same generation's median time, its time in every round, its token count and its prompt's prefill (the
-   last timed pass's; ``None`` where the method hides it) for *every* member of the session (keyed by
-   config hash). :func:`paired_baseline` builds the
-   baseline a run was interleaved with from its own rows, so a run's speedup is one number
-   wherever it is read (notebooks 03 and 05 read the same rows).
-5. **Intervals**: :func:`speedup_table` reports both speedup estimators with bootstrap intervals
-   (:func:`spade_lib.runs.metrics.bootstrap_speedup`: prompts resampled, and within each generation its
-   rounds, paired across the session) and the flag where they disagree.
+1. **Warm-up** (``Protocol.warmup`` untimed runs each on the first prompt, ``<= warmup_tokens``), then per prompt and
+   sample ``Protocol.repeats`` (>= 3) **rounds**, each configuration once, order rotated; ``wall_time``: their median.
+2. **Stalls re-timed** (:class:`spade_lib.runs.timing.StallRule`): a reading above ``median + max(5 scaled MADs, 0.5
+   median)`` s/token of its configuration's session readings (once ``min_reference`` exist) is re-timed up to
+   ``max_retimes``; the first non-stall replaces it (all stalls: median of all). Rows: ``stalls``, ``stall_readings``.
+3. **Physical controls** per *block* (a prompt and sample, all rounds; ``Protocol.pauses``, math in
+   :class:`spade_lib.runs.timing.PauseRule`): ``prefill <= wall``, no clock jump between readings, no reading far past
+   its rounds' robust spread. A failing block is re-timed whole up to ``max_retimes``, then its rows get ``priced =
+   False`` and :func:`speedup_table` drops it for the session's runs (as rows with ``prefill_time > wall_time``, own or
+   baseline's); ``prefill_time`` = median of kept prefills; token counts unlike the baseline's are flagged. Events:
+   :func:`spade_lib.runs.controls.reading_warnings` (``physical control: <pair>/<run>: prompt <id> (sample <s>): ...``,
+   at session end), ``reading_controls`` a row, ``metadata.json``: ``controls`` (:func:`session_controls`), ``stalls``.
+4. **One baseline per session** (AR), re-timed in every session (an existing run's folder untouched). Rows carry
+   ``session`` and, per member (config hash), ``session_wall_time``, ``session_wall_times`` (rounds),
+   ``session_new_tokens``, ``session_prefill_time`` (``None``: hidden); :func:`paired_baseline` rebuilds a run's
+   baseline from them (one speedup wherever read); :func:`speedup_table`: both estimators, bootstrap intervals
+   (:func:`spade_lib.runs.metrics.bootstrap_speedup`: prompts, then rounds resampled), disagreement flagged.
 
-Each configuration's run folder is the runner's usual one (:func:`spade_lib.runs.store.run_dir_for`): traces
-and the token checks are those of :func:`spade_lib.runs.methods.timed_generation`, the records taken as
-``Protocol.records`` says (:data:`spade_lib.runs.methods.RECORDS`: an untimed recorded pass, or the
-timed round's own with their statistics' time taken out of it); each session's metadata names it.
-``RunConfig.repeats`` / ``.warmup`` are set to the protocol's (they are part of a run's identity),
-and ``device="auto"`` is resolved when a ``RunConfig`` is made, so the same request from two
-notebooks is the same run.
+Run folders: :func:`spade_lib.runs.store.run_dir_for`; records per ``Protocol.records``. ``RunConfig.repeats`` /
+``.warmup`` take the protocol's (run identity) and ``device="auto"`` resolves at creation: one request, one run.
 """
 
 from __future__ import annotations

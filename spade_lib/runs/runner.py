@@ -1,29 +1,28 @@
 """The suite loop: run one config of a draft/target pair over a suite, one Parquet shard per prompt.
 
-``run_suite(pair, suite, config)`` decodes the first turn of every suite prompt ``n_samples`` times
-with the method ``config.method`` (:mod:`spade_lib.runs.methods`) and writes the run folder
+``run_suite(pair, suite, config)`` decodes the first turn of every suite prompt ``n_samples`` times with the method
+``config.method`` (:mod:`spade_lib.runs.methods`) and writes the run folder
 ``run_dir_for(pair.name, suite_key(suite), config)`` (its layout: :mod:`spade_lib.runs.store`).
 
-**Resumable.** A shard is written atomically (temp file + rename) only once its prompt is finished,
-so a shard on disk is complete and a re-run with ``resume=True`` skips it. ``summary.jsonl`` is
-rebuilt from the shards at the end, never appended to. Because every generation is seeded from
-``(config.seed, question_id, sample)`` alone (:func:`spade_lib.runs.config.generation_seed`), a run
-killed at any point (``kill -9`` included) and resumed ends with the same trace as an uninterrupted
-one — every column except the timing columns ``t_draft``, ``t_verify``, ``t_overhead`` (and the
-summary's ``wall_time``), which are measurements.
+**Resumable.** A shard is written atomically (temp file + rename) only once its prompt is finished, so a shard on disk
+is complete and a re-run with ``resume=True`` skips it; ``summary.jsonl`` is rebuilt from the shards at the end, never
+appended to. Every generation is seeded from ``(config.seed, question_id, sample)`` alone
+(:func:`spade_lib.runs.config.generation_seed`), so a run killed at any point (``kill -9`` included) and resumed ends
+with the same trace as an uninterrupted one — every column except the timing columns ``t_draft``, ``t_verify``,
+``t_overhead`` (and the summary's ``wall_time``), which are measurements.
 
-**Sharded.** ``run_suite(..., rank=r, world_size=W)`` decodes only the prompts ``rows[r::W]`` (a
-disjoint share; the shards do not depend on who wrote them). Rank 0 alone writes ``metadata.json``;
-with ``W > 1`` nobody writes ``summary.jsonl`` here: the launcher merges once every rank is done
-(``spade_lib.runs.launch.merge_run``). ``python -m spade_lib.runs.cli --config run.yaml --out DIR`` (under
-``torchrun`` or ``accelerate launch`` for several processes) is the command line (``spade_lib.runs.cli``).
+**Sharded.** ``run_suite(..., rank=r, world_size=W)`` decodes only the prompts ``rows[r::W]`` (a disjoint share; the
+shards do not depend on who wrote them). Rank 0 alone writes ``metadata.json``; with ``W > 1`` nobody writes
+``summary.jsonl`` here: the launcher merges once every rank is done (``spade_lib.runs.launch.merge_run``). The command
+line is ``python -m spade_lib.runs.cli --config run.yaml --out DIR`` (under ``torchrun`` or ``accelerate launch`` for
+several processes; ``spade_lib.runs.cli``).
 
-**One run per folder.** Every check comes before anything is written (a refused run leaves its folder
-as it was, or absent): the pair's placement, its drafts (:func:`spade_lib.decoding.drafters.check_draft`), and
-resuming into a folder whose ``metadata.json`` -- or, if that file was deleted, any shard -- describes another run
-(config hash, schema version, pair, suite) is refused (:func:`spade_lib.runs.store.check_existing`). Concurrent processes on one
-folder (or ranks) share the work: each shard is computed under its ``filelock`` lock by whichever
-process takes it first, never twice.
+**One run per folder.** Every check comes before anything is written (a refused run leaves its folder as it was, or
+absent): the pair's placement, its drafts (:func:`spade_lib.decoding.drafters.check_draft`), and resuming into a folder
+whose ``metadata.json`` -- or, if that file was deleted, any shard -- describes another run (config hash, schema
+version, pair, suite) is refused (:func:`spade_lib.runs.store.check_existing`). Concurrent processes on one folder (or
+ranks) share the work: each shard is computed under its ``filelock`` lock by whichever process takes it first, never
+twice.
 """
 
 from __future__ import annotations

@@ -1,43 +1,27 @@
 """Spec-Bench answer files, both ways: SPADE runs out, any Spec-Bench method's answers in.
 
-Spec-Bench (Xia et al., 2024) has every method write one JSON line per question (its
-``evaluation/eval.py``), and its ``evaluation/speed.py`` turns a method's file and the autoregressive
-baseline's file into mean accepted tokens and speedup per subtask. One line::
+Spec-Bench (Xia et al., 2024) has every method write one JSON line per question (``evaluation/eval.py``)::
 
-    {"question_id": 81, "category": "writing", "answer_id": "<22 chars>", "model_id": "...",
-     "tstamp": 1712345678.9,
+    {"question_id": 81, "category": "writing", "answer_id": "<22 chars>", "model_id": "...", "tstamp": 1712345678.9,
      "choices": [{"index": 0, "turns": ["text of turn 1", ...], "decoding_steps": [s1, ...],
                   "new_tokens": [n1, ...], "wall_time": [t1, ...], "accept_lengths": [l, l, ...]}]}
 
-``turns``, ``decoding_steps``, ``new_tokens`` and ``wall_time`` hold one entry per turn;
-``accept_lengths`` holds one entry per verification step of all turns: the tokens that step emitted,
-``n + 1`` for ``n`` accepted drafts (1 per step for autoregressive decoding).
+``turns``, ``decoding_steps``, ``new_tokens``, ``wall_time``: one entry per turn; ``accept_lengths``: one per
+verification step of all turns, the tokens it emitted (``n + 1`` for ``n`` accepted drafts; 1 for AR decoding).
+**speed.py's arithmetic** (``evaluation/speed.py``; per subtask: a category, ``mt_bench`` = the eight MT-bench
+categories, ``overall`` = all; over ``choices[0]``): ``tau = mean(accept_lengths)`` pooled over all steps of all
+answers; per answer ``g``, ``tps_g = sum(new_tokens) / sum(wall_time)`` for the method and
+``tps0_g = T_g / sum(wall_time)`` for the baseline, ``T_g = sum over turns of len(tokenizer(turn).input_ids) - 1``
+(re-tokenised, minus the Llama BOS); ``speedup = mean_g(tps_g) / mean_g(tps0_g)``, neither SPADE's ratio of totals
+(``metrics.speedup_ratio_of_totals``) nor its mean of ratios (``metrics.speedup_mean_of_ratios``).
 
-**speed.py's arithmetic** (Leviathan et al. 2023 notation: ``tau`` the mean accepted length), per
-subtask (a category; ``mt_bench`` = the eight MT-bench categories; ``overall`` = all), over the
-answers' first choice ``choices[0]``:
-
-- ``tau = mean(accept_lengths)``, pooled over all steps of all answers;
-- per answer ``g``: ``tps_g = sum(new_tokens) / sum(wall_time)`` for the method, and
-  ``tps0_g = T_g / sum(wall_time)`` for the baseline, where ``T_g`` re-tokenises the baseline's
-  ``turns``: ``sum over turns of len(tokenizer(turn).input_ids) - 1`` (minus the BOS that its Llama
-  tokenizers prepend);
-- ``speedup = mean_g(tps_g) / mean_g(tps0_g)``: a ratio of mean per-answer throughputs, which is
-  neither SPADE's ratio of totals (``metrics.speedup_ratio_of_totals``) nor its mean of per-generation
-  ratios (``metrics.speedup_mean_of_ratios``); :func:`read_specbench_answers` reports all three.
-
-**Export** (:func:`write_specbench_answers`): one line per prompt of a SPADE run, one choice per
-sample (``index = sample``; speed.py reads ``choices[0]``); SPADE decodes the first turn only, so every
-list has one entry per choice. ``turns`` is the run's decoded continuation exactly as its
-``summary.jsonl`` holds it (special tokens kept, nothing stripped), so that re-tokenising it counts the
-emitted tokens whenever the tokenizer round-trips; sampled text from a weak model often does not
-(non-canonical token sequences, split UTF-8 bytes), and then speed.py's baseline count differs from
-``new_tokens``. An ``"ar"`` run's file is the baseline file (``accept_lengths`` all 1).
-
-**Import** (:func:`read_specbench_answers`): per-category tables of tau, throughput, speedup and the
-accepted-length distribution. Answer files carry no token-level trace (no drafted tokens, no ``p``,
-``q``, positions or timings per step), so per-position acceptance, entropies and calibration need a
-SPADE run; only what ``accept_lengths`` and the per-turn totals determine is available.
+**Export** (:func:`write_specbench_answers`): one line per prompt of a SPADE run, one choice per sample
+(``index = sample``), one list entry per choice (first turn only). ``turns`` is the decoded continuation exactly as
+``summary.jsonl`` holds it (special tokens kept), so re-tokenising it counts the emitted tokens when the tokenizer
+round-trips (sampled text from a weak model often does not: then speed.py's baseline count differs from
+``new_tokens``). An ``"ar"`` run's file is the baseline file (``accept_lengths`` all 1). **Import**
+(:func:`read_specbench_answers`): per-category tau, throughput, all three speedups, accepted-length distribution;
+answer files carry no token-level trace, so per-position acceptance, entropies and calibration need a SPADE run.
 """
 
 from __future__ import annotations

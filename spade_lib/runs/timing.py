@@ -1,67 +1,28 @@
-"""Timing methodology: fixed threads, warm-up, repeats, median and spread, and where it ran.
+"""Timing methodology: a speedup is a ratio of two timings, so both are taken the same way, as follows.
 
-A speedup is a ratio of two timings, so both must be taken the same way:
-
-- **Threads fixed and recorded.** ``fix_threads(n)`` sets torch's intra-op thread count before any
-  timing; the count goes into the run metadata. On a shared machine the spread, not the median,
-  shows the interference.
-- **Warm-up.** The first calls pay for allocation, kernel selection and caches; ``measure`` runs
-  ``warmup`` untimed calls first.
-- **Repeats, median and spread.** ``measure`` times ``repeats`` calls and reports the median (robust
-  to a stray slow repeat) with min, max and the interquartile range; the relative spread is
-  ``(q75 - q25) / median``.
-- **Stalls.** A machine shared with other processes sometimes stops a generation for seconds (one
-  2.5 s stall in one ~0.2 s generation of a 12-prompt run moved a speedup from 0.59x to 0.28x). A timed
-  reading is a *stall* (:class:`StallRule`, :func:`find_stalls`) when its seconds per new token
-  ``u = t / N`` lie far above the same configuration's readings in the session:
-  ``u > median(U) + max(k * 1.4826 * MAD(U), e * median(U))`` with ``U`` every reading of that
-  configuration so far (all prompts, all rounds; ``MAD`` the median absolute deviation, ``1.4826 MAD``
-  the normal-consistent spread), ``k = 5`` and ``e = 0.5`` (at least 1.5x the median, so a run whose
-  prompts all cost alike does not re-time its normal spread). Per token, because prompts emit
-  different numbers of tokens; across the session, because with one round per prompt a prompt has no
-  other reading to compare with. :mod:`spade_lib.runs.protocol` re-times a stall (up to
-  ``max_retimes`` times) and reports it.
-- **Physical controls on every reading** (:class:`PauseRule`; :mod:`spade_lib.runs.protocol` applies them to
-  every block of readings it takes, one prompt and sample, every session member's rounds, before any is
-  priced). Three facts a correct reading cannot contradict:
-
-  1. *A prefill lies inside its generation*: the decoder's prefill ``p`` is timed by the same clock inside the
-     reading ``t``, so ``p <= t`` (:func:`impossible_prefill`; ``slack`` is float rounding only). The prefill a
-     summary row keeps is the median of its readings' prefills, ``wall_time`` the median of their times: if
-     ``p_k <= t_k`` for every round ``k``, the order statistics keep the order, ``p_(j) <= t_(j)`` for every
-     ``j`` (the ``j``-th smallest of the ``t`` is above ``j`` of the ``p``), so ``median p <= median t``.
-  2. *The session's clock has no gaps* (``gap``): between two readings of one block the protocol only appends
-     to lists (microseconds), so when the clock advances by more than ``gap`` seconds from the end of one
-     reading to the start of the next, the host took the process away: a host pause. It spoils no reading
-     by itself, but the readings after it run on caches and clock frequencies that another tenant left (the
-     warm-up is void), and a host that pauses for seconds is rarely clean around it (the session of issue 56
-     had a ~60 s pause and nine stalled readings up to 21 s).
-  3. *A reading is not far beyond its own rounds* (``k``, ``min_excess``, ``gap``): round ``k`` of member ``c``
-     on a prompt reads ``log t_k = mu_{c,q} + eps_k``, the prompt's own cost times the round-to-round noise.
-     The prompt's cost is read off the *other* rounds, ``m_k = median_{j != k} t_j`` (``R >= 2``; a pause in
-     round ``k`` does not move its own reference); the noise's spread is the session's: ``s_c = 1.4826 MAD``
-     of the log-deviations ``d_k = log(t_k / m_k)`` of every clean block of that member so far. A reading is
-     paused when ``d_k > max(k s_c, log(1 + min_excess))`` (``log 1.5`` alone until ``min_reference``
-     deviations exist) **and** ``t_k - m_k > gap``: the host took more than ``gap`` seconds inside it, the
-     same pause as rule 2's, now inside a reading (the absolute part keeps a loaded host's scheduler quanta,
-     which can double a 20 ms reading, from counting as pauses). A pause of ``P`` seconds inside a reading
-     of ``t`` adds ``log(1 + P / t)`` to its ``d``: caught once ``P > gap`` and ``P > t max(e^{k s_c} - 1,
-     min_excess)``, whatever the spread of the prompts, which can hide it from the per-token
-     :class:`StallRule` (its spread is across prompts), and from the first prompt on (the stall rule waits
-     for ``min_reference`` readings). Under Gaussian noise of spread ``s_c`` a clean ``d_k`` is a difference
-     of two noises (spread about ``sqrt(2) s_c``), so ``k = 5`` flags fewer than 1 clean reading in 10^3
-     even before the absolute part. A prompt that is slow for its own reasons is slow in every round: its
-     ``d`` stays small and nothing is flagged. Readings can be spoiled only upwards (no machine runs faster
-     than itself), so only ``d > 0`` is judged.
-
-  A block with any of these is timed again as a whole, at once, up to ``max_retimes`` times; if every timing
-  of it breaks one, its generation is dropped: written and reported, never priced.
-- **Device synchronisation.** CUDA kernels run asynchronously; every clock read on a CUDA device
-  is preceded by ``torch.cuda.synchronize``, otherwise a timer measures only the kernel launches.
-- **Same token counting.** Throughput is ``new_tokens / seconds`` with ``new_tokens`` the tokens
-  emitted after the prompt, for the baseline and the method alike (``spade_lib.runs.metrics``).
-- **Fingerprint.** ``environment_fingerprint()`` records the CPU model, core counts, thread counts,
-  GPU, library versions and the git commit (with a dirty flag), stored in every run's metadata.
+- **Threads fixed and recorded**: ``fix_threads(n)`` sets torch's intra-op threads before timing; stored in metadata.
+- **Warm-up, repeats, median and spread**: ``measure`` runs ``warmup`` untimed calls, then times ``repeats`` calls and
+  reports the median, min, max and IQR; relative spread ``(q75 - q25) / median`` (on a shared host: interference).
+- **Stalls** (:class:`StallRule`, :func:`find_stalls`): a reading of ``t`` s for ``N`` new tokens is a stall when
+  ``u = t / N > median(U) + max(k * 1.4826 * MAD(U), e * median(U))``, ``U`` every reading of that configuration in
+  the session so far (all prompts and rounds; ``1.4826 MAD`` the normal-consistent spread), ``k = 5``, ``e = 0.5`` (at
+  least 1.5x the median). Per token: prompts emit different counts; session-wide: a prompt may have one round only.
+  :mod:`spade_lib.runs.protocol` re-times a stall (up to ``max_retimes`` times) and reports it.
+- **Physical controls on every reading** (:class:`PauseRule`, on each block of readings: one prompt and sample,
+  all session members' rounds, before pricing). (1) *A prefill lies inside its generation*: ``p <= t`` (one clock;
+  :func:`impossible_prefill`, ``slack`` for float rounding), so ``median p <= median t`` (order statistics keep the
+  order). (2) *No clock gaps*: the clock advancing over ``gap`` s between readings of a block is a host pause (later
+  readings lose their warm-up). (3) *A reading is not far beyond its own rounds*: with ``m_k = median_{j != k} t_j``
+  (``R >= 2``), ``d_k = log(t_k / m_k)``, ``s_c = 1.4826 MAD`` of the ``d`` of member ``c``'s clean blocks so far,
+  round ``k`` is paused when ``d_k > max(k s_c, log(1 + min_excess))`` (``log 1.5`` until ``min_reference``
+  deviations) **and** ``t_k - m_k > gap``. A pause of ``P`` s adds ``log(1 + P / t)`` to ``d``; only ``d > 0`` is
+  judged; a prompt slow in itself is slow in every round; a clean ``d`` has spread ~``sqrt(2) s_c``, so ``k = 5`` flags
+  < 1 in 10^3 (Gaussian). A block breaking any is re-timed whole, up to ``max_retimes`` times; if every timing breaks
+  one, its generation is dropped: written and reported, never priced.
+- **Device synchronisation**: every clock read on a CUDA device is preceded by ``torch.cuda.synchronize``.
+- **Same token counting**: ``new_tokens / seconds`` (tokens emitted after the prompt), baseline and method alike.
+- **Fingerprint**: ``environment_fingerprint()`` records CPU model, core and thread counts, GPU, library versions and
+  the git commit (with a dirty flag) in every run's metadata.
 """
 
 from __future__ import annotations

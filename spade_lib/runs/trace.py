@@ -1,32 +1,27 @@
 """Token-level traces of speculative decoding runs, stored as Parquet.
 
-One row per *drafted* token: every decision the verifier made is kept, so acceptance can be
-re-analysed later without re-running a model. Notation follows Leviathan et al. (2023): ``p`` is the
-target distribution, ``q`` the draft's, ``gamma`` the draft length of a step, ``x`` the drafted token.
+One row per *drafted* token, keeping every verifier decision, so acceptance can be re-analysed without re-running a
+model. Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` a step's draft length, ``x`` the drafted
+token.
 
-**The columns** -- name, type, group, meaning and formula, the schema version that added each -- are
-defined once, in :mod:`spade_lib.decoding.records` (:func:`describe` lists them as a table); this
-module gives each its Arrow type (``string``, ``bool``, ``int16``, ``int32``, ``float32``, ``float64``)
-and persists them. Optional top-k slices (a run with ``record_topk = k > 0``), list columns of length
-``k`` sorted by decreasing probability, of the adjusted distributions: ``p_topk_ids`` (list<int32>),
+**Columns** (name, type, group, meaning, formula, the schema version that added each) are defined once, in
+:mod:`spade_lib.decoding.records` (:func:`describe` tabulates them); this module gives each its Arrow type (``string``,
+``bool``, ``int16``, ``int32``, ``float32``, ``float64``) and persists them. Optional top-k slices (``record_topk = k >
+0``): length-``k`` list columns of the adjusted distributions by decreasing probability, ``p_topk_ids`` (list<int32>),
 ``p_topk_probs`` (list<float32>), ``q_topk_ids``, ``q_topk_probs``.
 
 **Schema versions** (``SCHEMA_VERSION``; bump it when a column is added, removed or changes meaning):
 
-- 1: identity (``prompt_id``, ``category``, ``sample``, ``step``), the block (``pos``, ``abs_pos``,
-  ``gamma``), the verifier's decision and the per-position statistics, the step's timings;
-- 2: adds the draft tree of a step, per drafted token: ``node``, ``parent``, ``depth``,
-  ``sibling_rank`` (terms: :mod:`spade_lib.decoding.records`). A chain has ``node = pos``,
-  ``parent = pos - 1``, ``depth = pos``, ``sibling_rank = 0``; every other column keeps its version-1
-  meaning. A version-1 file is read with the tree columns filled with these chain values
-  (each column's ``fill``).
+- 1: identity (``prompt_id``, ``category``, ``sample``, ``step``), the block (``pos``, ``abs_pos``, ``gamma``), the
+  verifier's decision and the per-position statistics, the step's timings;
+- 2: adds a step's draft tree per drafted token: ``node``, ``parent``, ``depth``, ``sibling_rank``; a chain has ``node
+  = pos``, ``parent = pos - 1``, ``depth = pos``, ``sibling_rank = 0``, the values (each column's ``fill``) a version-1
+  file is read with; every other column keeps its version-1 meaning.
 
-:func:`read_trace` checks every shard -- its version, its columns and their types, and that the tree
-columns describe a tree in every step (:func:`check_tree`) -- and names the file in every error.
-
-Files are plain Parquet: pandas, Polars, DuckDB or Arrow read them without SPADE. Run metadata (pair,
-suite and its sha256, sampling, policy, seeds, device, dtype, versions, git commit) is stored as JSON
-under the key ``spade`` of each file's key-value metadata, and in ``metadata.json`` of a run folder.
+:func:`read_trace` checks every shard (version, columns and types, and that the tree columns form a tree in every step,
+:func:`check_tree`) and names the file in every error. Files are plain Parquet (pandas, Polars, DuckDB, Arrow read them
+without SPADE); run metadata (pair, suite and its sha256, sampling, policy, seeds, device, dtype, versions, git commit)
+is JSON under the key ``spade`` of each file's key-value metadata, and in the run folder's ``metadata.json``.
 """
 
 from __future__ import annotations

@@ -1,52 +1,28 @@
 """Teacher-forced alignment scoring: how well the draft ``q`` matches the target ``p``, without decoding.
 
-Given token sequences ``s = (s_0, ..., s_{L-1})`` whose first ``m`` tokens are a prompt, one batched
-forward of the target and one of the draft give, at every scored position ``t`` (the token ``s_t`` is
-predicted from ``s_{<t}``; ``t = m .. L-1``, indexed ``i = t - m`` within the continuation)::
+For sequences ``s`` whose first ``m`` tokens are a prompt, one batched forward of each model gives, at every scored
+position ``t = m .. L-1`` (``s_t`` predicted from ``s_{<t}``; ``i = t - m``), with ``adjust`` the ``SamplingConfig``::
 
-    p_t = adjust(target_logits[t - 1]),   q_t = adjust(draft_logits[t - 1])      (SamplingConfig)
-    alpha_t = sum_x min(p_t(x), q_t(x)) = 1 - TV(p_t, q_t)
-    KL(p_t || q_t), KL(q_t || p_t), H(p_t), H(q_t), top1_agree_t = [argmax p_t == argmax q_t],
-    p_t(s_t), q_t(s_t).
+    p_t = adjust(target_logits[t - 1]),   q_t = adjust(draft_logits[t - 1]),   alpha_t = sum_x min(p_t, q_t) = 1 - TV
+    KL(p_t || q_t), KL(q_t || p_t), H(p_t), H(q_t), top1_agree_t = [argmax p_t == argmax q_t], p_t(s_t), q_t(s_t)
 
-``alpha_t`` is the probability that speculative sampling accepts a token drafted from ``q_t`` in this
-context (Leviathan et al. 2023, Thm. 3.5). On the text that decoding actually emitted, the context of
-every *reached* draft position is that text, so ``alpha_t`` equals ``1 - tv`` of the trace row at
-``abs_pos = i`` (the tests pin this).
+``alpha_t`` is the probability that speculative sampling accepts a token drafted from ``q_t`` (Leviathan et al. 2023,
+Thm. 3.5); on the emitted text it equals ``1 - tv`` of the trace row at ``abs_pos = i`` (tested). Predicted ``tau``
+(tokens per verification step, bonus included) for draft length ``gamma``, three ways:
 
-Predicting the mean accepted length ``tau`` (tokens per verification step, bonus included) for a
-draft length ``gamma`` from the per-position alphas, three ways:
+- ``iid``: ``tau = (1 - a^{gamma+1}) / (1 - a)``, ``a`` the mean alpha (Leviathan eq. 1);
+- ``block``: ``E[L_t] = sum_{k=0}^{gamma} prod_{i<k} alpha_{t+i}`` for a block starting at ``t``, averaged over ``t``;
+- ``renewal``: blocks start where the previous ended (``t_{j+1} = t_j + L_j``, ``t_0 = 0``); a dynamic programme over
+  ``s_t = P(some block starts at t)`` gives ``tau = E[tokens] / E[steps]``, the ratio of totals measured ``tau`` is.
 
-- ``iid``:     ``tau = (1 - a^{gamma+1}) / (1 - a)`` with ``a`` the mean alpha (Leviathan eq. 1):
-  every drafted token accepted independently with the same probability.
-- ``block``:   a block starting at position ``t`` yields ``E[L_t] = sum_{k=0}^{gamma} prod_{i<k}
-  alpha_{t+i}`` tokens (acceptances independent given the context, alphas varying along the text);
-  averaged over all starts ``t``.
-- ``renewal``: blocks start where the previous one ended (``t_{j+1} = t_j + L_j``, ``t_0 = 0``). A
-  dynamic programme over the probability ``s_t`` that some block starts at ``t`` gives the expected
-  number of steps; ``tau = E[tokens] / E[steps]``, the ratio of totals that measured ``tau`` is.
-
-Because ``f(a) = (1 - a^{gamma+1}) / (1 - a)`` is convex, ``E[f(alpha)] >= f(E[alpha])`` (Jensen):
-alpha varying along the text -- easy runs (boilerplate, repetition) next to hard tokens -- makes
-``block``/``renewal`` exceed ``iid``. The remaining gap to measured ``tau`` is sampling noise, the
-block starts (``block`` weights every start equally; decoding starts more blocks in hard regions,
-which ``renewal`` accounts for), and the selection effect that the scored text is the decoded text,
-whose tokens after a rejection come from the residual ``norm(max(0, p - q))`` rather than from ``p``.
-
-**Greedy decoding is a deterministic walk over the text** (:func:`greedy_walk`). At ``T = 0`` the
-emitted text is the target's greedy text, every draft proposal is the draft's argmax given that
-text, and a drafted token is accepted iff the two argmaxes agree: ``a_t = top1_agree_t``. A step
-starting at ``t`` accepts ``x_0 .. x_{k-1}`` while ``a_{t+i} = 1`` and the next step starts after the
-first disagreement (or after the bonus). So per-position conditional acceptance is the agreement
-rate on the positions each draft slot *visits*, which differ by slot: with an agreement pattern
-``1, 0, 1, 0, ...`` (a repetition loop whose every other token the draft misses) slot 0 always lands on
-a ``1`` and slot 1 on a ``0``, giving conditional acceptance 1.0 / 0.0 and alpha 1.0 at ``gamma = 1``
-but 0.5 at ``gamma = 2`` on the same text. A trace's greedy pattern that :func:`greedy_walk` of its
-own text reproduces is this selection effect, not a cache or position bug (``tests/test_align.py``).
-
-Speedup for draft cost ``c`` (one draft forward / one target forward) and verify cost ``r(gamma)``
-(one target forward over ``gamma + 1`` tokens / one over 1 token): ``tau / (gamma c + r(gamma))``,
-via :func:`spade_lib.theory.speedup`.
+``f(a) = (1 - a^{gamma+1}) / (1 - a)`` is convex, so varying alpha makes ``block``/``renewal`` exceed ``iid`` (Jensen).
+The rest of the gap to measured ``tau``: noise, block starts (decoding starts more blocks in hard regions), selection
+(after a rejection the text comes from ``norm(max(0, p - q))``, not ``p``). **Greedy is a deterministic walk**
+(:func:`greedy_walk`): at ``T = 0`` a draft is accepted iff ``a_t = top1_agree_t``, and a step accepts while
+``a_{t+i} = 1``, so each draft slot's acceptance is the agreement on the positions *it* visits: pattern ``1, 0, 1, 0,
+...`` gives slots 0/1 acceptance 1.0/0.0, alpha 1.0 at ``gamma = 1``, 0.5 at ``gamma = 2``; a trace pattern that
+:func:`greedy_walk` reproduces is this selection, not a bug (``tests/test_align.py``). Speedup for draft cost ``c``,
+verify cost ``r(gamma)`` (one-token target forwards): ``tau / (gamma c + r(gamma))`` (:func:`spade_lib.theory.speedup`).
 """
 
 from __future__ import annotations

@@ -1,65 +1,28 @@
-"""What-if replay of a stored trace: other acceptance rules and other stop rules, without a model.
+"""What-if replay of a stored trace under other acceptance rules and stop rules, without a model.
 
-A trace (``spade_lib.runs.trace``) keeps, for every drafted token ``x_i`` of every block, ``p(x_i)``,
-``q(x_i)``, the uniform ``u_i`` the verifier drew, ``H(p)`` and the draft's confidence. That is
-enough to re-decide each block under another rule. Notation: Leviathan et al. (2023).
+A trace (``spade_lib.runs.trace``) keeps per drafted ``x_i``: ``p(x_i)``, ``q(x_i)``, the verifier's uniform ``u_i``,
+``H(p)`` and the draft's confidence (notation: Leviathan et al. 2023). **The replay assumption**: replayable is the
+per-step outcome given the *same drafted block*, its accepted length ``n`` (``n + 1`` tokens emitted); tau is the mean
+over recorded steps. Exact per block; for a real run it assumes the blocks it would draft look like the recorded ones.
 
-**The replay assumption.** After a counterfactual change in acceptance, decoding would continue from
-a different prefix and draft different blocks. What is replayable is the *per-step* outcome given the
-*same drafted block*: the accepted length ``n`` of each recorded block, and the tokens it emits
-(``n + 1``: the accepted drafts plus a residual or bonus token). Tau is then the mean over recorded
-steps. This is exact for each block; as an estimate of a real run under the new rule it assumes the
-blocks a real run would draft look like the recorded ones (same prompts, same kind of text).
+**Acceptance rules** are :mod:`spade_lib.rules`' registry (read live): ``a_i`` is the function ``verify`` runs, on
+the trace columns of the same names; pathwise decisions reuse ``u_i`` (common random numbers). Needs (``Rule.needs``),
+exactness (``Rule.exactness``): ``exact`` (``accept_prob``, ``uniform``), ``lenience`` (``p_x``, ``q_x``, ``uniform``),
+``one_hot_q`` (``p_x``, ``uniform``): pathwise; ``typical`` (``p_x``, ``h_p``), ``greedy`` (``draft_token``,
+``p_top1``): deterministic; ``sample_match`` (``p_x``): in expectation (pathwise needs ``p``'s CDF at ``x``: not
+stored). Options: ``params={rule: {...}}``. Not replayable: the residual at a counterfactual rejection, the text after
+a changed step, rules that change drafting (``one_hot_q``/``greedy`` re-verify the recorded sampled drafts); pathwise
+needs ``uniform`` (NaN in deterministic modes: expectations only). Expected tokens of a block (Rao-Blackwellised):
+``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``. A fresh draft's ``alpha_rule = sum_x q(x) a(x)`` needs the full
+laws; :func:`rule_alpha_topk` bounds it from top-k slices (``record_topk > 0``): the sum over ``q``'s slice ``S``
+(``p(x)`` bounded outside ``p``'s) plus at most ``q(outside S)``; exact when the slices hold all the mass.
 
-**Acceptance rules** are those of the registry :mod:`spade_lib.rules` (``RULES`` is a live view of
-it): each rule's accept probability ``a_i`` is the *same function* that :func:`spade_lib.verify.verify`
-runs, applied to the trace's columns of the same names (``p_x``, ``q_x``, ``h_p``, ``draft_token``,
-``p_top1``); pathwise decisions use the recorded ``u_i`` as common random numbers. What each rule
-needs (``RULE_NEEDS``) and how exact its replay is (``RULE_EXACTNESS``), for the built-in rules:
-
-================  ==========================================  ============================  ==================
-rule              accept ``x_i`` iff                          trace columns needed          replay is
-================  ==========================================  ============================  ==================
-``exact``         ``u < min(1, p(x)/q(x))``                   ``accept_prob``, ``uniform``  exact (pathwise)
-``lenience``      ``u < min(1, p(x)/(l q(x)))``               ``p_x``, ``q_x``, ``uniform`` exact (pathwise)
-``one_hot_q``     ``u < p(x)`` (q replaced by a point mass)   ``p_x``, ``uniform``          exact (pathwise)
-``sample_match``  ``y == x`` for ``y ~ p`` (inverse CDF      ``p_x`` (``a = p(x)``)        exact in expectation;
-                  of ``p`` at ``u``)                                                        pathwise needs ``p``'s
-                                                                                            CDF at ``x``: not stored
-``typical``       ``p(x) > min(eps, delta exp(-H(p)))``       ``p_x``, ``h_p``              exact (deterministic)
-``greedy``        ``x == argmax p``                           ``draft_token``, ``p_top1``   exact (deterministic)
-================  ==========================================  ============================  ==================
-
-Rule options (``lenience``; ``eps``, ``delta`` of ``typical``) are passed as ``params={rule: {...}}``.
-
-What the trace cannot replay: the *residual token* at a counterfactual rejection (it needs the full
-``norm(max(0, p - q))``; the trace stores the recorded one only), the text after a changed step, and
-rules that change *drafting* (a greedy draft instead of a sampled one: different blocks). The
-per-position acceptance rate of a *fresh* draft under a rule, ``alpha_rule = sum_x q(x) a(x)``, needs
-the full distributions; with top-k slices (``record_topk > 0``) :func:`rule_alpha_topk` bounds it:
-the sum over ``q``'s slice ``S``, with ``p(x)`` bounded where ``x`` is outside ``p``'s slice, plus at
-most ``q(outside S)``; exact when the slices hold all of the mass (e.g. ``top_k <= record_topk``
-sampling). Pathwise replays need ``uniform`` at every position a rule reaches; where a trace stores
-NaN (deterministic modes), only the expected values are given. ``one_hot_q`` and ``greedy`` replay the
-*verification* rule on the recorded, sampled drafts; a real run in those modes may draft otherwise
-(a deterministic drafter, greedy drafts).
-
-The **expected** tokens of a block under a rule (Rao-Blackwellised over the uniforms, lower variance)
-is ``E[n + 1] = sum_{k=0}^{gamma} prod_{i<k} a_i``.
-
-**Stop rules** are the draft-length policies of :mod:`spade_lib.decoding.policies` (``get_policy(name, ...)``).
-From a trace recorded with a fixed, generous ``gamma =
-max_gamma``, a policy that would have drafted only ``g <= max_gamma`` tokens of a block sees the same
-first ``g`` drafts, the same ``p``, ``q`` and uniforms (the context of position ``i`` only holds
-earlier positions), so its accepted length is exactly ``min(n, g)``. ``g`` comes from the policy's
-vectorised replay form (:meth:`spade_lib.decoding.policies.Policy.replay_gamma`): ``fixed`` drafts ``gamma``;
-``confidence`` keeps drafting while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <=
-threshold``: ``g = 1 + #leading kept positions`` (capped at ``max_gamma``).
-
-Per block this is exact (same uniforms); a real run with another policy draws its uniforms in
-another order, so it agrees in distribution, not token for token. A step costs ``C(g) = g c + r(g)`` target-forward units (:func:`spade_lib.theory.step_cost`: ``g``
-draft forwards and ``r(g)`` the cost of verifying ``g + 1`` tokens); the predicted speedup over plain decoding (1 token
-per unit) is the ratio of totals ``sum_steps (min(n, g) + 1) / sum_steps C(g)``.
+**Stop rules** are :mod:`spade_lib.decoding.policies`' (``get_policy``). From a trace at ``gamma = max_gamma``, a policy
+drafting ``g <= max_gamma`` sees the same first ``g`` drafts, ``p``, ``q`` and uniforms: its accepted length is exactly
+``min(n, g)`` (a real run agrees in distribution, not token for token). ``g`` is ``Policy.replay_gamma``: ``fixed``
+drafts ``gamma``; ``confidence`` while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <= threshold``:
+``g = 1 + #leading kept`` (cap ``max_gamma``). Predicted speedup ``sum_steps (min(n, g) + 1) / sum_steps C(g)``,
+``C(g) = g c + r(g)`` target-forward units (:func:`spade_lib.theory.step_cost`; ``r(g)``: verifying ``g + 1`` tokens).
 """
 
 from __future__ import annotations

@@ -1,32 +1,28 @@
-"""The runs notebook 05 replays, made (or read back) under the timing protocol, and the checks of its
-parameters that a declared range cannot express.
+"""The runs notebook 05 replays, made (or read back) under the timing protocol, and the checks of its parameters that
+a declared range cannot express.
 
-Notation of Leviathan et al. (2023): ``p`` target, ``q`` draft, ``gamma`` draft length, ``c`` the
-draft/target cost ratio, ``r(g)`` the verify-cost ratio. For one draft of the pair the what-if sections
-need four kinds of run (:func:`plan`, :class:`Configs`):
+Notation of Leviathan et al. (2023): ``p`` target, ``q`` draft, ``gamma`` draft length, ``c`` the draft/target cost
+ratio, ``r(g)`` the verify-cost ratio. For one draft of the pair the what-if sections need four kinds of run
+(:func:`plan`, :class:`Configs`):
 
-- ``fixed[g]``: a fixed-``gamma`` run per ``g`` of the sweep at ``temperature`` (its ``tau`` is predicted
-  from teacher-forced alphas and measured);
-- ``replay``: one run at ``max_gamma`` with top-``k`` slices of ``p`` and ``q`` (the trace the acceptance
-  rules are re-decided on);
-- ``stop[T]``: one run at ``max_gamma`` per temperature ``T`` of the stop-rule study (a stop rule that drafts
+- ``fixed[g]``: a fixed-``gamma`` run per ``g`` of the sweep at ``temperature`` (``tau`` predicted from teacher-forced
+  alphas and measured);
+- ``replay``: one run at ``max_gamma`` with top-``k`` slices of ``p`` and ``q`` (re-decided under the acceptance rules);
+- ``stop[T]``: one run at ``max_gamma`` per temperature ``T`` of the stop-rule study (a stop rule drafting
   ``g <= max_gamma`` tokens replays the first ``g`` positions of each block);
 - ``ar[T]``: the autoregressive baseline of each temperature.
 
-:func:`run` times them in one interleaved session per temperature
-(:func:`spade_lib.runs.protocol.run_interleaved`: finished runs, notebook 03's included, are read back), so
-every speedup is paired with the AR generations of its own session; :meth:`Runs.trace_costs` gives a run's
-``c_trace`` / ``r_trace`` (:func:`spade_lib.runs.metrics.trace_costs`) against that paired baseline.
-:func:`run_chosen_rules` runs the stop rules a study chose, for real, and compares each with its replay.
+:func:`run` times them in one interleaved session per temperature (:func:`spade_lib.runs.protocol.run_interleaved`;
+finished runs, notebook 03's included, are read back), so every speedup is paired with its own session's AR generations;
+:meth:`Runs.trace_costs` gives a run's ``c_trace`` / ``r_trace`` (:func:`spade_lib.runs.metrics.trace_costs`) against
+that baseline. :func:`run_chosen_rules` runs the stop rules a study chose, for real, and compares each with its replay.
 
-Checks across parameters (:func:`alignable`, :func:`check_gammas`): the draft must draft the pair's own
-vocabulary with a ``q`` of its own (:data:`REPLAYABLE`, read from the drafter's declared kind by
-:func:`spade_lib.decoding.drafters.check_draft`) -- a draft *model* (every section: the teacher-forced alignment
-re-scores its ``q`` on the target's tokens) or a feature *head* (``"eagle"`` / ``"medusa"`` or a head by its name,
-with the pair's heads attached: the re-verification and the stop rules replay its traces, which hold its ``q``;
-the alignment is skipped, as a head's ``q`` at a position depends on its depth in the block and on the target's
-features, which the alignment does not re-run, :data:`NO_ALIGNMENT`) -- and every ``gamma`` of the sweep at most
-``max_gamma``.
+Checks (:func:`alignable`, :func:`check_gammas`): every ``gamma`` of the sweep is at most ``max_gamma``, and the draft
+drafts the pair's own vocabulary with its own ``q`` (:data:`REPLAYABLE`, from the drafter's declared kind via
+:func:`spade_lib.decoding.drafters.check_draft`): a draft *model* (every section; the teacher-forced alignment re-scores
+its ``q`` on the target's tokens) or a feature *head* (``"eagle"`` / ``"medusa"`` or a head by name, pair's heads
+attached: re-verification and stop rules replay its traces; the alignment is skipped, :data:`NO_ALIGNMENT`, since a
+head's ``q`` depends on its depth in the block and the target's features, which the alignment does not re-run).
 """
 
 from __future__ import annotations

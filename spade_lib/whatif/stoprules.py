@@ -1,43 +1,28 @@
 """The stop-rule study: data-driven threshold grids, AdaEDL's entropy bound, a learned stop classifier.
 
-Every rule here is replayed with :func:`spade_lib.whatif.replay.replay_stop_rule` on a trace recorded with a
-fixed ``max_gamma`` (a rule that drafts ``g`` tokens accepts exactly ``min(n, g)``; step cost
-``g c + r(g)``). After each drafted token ``i`` a rule reads a signal known at that moment and keeps
-drafting while the signal passes its threshold:
+Every rule is replayed with :func:`spade_lib.whatif.replay.replay_stop_rule` on a trace recorded with a fixed
+``max_gamma`` (a rule drafting ``g`` tokens accepts exactly ``min(n, g)``). After each drafted token ``i`` a rule reads
+a signal known then and keeps drafting while it passes its threshold:
 
 - ``confidence``: the draft's max probability ``q_top_prob >= threshold``;
 - ``entropy``: the draft's entropy ``h_q_raw <= threshold`` (nats);
-- ``adaedl`` (Agrawal et al., 2024): keep drafting while the entropy-based lower bound on the
-  token's acceptance probability, ``1 - sqrt(gamma_c H(q))``, is at least ``lambda``. For a fixed
-  ``gamma_c`` this is the entropy rule at ``H <= (1 - lambda)^2 / gamma_c`` (the paper also adapts
-  ``lambda`` online; the static bound is what is replayed here);
-- ``learned`` (SpecDec++ / DISCO style): a logistic model ``P(accepted | reached)`` on draft-side
-  features (position, ``H(q)``, ``q_top_prob``, ``log q(x)``) fitted on one split of the prompts;
-  keep drafting while the predicted probability that the whole block so far is accepted,
-  ``prod_{j<=i} p_hat_j``, is at least ``threshold``.
+- ``adaedl`` (Agrawal et al., 2024): the entropy lower bound on acceptance ``1 - sqrt(gamma_c H(q)) >= lambda``, i.e.
+  the entropy rule at ``H <= (1 - lambda)^2 / gamma_c`` (static bound; the paper also adapts ``lambda`` online);
+- ``learned`` (SpecDec++ / DISCO style): a logistic ``P(accepted | reached)`` on draft-side features (position,
+  ``H(q)``, ``q_top_prob``, ``log q(x)``) fitted on one split of the prompts; keep drafting while ``prod_{j<=i} p_hat_j
+  >= threshold`` (the whole block so far accepted).
 
-**Grids from the data.** A threshold grid is the signal's quantiles on the trace plus the two values
-where the rule degenerates (never stops: ``fixed max_gamma``; always stops after one token: ``fixed
-1``), so an optimum at a grid end is a degenerate rule, never an artefact of a narrow grid;
-:func:`edge_check` verifies it. **Honest selection.** Thresholds are chosen on the training prompts
-and scored on the held-out ones (:func:`split_prompts`), for every rule alike.
-
-**The study** of one trace (:func:`study`, settings :class:`StudyConfig`) does all of it: split,
-classifier, grids, the chosen rules and their held-out scores, every grid point on the whole trace.
-**For real:** :func:`chosen_configs` turns the chosen rules into the ``RunConfig`` the decoder runs, and
-:func:`replay_vs_run` compares a rule's replay with its run: the run's own decisions replayed exactly
-(the decoder's policy and its replay form agree on the same signals, a check that must hold), ``tau``
-against a stated tolerance and the speedup against the run's interval.
-
-**What the replay cannot see.** It keeps the trace's block boundaries: a rule's step ``k`` starts where
-the ``max_gamma`` run's step ``k`` started. The real run starts each block where its last one stopped,
-so when the signal is autocorrelated along the text (a stretch of high-entropy positions) a stopping
-rule meets that stretch at the start of several short blocks in a row, and its run drafts fewer tokens
-per step than its replay. ``tau`` then falls below the replay by more than the tolerance even though
-every decision is made right; the comparison reports that gap rather than hiding it.
-
-**Costs.** A step costs ``g c + r(g) + o`` target steps (:func:`spade_lib.theory.step_cost`), ``o`` the
-pair's measured per-step loop overhead (``overhead``, default 0: the paper's model).
+**Grids** are the signal's quantiles on the trace plus the two degenerate values (never stops: ``fixed max_gamma``;
+stops after one token: ``fixed 1``), so an optimum at a grid end is a degenerate rule (:func:`edge_check`).
+Thresholds are chosen on training prompts and scored on held-out ones (:func:`split_prompts`), for every rule.
+:func:`study` (:class:`StudyConfig`) does it all for one trace: split, classifier, grids, chosen rules with held-out
+scores, every grid point on the whole trace. :func:`chosen_configs` turns chosen rules into runnable ``RunConfig``;
+:func:`replay_vs_run` compares a replay with its run: the run's decisions replayed exactly (must hold), ``tau``
+within a stated tolerance, the speedup against the run's interval. **Limit:** the replay keeps the trace's block
+boundaries, the run starts each block where the last stopped; with a signal autocorrelated along the text a stopping
+rule meets a hard stretch at the start of several short blocks, so its run drafts fewer tokens per step and ``tau``
+falls below the replay (reported, not hidden). **Costs:** a step costs ``g c + r(g) + o`` target steps
+(:func:`spade_lib.theory.step_cost`), ``o`` the pair's measured loop overhead (``overhead``, default 0: the paper's).
 """
 
 from __future__ import annotations

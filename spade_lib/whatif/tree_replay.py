@@ -1,39 +1,27 @@
 """Replay of smaller draft trees from one recorded wide tree, under greedy verification (``T = 0``).
 
-Terms are those of :mod:`spade_lib.decoding.tree` (node, parent, depth, sibling rank, path). Under
-greedy verification (:func:`spade_lib.verify.verify_tree`, ``mode="greedy"``) the walk from the root
-follows, at each node on the path, the first child whose token is the target's argmax after that node,
-and stops when no child is. With ``m_i = [x_i = argmax p(. | path of parent(i))]`` (the trace's
-``draft_token == p_top1``: ``p_top1`` is the argmax of the target's raw logits at the node's parent,
-recorded for *every* node, judged or not; at ``T = 0`` it is the argmax the greedy rule compares with),
-node ``i`` of a sub-tree ``S`` is accepted iff
+Terms: :mod:`spade_lib.decoding.tree`'s. Greedy verification (:func:`spade_lib.verify.verify_tree`, ``mode="greedy"``)
+walks from the root into the first child whose token is the target's argmax after its parent, stopping when none is.
+With ``m_i = [x_i = argmax p(. | path of parent(i))]`` (the trace's ``draft_token == p_top1``; ``p_top1``, the raw-logit
+argmax at the parent, is recorded for every node, judged or not), node ``i`` of a sub-tree ``S`` is accepted iff
 
     ``i in S``, ``m_i``, ``parent(i)`` is accepted (or is the root), and no earlier sibling in ``S`` is,
 
-and the step's accepted length ``N_S`` is the number of accepted nodes; ``tau_S = mean(N_S) + 1`` over the
-wide trace's steps (:func:`spade_lib.measures.tau`).
-A sub-tree is a set of nodes closed under parent (:class:`SubTree`: the first ``nodes`` in drafting
-order or by the draft's cumulative path probability, a depth cap, a width cap on sibling rank).
+and ``N_S`` (accepted nodes a step) gives ``tau_S = mean(N_S) + 1`` over the wide trace's steps
+(:func:`spade_lib.measures.tau`). A sub-tree is a parent-closed node set (:class:`SubTree`: the first ``nodes`` in
+drafting order or by cumulative draft path probability, a depth cap, a width cap on sibling rank).
 
-**Exact per step, an estimate across steps.** Given a step's context, the target's argmax after each
-node does not depend on which other nodes are in the tree, so ``N_S`` is exactly what verifying ``S``
-in that step would accept (``S`` = the whole tree gives the recorded ``n_accepted``: tested). The
-greedy output is the same for every tree (each emits the target's argmax continuation), so the
-generated positions are the same; but which positions *start* a step depends on the tree (a shorter
-accepted path starts the next step earlier), and the replay reuses the wide run's step starts. So
-``tau_S`` over a run is an estimate, to be checked against a real run of the smaller tree (notebook 04
-prints both). On the steps that start at the same generated position in both runs the contexts are
-equal, so there the replay must match the real run step by step (:func:`shared_steps`), whenever the
-smaller tree is a sub-tree of the wide one.
-
-**Which smaller tree is EAGLE-2's.** ``eagle2:nodes=k`` keeps the ``k`` candidates of highest cumulative
-draft probability ``c(i) = prod over the path of q(x_j)`` (temperature-1 draft softmax, the trace's
-``q_x_raw`` for a model drafter) from the same candidate set as any ``nodes`` with the same depth and
-``top_k``; the first ``k`` of a wider tree by ``c`` (``SubTree(nodes=k, rank="score")``) is therefore
-that tree, up to ties and float32 rounding of ``q_x_raw``.
-
-``T > 0`` traces are refused: there acceptance is random and depends on the sibling set through the
-residuals, so no per-node fact of the wide tree decides a smaller tree's outcome.
+**Exact per step, an estimate across steps.** In a given context the target's argmax after a node does not depend on the
+other nodes, so ``N_S`` is exactly what verifying ``S`` in that step accepts (``S`` = the whole tree gives the recorded
+``n_accepted``: tested). Every tree emits the same greedy text, but step starts depend on the tree (the replay reuses
+the wide run's), so ``tau_S`` over a run is an estimate, to check against a real run of the smaller tree (notebook 04
+prints both); on steps starting at the same position in both runs the replay must match the real run step by step
+(:func:`shared_steps`) when the smaller tree is a sub-tree of the wide one. **EAGLE-2's smaller tree**:
+``eagle2:nodes=k`` keeps the ``k`` candidates of highest ``c(i) = prod over the path of q(x_j)`` (temperature-1 draft
+softmax, the trace's ``q_x_raw`` for a model drafter) from the candidate set that any ``nodes`` with the same depth and
+``top_k`` shares, so ``SubTree(nodes=k, rank="score")`` of a wider tree is that tree, up to ties and float32 rounding.
+``T > 0`` traces are refused: acceptance is random and depends on the sibling set through the residuals, so no per-node
+fact of the wide tree decides a smaller tree's outcome.
 """
 
 from __future__ import annotations

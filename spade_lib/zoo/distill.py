@@ -2,27 +2,23 @@
 
 The recipe (``DistillConfig``), for a target ``p`` such as SmolLM2-135M-Instruct:
 
-1. **Teacher data: the target's own generations and its soft labels on code.** Prompts cut from the
-   training split of the embedded corpus (function signatures with docstrings, and docstring prose
-   paragraphs to explain; never the held-out files nor HumanEval), each in the target's chat template,
-   are answered by the target in batches (``generate`` with left padding, greedy for even batches and
-   ``T = 1`` sampling for odd ones); the same pass records, at every generated position ``t``, the
-   target's top-``k`` logits: the soft labels ``p_t`` (renormalised over the top ``k``), for free.
-   Generation is slow on a CPU (one token per row per forward), so most soft labels come from
-   teacher-forced windows of the same training split's source files (one batched forward labels
-   every position of a window).
-2. **A frequent-token head (FR-Spec).** The draft scores only the ``head_vocab`` most frequent tokens
-   of the target's generations plus the training text (``frspec.py``); ``q = 0`` elsewhere, still exact.
-3. **A draft built from the target's own weights.** Its embedding and first ``n_prefix`` decoder
-   layers are the target's (frozen), followed by ``n_adapter`` trainable layers initialised from the
-   target's last layers, the target's final norm, and the head initialised from the target's (tied)
-   output rows of the kept tokens. So at initialisation the draft is "early exit after ``n_prefix``
-   layers, then the target's last layers": an adapter (Kangaroo, Liu et al. 2024) trained to map the
-   shallow hidden state to the deep one's output distribution.
+1. **Teacher data: the target's own generations and its soft labels on code.** Prompts cut from the training split
+   of the embedded corpus (function signatures with docstrings, and docstring prose paragraphs to explain; never the
+   held-out files nor HumanEval), each in the target's chat template, are answered by the target in batches
+   (``generate`` with left padding, greedy for even batches and ``T = 1`` sampling for odd ones); the same pass
+   records, at every generated position ``t``, the target's top-``k`` logits: the soft labels ``p_t`` (renormalised
+   over the top ``k``). Most soft labels come from teacher-forced windows of the same split's source files (one
+   batched forward labels every position of a window; generation yields one token per row per forward).
+2. **A frequent-token head (FR-Spec).** The draft scores only the ``head_vocab`` most frequent tokens of the target's
+   generations plus the training text (``frspec.py``); ``q = 0`` elsewhere, still exact.
+3. **A draft built from the target's own weights.** Its embedding and first ``n_prefix`` decoder layers are the
+   target's (frozen), then ``n_adapter`` trainable layers initialised from the target's last layers, the target's
+   final norm, and the head initialised from the target's (tied) output rows of the kept tokens: at initialisation
+   "early exit after ``n_prefix`` layers, then the target's last layers", an adapter (Kangaroo, Liu et al. 2024)
+   trained to map the shallow hidden state to the deep one's output distribution.
 4. **Training** minimises, over generated positions ``t``, the cross-entropy to the soft labels
-   ``L = -mean_t sum_{v in topk_t, v in head} p_t(v) log q_t(v)`` (= forward KL on the top ``k`` up to
-   a constant), with AdamW. The frozen prefix's hidden states are computed once, so each step runs
-   only the adapter layers and the small head.
+   ``L = -mean_t sum_{v in topk_t, v in head} p_t(v) log q_t(v)`` (= forward KL on the top ``k`` up to a constant),
+   with AdamW. The frozen prefix's hidden states are computed once, so each step runs only the adapter and the head.
 
 Everything is seeded; the build records its timings (wall and CPU) in the manifest.
 """

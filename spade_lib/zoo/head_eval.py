@@ -1,33 +1,28 @@
-"""Held-out, teacher-forced agreement of a draft head with its target, by draft depth.
+"""Held-out, teacher-forced agreement of a draft head with its target, by draft depth (:func:`evaluate_head`).
 
-Held-out data (:func:`heldout_texts`, cached by :func:`heldout_entry`): prompts cut from the embedded
-corpus's *held-out* files (the files the embedded suites are cut from; the heads' teacher data,
-``head_data.py``, comes from the training split only, and the split is by whole files) with the
-target's own greedy continuations, plus windows of held-out source files. Any other token sequences
-(a HumanEval suite's prompts and their continuations, from a layer that may read suites) go through
+Held-out data (:func:`heldout_texts`, cached by :func:`heldout_entry`): prompts cut from the embedded corpus's
+*held-out* files (those the embedded suites are cut from; the heads' teacher data, ``head_data.py``, comes from the
+training split only, split by whole files) with the target's own greedy continuations, plus windows of held-out
+source files. Other token sequences (e.g. a HumanEval suite's prompts and continuations) go through
 :func:`evaluate_head` the same way.
 
-Notation (:mod:`spade_lib.decoding.eagle`): on a sequence ``x_0 .. x_{n-1}``, the target's teacher-forced
-greedy token after position ``j`` is ``g_j = argmax p(. | x_{<=j})``. At every position ``t`` the head
-drafts a greedy chain exactly as it does when decoding (its first proposal from the target's true
-features ``h_{<=t}`` with ``x_{t+1}``; EAGLE: proposal ``d`` fed its own previous output and token,
-:meth:`~spade_lib.decoding.eagle.EagleHead.unrolled` with ``own_tokens``; Medusa: head ``d - 1`` on
-``h^L_t``). Proposal ``y_d(t)``, ``d = 1 .. D``, is a guess of ``x_{t+1+d}``; it agrees when
-``a_d(t) = [y_d(t) = g_{t+d}]``. Over positions ``t = 0 .. n-1-D`` (every depth labelled):
+Notation (:mod:`spade_lib.decoding.eagle`): on ``x_0 .. x_{n-1}`` the target's teacher-forced greedy token after
+position ``j`` is ``g_j = argmax p(. | x_{<=j})``. At every position ``t`` the head drafts a greedy chain as when
+decoding (its first proposal from the target's true features ``h_{<=t}`` with ``x_{t+1}``; EAGLE: proposal ``d`` fed
+its own previous output and token, ``EagleHead.unrolled`` with ``own_tokens``; Medusa: head ``d - 1`` on ``h^L_t``).
+Proposal ``y_d(t)``, ``d = 1 .. D``, guesses ``x_{t+1+d}`` and agrees when ``a_d(t) = [y_d(t) = g_{t+d}]``. Over
+``t = 0 .. n-1-D`` (every depth labelled):
 
-- ``top1[d]  = mean_t a_d(t)``, unconditional: the head's top-1 agreement at depth ``d``;
-- ``alpha[d] = k_d / n_d``, conditional: among the ``n_d`` positions whose depths ``1 .. d-1`` all agreed,
-  the share ``k_d`` that agree at ``d`` too -- greedy chain verification's acceptance at depth ``d``
-  (alpha at ``T = 0``, per position, conditional);
-- ``reach[d] = k_d / n``: the chance a chain gets ``d`` tokens accepted; ``mean_accepted = sum_d reach[d]``
-  is the expected number of accepted draft tokens of a ``D``-token chain (without the bonus token).
+- ``top1[d] = mean_t a_d(t)``, unconditional: the head's top-1 agreement at depth ``d``;
+- ``alpha[d] = k_d / n_d``, conditional: of the ``n_d`` positions whose depths ``1 .. d-1`` all agreed, the share
+  ``k_d`` agreeing at ``d`` too: greedy chain verification's acceptance at depth ``d`` (alpha at ``T = 0``);
+- ``reach[d] = k_d / n``: the chance a chain gets ``d`` tokens accepted; ``mean_accepted = sum_d reach[d]`` is the
+  expected accepted draft tokens of a ``D``-token chain (without the bonus token).
 
-Scopes: ``"all"`` positions, and ``"generated"`` ones (``t >= start - 2``: the chain's tokens and labels
-lie in the target's own continuation, where ``g_j = x_{j+1}``, so a chain that agreed so far is fed
-exactly the text the target would have accepted, and ``alpha`` is the decoder's greedy acceptance).
-Intervals are Wilson's at 95 % (:func:`spade_lib.intervals.binomial_ci`), treating positions as
-independent trials; positions of one sequence are correlated, so read them as lower bounds on the
-uncertainty.
+Scopes: ``"all"`` positions and ``"generated"`` ones (``t >= start - 2``: chain tokens and labels lie in the target's
+own continuation, ``g_j = x_{j+1}``, so ``alpha`` is the decoder's greedy acceptance). Intervals: Wilson 95 %
+(:func:`spade_lib.intervals.binomial_ci`), positions treated as independent trials, though positions of one sequence
+are correlated: read them as lower bounds on the uncertainty.
 """
 
 from __future__ import annotations

@@ -14,11 +14,10 @@ a prediction ``q`` of ``s_{t+1}`` is the cross-entropy
 
 - **Medusa-1**: head ``i`` at ``t`` predicts ``s_{t+2+i}``: ``L = sum_i 0.8^i mean_t CE(p_{t+1+i}, q_i(t))``.
 
-AdamW on the head's own parameters (the tied target embedding stays frozen), linear warm-up then
-cosine decay to 10 %, global-norm clipping, batches from a seeded generator: the same data, seed and
-thread count give the same weights. ``deadline`` (a ``clock()`` value) is a guard, not the
-recipe: a recipe's steps are sized to end before it; if it trips, training stops there and the facts
-say so (``budget_hit``, ``steps_done``), and the weights then depend on the machine's speed.
+AdamW on the head's own parameters (the tied target embedding stays frozen), linear warm-up then cosine decay to
+10 %, global-norm clipping, batches from a seeded generator: the same data, seed and thread count give the same
+weights. ``deadline`` (a ``clock()`` value) is a guard, not the recipe (whose steps are sized to end before it); if it
+trips, training stops there, the facts say so (``budget_hit``, ``steps_done``) and the weights depend on machine speed.
 
 Evaluation (held-out sequences, teacher forcing: every depth conditions on the true tokens) per depth
 ``i``: ``top1`` = mean ``[argmax q_i = argmax p]`` (alpha at ``T = 0``) and ``alpha_lb`` =

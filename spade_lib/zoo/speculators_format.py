@@ -4,36 +4,25 @@ saved as a folder that ``speculators`` (0.9.0) and vLLM load, and any EAGLE-3 fo
 A speculators EAGLE-3 folder (``Eagle3DraftModel.save_pretrained``, checked against the package) holds:
 
 - ``config.json``: ``speculators_model_type: "eagle3"``, ``architectures: ["Eagle3DraftModel"]``,
-  ``speculators_version``, ``draft_vocab_size`` (``Vd``), ``eagle_aux_hidden_state_layer_ids`` (target
-  layers ``l``: vLLM captures ``hidden_states + residual`` *entering* decoder layer ``l``, which is
-  Hugging Face's ``hidden_states[l]``, the output of layer ``l``; speculators' default is
-  ``[2, L // 2, L - 3]``), ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``, ``norm_output``,
-  ``embed_requires_grad``, ``target_hidden_size``, ``transformer_layer_config`` (the decoder layer's
-  config, a Llama config with ``num_hidden_layers: 1``; ``vocab_size`` is the target's ``V``) and
-  ``speculators_config`` (``algorithm: "eagle3"``, ``proposal_methods: [{proposal_type: "greedy",
-  speculative_tokens: k, ...}]``, ``default_proposal_method: "greedy"``, ``verifier: {name_or_path,
-  architectures}``). vLLM's reader defaults ``norm_before_residual`` to *True* when the key is
-  missing, so it is always written.
+  ``speculators_version``, ``draft_vocab_size`` (``Vd``), ``eagle_aux_hidden_state_layer_ids`` (layers ``l``: vLLM
+  captures ``hidden_states + residual`` entering ``l``, HF's ``hidden_states[l]``; default ``[2, L // 2, L - 3]``),
+  ``norm_before_residual`` (always written; vLLM's default: True), ``norm_before_fc``, ``fc_norm``, ``norm_output``,
+  ``embed_requires_grad``, ``target_hidden_size``, ``transformer_layer_config`` (a 1-layer Llama config, vocabulary
+  ``V``), ``speculators_config`` (``algorithm: "eagle3"``, ``proposal_methods: [{proposal_type: "greedy",
+  speculative_tokens: k, ...}]``, ``default_proposal_method: "greedy"``, ``verifier: {name_or_path, architectures}``);
 - ``model.safetensors``: ``fc.weight [H, 3H]``; ``layers.0.self_attn.{q,k,v}_proj.weight [.., 2H]``,
   ``layers.0.self_attn.o_proj.weight``, ``layers.0.mlp.{gate,up,down}_proj.weight``,
-  ``layers.0.{input_layernorm,post_attention_layernorm,hidden_norm}.weight``; ``norm.weight``;
-  ``lm_head.weight [Vd, H]``; ``d2t [Vd]`` int64 (target id of draft row ``j`` is ``j + d2t[j]``) and
-  ``t2d [V]`` bool (present only when ``Vd < V``); ``embed_tokens.weight [V, H]`` optional (speculators
-  saves it; loaders fill it from the verifier when absent; vLLM then shares the target's).
+  ``layers.0.{input_layernorm,post_attention_layernorm,hidden_norm}.weight``; ``norm.weight``; ``lm_head.weight [Vd,
+  H]``; ``d2t [Vd]`` int64 (draft row ``j`` is target id ``j + d2t[j]``); ``t2d [V]`` bool (only when ``Vd < V``);
+  optional ``embed_tokens.weight [V, H]`` (absent: loaders take the verifier's; vLLM shares the target's).
 
-**A Gemma-3 verifier** (``verifier.architectures: ["Gemma3ForCausalLM"]``): the draft layer stays a Llama layer
-(speculators fixes only the draft layer), ``d2t`` / ``t2d`` map the reduced draft vocabulary into Gemma's 262,144
-ids, and SPADE's head embeds ``s E x`` as Gemma does (``s = sqrt(H)``), written as the extra key
-``embed_scale`` (speculators' config allows extra keys). speculators' ``Eagle3DraftModel`` (0.9.0) embeds with
-a plain ``nn.Embedding``, so it computes ``input_layernorm(E x)`` where SPADE computes ``input_layernorm(s E x)``:
-an RMSNorm is scale-free up to its ``eps`` (``rmsnorm(s e; eps) = rmsnorm(e; eps / s^2)``), so the two differ
-only through ``eps`` (``1e-6`` against Gemma's ``mean(e^2)``). A folder without the key loads with ``s = 1``:
-exactly what speculators computes.
-
-SPADE's parameter names are these names, so saving is ``state_dict`` minus the tied embedding (kept with
-``include_embeddings=True``); loading refuses what SPADE's head does not implement (a layer config that
-is not Llama, e.g. speculators' Qwen3 default with q/k norms; more than one decoder layer;
-``norm_before_fc`` / ``fc_norm``) with the key that says so.
+**A Gemma-3 verifier** (``verifier.architectures: ["Gemma3ForCausalLM"]``): the draft layer stays Llama, ``d2t`` /
+``t2d`` map into Gemma's 262,144 ids, and SPADE's head embeds ``s E x`` (``s = sqrt(H)``, the extra key ``embed_scale``)
+where speculators' ``Eagle3DraftModel`` (0.9.0) computes ``input_layernorm(E x)``: as ``rmsnorm(s e; eps) = rmsnorm(e;
+eps / s^2)`` the two differ only through ``eps`` (``1e-6`` against ``mean(e^2)``); a folder without the key loads with
+``s = 1``, exactly speculators' computation. Saving is ``state_dict`` minus the tied embedding
+(``include_embeddings=True`` keeps it); loading refuses, naming the key, what SPADE's head lacks: a non-Llama layer
+config (e.g. speculators' Qwen3 default, q/k norms), more than one decoder layer, ``norm_before_fc`` / ``fc_norm``.
 """
 
 from __future__ import annotations
