@@ -1,6 +1,7 @@
 """The lean forward for B sequences (spade_lib.decoding.lean_batch) against the Hugging Face batched forward
 (BatchLM): the same logits on left-padded prompts and on decode steps, for a Llama and a Gemma-3 with sliding
-windows; batched greedy AR on it equals single-sequence decoding row by row."""
+windows and a Qwen2 with q/k/v biases and an untied head; batched greedy AR on it equals single-sequence decoding
+row by row."""
 
 from __future__ import annotations
 
@@ -16,12 +17,32 @@ from tests.test_decode import llama
 from tests.test_zoo_gemma3 import lively_gemma3
 
 
+def lively_qwen2(seed: int = 0):
+    """A tiny Qwen2 as the Qwen2.5-Coder pair's models are built: biases on q/k/v (random here: a zero bias tests
+    nothing), an untied LM head, grouped-query attention (4 query heads over 2 KV heads), RoPE base 1e6."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         rope_theta=1e6, tie_word_embeddings=False, initializer_range=0.2,
+                                         use_sliding_window=False)).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.copy_(torch.randn(proj.bias.shape, generator=g) * 0.5)
+    assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    return model
+
+
 def _prompts(vocab: int, lengths=(5, 1, 12, 8)) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return [torch.randint(0, vocab - 4, (n,), generator=g) for n in lengths]
 
 
-@pytest.mark.parametrize("make", [lambda: llama(layers=2), lambda: lively_gemma3(0)], ids=["llama", "gemma3"])
+@pytest.mark.parametrize("make", [lambda: llama(layers=2), lambda: lively_gemma3(0), lambda: lively_qwen2(0)],
+                         ids=["llama", "gemma3", "qwen2"])
 def test_logits_equal_the_hf_batched_forward_on_padded_prompts_and_steps(make):
     model = make()
     adapter = CausalLMAdapter(model, max_length=64)
@@ -45,8 +66,10 @@ def test_logits_equal_the_hf_batched_forward_on_padded_prompts_and_steps(make):
     assert lean.length.tolist() == [int(p.numel()) + 20 for p in prompts]
 
 
-def test_batched_greedy_on_the_lean_weights_equals_single_decoding():
-    model = lively_gemma3(1)
+@pytest.mark.parametrize("make", [lambda: lively_gemma3(1), lambda: lively_qwen2(1)], ids=["gemma3", "qwen2"])
+def test_batched_greedy_on_the_lean_weights_equals_single_decoding(make):
+    """Three ragged rows and a fourth (lengths 5, 1, 12, 8) decoded as one batch equal each row decoded alone."""
+    model = make()
     dec = AutoregressiveDecoder(CausalLMAdapter(model, max_length=64), sampling=SamplingConfig(temperature=0),
                                 eos_token_id=[])
     assert dec.target.lean is not None
