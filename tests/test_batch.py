@@ -463,9 +463,12 @@ def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_p
     assert (df["speedup_low"] <= df["speedup"] + 1e-12).all() and (df["speedup"] <= df["speedup_high"] + 1e-12).all()
     # the loop overhead: o itself at B = 1, rescaled to the B x 1 forward beyond; the prediction is the model's
     assert (df.loc[df.batch_size == 1, "overhead"] == 0.5).all() and (df["overhead"] > 0).all()
+    # the baseline is SPADE's batched AR on the lean weights: the prediction is priced at its step (ar_level of the
+    # speculative loop's B x 1 forward)
+    assert ((df["ar_level"] > 0) & np.isfinite(df["ar_level"])).all()
     for _, r in df.iterrows():
-        assert r["predicted"] == pytest.approx(theory.speedup(r["alpha"], 2, r["c"], verify_cost=r["r"],
-                                                              overhead=r["overhead"]))
+        assert r["predicted"] == pytest.approx(r["ar_level"] * theory.speedup(r["alpha"], 2, r["c"], verify_cost=r["r"],
+                                                                              overhead=r["overhead"]))
         assert r["predicted"] < r["predicted_forwards"]
     free = batch_study(tiny.target, tiny.draft, prompts[:1], BatchStudyConfig(
         batch_sizes=(2,), temperatures=(0.0,), max_new_tokens=2, warmup=0, repeats=1, cost_repeats=1, gamma=2))
@@ -548,3 +551,23 @@ def test_batched_greedy_check_is_the_notebooks_former_loop(tiny, prompts):
         assert got == kinds and sum(got.values()) == 5 and got["bug"] == 0
     with pytest.raises(ValueError, match=r"^prompts: at least one"):
         batched_greedy_check(tiny.target, tiny.draft, [], gamma=3, max_new_tokens=4)
+
+
+def test_the_batch_studys_baseline_is_spades_lean_batched_ar(tiny, prompts, monkeypatch):
+    """Issue 56: the study's AR rounds and the AR step its prediction is priced at run on SPADE's batched lean
+    forward (LeanBatch), the fastest batched AR the stack offers, not on the HF batched forward."""
+    from spade_lib.decoding import lean_batch
+    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study
+
+    made = []
+    real = lean_batch.LeanBatch.__init__
+
+    def spy(self, lean, n_rows):
+        made.append(n_rows)
+        real(self, lean, n_rows)
+
+    monkeypatch.setattr(lean_batch.LeanBatch, "__init__", spy)
+    df = batch_study(tiny.target, tiny.draft, prompts[:2], BatchStudyConfig(
+        batch_sizes=(2,), temperatures=(0.0,), max_new_tokens=3, warmup=0, repeats=1, cost_repeats=1, gamma=2))
+    assert made == [2, 2]  # the timed AR round, then the AR step of the cost ratios
+    assert 0 < df["ar_level"].iloc[0] < 10

@@ -90,3 +90,22 @@ def test_bad_input_is_refused():
         lb.forward(torch.zeros(3, 1, dtype=torch.long), torch.ones(3, 1, dtype=torch.bool), keep=1)
     with pytest.raises(ValueError, match="context limit"):
         lb.forward(torch.zeros(2, 17, dtype=torch.long), torch.ones(2, 17, dtype=torch.bool), keep=1)
+
+
+def test_truncate_forgets_the_last_slots_as_if_they_never_ran():
+    """LeanBatch.truncate (the batch study's rollback of a timed AR step): a step after truncating equals the same
+    step on a batch that never took the forgotten one; bad slot counts are refused by name."""
+    adapter = CausalLMAdapter(lively_qwen2(2), max_length=64)
+    prompts = _prompts(96, (4, 2, 6))
+    ids, valid = left_pad(prompts, adapter.device)
+    a, b = LeanBatch(adapter.lean, 3), LeanBatch(adapter.lean, 3)
+    a.forward(ids, valid, keep=1), b.forward(ids, valid, keep=1)
+    s0, length = a.slots, a.length.clone()
+    nxt = torch.tensor([[5], [6], [7]])
+    ones = torch.ones_like(nxt, dtype=torch.bool)
+    a.forward(torch.tensor([[9], [9], [9]]), ones, keep=1)
+    a.truncate(s0)
+    assert a.slots == s0 and torch.equal(a.length, length)
+    torch.testing.assert_close(a.forward(nxt, ones, keep=1), b.forward(nxt, ones, keep=1))
+    with pytest.raises(ValueError, match="slots"):
+        a.truncate(a.slots + 1)

@@ -10,17 +10,16 @@ prompts within a batch while ``B <= n``; the rounds walk through the suite). Per
   ``speedup_high`` (:func:`spade_lib.runs.metrics.bootstrap_speedup`, rounds resampled; a round's AR and speculative
   batches are paired: same prompts and seeds, timed back to back, so the interval holds the prompt-to-prompt and
   round-to-round spread); this module measures, the interval is computed a layer up;
-- the prediction ``tau / (gamma c(B) + r(B) + o(B))`` (:func:`spade_lib.theory.speedup`), ``alpha`` from the
+- the prediction ``a(B) tau / (gamma c(B) + r(B) + o(B))`` (:func:`spade_lib.theory.speedup`), ``alpha`` from the
   speculative steps, ``c(B)``, ``r(B)`` the batched forwards' cost ratios (:func:`forward_costs`), ``o(B) = o t(1 x 1) /
-  t(B x 1)`` the single-sequence loop overhead ``o`` (:func:`spade_lib.runs.costs.loop_overhead`, in one-token target
-  forwards) as the same seconds per batched step (its per-row part is not modelled); ``predicted_forwards`` is the same
-  with ``o = 0``.
+  t(B x 1)`` the single-sequence loop overhead ``o`` (in one-token target forwards) as the same seconds per batched
+  step; ``a(B)`` (``ar_level``) the AR baseline's step over that ``B x 1`` forward: the baseline is SPADE's own batched
+  AR on the lean weights (:class:`~spade_lib.decoding.lean_batch.LeanBatch`, the fastest batched AR here), the
+  speculative batch runs the HF batched forward; ``predicted_forwards`` is the same with ``o = 0``.
 
-The batched forwards (:class:`spade_lib.decoding.batch.BatchLM`: the Hugging Face forward with padding mask, position
-ids and a ``DynamicCache``) are not the cost table's (:mod:`spade_lib.runs.costs`: the adapter's single-sequence, lean
-where covered, on a 128-token cache), so ``c``, ``r`` at ``B = 1`` differ from the table's: each prediction uses its own
-loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose measured interval lies below 1
-(prediction: whose point does).
+The speculative batch's forwards (:class:`spade_lib.decoding.batch.BatchLM`: HF's, with padding mask and a
+``DynamicCache``) are not the cost table's (single sequence, lean, 128-token cache): each prediction uses its own
+loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose measured interval lies below 1.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.costs import time_in_turns
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.lean_batch import LeanBatch
 from spade_lib.decoding.divergence import classify_greedy
 from spade_lib.sampling import SamplingConfig
 
@@ -78,7 +78,10 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
     ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``,
     timed in turns by :func:`spade_lib.decoding.costs.time_in_turns` (the one cost measurement: order
     rotated each round, ``repeats`` rounds after one untimed round, medians of the per-round ratios).
-    Also returns the three median times (s) as ``t_target_1``, ``t_target_g``, ``t_draft_1``."""
+    Also returns the median times (s) ``t_target_1``, ``t_target_g``, ``t_draft_1`` and ``t_ar_1``, the AR
+    baseline's ``B x 1`` step on SPADE's batched lean forward (:class:`~spade_lib.decoding.lean_batch.LeanBatch`,
+    where the target has one; else the same forward), and ``ar_level = t_ar_1 / t_target_1``: an AR step in units
+    of the speculative loop's ``B x 1`` target forward."""
     ta = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
     da = draft if isinstance(draft, CausalLMAdapter) else CausalLMAdapter(draft)
     dev = ta.device
@@ -97,11 +100,22 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
                 lm.tidy()
 
             forwards[name] = step
+        if ta.lean is not None and ta.lean.fused:  # as AutoregressiveDecoder.generate_batch runs it
+            ar = LeanBatch(ta.lean, len(rows))
+            ar.forward(ids, valid, keep=1)
+
+            def ar_step(lm=ar, s0=ar.slots, new=ids[:, -1:].contiguous()):
+                lm.forward(new, torch.ones_like(new, dtype=torch.bool), keep=1)
+                lm.truncate(s0)
+
+            forwards["t_ar_1"] = ar_step
         times = time_in_turns(forwards, reps=repeats, warmup=1, device=dev)
+    times.setdefault("t_ar_1", times["t_target_1"])  # no lean batch: the AR baseline runs the same HF forward
     out = {name: float(np.median(v)) for name, v in times.items()}
     t1 = np.maximum(times["t_target_1"], 1e-12)
     out["r"] = float(np.median(times["t_target_g"] / t1))
     out["c"] = float(np.median(times["t_draft_1"] / t1))
+    out["ar_level"] = float(np.median(times["t_ar_1"] / t1))
     return out
 
 
@@ -157,9 +171,9 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
             batch, seeds, index = round_rows(prompts, B, k, config.seed)
             for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
                 t0 = devices.clock(spec.device)
-                # like with like: the AR batch through the Hugging Face forward, as the speculative batch runs
-                out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds, **({"lean": False} if name == "ar"
-                                                                                     else {}))
+                # the AR baseline is SPADE's own batched AR (its lean batch forward where the target has one:
+                # the fastest batched AR the stack offers); the speculative batch runs the HF batched forward
+                out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
                 dt = devices.clock(spec.device) - t0
                 if k >= config.warmup:
                     results[name] += out
@@ -175,7 +189,7 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         alpha = min(sum(n) / sum(judged), 1.0) if sum(judged) else float("nan")
         steps = [s for r in results["spec"] for s in r.steps]  # every step, as a summary counts them
         tau = float(measures.tau(sum(s.n_accepted for s in steps), len(steps))) if n else float("nan")
-        c, r = costs[B]["c"], costs[B]["r"]
+        c, r, level = costs[B]["c"], costs[B]["r"], costs[B]["ar_level"]
         o_B = float(overhead) * costs[1]["t_target_1"] / costs[B]["t_target_1"] if overhead > 0 else 0.0
         ok = alpha == alpha
         ar_tokens, spec_tokens = sum(tokens["ar"]), sum(tokens["spec"])
@@ -184,9 +198,12 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
             "temperature": float(T), "batch_size": B, "rounds": config.repeats, "prompts": len(seen),
             "ar_tps": ar_tokens / ar_t, "spec_tps": spec_tokens / spec_t,
             "speedup": (spec_tokens / spec_t) / (ar_tokens / ar_t),
-            "alpha": alpha, "tau": tau, "c": c, "r": r, "overhead": o_B,
-            "predicted": float(theory.speedup(alpha, config.gamma, c, verify_cost=r, overhead=o_B)) if ok else math.nan,
-            "predicted_forwards": float(theory.speedup(alpha, config.gamma, c, verify_cost=r)) if ok else math.nan,
+            "alpha": alpha, "tau": tau, "c": c, "r": r, "overhead": o_B, "ar_level": level,
+            # against the lean batched AR: its step costs ar_level of the loop's B x 1 forward
+            "predicted": level * float(theory.speedup(alpha, config.gamma, c, verify_cost=r, overhead=o_B))
+            if ok else math.nan,
+            "predicted_forwards": level * float(theory.speedup(alpha, config.gamma, c, verify_cost=r))
+            if ok else math.nan,
             "ar_tokens": ar_tokens, "spec_tokens": spec_tokens, "ar_time_s": ar_t, "spec_time_s": spec_t,
             "ar_round_tokens": tokens["ar"], "spec_round_tokens": tokens["spec"],
             "ar_round_s": times["ar"], "spec_round_s": times["spec"],

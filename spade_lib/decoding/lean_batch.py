@@ -178,5 +178,13 @@ class LeanBatch:
         self._kv = [kv[:, rows] for kv in self._kv]
         self.mask, self.pos, self.length = self.mask[rows], self.pos[rows], self.length[rows]
 
+    def truncate(self, slots: int) -> None:
+        """Forget every slot after the first ``slots`` (a timing loop's rollback; the KV buffer keeps its capacity,
+        the next :meth:`forward` overwrites the forgotten slots)."""
+        if isinstance(slots, bool) or not isinstance(slots, int) or not 0 <= slots <= self.slots:
+            raise ValueError(f"slots: an integer in [0, {self.slots}], got {slots!r}")
+        self.mask, self.pos = self.mask[:, :slots], self.pos[:, :slots]
+        self.length = self.mask.sum(dim=1)
+
     def tidy(self) -> None:
         """Nothing to tidy: autoregressive rows append valid slots only (the interface of ``BatchLM``)."""
