@@ -302,10 +302,12 @@ def run_findings(run: Path, figure_dirs=None) -> tuple[list[Finding], int]:
 def test_the_newest_run_has_clean_outputs():
     """The newest ``make run`` in this clone (none in CI's test-only clone: skipped, saying where it looked) has
     clean outputs: the fresh-clone run at 3803230 had 0 findings over 111 outputs (114 at 0247039)."""
-    root = paths.RUNS_DIR / "notebooks"
-    run = newest_run(root)
-    if run is None:
-        pytest.skip(f"no `make run` folder (<stamp>/ with a runbook.json) under {root}")
+    # make test points SPADE_RUNS_DIR at runs/test; make run writes into runs/ (or SPADE_RUNS_DIR): look in both
+    roots = list(dict.fromkeys([paths.RUNS_DIR / "notebooks", paths.REPO_ROOT / "runs" / "notebooks"]))
+    found_runs = [r for r in (newest_run(root) for root in roots) if r is not None]
+    if not found_runs:
+        pytest.skip(f"no `make run` folder (<stamp>/ with a runbook.json) under {[str(r) for r in roots]}")
+    run = max(found_runs, key=lambda r: r.name)
     if not executed_notebooks(run):
         pytest.skip(f"{run}: no finished executed notebook yet")
     found, n_outputs = run_findings(run)
