@@ -151,7 +151,8 @@ def test_the_lean_forward_equals_hf_across_the_window_and_its_blocks_equal_its_s
         torch.testing.assert_close(torch.cat([block, steps]), ref, atol=1e-4, rtol=1e-4)
         lean.rollback(2 * WINDOW)
         again = lean.forward(ids[2 * WINDOW:])
-    if lean.native_attention:
+    if lean.native_attention and set(lean.kernel_names.values()) <= {"native", "native_rows"}:
+        # bit for bit only when every product runs on the native kernel (a recorded "auto" plan may hold another)
         assert torch.equal(again, steps)
     else:
         torch.testing.assert_close(again, steps, atol=1e-5, rtol=1e-5)
