@@ -41,7 +41,6 @@ from spade_lib import devices, paths
 from spade_lib.decoding import kernels as _kernels
 from spade_lib.decoding import native as _native
 from spade_lib.decoding.heads import scatter_vocab
-from spade_lib.devices import clock
 from spade_lib.io import write_json
 
 __all__ = ["LeanForward", "lean_forward", "prepare", "SUPPORTED"]
@@ -308,10 +307,10 @@ class LeanForward:
         self.forward(ids[:ctx])
         times = []
         for _ in range(warmup + reps):
-            t0 = clock()
+            t0 = devices.clock()
             for i in range(steps):
                 self.forward(ids[ctx + i * k:ctx + (i + 1) * k], last_only=k == 1)
-            times.append((clock() - t0) / steps)
+            times.append((devices.clock() - t0) / steps)
             self.rollback(ctx)
         self.reset()
         return sorted(times[warmup:])[reps // 2]
