@@ -93,3 +93,46 @@ def test_bad_subsets_and_models_are_refused():
         trim_head(capped, [1, 2])
     with pytest.raises(ValueError, match="model"):
         trim_head(torch.nn.Linear(3, 3), [1])
+
+
+def test_a_trimmed_twin_shares_the_body_and_leaves_the_model_whole():
+    """``trimmed_twin``: the twin's logits are the model's on the kept ids and ``-inf`` off them; every parameter but
+    the head's is the model's own tensor (held once); the model keeps its full head, configuration and logits."""
+    from spade_lib.zoo.frspec import trimmed_twin
+
+    model = tiny_llama(seed=5)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(ids).logits
+    keep = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(4))[:30]
+    twin = trimmed_twin(model, keep)
+    assert twin is not model and isinstance(twin.lm_head, SubsetLMHead)
+    assert type(model.lm_head) is torch.nn.Linear and getattr(model, "head_token_ids", None) is None
+    assert twin.model is model.model and twin.config is not model.config
+    shared = dict(model.named_parameters())
+    for name, p in twin.named_parameters():
+        if not name.startswith("lm_head"):
+            assert p is shared[name], name
+    with torch.no_grad():
+        got, again = twin(ids).logits, model(ids).logits
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+    on = torch.zeros(VOCAB, dtype=torch.bool)
+    on[keep] = True
+    torch.testing.assert_close(got[..., on], want[..., on])
+    assert torch.isneginf(got[..., ~on]).all()
+
+
+def test_the_recorded_lean_verdict_is_keyed_by_the_weights_not_only_the_configuration():
+    """A trimmed head, or another checkpoint of the same configuration, gets its own lean-vs-HF verdict (the key
+    holds every product's shape and a sample of the weights), while the same model keys the same verdict."""
+    from spade_lib.decoding.lean import LeanForward, _agreement_key
+    from spade_lib.zoo.frspec import trimmed_twin
+
+    model, other = tiny_llama(seed=5), tiny_llama(seed=6)
+    twin = trimmed_twin(model, torch.arange(30))
+
+    def key(m):
+        return _agreement_key(m, LeanForward(m, 32, kernels="mkl"))
+
+    assert key(model) == key(model)
+    assert len({key(model), key(twin), key(other)}) == 3

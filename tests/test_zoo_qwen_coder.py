@@ -131,8 +131,42 @@ def test_installed_parts_carry_their_record_hashes():
 def test_the_tiny_pair_loads_like_the_real_one(pair):
     assert pair.name == "qwen2.5-coder" and pair.default_draft == "coder-0.5b"
     assert type(pair.target).__name__ == "Qwen2ForCausalLM" and not pair.target.config.tie_word_embeddings
-    assert list(pair.drafts) == ["coder-0.5b"] and pair.draft_tokenizers == {}
-    assert pair.manifest["model_drafts"] == ["coder-0.5b"] and pair.manifest["drafts"] == list(qwen_coder.DRAFTS)
+    assert list(pair.drafts) == ["coder-0.5b", "coder-0.5b-fr32k"] and pair.draft_tokenizers == {}
+    assert pair.manifest["model_drafts"] == ["coder-0.5b", "coder-0.5b-fr32k"]
+    assert pair.manifest["drafts"] == list(qwen_coder.DRAFTS)
+
+
+def test_the_trimmed_draft_shares_the_body_and_scores_the_frequent_tokens(pair):
+    """``coder-0.5b-fr32k``: the 0.5B's own layers (held once) under a head of the corpus's most frequent tokens,
+    at most half the vocabulary, every special token (end of text) among them; recorded in the manifest."""
+    full, fr = pair.drafts["coder-0.5b"], pair.drafts["coder-0.5b-fr32k"]
+    assert fr.model is full.model and type(full.lm_head) is torch.nn.Linear
+    ids = fr.head_token_ids
+    assert ids.numel() == VOCAB // 2 == pair.manifest["fr_head"]["size"]
+    assert set(pair.tokenizer.all_special_ids) <= set(ids.tolist())
+    facts = pair.manifest["fr_head"]
+    assert 0.5 < facts["coverage"] <= 1.0 and facts["files"] > 50 and len(facts["sha256"]) == 64
+    # the corpus's most frequent characters are in (one token a character here): the space and 'e'
+    assert {pair.tokenizer.convert_tokens_to_ids(c) for c in ("\u0120", "e")} <= set(ids.tolist())
+
+
+def test_prepare_takes_the_same_vocabulary_drafts_by_default_and_named_ones_only(pair, tmp_path, monkeypatch):
+    """``Pair.prepare``: the target and every draft model of the target's vocabulary by default; ``drafts=``
+    names them (an unknown name refused, naming the draft models)."""
+    monkeypatch.setenv("SPADE_CACHE_DIR", str(tmp_path))
+    import importlib
+
+    from spade_lib import paths
+    importlib.reload(paths)
+    try:
+        roles = [r["role"] for r in pair.prepare()]
+        assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k"]
+        assert [r["role"] for r in pair.prepare(drafts=["coder-0.5b-fr32k"])] == ["target", "coder-0.5b-fr32k"]
+        with pytest.raises(ValueError, match="drafts: \\['ngram'\\] are not draft models"):
+            pair.prepare(drafts=["ngram"])
+    finally:
+        monkeypatch.undo()
+        importlib.reload(paths)
 
 
 def test_bad_arguments_are_refused(tmp_path):
@@ -188,7 +222,7 @@ def test_the_lean_forward_equals_hf_on_qwen2(pair, in_place, kernels):
             torch.testing.assert_close(scored[node], t(seq[None], use_cache=False).logits[0, -1], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("draft", ["coder-0.5b", "ngram", "suffix"])
+@pytest.mark.parametrize("draft", ["coder-0.5b", "coder-0.5b-fr32k", "ngram", "suffix"])
 def test_greedy_spade_equals_greedy_ar(pair, draft):
     """Greedy SPADE with each draft of the pair gives HF ``generate``'s greedy tokens (the reference forward)."""
     t = pair.target

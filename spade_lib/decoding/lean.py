@@ -626,10 +626,16 @@ def _agreement_path():
 
 
 def _agreement_key(model: torch.nn.Module, lean: LeanForward) -> str:
-    """What the lean-vs-HF verdict depends on: the model's class and configuration (its path left out), the
-    lean forward's dtype, placement, kernel plan and attention path, torch, the native build and the CPU."""
+    """What the lean-vs-HF verdict depends on: the model's class and configuration (its path left out), its
+    weights (every product's shape and a strided sample's sum of the embedding, the first layer and the head:
+    another checkpoint or a trimmed head of the same configuration gets its own verdict), the lean forward's
+    dtype, placement, kernel plan and attention path, torch, the native build and the CPU."""
     config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
-    facts = {"class": type(model).__name__, "config": config, "dtype": str(lean.dtype), "in_place": lean.in_place,
+    named = {**{n: w for n, (w, _) in {**lean._raw[0], **lean._raw[-1]}.items()}, "embed": lean.embed}
+    weights = {n: [list(w.shape), repr(float(w.detach().flatten()[:: max(1, w.numel() // 4096)].double().sum()))]
+               for n, w in sorted(named.items())}
+    facts = {"class": type(model).__name__, "config": config, "weights": weights, "dtype": str(lean.dtype),
+             "in_place": lean.in_place,
              "plan": lean.kernel_plan, "native_attention": lean.native_attention, "torch": torch.__version__,
              "native": _native.available() and _native.isa(), "cpu": devices.cpu().label()}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]

