@@ -91,18 +91,27 @@ def speedup_warnings(table, *, model: bool = True) -> list[str]:
     return out + prediction_warnings(table) if model else out
 
 
+def _priced(table):
+    """The speculative rows of ``table`` that carry a prediction: ``(row, predicted, low, high, inside)`` with
+    ``inside`` whether ``predicted`` lies in ``[speedup_low, speedup_high]`` (``None`` without an interval): the
+    one interval test both the warnings and the held-out errors read."""
+    for row in _rows(table):
+        if row.get("method", "spade") in NON_SPECULATIVE:
+            continue
+        pred, low, high = _num(row.get("predicted")), _num(row.get("speedup_low")), _num(row.get("speedup_high"))
+        if not (math.isfinite(pred) and pred > 0):
+            continue
+        inside = bool(low <= pred <= high) if math.isfinite(low) and math.isfinite(high) else None
+        yield row, pred, low, high, inside
+
+
 def prediction_warnings(table) -> list[str]:
     """Control (d) of the module docstring: one warning per speculative row whose ``predicted`` lies
     outside ``[speedup_low, speedup_high]``, naming both, their ratio and which way it misses. Rows
     without a prediction (HF assisted generation, a table without the column) or an interval are skipped."""
     out = []
-    for row in _rows(table):
-        if row.get("method", "spade") in NON_SPECULATIVE:
-            continue
-        pred, low, high = _num(row.get("predicted")), _num(row.get("speedup_low")), _num(row.get("speedup_high"))
-        if not (math.isfinite(pred) and pred > 0 and math.isfinite(low) and math.isfinite(high)):
-            continue
-        if low <= pred <= high:
+    for row, pred, low, high, inside in _priced(table):
+        if inside is not False:
             continue
         ratio = _num(row.get("speedup")) / pred
         o = _num(row.get("overhead"))
@@ -129,19 +138,13 @@ def held_out_errors(table):
     calibration on a configuration outside the fit; a ``"table"`` row is priced by the cost table alone
     (measured in another process, also outside the run). Runs without a prediction are left out."""
     rows = []
-    for row in _rows(table):
-        if row.get("method", "spade") in NON_SPECULATIVE:
-            continue
-        pred = _num(row.get("predicted"))
-        if not (math.isfinite(pred) and pred > 0):
-            continue
-        low, high, x = (_num(row.get(k)) for k in ("speedup_low", "speedup_high", "speedup"))
+    for row, pred, low, high, inside in _priced(table):
+        x = _num(row.get("speedup"))
         rows.append({"label": row.get("label"), "T": row.get("T"), "r_source": row.get("r_source") or "table",
                      "loop_partners": row.get("loop_partners", 0), "speedup": x, "speedup_low": low,
                      "speedup_high": high, "predicted": pred, "error": x / pred - 1,
                      "error_low": low / pred - 1 if math.isfinite(low) else math.nan,
-                     "error_high": high / pred - 1 if math.isfinite(high) else math.nan,
-                     "inside": bool(low <= pred <= high) if math.isfinite(low) and math.isfinite(high) else None})
+                     "error_high": high / pred - 1 if math.isfinite(high) else math.nan, "inside": inside})
     return pd.DataFrame(rows, columns=HELD_OUT_COLUMNS)
 
 
