@@ -1,7 +1,8 @@
 # SPADE entry points. Two commands do everything on a fresh clone:
-#   make run   — set up .venv, build the embedded pair and the headline pair (Qwen2.5-Coder-1.5B drafted by
-#                Qwen2.5-Coder-0.5B), execute notebook 01 (the suites, embedded tokenizer) and 02-05 on the headline
-#                pair (the embedded pair's own sessions measure loops: opt-in, runbook --only 03 04 05) into one run folder,
+#   make run   — set up .venv, build the headline pair (Qwen2.5-Coder-1.5B drafted by Qwen2.5-Coder-0.5B), execute
+#                notebook 01 (the suites; it builds the embedded tokenizer, not the embedded models: nothing of make run
+#                decodes with them) and 02-05 on the headline pair (the embedded pair's own sessions measure loops:
+#                opt-in, python -m spade_lib.runbook --build default --only 03 04 05) into one run folder,
 #                write figures/, and end with the results summary and the path of the HTML report (spade_lib.report).
 #                SmolLM2-135M and Gemma-3-270M are opt-in: python -m spade_lib.runbook --build smollm2 --only 03 04 05
 #                --params params/smollm2 (and the same with gemma3)
@@ -59,7 +60,7 @@ venv: $(STAMP)
 # A failed notebook stops its runbook call; the report is still written over what ran, then make exits non-zero.
 run: venv
 	@status=0; \
-	$(BIN)/python -m spade_lib.runbook --no-report --build default qwen2.5-coder --only 01 --out $(RUN_DIR)/embedded || status=$$?; \
+	$(BIN)/python -m spade_lib.runbook --no-report --build qwen2.5-coder --only 01 --out $(RUN_DIR)/embedded || status=$$?; \
 	$(BIN)/python -m spade_lib.runbook --no-report --only 02 03 04 05 --params params/qwen2.5-coder --out $(RUN_DIR)/qwen2.5-coder || status=$$?; \
 	$(BIN)/python -m spade_lib.report $(RUN_DIR) || status=$$?; \
 	exit $$status
