@@ -102,10 +102,11 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
     go onto the target's first device (:func:`spade_lib.zoo.loading.first_device`).
 
-    ``prepare`` (default): :meth:`Pair.prepare` before returning, the step that times each model's kernel plan
-    and checks its lean forward against the HF one, once per model and machine (recorded on disk, so a second
-    load reads it); ``pair.prepared`` says what it found, and the runs record it. The decoders built on the
-    pair then time nothing.
+    ``prepare`` (default): :meth:`Pair.prepare` before returning, the step that times the kernel plan of the target
+    and of every draft model of its vocabulary (a cross-vocabulary draft: ``pair.prepare(drafts=[name])``) and
+    checks each lean forward against the HF one, once per model and machine (recorded on disk, so a second load
+    reads it); ``pair.prepared`` says what it found, and the runs record it. The decoders built on the pair then
+    time nothing.
     """
     if not isinstance(prepare, bool):
         raise ValueError(f"prepare: True or False, got {prepare!r}")
