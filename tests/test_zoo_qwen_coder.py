@@ -146,6 +146,7 @@ def test_the_trimmed_draft_shares_the_body_and_scores_the_frequent_tokens(pair):
     assert set(pair.tokenizer.all_special_ids) <= set(ids.tolist())
     facts = pair.manifest["fr_head"]
     assert 0.5 < facts["coverage"] <= 1.0 and facts["files"] > 50 and len(facts["sha256"]) == 64
+    assert 0 < facts["seen"] <= facts["size"]
     # the corpus's most frequent characters are in (one token a character here): the space and 'e'
     assert {pair.tokenizer.convert_tokens_to_ids(c) for c in ("\u0120", "e")} <= set(ids.tolist())
 

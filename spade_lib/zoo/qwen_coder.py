@@ -252,7 +252,8 @@ def fr_vocabulary(tokenizer, vocab_size: int, size: int = FR_VOCAB) -> tuple[tor
     """FR-Spec's head vocabulary for the pair: the ``min(size, vocab_size // 2)`` ids most frequent in
     :func:`stdlib_corpus` under the pair's tokenizer (ties by id), always with the tokenizer's special tokens (the
     end-of-text ids among them), sorted; and ``{"size", "coverage" (the share of the corpus's tokens the head
-    scores), **corpus facts}``."""
+    scores), "seen" (how many of its ids the corpus used: the rest, ids code never used, follow by id, i.e. in the
+    BPE's merge order), **corpus facts}``."""
     from spade_lib.zoo.heads import draft_vocabulary, token_counts
 
     texts, facts = stdlib_corpus()
@@ -262,7 +263,7 @@ def fr_vocabulary(tokenizer, vocab_size: int, size: int = FR_VOCAB) -> tuple[tor
     ids = draft_vocabulary(seqs, vocab_size, min(int(size), vocab_size // 2), special)
     counts = token_counts(seqs, vocab_size)
     return ids, {"size": int(ids.numel()), "coverage": float(counts[ids].sum() / counts.sum()),
-                 "tokens": int(counts.sum()), **facts}
+                 "seen": int((counts[ids] > 0).sum()), "tokens": int(counts.sum()), **facts}
 
 
 def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float32, rebuild: bool = False,
