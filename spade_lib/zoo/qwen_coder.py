@@ -254,14 +254,14 @@ def fr_vocabulary(tokenizer, vocab_size: int, size: int = FR_VOCAB) -> tuple[tor
     end-of-text ids among them), sorted; and ``{"size", "coverage" (the share of the corpus's tokens the head
     scores), "seen" (how many of its ids the corpus used: the rest, ids code never used, follow by id, i.e. in the
     BPE's merge order), **corpus facts}``."""
-    from spade_lib.zoo.heads import draft_vocabulary, token_counts
+    from spade_lib.zoo.distill import frequent_tokens
+    from spade_lib.zoo.heads import token_counts
 
     texts, facts = stdlib_corpus()
-    seqs = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer(texts)["input_ids"]]
+    counts = token_counts([torch.tensor(ids, dtype=torch.long) for ids in tokenizer(texts)["input_ids"]], vocab_size)
     special = sorted({int(i) for i in tokenizer.all_special_ids} | {int(i) for i in (
         tokenizer.eos_token_id, tokenizer.pad_token_id, tokenizer.bos_token_id) if i is not None})
-    ids = draft_vocabulary(seqs, vocab_size, min(int(size), vocab_size // 2), special)
-    counts = token_counts(seqs, vocab_size)
+    ids = frequent_tokens(counts, min(int(size), vocab_size // 2), [i for i in special if 0 <= i < vocab_size])
     return ids, {"size": int(ids.numel()), "coverage": float(counts[ids].sum() / counts.sum()),
                  "seen": int((counts[ids] > 0).sum()), "tokens": int(counts.sum()), **facts}
 
