@@ -27,12 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
-from spade_lib.runs import timing  # noqa: E402
-from spade_lib.runs.config import RunConfig, prompt_ids  # noqa: E402
-from spade_lib.whatif import align  # noqa: E402
 from spade_lib.bench import default_suite  # noqa: E402
 from spade_lib.decoding.decode import SpeculativeDecoder  # noqa: E402
+from spade_lib.runs import timing  # noqa: E402
+from spade_lib.runs.config import RunConfig, prompt_ids  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
+from spade_lib.whatif import align  # noqa: E402
 from spade_lib.zoo.pairs import load_pair  # noqa: E402
 
 

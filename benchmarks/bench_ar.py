@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from spade_lib.bench import default_suite, humaneval_suite  # noqa: E402
 from spade_lib import devices  # noqa: E402
+from spade_lib.bench import default_suite, humaneval_suite  # noqa: E402
 from spade_lib.decoding.baselines import hf_generate  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402

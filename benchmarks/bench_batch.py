@@ -1,7 +1,7 @@
 """Batch benchmark: throughput of batched speculative vs batched autoregressive decoding against batch size.
 
 Not a test: it prints ratios measured in one run on one machine. On an embedded pair it runs
-:func:`spade_lib.decoding.batch_study.batch_study` (for each batch size ``B``, ``--repeats`` timed rounds after a
+:func:`spade_lib.decoding.studies.batch_study.batch_study` (for each batch size ``B``, ``--repeats`` timed rounds after a
 warm-up, each decoding its own ``B`` suite prompts with both methods, alternating; throughput = all rows' new
 tokens / the rounds' wall time; the speedup's bootstrap interval over the rounds from
 :func:`spade_lib.runs.batch_speedup.with_intervals`) with the theory's prediction ``E[tokens] / (gamma c(B) +
@@ -50,10 +50,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study, stops_paying
-    from spade_lib.runs.batch_speedup import ROUND_COLUMNS, with_intervals
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.decoding.studies.batch_study import BatchStudyConfig, batch_study, stops_paying
+    from spade_lib.runs.batch_speedup import ROUND_COLUMNS, with_intervals
     from spade_lib.sampling import SamplingConfig
     from spade_lib.zoo.pairs import load_pair
 

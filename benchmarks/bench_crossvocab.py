@@ -34,8 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spade_lib import experiment, paths  # noqa: E402
-from spade_lib.decoding.costs import verify_cost_fn  # noqa: E402
-from spade_lib.decoding.drafters import CROSS_VOCAB_RULES  # noqa: E402
+from spade_lib.decoding.drafts.drafters import CROSS_VOCAB_RULES  # noqa: E402
+from spade_lib.decoding.studies.costs import verify_cost_fn  # noqa: E402
 from spade_lib.runs import costs as run_costs  # noqa: E402
 from spade_lib.runs import protocol  # noqa: E402
 from spade_lib.runs.config import RunConfig  # noqa: E402

@@ -7,18 +7,18 @@ embedded pair, ``smollm2`` where built) it decodes the same prompts with
 - ``hf``: plain ``model.generate``;            ``hf_assisted``: HF assisted generation, same draft and
   gamma (constant schedule, threshold 0);
 
-and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.decoding.adaptive.AdaptiveGamma` fed the costs
+and with ``--compare`` also ``spade_adaptive`` (:class:`spade_lib.decoding.drafts.adaptive.AdaptiveGamma` fed the costs
 measured below, plus the loop's per-step overhead measured on the first prompt), SPADE at each fixed
 gamma of ``--gammas``, and HF's own schedules: ``hf_heuristic``
 (``num_assistant_tokens_schedule="heuristic"`` from ``gamma``) and ``hf_confidence`` (HF's defaults:
 20 tokens, ``assistant_confidence_threshold=0.4``).
 
-With ``--tree SPEC`` (a :class:`spade_lib.decoding.tree_drafting.TreeConfig` spec of a model shape, e.g.
+With ``--tree SPEC`` (a :class:`spade_lib.decoding.drafts.tree_drafting.TreeConfig` spec of a model shape, e.g.
 ``eagle2:nodes=16,depth=4,topk=4``, ``static:choices=medusa63``, ``sampled:widths=4-1-1-1``) it also runs
 ``spade_tree``: the same draft model proposing that tree (gamma: the tree's depth), verified in one
 tree-masked target forward per step. It prints the tree's ``tau`` (tokens per step), its node count per
 drafted step, ``r(N)`` (the target's ``N + 1``-row forward with the tree mask over its 1-token forward,
-measured like ``r(g)``, :func:`spade_lib.decoding.costs.measure_tree_cost`, on the largest tree drafted)
+measured like ``r(g)``, :func:`spade_lib.decoding.studies.costs.measure_tree_cost`, on the largest tree drafted)
 and its speedup over AR and over the chain, paired per round like every other ratio.
 
 **Robust timing on a shared machine.** Every (prompt, repeat) is a *round* that runs all methods
@@ -38,7 +38,7 @@ interleaved micro-benchmarks of the adapters used for decoding (a ``--context``-
 ``alpha`` is SPADE's acceptance rate over its own trace (one recorded, untimed pass per prompt). Then
 ``prediction = E[tokens](alpha, gamma) / (gamma c + 1)`` (Leviathan et al. 2023, Thm 3.8) and the
 r-aware ``E[tokens] / (gamma c + r(gamma))`` (:func:`spade_lib.theory.speedup`); a line after them adds the
-loop's per-step cost ``o`` (:func:`spade_lib.decoding.costs.measure_loop_overhead`, ``o = null step / AR step
+loop's per-step cost ``o`` (:func:`spade_lib.decoding.studies.costs.measure_loop_overhead`, ``o = null step / AR step
 - r(1)``), ``E[tokens] / (gamma c + r(gamma) + o)``, and the two-sided cost-model control
 (:func:`spade_lib.runs.controls.prediction_warnings`, SPADE and the null draft, against their IQRs: printed
 with ``!!!``, not an exit status). The last line is exactly::
@@ -50,7 +50,7 @@ with ``!!!``, not an exit status). The last line is exactly::
 
 **Physics before ratios.** Every step of speculative decoding costs at least one target forward, so a
 speedup above ``tau``, a verify cost ``r(g) < 1`` or a null draft (``null``: every draft rejected,
-``spade_lib.decoding.drafters.NullDrafter``) faster than autoregressive decoding is a defect of the
+``spade_lib.decoding.drafts.drafters.NullDrafter``) faster than autoregressive decoding is a defect of the
 baseline, not a result: the benchmark prints each violation and **exits with status 2**
 (:mod:`spade_lib.runs.controls`). It also prints the AR loop's weight-streaming rate (parameter bytes
 read per generated token / time per token) beside the machine's copy bandwidth
@@ -82,17 +82,17 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib import devices  # noqa: E402
-from spade_lib.runs import metrics, timing  # noqa: E402
-from spade_lib.runs.config import RunConfig, generation_seed, prompt_ids  # noqa: E402
-from spade_lib.decoding.costs import measure_costs, measure_loop_overhead, measure_tree_cost  # noqa: E402
-from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
-from spade_lib.decoding.adaptive import AdaptiveGamma  # noqa: E402
+from spade_lib.decoding import baselines  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder, _eos_set  # noqa: E402
-from spade_lib.decoding.drafters import ModelDrafter, NullDrafter  # noqa: E402
-from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TreeConfig  # noqa: E402
+from spade_lib.decoding.drafts.adaptive import AdaptiveGamma  # noqa: E402
+from spade_lib.decoding.drafts.drafters import ModelDrafter, NullDrafter  # noqa: E402
+from spade_lib.decoding.drafts.tree_drafting import MODEL_SHAPES, TreeConfig  # noqa: E402
+from spade_lib.decoding.model.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib.decoding.studies.costs import measure_costs, measure_loop_overhead, measure_tree_cost  # noqa: E402
+from spade_lib.runs import metrics, timing  # noqa: E402
 from spade_lib.runs import controls  # noqa: E402
+from spade_lib.runs.config import RunConfig, generation_seed, prompt_ids  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
 from spade_lib.theory import expected_tokens, speedup as theory_speedup  # noqa: E402
 
@@ -128,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true", help="also cProfile SPADE's decode loop")
     ap.add_argument("--tree", default="", metavar="SPEC",
                     help="also time the draft's tree against its chain (method spade_tree), e.g. "
-                         "eagle2:nodes=16,depth=4,topk=4 (spade_lib.decoding.tree_drafting.TreeConfig.parse)")
+                         "eagle2:nodes=16,depth=4,topk=4 (spade_lib.decoding.drafts.tree_drafting.TreeConfig.parse)")
     args = ap.parse_args(argv)
     try:
         args.tree = TreeConfig.parse(args.tree) if args.tree else None

@@ -5,7 +5,7 @@ generate the target's own answers; this times the three ways SPADE can, on the s
 recipe``: the pair's long recipe's own, the corpus prompts in the target's chat template, those of at most its
 ``max_prompt_tokens``; ``humaneval``: HumanEval's, rendered the same way), in turns per chunk of ``--batch``
 prompts: **single** (``AutoregressiveDecoder.generate`` per prompt: SPADE's fastest one-sequence loop, the lean
-forward), **batch-lean** (``generate_batch`` on the lean weights, :mod:`spade_lib.decoding.lean_batch`, what
+forward), **batch-lean** (``generate_batch`` on the lean weights, :mod:`spade_lib.decoding.model.lean_batch`, what
 the recipes run) and **batch-hf** (``generate_batch`` through the Hugging Face forward,
 :class:`spade_lib.decoding.batch.BatchLM`: the former path). Tokens per minute count new tokens only; each
 method's greedy answers are compared with single's (rows equal, or differing after a near tie). The last line
@@ -55,8 +55,8 @@ def main(argv=None) -> None:
     import torch
 
     from spade_lib.bench.build import humaneval_suite
-    from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.decode import AutoregressiveDecoder
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
     from spade_lib.runs import timing
     from spade_lib.sampling import SamplingConfig
     from spade_lib.zoo.head_data import _encode_prompt

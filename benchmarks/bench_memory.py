@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
-from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib.decoding.model.adapter import CausalLMAdapter  # noqa: E402
 from spade_lib.zoo.pairs import load_pair  # noqa: E402
 
 

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
-from spade_lib.decoding import native  # noqa: E402
-from spade_lib.decoding.lean import LeanForward  # noqa: E402
+from spade_lib.decoding.model import native  # noqa: E402
+from spade_lib.decoding.model.lean import LeanForward  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
 from spade_lib.zoo.pairs import load_pair  # noqa: E402
 

@@ -23,9 +23,9 @@ import statistics
 
 import torch
 
+from spade_lib.zoo.evaluate import cost_ratios
 from spade_lib.zoo.pairs import load_pair
 from spade_lib.zoo.registry import real_pair, real_pairs
-from spade_lib.zoo.evaluate import cost_ratios
 
 
 def main() -> None:

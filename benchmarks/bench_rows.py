@@ -7,7 +7,7 @@ round alike), on a ``--context``-token cache:
 
 - the lean forward of ``k`` rows as decoding runs it (``forward`` then ``rollback``), chain (causal mask)
   and tree (a random tree's ancestor mask, depth ~ log2 k), on the plan the machine chose
-  (:mod:`spade_lib.decoding.kernels`) and, for comparison, on the generic torch formulation (oneDNN products,
+  (:mod:`spade_lib.decoding.model.kernels`) and, for comparison, on the generic torch formulation (oneDNN products,
   torch attention; ``--no-torch`` skips it);
 - its products alone (the forward's weight matrices times ``k`` rows on the same kernels);
 - its attention calls alone (``native.attend`` per layer with the same ``k``, cache and mask);
@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
-from spade_lib.decoding import kernels, native  # noqa: E402
-from spade_lib.decoding.lean import LeanForward  # noqa: E402
+from spade_lib.decoding.model import kernels, native  # noqa: E402
+from spade_lib.decoding.model.lean import LeanForward  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
 from spade_lib.zoo.pairs import load_pair  # noqa: E402
 

@@ -27,8 +27,8 @@ import argparse
 import torch
 
 from spade_lib.devices import resolve_device
-from spade_lib.runs.timing import fix_threads, measure
 from spade_lib.exactness import verify_reference
+from spade_lib.runs.timing import fix_threads, measure
 from spade_lib.verify import verify
 
 

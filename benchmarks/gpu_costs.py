@@ -5,9 +5,9 @@ One prepared script for a GPU machine (it also runs on CPU with ``--shapes tiny`
 1. **Costs of real pairs' shapes.** Randomly initialised models with the exact architecture configs
    below (Qwen2.5-0.5B -> Qwen2.5-7B, Llama-3.2-1B -> Llama-3.1-8B; written here from their public
    ``config.json`` files, nothing is downloaded), in ``--dtype`` (bf16) on ``--device``, batch 1, a
-   ``--context``-token KV cache (512). Each decode forward goes through :class:`spade_lib.decoding.adapter.CausalLMAdapter`
+   ``--context``-token KV cache (512). Each decode forward goes through :class:`spade_lib.decoding.model.adapter.CausalLMAdapter`
    exactly as in decoding (extend ``k`` tokens, roll back), and the pair's draft and target forwards are
-   timed **in turns** by SPADE's one cost measurement, :func:`spade_lib.decoding.costs.measure_costs`
+   timed **in turns** by SPADE's one cost measurement, :func:`spade_lib.decoding.studies.costs.measure_costs`
    (every round runs each forward, in a rotated order, with CUDA synchronisation; ``--reps`` rounds):
    ``c = t_draft(1) / t_target(1)`` and ``r(gamma) = t_target(gamma + 1) / t_target(1)``, gamma 1..8, each
    the median of the per-round ratios, so load that hits one round hits numerator and denominator alike.
@@ -45,9 +45,9 @@ import torch  # noqa: E402
 
 from spade_lib import io as sio  # noqa: E402
 from spade_lib import devices  # noqa: E402
+from spade_lib.decoding.model.adapter import CausalLMAdapter  # noqa: E402
+from spade_lib.decoding.studies.costs import measure_costs  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
-from spade_lib.decoding.adapter import CausalLMAdapter  # noqa: E402
-from spade_lib.decoding.costs import measure_costs  # noqa: E402
 from spade_lib.theory import optimal_gamma, speedup  # noqa: E402
 
 # Architecture configs (public config.json values; weights are random).
@@ -154,7 +154,7 @@ def build(name: str, shapes: dict, device: torch.device, dtype: torch.dtype) -> 
 
 def costs_in_turns(draft, target, *, device, context: int, max_gamma: int, reps: int, backend: str, clock=None
                    ) -> tuple[dict, str]:
-    """:func:`spade_lib.decoding.costs.measure_costs` of two models on decoding adapters with a ``context``-token
+    """:func:`spade_lib.decoding.studies.costs.measure_costs` of two models on decoding adapters with a ``context``-token
     cache: ``c``, ``r(g)`` for ``g = 1 .. max_gamma`` and the median forward times, all from the same
     rounds (each round times every forward in turn); also the adapters' backend."""
     ads = [CausalLMAdapter(m, backend=backend, max_length=context + max_gamma + 2) for m in (target, draft)]
@@ -164,9 +164,9 @@ def costs_in_turns(draft, target, *, device, context: int, max_gamma: int, reps:
 
 def e2e_embedded(name: str, device, n_prompts: int, n_tokens: int) -> list[dict]:
     """Greedy SPADE vs AR on the embedded pair: equality and speedup (wall clock, synchronised)."""
-    from spade_lib.runs.config import RunConfig, prompt_ids
     from spade_lib.bench import default_suite
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.runs.config import RunConfig, prompt_ids
     from spade_lib.sampling import SamplingConfig
     from spade_lib.zoo.pairs import load_pair
 

@@ -39,8 +39,8 @@ _FRONT_DOOR: dict[str, str] = {
     "SpeculativeDecoder": "spade_lib.decoding.decode:SpeculativeDecoder",
     "AutoregressiveDecoder": "spade_lib.decoding.decode:AutoregressiveDecoder",  # the speedup baseline
     "GenerationResult": "spade_lib.decoding.common:GenerationResult",            # tokens, steps, records()
-    "make_drafter": "spade_lib.decoding.drafters:make_drafter",  # "ngram", "null", a pair's draft or head
-    "get_policy": "spade_lib.decoding.policies:get_policy",      # when to stop drafting ("fixed", "entropy", ...)
+    "make_drafter": "spade_lib.decoding.drafts.drafters:make_drafter",  # "ngram", "null", a pair's draft or head
+    "get_policy": "spade_lib.decoding.drafts.policies:get_policy",      # when to stop drafting ("fixed", "entropy", ...)
     # runs and traces
     "RunConfig": "spade_lib.runs.config:RunConfig",              # everything that determines a run
     "run_suite": "spade_lib.runs.runner:run_suite",              # one config over a suite -> a run folder

@@ -268,7 +268,7 @@ def proposal_law_error(proposals: list[tuple[int, ...]], weights: list[float], p
     (:func:`forced_cuts`): the path has probability ``w_k prod_{i<n} a_i (1 - a_n)`` and emits ``x_<n`` then
     a token from the verifier's ``next_dist``; an empty block is a plain target step (``Y_0 ~ p``).
     ``q_of(k) -> [g, V]`` is the ``q`` the rule is told (default ``one_hot(x)``, the deterministic proposal:
-    a cross-vocabulary draft's re-encoded text, ``spade_lib.decoding.crossvocab``). Returns
+    a cross-vocabulary draft's re-encoded text, ``spade_lib.decoding.drafts.crossvocab``). Returns
     ``max_y |P(Y_<j = y, Y_j = .) - P(Y_<j = y, Y_j emitted) p(. | y)|`` over every emitted prefix ``y``
     (``Y_j`` emitted: the step reached position ``j``): 0 exactly when every emitted token follows ``p``.
     """
@@ -307,7 +307,7 @@ def draft_text_law(draft_strings, next_law, n_tokens: int) -> dict[str, float]:
     ``draft_strings[d]``: the text of draft id ``d``, ``None`` where it is not text (the text ends there and
     nothing more is drawn); ``next_law(prefix) -> [Vd]``: the draft's distribution after the ids ``prefix``
     (a tuple). Knows nothing of any target vocabulary: the reference that a cross-vocabulary rule's law over
-    target tokens is checked against (:func:`spade_lib.decoding.crossvocab.slrs_law`). ``Vd ** n_tokens`` leaves."""
+    target tokens is checked against (:func:`spade_lib.decoding.drafts.crossvocab.slrs_law`). ``Vd ** n_tokens`` leaves."""
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or n_tokens < 1:
         raise ValueError(f"n_tokens: must be an int >= 1, got {n_tokens!r}")
     law: dict[str, float] = {}

@@ -256,8 +256,8 @@ def cached_costs(pair: str, draft: str, *, threads: int = 0, progress: bool = Fa
 def describe_costs(table: dict, label: str, how: str, max_gamma: int | None = None) -> str:
     """One line naming a cost table (:func:`cached_costs`): where it came from, its device and threads,
     ``c``, the loop overhead ``o`` and ``r(g)`` at every measured ``g``; with ``max_gamma`` beyond the
-    measured range, that ``r`` is extended linearly there (:func:`spade_lib.decoding.costs.verify_cost_fn`)."""
-    from spade_lib.decoding.costs import verify_cost_fn
+    measured range, that ``r`` is extended linearly there (:func:`spade_lib.decoding.studies.costs.verify_cost_fn`)."""
+    from spade_lib.decoding.studies.costs import verify_cost_fn
 
     top = max(table["r"])
     line = (f"cost table of {label} ({how}, {table['key']['device']}, {table['key']['threads']} threads): "

@@ -234,7 +234,7 @@ register_rule(Rule(
     "reject", lambda inputs: torch.zeros_like(inputs["p_x"]), ("p_x",), lossless=True, deterministic=True,
     residual=residual_p, exactness="exact, deterministic",
     doc="the null-draft control: a(x) = 0, next token ~ p. A step verifies gamma + 1 tokens and keeps one, "
-        "so its speedup over autoregressive decoding is 1 / r(gamma) <= 1 (spade_lib.decoding.drafters.NullDrafter)"))
+        "so its speedup over autoregressive decoding is 1 / r(gamma) <= 1 (spade_lib.decoding.drafts.drafters.NullDrafter)"))
 
 BUILTIN_RULES: tuple[str, ...] = rule_names()  # a snapshot; rule_names() is the live registry
 

@@ -16,7 +16,7 @@ Notation: ``alpha`` acceptance rate (``E[min(1, p(x)/q(x))]``, :func:`spade_lib.
 - free-draft limit: as ``c -> 0`` and ``gamma -> inf`` the speedup tends to ``1 / (1 - alpha)``.
 - cost of one step (target-forward units, :func:`step_cost`): ``C(gamma) = gamma c + r(gamma) + o``, ``r`` a number or
   a callable of ``gamma``, ``o`` the loop's own per-step cost beyond its forwards (``overhead``, default 0: the paper's
-  model; measured by :func:`spade_lib.decoding.costs.measure_loop_overhead`). :func:`verify_cost_curve` interpolates
+  model; measured by :func:`spade_lib.decoding.studies.costs.measure_loop_overhead`). :func:`verify_cost_curve` interpolates
   ``r(g)`` from measured points (piecewise linear through ``r(0) = 1``, extended linearly; :func:`linear_verify_cost`
   through one point; a pair's measured ``c``, ``r(g)``: :func:`spade_lib.runs.costs.pair_costs`). Every speedup in
   SPADE (``replay``, ``align``, notebooks) is ``tokens / C`` with this ``C``.
@@ -128,7 +128,7 @@ def step_cost(gamma: ArrayLike, c: ArrayLike, verify_cost: VerifyCost = 1.0,
 def verify_cost_curve(points: Mapping[int, float]) -> Callable[[int], float]:
     """``r(g)``, the cost of verifying ``g`` drafted tokens (``g + 1`` positions) in one target forward relative
     to a 1-token forward, from measured points ``{g: r(g)}`` (e.g. the ``"r"`` table of
-    :func:`spade_lib.decoding.costs.measure_costs`; keys may be strings, as JSON gives them): the one
+    :func:`spade_lib.decoding.studies.costs.measure_costs`; keys may be strings, as JSON gives them): the one
     interpolation of ``r`` in SPADE.
 
     Piecewise linear through ``(0, 1)`` -- a step that drafted nothing is one plain target forward -- and the
@@ -177,7 +177,7 @@ def speedup(alpha: ArrayLike, gamma: ArrayLike | None, c: ArrayLike, verify_cost
 
     ``verify_cost = 1`` and ``overhead = 0`` is Leviathan et al.'s Thm. 3.8; pass the measured ratio ``r``
     of a ``gamma+1``-token target forward to a 1-token one (a number, or a callable ``r(gamma)``) and the
-    measured per-step loop cost ``o`` (in target steps, :func:`spade_lib.decoding.costs.measure_loop_overhead`)
+    measured per-step loop cost ``o`` (in target steps, :func:`spade_lib.decoding.studies.costs.measure_loop_overhead`)
     for the realistic version.
     """
     tokens = expected_tokens(alpha, gamma)

@@ -6,7 +6,7 @@ import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MambaConfig,
                           MambaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor, context_limit
+from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor, context_limit
 
 V = 96
 
@@ -82,7 +82,7 @@ def test_backend_choice():
 
 def test_lean_buffers_grow_and_respect_the_context_limit():
     """The lean KV buffers start small and double; feeding past the limit is refused."""
-    from spade_lib.decoding.lean import LeanForward
+    from spade_lib.decoding.model.lean import LeanForward
 
     m = llama()
     lean = LeanForward(m, 64)
@@ -233,7 +233,7 @@ def tree_adapter(model, backend):
 
 
 def path_of(parents, i):
-    from spade_lib.decoding.tree import path_of
+    from spade_lib.decoding.drafts.tree import path_of
 
     return path_of(parents, i)
 

@@ -4,8 +4,8 @@ and decoding with it stays exact (greedy equals autoregressive; the same seed re
 import pytest
 import torch
 
-from spade_lib.decoding.adaptive import AdaptiveGamma
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.drafts.adaptive import AdaptiveGamma
 from spade_lib.sampling import SamplingConfig
 from spade_lib.theory import optimal_gamma
 

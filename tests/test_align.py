@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib import measures, rates, theory
-from spade_lib.whatif import align
 from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.whatif import align
 
 V = 48
 
@@ -210,8 +210,8 @@ def test_on_decoded_text_alpha_is_the_traces_and_predicted_tau_matches_measured(
 
 @pytest.mark.slow
 def test_run_sequences_rebuild_the_emitted_text_of_a_run(tmp_path):
-    from spade_lib.runs import metrics
     from spade_lib.bench import default_suite
+    from spade_lib.runs import metrics
     from spade_lib.runs.config import RunConfig
     from spade_lib.runs.runner import run_suite
     from spade_lib.runs.trace import read_trace

@@ -11,16 +11,16 @@ import scipy.stats
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import BATCH_COLUMNS, BatchGenerationResult, BatchLM, batch_metrics, row_seeds
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.divergence import compare_greedy
-from spade_lib.decoding.drafters import NGramDrafter
-from spade_lib.decoding.adaptive import AdaptiveGamma
-from spade_lib.decoding.policies import ConfidenceThreshold
+from spade_lib.decoding.drafts.adaptive import AdaptiveGamma
+from spade_lib.decoding.drafts.drafters import NGramDrafter
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold
+from spade_lib.decoding.model.adapter import CausalLMAdapter
 from spade_lib.decoding.records import RECORD_COLUMNS
-from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.decoding.studies.divergence import compare_greedy
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
+from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
 TEXTS = [  # eight prompts of different lengths (1 to ~30 tokens)
@@ -428,7 +428,7 @@ def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_p
     """Three timed rounds per point, each on its own prompts; the prediction with the loop overhead is the
     cost model's; the interval is runs.metrics.bootstrap_speedup over the rounds (recomputed here)."""
     from spade_lib import theory
-    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study
+    from spade_lib.decoding.studies.batch_study import BatchStudyConfig, batch_study
     from spade_lib.plots import save_figure
     from spade_lib.plots.batch import plot_speedup_vs_batch
     from spade_lib.runs.batch_speedup import with_intervals
@@ -485,7 +485,7 @@ def test_batch_study_rounds_prediction_intervals_and_figure(tiny, prompts, tmp_p
 
 
 def test_round_rows_walk_through_the_prompts():
-    from spade_lib.decoding.batch_study import round_rows
+    from spade_lib.decoding.studies.batch_study import round_rows
 
     prompts = [[i] for i in range(5)]
     assert round_rows(prompts, 2, 0, 10) == ([[0], [1]], [10, 11], [0, 1])
@@ -521,7 +521,7 @@ def test_with_intervals_is_the_speedup_bootstrap_over_rounds():
 def test_stops_paying_reads_the_interval_for_the_measurement():
     import pandas as pd
 
-    from spade_lib.decoding.batch_study import stops_paying
+    from spade_lib.decoding.studies.batch_study import stops_paying
 
     fake = pd.DataFrame({"temperature": [0.0, 0.0, 1.0, 1.0], "batch_size": [1, 3, 1, 3],
                          "speedup": [1.5, 0.9, 1.2, 0.8], "speedup_low": [1.3, 0.8, 1.0, 0.6],
@@ -536,9 +536,9 @@ def test_stops_paying_reads_the_interval_for_the_measurement():
 def test_batched_greedy_check_is_the_notebooks_former_loop(tiny, prompts):
     """batch_study.batched_greedy_check against notebook 03's former inline check (the reference), on the tiny
     pair and on a draft that disagrees often (rollbacks in every row)."""
-    from spade_lib.decoding.batch_study import batched_greedy_check
     from spade_lib.decoding.decode import SpeculativeDecoder
-    from spade_lib.decoding.divergence import compare_greedy
+    from spade_lib.decoding.studies.batch_study import batched_greedy_check
+    from spade_lib.decoding.studies.divergence import compare_greedy
     from spade_lib.sampling import SamplingConfig
 
     for draft in (tiny.draft, perturbed(tiny.target, 0.3)):
@@ -556,8 +556,8 @@ def test_batched_greedy_check_is_the_notebooks_former_loop(tiny, prompts):
 def test_the_batch_studys_baseline_is_spades_lean_batched_ar(tiny, prompts, monkeypatch):
     """Issue 56: the study's AR rounds and the AR step its prediction is priced at run on SPADE's batched lean
     forward (LeanBatch), the fastest batched AR the stack offers, not on the HF batched forward."""
-    from spade_lib.decoding import lean_batch
-    from spade_lib.decoding.batch_study import BatchStudyConfig, batch_study
+    from spade_lib.decoding.model import lean_batch
+    from spade_lib.decoding.studies.batch_study import BatchStudyConfig, batch_study
 
     made = []
     real = lean_batch.LeanBatch.__init__

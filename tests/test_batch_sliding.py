@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from spade_lib.decoding import batch as batch_mod
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.model.adapter import CausalLMAdapter
 from spade_lib.sampling import SamplingConfig
 
 from test_zoo_gemma3 import VOCAB, WINDOW, lively_gemma3, periodic_prompt

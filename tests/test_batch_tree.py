@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from spade_lib.decoding import batch
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import BATCH_COLUMNS, BatchLM
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.drafters import ModelDrafter
-from spade_lib.decoding.tree import ancestor_mask
+from spade_lib.decoding.drafts.drafters import ModelDrafter
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.model.masks import ancestor_mask
 from spade_lib.sampling import SamplingConfig
 from tests.test_decode import llama, perturbed
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from spade_lib.decoding import native
+from spade_lib.decoding.model import native
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ import torch
 import yaml
 
 from spade_lib import paths
+from spade_lib.bench import Suite, load_suite
 from spade_lib.runs import cli, launch, runner, trace
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
-from spade_lib.bench import Suite, load_suite
 
 N_PROMPTS = 6
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from spade_lib import paths
+from spade_lib.decoding.drafts.drafters import Drafter
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.studies.costs import measure_costs, measure_tree_cost, verify_cost_fn
 from spade_lib.runs import metrics
-from spade_lib.decoding.adapter import CausalLMAdapter
-from spade_lib.decoding.drafters import Drafter
 from spade_lib.runs import costs as costs_mod
-from spade_lib.decoding.costs import measure_costs, measure_tree_cost, verify_cost_fn
 from spade_lib.runs.costs import pair_costs
 from tests.test_decode import llama
 from tests.test_metrics import summary, trace_from_blocks
@@ -195,7 +195,7 @@ def test_loop_overhead_is_measured_once_per_pair_and_priced_into_every_table(tmp
 def test_measure_loop_overhead_times_rounds_for_min_seconds_within_its_bounds():
     """At least ``reps`` rounds; more while ``min_seconds`` of rounds have not passed; never more than
     ``max_reps`` (unless ``reps`` asks for more). A round of this 1-layer model is a few milliseconds."""
-    from spade_lib.decoding.costs import measure_loop_overhead
+    from spade_lib.decoding.studies.costs import measure_loop_overhead
 
     m = llama(layers=1)
     assert measure_loop_overhead(m, steps=4, context=8, reps=3, min_seconds=0.0)["reps"] == 3
@@ -206,7 +206,7 @@ def test_measure_loop_overhead_times_rounds_for_min_seconds_within_its_bounds():
 
 
 def test_measure_loop_overhead_checks_its_arguments():
-    from spade_lib.decoding.costs import measure_loop_overhead
+    from spade_lib.decoding.studies.costs import measure_loop_overhead
 
     for bad in (dict(steps=1), dict(reps=0), dict(context=True), dict(max_reps=0), dict(min_seconds=-1.0),
                 dict(min_seconds="5")):
@@ -217,7 +217,7 @@ def test_measure_loop_overhead_checks_its_arguments():
 # ---------------------------------------------------------------- feature heads: c is the head's drafting step
 
 def _heads_of(target):
-    from spade_lib.decoding.medusa import MedusaHead
+    from spade_lib.decoding.drafts.medusa import MedusaHead
     from tests.test_eagle import make_head
 
     medusa = MedusaHead.from_target(target, num_heads=3)
@@ -231,9 +231,9 @@ def _heads_of(target):
 def test_the_timed_head_step_is_the_drafters_first_step(name):
     """Reference: what HeadStep times after ``prefill(x_1 .. x_n)`` + ``extend([x_{n+1}])`` is the first
     proposal's logits of the head's drafter after observing ``x_0 .. x_n`` (features of the same target)."""
-    from spade_lib.decoding.costs import HeadStep
-    from spade_lib.decoding.drafters import TargetView
-    from spade_lib.decoding.policies import FixedGamma
+    from spade_lib.decoding.drafts.drafters import TargetView
+    from spade_lib.decoding.drafts.policies import FixedGamma
+    from spade_lib.decoding.studies.costs import HeadStep
     from spade_lib.sampling import SamplingConfig
     from tests.test_eagle import hidden_at, tiny_target
 
@@ -267,7 +267,7 @@ def test_measure_costs_times_a_head_not_zero():
 
 
 def test_pair_costs_time_the_pairs_heads_and_key_them_by_weights(tmp_path, monkeypatch):
-    from spade_lib.decoding.costs import HeadStep, is_head
+    from spade_lib.decoding.studies.costs import HeadStep, is_head
     from tests.test_eagle import make_head, tiny_target
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
@@ -330,7 +330,7 @@ class _HiddenModelDrafter:
 def test_a_registered_model_drafter_is_timed_not_costed_zero(tmp_path, monkeypatch):
     """A registered drafter that drafts with a model (a distilled draft through a ModelDrafter) gets its
     model's one-token forward as c, keyed by its weights; before the fix it was costed c = 0 like ngram."""
-    from spade_lib.decoding import drafters
+    from spade_lib.decoding.drafts import drafters
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     distilled = {"model": llama(layers=1, seed=3)}
@@ -352,7 +352,7 @@ def test_a_registered_model_drafter_is_timed_not_costed_zero(tmp_path, monkeypat
 
 
 def test_a_registered_drafter_holding_a_model_it_cannot_time_is_refused(tmp_path, monkeypatch):
-    from spade_lib.decoding import drafters
+    from spade_lib.decoding.drafts import drafters
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     monkeypatch.setitem(drafters._REGISTRY, "hidden", drafters._Registered(
@@ -366,7 +366,7 @@ def test_a_registered_drafter_holding_a_model_it_cannot_time_is_refused(tmp_path
 def test_the_model_free_registered_drafters_hold_no_model_and_cost_zero(tmp_path, monkeypatch):
     """The stated rule: a drafter holding no torch module and no adapter runs no forward, so c = 0 --
     every registered drafter but the head ones is such a drafter (a new one with a model would fail here)."""
-    from spade_lib.decoding import drafters
+    from spade_lib.decoding.drafts import drafters
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)
     pair = types.SimpleNamespace(name="mini", target=llama(layers=2), drafts={})
@@ -402,7 +402,7 @@ def test_the_c_0_trap_a_drafter_is_costed_by_what_it_says_it_runs_not_by_its_att
     running a model through a bound method got c = 0, a model-free one with an unrelated ``.head`` crashed
     (StopIteration) and a head of the drafter's own (not in pair.heads) crashed too. Now the drafter says
     what a step runs: undeclared is refused, declared models and heads are timed, None is c = 0."""
-    from spade_lib.decoding import drafters
+    from spade_lib.decoding.drafts import drafters
     from tests.test_eagle import make_head, tiny_target
 
     monkeypatch.setattr(paths, "RUNS_DIR", tmp_path)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from spade_lib.decoding.crossvocab import emitted_law, intersection_map, naive_emitted_law, tli_distribution
+from spade_lib.decoding.drafts.crossvocab import emitted_law, intersection_map, naive_emitted_law, tli_distribution
 
 # the same strings tokenised differently: "ab" merges in the target, splits in the draft; "cd" the reverse
 TARGET = {"a": 0, "b": 1, "ab": 2, "c": 3, "e": 4}
@@ -42,7 +42,7 @@ def test_no_intersection_refused():
 import itertools
 import zlib
 
-from spade_lib.decoding.crossvocab import appended_text, continuation, retokenize, text_proposal
+from spade_lib.decoding.drafts.crossvocab import appended_text, continuation, retokenize, text_proposal
 from spade_lib.exactness import proposal_law_error
 
 
@@ -195,8 +195,8 @@ def test_exact_rule_needs_the_proposal_law_itself(committed):
 
 import numpy as np
 
-from spade_lib.decoding.crossvocab import TextDraftConfig, TextDrafter
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.drafts.crossvocab import TextDraftConfig, TextDrafter
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
 from spade_lib.sampling import SamplingConfig
 from tests.test_decode import CheckedAdapter, ToyLM
@@ -334,9 +334,9 @@ def test_text_drafter_bad_arguments(tokenizers):
 # ------------------------------------------------------------------------------------------------
 # token-level intersection (TLI) as a drafter: the map by decoded strings, fp64 enumeration, the real decoder
 
-from spade_lib.decoding.crossvocab import TLIConfig, TLIDrafter, tli_q, token_strings, vocab_intersection
-from spade_lib.decoding.drafters import sample_categorical
-from spade_lib.decoding.policies import FixedGamma
+from spade_lib.decoding.drafts.crossvocab import TLIConfig, TLIDrafter, tli_q, token_strings, vocab_intersection
+from spade_lib.decoding.drafts.drafters import sample_categorical
+from spade_lib.decoding.drafts.policies import FixedGamma
 from spade_lib.sampling import adjust
 
 
@@ -552,7 +552,7 @@ def test_tli_bad_arguments(tokenizers):
 # ------------------------------------------------------------------------------------------------
 # what a step costs (DraftStepCosts), the committed tails decoded once a step, and TLI at the draft's EOS
 
-from spade_lib.decoding.crossvocab import tail_of
+from spade_lib.decoding.drafts.crossvocab import tail_of
 
 
 def test_a_given_tail_reencodes_as_the_computed_one():
@@ -670,7 +670,7 @@ def test_sampled_tli_stopping_at_the_drafts_eos_keeps_the_target_law(tokenizers)
 
 import math
 
-from spade_lib.decoding.crossvocab import (STOP, DraftPaths, SLRSConfig, SLRSDrafter, draft_strings, sample_string,
+from spade_lib.decoding.drafts.crossvocab import (STOP, DraftPaths, SLRSConfig, SLRSDrafter, draft_strings, sample_string,
                                            slrs_law)
 from spade_lib.exactness import draft_text_law
 
@@ -978,7 +978,7 @@ def test_the_cross_vocabulary_drafters_register_from_their_own_module_with_their
     import ast
     import types
 
-    from spade_lib.decoding import drafters
+    from spade_lib.decoding.drafts import drafters
 
     tree = ast.parse(open(drafters.__file__).read())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \

@@ -12,16 +12,16 @@ import scipy.stats
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig
 
-from spade_lib.runs import trace
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.common import seed_streams
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.drafters import Drafter, ModelDrafter, NGramDrafter
-from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.decoding.drafts.drafters import Drafter, ModelDrafter, NGramDrafter
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, EntropyThreshold
+from spade_lib.decoding.drafts.tree import DraftTree
+from spade_lib.decoding.model.adapter import CausalLMAdapter
 from spade_lib.decoding.records import RECORD_COLUMNS
-from spade_lib.decoding.tree import DraftTree
-from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
+from spade_lib.runs import trace
+from spade_lib.sampling import SamplingConfig, adjust
 from tests.tiny_models import llama, perturbed
 
 GREEDY = SamplingConfig(temperature=0)
@@ -107,7 +107,7 @@ def test_greedy_equals_hf_generate_on_gpt2(gamma):
 def test_half_precision_greedy_agrees_up_to_near_ties(tiny, dtype):
     """In bf16/fp16 batched verification rounds differently from 1-token steps: outputs may diverge, but
     only where the target's top two logits are within the dtype's tie threshold."""
-    from spade_lib.decoding.divergence import compare_greedy
+    from spade_lib.decoding.studies.divergence import compare_greedy
 
     target, draft = copy.deepcopy(tiny.target).to(dtype), copy.deepcopy(tiny.draft).to(dtype)
     dec = SpeculativeDecoder(target, draft, gamma=3, sampling=GREEDY)
@@ -687,7 +687,7 @@ class SampledTreeDrafter(Drafter):
         self.unfed = prompt[-1:].tolist()
 
     def propose(self, max_gamma, policy, sampling, generator):
-        from spade_lib.decoding.drafters import sample_categorical
+        from spade_lib.decoding.drafts.drafters import sample_categorical
 
         a = self.adapter
         q_root = adjust(a.extend(torch.tensor(self.unfed), last_only=True), sampling)

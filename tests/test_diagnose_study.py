@@ -14,7 +14,7 @@ import torch
 
 from spade_lib import diagnose as dg
 from spade_lib import paths
-from spade_lib.decoding.tree_drafting import TreeConfig
+from spade_lib.decoding.drafts.tree_drafting import TreeConfig
 from spade_lib.diagnose import study, tree_study
 from spade_lib.runs import metrics, protocol, trace
 from spade_lib.runs.config import RunConfig

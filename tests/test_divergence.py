@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.divergence import TIE_THRESHOLDS, compare_greedy, first_difference
+from spade_lib.decoding.studies.divergence import TIE_THRESHOLDS, compare_greedy, first_difference
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_bad_arguments(model):
 
 
 def test_classify_greedy_counts_every_class_and_names_the_mismatches(model):
-    from spade_lib.decoding.divergence import CLASSES, classify_greedy
+    from spade_lib.decoding.studies.divergence import CLASSES, classify_greedy
 
     prompt = [3, 7, 11]
     z = logits_after(model, prompt)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.drafters import ModelDrafter, NGramDrafter, _match_vocab
-from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
+from spade_lib.decoding.drafts.drafters import ModelDrafter, NGramDrafter, _match_vocab
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
 from spade_lib.sampling import SamplingConfig, adjust
 
 GREEDY = SamplingConfig(temperature=0)
@@ -170,7 +170,7 @@ def test_ngram_bad_arguments():
 def test_ngram_consults_the_policy_with_one_hot_signals():
     from dataclasses import dataclass
 
-    from spade_lib.decoding.policies import Policy
+    from spade_lib.decoding.drafts.policies import Policy
 
     @dataclass(frozen=True)
     class Seen(Policy):
@@ -197,7 +197,7 @@ def test_ngram_consults_the_policy_with_one_hot_signals():
 def test_make_drafter_by_name():
     from types import SimpleNamespace
 
-    from spade_lib.decoding.drafters import drafter_names, drafter_options, make_drafter
+    from spade_lib.decoding.drafts.drafters import drafter_names, drafter_options, make_drafter
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
@@ -218,8 +218,8 @@ def test_every_drafter_declares_its_kind_and_its_instances_are_what_it_declares(
     features are read (``hidden_layers``) exactly when ``kind.head``."""
     from types import SimpleNamespace
 
-    from spade_lib.decoding import crossvocab, eagle, medusa  # noqa: F401 (every drafter class of the library)
-    from spade_lib.decoding.drafters import (HEAD_DRAFTER, Drafter, NGramTreeDrafter, NullDrafter, SuffixDrafter,
+    from spade_lib.decoding.drafts import crossvocab, eagle, medusa  # noqa: F401 (every drafter class of the library)
+    from spade_lib.decoding.drafts.drafters import (HEAD_DRAFTER, Drafter, NGramTreeDrafter, NullDrafter, SuffixDrafter,
                                              drafter_kind, drafter_names, make_drafter)
 
     def subclasses(cls):
@@ -255,8 +255,8 @@ def test_check_draft_refuses_what_make_drafter_would_before_anything_is_built(dr
     the same through it, before a factory runs."""
     from types import SimpleNamespace
 
-    from spade_lib.decoding import drafters
-    from spade_lib.decoding.drafters import HEAD_DRAFTER, check_draft, make_drafter
+    from spade_lib.decoding.drafts import drafters
+    from spade_lib.decoding.drafts.drafters import HEAD_DRAFTER, check_draft, make_drafter
 
     pair = SimpleNamespace(name="toy", target=draft, drafts={"small": draft}, heads={})
     assert check_draft(pair, "small", tree="eagle2:nodes=8,depth=3,topk=2") is ModelDrafter.kind
@@ -298,7 +298,7 @@ def test_check_draft_refuses_what_make_drafter_would_before_anything_is_built(dr
 
 
 def test_a_drafter_kind_is_declared_and_checked():
-    from spade_lib.decoding.drafters import DrafterKind, register_drafter
+    from spade_lib.decoding.drafts.drafters import DrafterKind, register_drafter
 
     with pytest.raises(ValueError, match=r"^vocabulary: must be one of \('same', 'other'\)"):
         DrafterKind(q=True, vocabulary="mine", head=False, model=True, shapes=("chain",))
@@ -312,7 +312,7 @@ def test_sample_categorical_draws_q_exactly():
     """Inverse-CDF draws follow q (chi-square p-value), never a zero-weight token, unnormalised rows too."""
     from scipy.stats import chisquare
 
-    from spade_lib.decoding.drafters import sample_categorical
+    from spade_lib.decoding.drafts.drafters import sample_categorical
 
     q = torch.zeros(300)
     q[[0, 7, 255, 256, 299]] = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
@@ -333,7 +333,7 @@ def test_null_drafter_is_always_rejected_and_equals_autoregressive(temperature):
     """The null-draft control: every step verifies gamma + 1 tokens and keeps one token ~ p, drawn with
     the same residual stream as the autoregressive loop, so the outputs are identical."""
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-    from spade_lib.decoding.drafters import NullDrafter, make_drafter
+    from spade_lib.decoding.drafts.drafters import NullDrafter, make_drafter
 
     target = tiny_llama(seed=3)
     sampling = SamplingConfig(temperature=temperature)

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from spade_lib import diagnose
+from spade_lib.bench import Suite
 from spade_lib.runs import runner
 from spade_lib.runs.config import RunConfig
-from spade_lib.bench import Suite
 
 duckdb = pytest.importorskip("duckdb", reason="pip install duckdb (pinned in requirements.txt)")
 

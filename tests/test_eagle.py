@@ -11,10 +11,11 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.drafters import TargetView, drafter_names, drafter_options, make_drafter
-from spade_lib.decoding.eagle import (EagleConfig, EagleDrafter, EagleHead, _causal_mask, default_feature_layers,
+from spade_lib.decoding.drafts.drafters import TargetView, drafter_names, drafter_options, make_drafter
+from spade_lib.decoding.drafts.eagle import (EagleConfig, EagleDrafter, EagleHead, default_feature_layers,
                                       step_weights)
-from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, FixedGamma
+from spade_lib.decoding.model.masks import causal_additive
 from spade_lib.sampling import SamplingConfig
 
 V, VD = 64, 40
@@ -73,7 +74,7 @@ def reference_chain(head, target, seq, gamma):
     with torch.no_grad():
         g = head.fuse(feats)
         m = g.shape[1]
-        o = head.layer(g, toks, torch.arange(1, m + 1)[None], _causal_mask(m, 0, g.dtype, g.device), cache)[:, -1:]
+        o = head.layer(g, toks, torch.arange(1, m + 1)[None], causal_additive(m, 0, g.dtype, g.device), cache)[:, -1:]
         out = []
         for i in range(gamma):
             x = head.target_logits(head.draft_logits(o)[0, 0], V).argmax()
@@ -135,7 +136,7 @@ def test_unrolled_training_time_test_equals_the_drafting_chain(target, head):
             cache = DynamicCache()
             g = head.fuse(feats[:, :t + 1])
             o = head.layer(g, toks[:, :t + 1], torch.arange(1, t + 2)[None],
-                           _causal_mask(t + 1, 0, g.dtype, g.device), cache)[:, -1:]
+                           causal_additive(t + 1, 0, g.dtype, g.device), cache)[:, -1:]
             torch.testing.assert_close(head.draft_logits(o)[0, 0], logits[0][0, t], rtol=1e-5, atol=1e-5)
             for i in range(1, steps):
                 o = head.layer(head.feedback(o), toks[:, t + i:t + i + 1], torch.tensor([[t + 1 + i]]), cache=cache)
@@ -307,8 +308,8 @@ def test_speculative_decoder_with_the_head_equals_autoregressive(target, head, b
     """Through the real decoder (observe after the prefill and every step, hidden states from the
     backend's tree-free extend): greedy output equals AR decoding token for token, and drafts do get
     accepted (the head was initialised from the target, so agreement is far from 0)."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
     from spade_lib.sampling import SamplingConfig
 
     prompt = [5, 9, 33, 2, 17]
@@ -328,8 +329,8 @@ def test_the_native_runner_is_the_hf_layer_for_chains_steps_and_trees(target, va
     """The drafter's engine on SPADE's native kernels computes what the Hugging Face modules compute (fp32
     summation order apart): a block of committed positions, single drafted steps, a tree level under its
     ancestor mask, and the same again after a crop back to the committed positions."""
-    from spade_lib.decoding import native
-    from spade_lib.decoding.eagle import NativeRunner, _HFRunner
+    from spade_lib.decoding.drafts.eagle import NativeRunner, _HFRunner
+    from spade_lib.decoding.model import native
 
     if not native.available():
         pytest.skip("SPADE's native kernels do not build here")

@@ -33,8 +33,8 @@ def cache(tmp_path_factory):
 
 
 def test_default_pair_recipes_fit():
-    from spade_lib.decoding.eagle import EagleHead
-    from spade_lib.decoding.medusa import MedusaHead
+    from spade_lib.decoding.drafts.eagle import EagleHead
+    from spade_lib.decoding.drafts.medusa import MedusaHead
     from spade_lib.zoo.configs import DEFAULT
     from spade_lib.zoo.train import new_model
 
@@ -72,8 +72,8 @@ def test_a_run_with_the_pairs_head_equals_autoregressive(cache):
     from spade_lib.decoding import baselines
     from spade_lib.runs import runner
     from spade_lib.runs.config import RunConfig
-    from spade_lib.runs.store import read_summary
     from spade_lib.runs.costs import pair_costs
+    from spade_lib.runs.store import read_summary
     from spade_lib.zoo.pairs import load_pair
 
     pair = load_pair("tiny", heads=("eagle3", "medusa"))

@@ -4,9 +4,9 @@ position, and the held-out data's separation from the heads' training data."""
 import pytest
 import torch
 
-from spade_lib.decoding.drafters import TargetView
-from spade_lib.decoding.medusa import MedusaHead
-from spade_lib.decoding.policies import FixedGamma
+from spade_lib.decoding.drafts.drafters import TargetView
+from spade_lib.decoding.drafts.medusa import MedusaHead
+from spade_lib.decoding.drafts.policies import FixedGamma
 from spade_lib.intervals import binomial_ci
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo.head_data import Sequences, extract

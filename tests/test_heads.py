@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib import paths
-from spade_lib.decoding.eagle import EagleHead
-from spade_lib.decoding.medusa import MedusaHead
+from spade_lib.decoding.drafts.eagle import EagleHead
+from spade_lib.decoding.drafts.medusa import MedusaHead
 from spade_lib.zoo.cache import read_manifest, sha256_file
 from spade_lib.zoo.configs import TokenizerConfig
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract

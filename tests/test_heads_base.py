@@ -1,4 +1,4 @@
-"""The draft-head interface (``spade_lib.decoding.heads``) and the zoo's registry of head kinds
+"""The draft-head interface (``spade_lib.decoding.model.heads``) and the zoo's registry of head kinds
 (``spade_lib.zoo.heads.HEAD_KINDS``): the one vocabulary scatter against a plain loop, every registered
 kind against what the interface promises, and a new kind -- one class here and one registry entry --
 built, trained, evaluated, saved, loaded, costed and decoded with through the same code as EAGLE and Medusa."""
@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from spade_lib import paths
-from spade_lib.decoding.adapter import CausalLMAdapter
-from spade_lib.decoding.drafters import Draft, Drafter, TargetView, draw_token, make_drafter
-from spade_lib.decoding.heads import DraftHead, scatter_vocab
-from spade_lib.decoding.medusa import MedusaConfig
+from spade_lib.decoding.drafts.drafters import Draft, Drafter, TargetView, draw_token, make_drafter
+from spade_lib.decoding.drafts.medusa import MedusaConfig
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.model.heads import DraftHead, scatter_vocab
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.zoo import heads as zoo_heads
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences
@@ -231,8 +231,8 @@ def test_a_spade_head_folder_is_checked_when_it_loads(target, tmp_path):
     starting with the tensor's key; a config's fields are checked by type and name (no bare KeyError or int())."""
     from safetensors.torch import load_file, save_file
 
-    from spade_lib.decoding.eagle import EagleConfig
-    from spade_lib.decoding.medusa import MedusaHead
+    from spade_lib.decoding.drafts.eagle import EagleConfig
+    from spade_lib.decoding.drafts.medusa import MedusaHead
 
     head = MedusaHead.from_target(target, num_heads=2)
     folder = zoo_heads.save_head(head, tmp_path / "m")

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.eagle import EagleConfig, EagleDrafter, EagleHead, NativeRunner, _HFRunner
-from spade_lib.decoding.medusa import MedusaDrafter, MedusaHead
+from spade_lib.decoding.drafts.eagle import EagleConfig, EagleDrafter, EagleHead, NativeRunner, _HFRunner
+from spade_lib.decoding.drafts.medusa import MedusaDrafter, MedusaHead
+from spade_lib.decoding.model.adapter import CausalLMAdapter
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo import heads
 from spade_lib.zoo.head_data import HeadDataConfig, Sequences, extract
@@ -245,7 +245,7 @@ def zoo(tmp_path_factory):
 
 
 def test_pairs_head_entry_load_pair_and_the_cli_build_gemma_heads(zoo, capsys):
-    from spade_lib.decoding.drafters import make_drafter
+    from spade_lib.decoding.drafts.drafters import make_drafter
     from spade_lib.zoo import head_cli
     from spade_lib.zoo.cache import read_manifest
     from spade_lib.zoo.pairs import head_entry, load_pair

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+from spade_lib.decoding.model.adapter import CausalLMAdapter
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo.frspec import SubsetLMHead, trim_head
 
@@ -125,7 +125,7 @@ def test_a_trimmed_twin_shares_the_body_and_leaves_the_model_whole():
 def test_the_recorded_lean_verdict_is_keyed_by_the_weights_not_only_the_configuration():
     """A trimmed head, or another checkpoint of the same configuration, gets its own lean-vs-HF verdict (the key
     holds every product's shape and a sample of the weights), while the same model keys the same verdict."""
-    from spade_lib.decoding.lean import LeanForward, _agreement_key
+    from spade_lib.decoding.model.lean import LeanForward, _agreement_key
     from spade_lib.zoo.frspec import trimmed_twin
 
     model, other = tiny_llama(seed=5), tiny_llama(seed=6)

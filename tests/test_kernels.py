@@ -1,4 +1,4 @@
-"""spade_lib.decoding.kernels and the lean forward's use of it: every candidate computes x W^T + b, the
+"""spade_lib.decoding.model.kernels and the lean forward's use of it: every candidate computes x W^T + b, the
 fastest whole forward is kept per row class and cached per machine, bad policies are refused."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib import paths
-from spade_lib.decoding import kernels, native
-from spade_lib.decoding.lean import LeanForward
+from spade_lib.decoding.model import kernels, native
+from spade_lib.decoding.model.lean import LeanForward
 
 PACKABLE = kernels.packing_available(torch.device("cpu"), torch.float32)
 NATIVE = native.available()
@@ -355,7 +355,7 @@ def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
 def test_constructors_time_nothing_and_prepare_records_the_plan_once(fresh, monkeypatch):
     """Issue 55: a lean forward built before any plan is recorded runs an untimed default; prepare() times and
     records the plan; a forward built afterwards takes the recorded plan, and a second prepare() times nothing."""
-    from spade_lib.decoding import lean as lean_module
+    from spade_lib.decoding.model import lean as lean_module
 
     model = llama()
     calls = []
@@ -386,8 +386,8 @@ def test_constructors_time_nothing_and_prepare_records_the_plan_once(fresh, monk
 def test_a_decoder_on_a_prepared_pair_times_and_checks_nothing(fresh, monkeypatch):
     """Issue 55's done-when: after prepare(target, draft), building a SpeculativeDecoder and decoding calls no
     plan timing and no lean-vs-HF check (both were recorded), and decodes exactly as AR does."""
-    from spade_lib.decoding import lean as lean_module
     from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.decoding.model import lean as lean_module
     from spade_lib.sampling import SamplingConfig
 
     target = llama()

@@ -1,4 +1,4 @@
-"""The lean forward for B sequences (spade_lib.decoding.lean_batch) against the Hugging Face batched forward
+"""The lean forward for B sequences (spade_lib.decoding.model.lean_batch) against the Hugging Face batched forward
 (BatchLM): the same logits on left-padded prompts and on decode steps, for a Llama and a Gemma-3 with sliding
 windows and a Qwen2 with q/k/v biases and an untied head; batched greedy AR on it equals single-sequence decoding
 row by row."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.decode import AutoregressiveDecoder
-from spade_lib.decoding.lean_batch import LeanBatch
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.model.lean_batch import LeanBatch
 from spade_lib.sampling import SamplingConfig
 from tests.test_decode import llama
 from tests.test_zoo_gemma3 import lively_gemma3

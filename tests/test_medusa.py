@@ -5,9 +5,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.drafters import TargetView, make_drafter
-from spade_lib.decoding.medusa import MedusaConfig, MedusaDrafter, MedusaHead
-from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma
+from spade_lib.decoding.drafts.drafters import TargetView, make_drafter
+from spade_lib.decoding.drafts.medusa import MedusaConfig, MedusaDrafter, MedusaHead
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, FixedGamma
 from spade_lib.sampling import SamplingConfig
 
 V, VD = 64, 40
@@ -129,8 +129,8 @@ def test_make_drafter_finds_the_pairs_medusa_head(target):
 
 def test_speculative_decoder_with_the_heads_equals_autoregressive(target):
     """Through the real decoder: greedy output with Medusa heads equals AR decoding token for token."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
     from spade_lib.sampling import SamplingConfig
 
     prompt = [5, 9, 33, 2, 17]
@@ -144,7 +144,7 @@ def test_speculative_decoder_with_the_heads_equals_autoregressive(target):
 def test_the_native_forward_is_the_module_forward():
     """Without gradients on the CPU the heads run on SPADE's native kernels; with gradients (training) on the
     modules: the same logits, fp32 summation order apart, for one row and for a batch of rows."""
-    from spade_lib.decoding import native
+    from spade_lib.decoding.model import native
 
     if not native.available():
         pytest.skip("SPADE's native kernels do not build here")

@@ -1,4 +1,4 @@
-"""spade_lib.decoding.native: the kernels equal their torch formulation for every row count (products with
+"""spade_lib.decoding.model.native: the kernels equal their torch formulation for every row count (products with
 and without the RMSNorm prologue, gain, gate, bias and residual; attention with rotation and cache write
 under the causal and a tree's ancestor mask, grouped and not, K and head-dim tails), a row's result does not
 depend on the rows beside it (bit for bit), bad input is refused by name, and the kernels step aside where
@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spade_lib import devices, paths
-from spade_lib.decoding import native
-from spade_lib.decoding.lean import LeanForward
+from spade_lib.decoding.model import native
+from spade_lib.decoding.model.lean import LeanForward
 
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason="SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
@@ -353,7 +353,7 @@ def test_the_products_are_built_for_avx512_where_the_cpu_has_it(monkeypatch):
 
 _OTHER_BUILD = """
 import torch
-from spade_lib.decoding import native
+from spade_lib.decoding.model import native
 assert native.available() and native.isa() == "avx2", native.isa()
 g = torch.Generator().manual_seed(11)
 w, b, x = torch.randn(333, 150, generator=g), torch.randn(333, generator=g), torch.randn(13, 300, generator=g)

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
+from spade_lib.bench import Suite
 from spade_lib.runs import runner, trace
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
-from spade_lib.bench import Suite
 from spade_lib.zoo.loading import first_device
 
 pytest.importorskip("accelerate")

@@ -51,9 +51,9 @@ CLOCK_CALLS = {"perf_counter", "perf_counter_ns", "process_time", "monotonic"}
 TIMING_LOOPS = {  # modules whose loops read the clock, and why that is not a second timing protocol
     "spade_lib/devices.py": "the clock itself",
     "spade_lib/runs/timing.py": "the timing protocol's helpers (copy bandwidth, streaming rate in turns)",
-    "spade_lib/decoding/costs.py": "the one cost measurement (time_in_turns)",
-    "spade_lib/decoding/lean.py": "the lean forward's kernel plan, chosen by timing the whole forward",
-    "spade_lib/decoding/kernels.py": "the linear kernels' plan, chosen by timing",
+    "spade_lib/decoding/studies/costs.py": "the one cost measurement (time_in_turns)",
+    "spade_lib/decoding/model/lean.py": "the lean forward's kernel plan, chosen by timing the whole forward",
+    "spade_lib/decoding/model/kernels.py": "the linear kernels' plan, chosen by timing",
     "spade_lib/runbook.py": "seconds per notebook (bookkeeping)",
     "spade_lib/zoo/__main__.py": "seconds to build a pair (bookkeeping)",
     "spade_lib/zoo/build.py": "build and training seconds in the manifest (bookkeeping)",

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, Policy, as_policy
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, Policy, as_policy
 
 
 def test_fixed_gamma_never_stops_early():
@@ -63,8 +63,8 @@ def test_as_policy():
 
 
 def test_start_hook_stateless_by_default_and_adaptive_is_a_registered_stateful_policy():
-    from spade_lib.decoding.adaptive import AdaptiveGamma
-    from spade_lib.decoding.policies import PolicyState, get_policy, policy_names, step_cap
+    from spade_lib.decoding.drafts.adaptive import AdaptiveGamma
+    from spade_lib.decoding.drafts.policies import PolicyState, get_policy, policy_names, step_cap
 
     for p in (FixedGamma(3), ConfidenceThreshold(), EntropyThreshold()):
         assert p.start() is None and step_cap(p, None) == p.max_gamma
@@ -89,7 +89,7 @@ def test_start_hook_stateless_by_default_and_adaptive_is_a_registered_stateful_p
 
 
 def test_run_config_takes_the_adaptive_policy_by_name():
-    from spade_lib.decoding.adaptive import AdaptiveGamma
+    from spade_lib.decoding.drafts.adaptive import AdaptiveGamma
     from spade_lib.runs.config import RunConfig
 
     c = RunConfig(policy="adaptive", max_gamma=5, device="cpu",

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from spade_lib import paths
+from spade_lib.bench import Suite
 from spade_lib.runs import metrics, protocol, trace
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
-from spade_lib.bench import Suite
 
 N_NEW = 10
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from spade_lib import rules
-from spade_lib.decoding import policies
+from spade_lib.decoding.drafts import policies
 from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.runs import trace
-from spade_lib.whatif import replay
 from spade_lib.verify import verify
+from spade_lib.whatif import replay
 
 
 def _half_exact(inputs, scale):

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import torch
 
-from spade_lib.whatif import replay
-from spade_lib.measures import entropy, tv
-from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, get_policy
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma, get_policy
 from spade_lib.decoding.records import STEP_KEYS
+from spade_lib.measures import entropy, tv
 from spade_lib.verify import verify
+from spade_lib.whatif import replay
 
 V = 12
 

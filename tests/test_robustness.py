@@ -21,15 +21,15 @@ import pytest
 import torch
 
 from spade_lib import paths, runbook, theory, validate
+from spade_lib.bench import Suite
+from spade_lib.decoding.drafts.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
+from spade_lib.params import ParameterError, check_range, parse_parameters_cell, resolve
 from spade_lib.runs import runner, trace
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
-from spade_lib.whatif import align, replay
-from spade_lib.bench import Suite
-from spade_lib.params import ParameterError, check_range, parse_parameters_cell, resolve
-from spade_lib.decoding.policies import ConfidenceThreshold, EntropyThreshold, FixedGamma
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.verify import verify
+from spade_lib.whatif import align, replay
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -307,9 +307,9 @@ def test_shard_locked_by_another_process_is_not_computed_twice(pair, sandbox):
 TWO_PROCESS_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
+    from spade_lib.bench import Suite
     from spade_lib.runs import runner
     from spade_lib.runs.config import RunConfig
-    from spade_lib.bench import Suite
     from spade_lib.zoo.pairs import load_pair
     run_dir, log, go = sys.argv[1], sys.argv[2], sys.argv[3]
     pair = load_pair("tiny")
@@ -521,7 +521,7 @@ def test_runbook_cli_exits_cleanly(sandbox, capsys):
 ])
 def test_score_sequences(pair, seqs, exc, name):
     if seqs == "too_long":
-        from spade_lib.decoding.adapter import context_limit
+        from spade_lib.decoding.model.adapter import context_limit
 
         seqs = [[1] * (context_limit(pair.target) + 1)]
     refused(exc, name, align.score_sequences, pair.target, pair.draft, seqs)

@@ -207,7 +207,7 @@ def test_run_dir_for_and_config_hash(monkeypatch):
 
 
 def test_policy_and_mode_options():
-    from spade_lib.decoding.policies import ConfidenceThreshold, FixedGamma, policy_names
+    from spade_lib.decoding.drafts.policies import ConfidenceThreshold, FixedGamma, policy_names
 
     assert cfg(gamma=3).make_policy() == FixedGamma(3)
     c = cfg(policy="confidence", threshold=0.3, max_gamma=5)

@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 import torch
 
+from spade_lib.bench import MT_BENCH_CATEGORIES, Suite
 from spade_lib.runs import metrics, runner, specbench
 from spade_lib.runs.config import RunConfig
-from spade_lib.runs.store import read_summary
-from spade_lib.bench import MT_BENCH_CATEGORIES, Suite
 from spade_lib.runs.specbench import read_specbench_answers, write_specbench_answers
+from spade_lib.runs.store import read_summary
 
 N_NEW = 16
 CATEGORIES = ["writing", "coding", "translation"]

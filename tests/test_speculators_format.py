@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib.decoding.eagle import EagleHead
+from spade_lib.decoding.drafts.eagle import EagleHead
 from spade_lib.zoo.speculators_format import is_speculators_folder, load_speculators, save_speculators
 
 from speculators_pkg import REPO, run_with_speculators, speculators_dir
@@ -198,8 +198,8 @@ def test_a_folder_written_by_spade_loads_in_speculators_with_the_same_logits(spe
 
 
 def test_load_pair_takes_a_speculators_folder_as_a_head(tmp_path):
-    from spade_lib.decoding.drafters import make_drafter
-    from spade_lib.decoding.eagle import EagleDrafter
+    from spade_lib.decoding.drafts.drafters import make_drafter
+    from spade_lib.decoding.drafts.eagle import EagleDrafter
     from spade_lib.zoo.configs import TokenizerConfig
     from spade_lib.zoo.pairs import load_pair
     from spade_lib.zoo.tokenizer import train_tokenizer

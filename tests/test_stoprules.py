@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from spade_lib.decoding.policies import EntropyThreshold
+from spade_lib.decoding.drafts.policies import EntropyThreshold
 from spade_lib.whatif import replay, stoprules
 
 
@@ -200,7 +200,7 @@ def _run_of(trace, policy):
 
 
 def test_decisions_replayed_gives_back_the_runs_own_decisions_and_catches_a_wrong_reading():
-    from spade_lib.decoding.policies import get_policy
+    from spade_lib.decoding.drafts.policies import get_policy
 
     t = planted_trace(200, seed=8)
     rule = get_policy("entropy", max_gamma=6, threshold=2.0)
@@ -220,7 +220,7 @@ def test_decisions_replayed_gives_back_the_runs_own_decisions_and_catches_a_wron
 
 
 def test_replay_prices_the_loop_overhead_in_every_step():
-    from spade_lib.decoding.policies import get_policy
+    from spade_lib.decoding.drafts.policies import get_policy
 
     t = planted_trace(120, seed=9)
     rule = get_policy("entropy", max_gamma=6, threshold=2.0)

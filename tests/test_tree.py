@@ -4,8 +4,9 @@ parent list; a chain is the tree with parents i - 1, stored without a tensor."""
 import pytest
 import torch
 
-from spade_lib.decoding.drafters import Draft
-from spade_lib.decoding.tree import DraftTree, ancestor_mask, depths, path_of, sibling_ranks
+from spade_lib.decoding.drafts.drafters import Draft
+from spade_lib.decoding.drafts.tree import DraftTree, depths, path_of, sibling_ranks
+from spade_lib.decoding.model.masks import ancestor_mask
 
 # root -> 0 -> 2 -> 4 ; root -> 1 -> 3 ; 0 -> 5 ; root -> 6
 PARENTS = [-1, -1, 0, 1, 2, 0, -1]

@@ -10,15 +10,15 @@ import pytest
 import scipy.stats
 import torch
 
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.drafters import (ModelDrafter, NGramTreeDrafter, SuffixDrafter, drafter_options,
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.drafts.drafters import (ModelDrafter, NGramTreeDrafter, SuffixDrafter, drafter_options,
                                          make_drafter)
-from spade_lib.decoding.policies import FixedGamma
-from spade_lib.decoding.tree import path_of
-from spade_lib.decoding.tree_drafting import SMALL_TREE, TreeConfig
-from spade_lib.sampling import SamplingConfig, adjust
+from spade_lib.decoding.drafts.policies import FixedGamma
+from spade_lib.decoding.drafts.tree import path_of
+from spade_lib.decoding.drafts.tree_drafting import SMALL_TREE, TreeConfig
 from spade_lib.exactness import counts_chi_square_pvalue, sequence_law
+from spade_lib.sampling import SamplingConfig, adjust
 from tests import tiny_models
 from tests.tiny_models import perturbed
 
@@ -265,7 +265,7 @@ def test_sampled_nodes_carry_the_q_they_were_drawn_from():
 
 
 def eagle_head(target, seed=1):
-    from spade_lib.decoding.eagle import EagleHead
+    from spade_lib.decoding.drafts.eagle import EagleHead
 
     torch.manual_seed(seed)
     head = EagleHead.from_target(target, draft_token_ids=torch.randperm(64)[:40])
@@ -277,7 +277,7 @@ def eagle_head(target, seed=1):
 
 
 def medusa_head(target, seed=1):
-    from spade_lib.decoding.medusa import MedusaHead
+    from spade_lib.decoding.drafts.medusa import MedusaHead
 
     torch.manual_seed(seed)
     head = MedusaHead.from_target(target, draft_token_ids=torch.randperm(64)[:40], num_heads=3)
@@ -312,8 +312,8 @@ def test_head_tree_decoding_equals_autoregressive(kind, tree):
 def test_eagle_tree_levels_equal_the_chain_on_its_greedy_path():
     """A static tree's first path (rank 0 at every level) is the head's greedy chain, computed position by
     position on its cache: the one-pass-per-level tree mask reproduces it."""
-    from spade_lib.decoding.eagle import EagleDrafter
-    from spade_lib.decoding.drafters import TargetView
+    from spade_lib.decoding.drafts.drafters import TargetView
+    from spade_lib.decoding.drafts.eagle import EagleDrafter
 
     target = llama(layers=8)
     head = eagle_head(target)

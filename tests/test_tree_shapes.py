@@ -1,4 +1,4 @@
-"""Tests for spade_lib.decoding.tree_shapes: the shapes of draft trees and their acceptance statistics.
+"""Tests for spade_lib.decoding.drafts.tree_shapes: the shapes of draft trees and their acceptance statistics.
 
 References: hand-worked small trees; EAGLE-2's tree written declaratively over *every* path up to the
 depth (and, where EAGLE-2 must equal it, the global top-N of all paths); Pearson chi-square of the
@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from spade_lib.decoding.tree_shapes import (
+from spade_lib.decoding.drafts.tree_shapes import (
     MEDUSA_63,
     SuffixIndex,
     TreeShape,
@@ -547,7 +547,7 @@ def test_expected_accepted_matches_verify_tree_iid():
 
 def test_ranked_is_a_stable_descending_sort_without_sorting_everything():
     """The top-k the builders rank children by equals the first k of a stable sort of all V, ties included."""
-    from spade_lib.decoding.tree_shapes import _ranked
+    from spade_lib.decoding.drafts.tree_shapes import _ranked
 
     g = torch.Generator().manual_seed(0)
     for _ in range(20):

@@ -11,13 +11,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from spade_lib import paths
 from spade_lib.zoo import PAIRS
-from spade_lib.zoo.pairs import load_pair, load_tokenizer, pair_built, pair_names
 from spade_lib.zoo.build import pair_entry
 from spade_lib.zoo.cache import read_manifest, verify_entry
 from spade_lib.zoo.configs import TINY, ModelConfig, TokenizerConfig, TrainConfig
 from spade_lib.zoo.corpus import Document
 from spade_lib.zoo.data import encode_documents, eval_windows
 from spade_lib.zoo.evaluate import teacher_forced_stats
+from spade_lib.zoo.pairs import load_pair, load_tokenizer, pair_built, pair_names
 from spade_lib.zoo.tokenizer import train_tokenizer
 from spade_lib.zoo.train import new_model, train_model
 
@@ -160,9 +160,9 @@ def test_unreachable_hub_id_is_a_clear_error(tiny, monkeypatch):
 def test_a_draft_with_its_own_tokenizer_is_a_cross_vocabulary_draft(tiny, tmp_path):
     """A draft whose tokenizer differs is loaded with its own tokenizer (not refused), ``make_drafter``
     drafts with it through the text, and greedy decoding still equals the target's greedy output."""
-    from spade_lib.decoding.crossvocab import TextDrafter
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-    from spade_lib.decoding.drafters import make_drafter
+    from spade_lib.decoding.drafts.crossvocab import TextDrafter
+    from spade_lib.decoding.drafts.drafters import make_drafter
     from spade_lib.sampling import SamplingConfig
 
     other = tmp_path / "other_draft"
@@ -193,7 +193,7 @@ def test_a_draft_with_its_own_tokenizer_is_a_cross_vocabulary_draft(tiny, tmp_pa
                                          r"'slrs'\), not 'slem'"):
         make_drafter("own", pair, rule="slem")
     # token-level intersection and string-level rejection sampling: the same greedy output
-    from spade_lib.decoding.crossvocab import SLRSDrafter, TLIDrafter
+    from spade_lib.decoding.drafts.crossvocab import SLRSDrafter, TLIDrafter
 
     # (this pair's target tokens reach 20 characters: SLRS's 18,022 draft-token paths are refused by default)
     with pytest.raises(ValueError, match=r"^max_nodes: SLRS enumerates 18022 draft-token paths .* more than "

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import SpeculativeDecoder
-from spade_lib.decoding.divergence import compare_greedy
-from spade_lib.decoding.drafters import make_drafter
+from spade_lib.decoding.drafts.drafters import make_drafter
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.studies.divergence import compare_greedy
 from spade_lib.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0)
@@ -137,7 +137,7 @@ def test_the_lean_forward_equals_hf_across_the_window_and_its_blocks_equal_its_s
     """Gemma-3's lean forward (scaled embedding, (1 + w) norms, four norms a layer, QK-norm, GELU gate, two
     rotary tables, sliding windows) gives HF's logits for a block and for single tokens past the window; on
     the native kernels a verification block's rows are its single steps' logits bit for bit."""
-    from spade_lib.decoding.lean import LeanForward, lean_forward
+    from spade_lib.decoding.model.lean import LeanForward, lean_forward
 
     t = pair.target
     assert lean_forward(t, 64) is not None and CausalLMAdapter(t).backend == "lean"
@@ -181,7 +181,7 @@ def test_the_hf_backend_refuses_trees_on_the_sliding_window_cache(pair):
 
 
 def test_a_tree_path_longer_than_the_window_is_refused(pair):
-    from spade_lib.decoding.lean import LeanForward
+    from spade_lib.decoding.model.lean import LeanForward
 
     lean = LeanForward(pair.target, 64)
     lean.forward(torch.tensor(periodic_prompt(4)))
@@ -216,7 +216,7 @@ def test_a_cross_vocabulary_draft_drafts_through_the_text(pair, tmp_path):
     whose embedding rows are permuted alike: the target's text distribution in another vocabulary).
     ``make_drafter`` drafts with it through the text; greedy equals HF ``generate``, and since the draft
     writes the target's own text, nearly every drafted token is accepted (the alignment works)."""
-    from spade_lib.decoding.crossvocab import TextDrafter
+    from spade_lib.decoding.drafts.crossvocab import TextDrafter
     from spade_lib.zoo.gemma3 import load_gemma3, save_clean
 
     perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(5)).tolist()
@@ -291,7 +291,7 @@ def test_real_pair_greedy_with_the_smollm2_draft_equals_hf_generate(real_pair):
     tokenizer; greedy text drafting with it equals Gemma-3's greedy ``generate`` for 32 tokens on
     HumanEval/0. Skipped when the Gemma-3 pair is not built (``python -m spade_lib.zoo gemma3``)."""
     from spade_lib.bench.sources import HumanEvalSource
-    from spade_lib.decoding.crossvocab import TextDrafter
+    from spade_lib.decoding.drafts.crossvocab import TextDrafter
     pair = real_pair
     t, tok = pair.target, pair.tokenizer
     assert len(pair.draft_tokenizers["smollm2"]) == 49152 and pair.drafts["smollm2"].config.vocab_size == 49152

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from spade_lib.decoding.decode import SpeculativeDecoder
-from spade_lib.decoding.drafters import make_drafter
+from spade_lib.decoding.drafts.drafters import make_drafter
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo import qwen_coder
 from spade_lib.zoo.qwen_coder import ChunkedGGUF, Part, assemble, find_parts
@@ -183,9 +183,9 @@ def test_bad_arguments_are_refused(tmp_path):
 def test_the_lean_forward_equals_hf_on_qwen2(pair, in_place, kernels):
     """Biases on q/k/v, the untied head, GQA 4/2 and RoPE base 1e6 through the lean forward, fused and folded or
     holding the weights in place: one row, a block, chains of k = 2..17 rows after a rollback, a 16-node tree."""
-    from spade_lib.decoding import native
-    from spade_lib.decoding.lean import LeanForward
-    from spade_lib.decoding.tree import ancestor_mask
+    from spade_lib.decoding.model import native
+    from spade_lib.decoding.model.lean import LeanForward
+    from spade_lib.decoding.model.masks import ancestor_mask
 
     if kernels == "native_rows" and not native.available():
         pytest.skip("SPADE's native kernels do not build here")

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from spade_lib import paths
-from spade_lib.decoding.adapter import CausalLMAdapter
 from spade_lib.decoding.decode import SpeculativeDecoder
-from spade_lib.decoding.divergence import compare_greedy
-from spade_lib.decoding.drafters import NGramDrafter, make_drafter
+from spade_lib.decoding.drafts.drafters import NGramDrafter, make_drafter
+from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.studies.divergence import compare_greedy
 from spade_lib.sampling import SamplingConfig
 from spade_lib.zoo.cache import verify_entry
 from spade_lib.zoo.distill import DistillConfig
@@ -93,7 +93,7 @@ def test_greedy_equals_target_generate(pair, draft):
 def _greedy_cross_vocab_equals_target(pair, name: str, prompts: list[str], n_new: int) -> int:
     """Greedy SPADE with the pair's cross-vocabulary draft ``name`` (``make_drafter``: text drafting)
     against HF greedy ``generate``; returns the drafted tokens accepted (the test must exercise drafting)."""
-    from spade_lib.decoding.crossvocab import TextDrafter
+    from spade_lib.decoding.drafts.crossvocab import TextDrafter
 
     t, tok = pair.target, pair.tokenizer
     accepted = 0

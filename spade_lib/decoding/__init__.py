@@ -1,14 +1,14 @@
-"""M2 decoding: model adapter with KV-cache rollback, drafters, draft-length policies, the
-speculative and autoregressive decoders (single and batched), HF baselines, greedy-divergence
-classification.
+"""M2 decoding, by role, top to bottom (each layer imports only the ones below it; ``pyproject.toml``'s
+import-linter contract checks it):
 
-Modules: ``adapter``, ``lean``, ``drafters``, ``heads`` (the interface of a draft head on the target's
-hidden states), ``eagle`` and ``medusa`` (its kinds and their drafters), ``policies``, ``adaptive``, ``records`` (the trace's column
-names), ``common`` (results and helpers the decoders share), ``step`` (the verify + commit step of single and
-batched decoding), ``batch``, ``decode``, ``batch_study``,
-``baselines``, ``divergence``, ``tree_shapes`` (the shapes of draft trees: static, EAGLE-2, sampled,
-prompt lookup, suffix index; their acceptance statistics); import each as ``spade_lib.decoding.<module>``.
+- ``studies/``: measurements built on the loop: forward costs ``c`` and ``r(g)``, the batch-size study, greedy
+  divergence.
+- the loop itself, this package's own modules: ``decode`` (the speculative and autoregressive decoders),
+  ``step`` (verify + commit for ``R`` rows), ``batch`` and ``batch_tree`` (batched chains and trees),
+  ``baselines`` (HF generate and assisted generation), ``common`` (results, seeded streams, input checks),
+  ``records`` (the trace's columns, defined once).
+- ``drafts/``: drafters, draft heads' drafters, draft trees and draft-length policies.
+- ``model/``: the forward (HF adapter, the lean forward and its kernels, masks, the draft-head interface).
+
+Import each module by its path, e.g. ``spade_lib.decoding.model.lean``.
 """
-
-# the built-in policy "adaptive" registers itself on import (spade_lib.decoding.adaptive builds on policies)
-from spade_lib.decoding import adaptive as _adaptive  # noqa: E402,F401

@@ -33,10 +33,10 @@ from collections.abc import Sequence
 
 import torch
 
-from spade_lib.decoding.adapter import as_token_tensor, context_limit
 from spade_lib.decoding.common import GenerationResult, _check_budget
 from spade_lib.decoding.decode import _eos_set
-from spade_lib.decoding.drafters import drafter_kind
+from spade_lib.decoding.drafts.drafters import drafter_kind
+from spade_lib.decoding.model.adapter import as_token_tensor, context_limit
 from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig
 

@@ -17,11 +17,11 @@ position ``BatchLM.pos [R, S]`` and masks per layer type; query ``i`` of row ``r
 own (a sliding layer: only those ``> p_{r,i} - window``) and its own slot (a hole's junk state no valid query reads).
 
 **Ragged acceptance**: width ``G = max_b gamma_b``; row ``b`` drafts ``gamma_b`` (cap, budget, ``keep_drafting``),
-holes elsewhere; a stateful policy keeps one state per row (:func:`spade_lib.decoding.policies.step_cap`). Draft
+holes elsewhere; a stateful policy keeps one state per row (:func:`spade_lib.decoding.drafts.policies.step_cap`). Draft
 sampling is per row (``V`` exponential draws a token: cost linear in ``B``). **Seeds**: row ``b``'s three generators
 (:func:`spade_lib.decoding.common.seed_streams` of ``seed`` or ``seed[b]``) draw what ``generate(prompt, seed=seed_b)``
 draws, so a row never depends on its batch and equals that call when the forwards round alike (greedy: barring a
-top-2 near-tie, :func:`spade_lib.decoding.divergence.compare_greedy`). :class:`BatchGenerationResult` per prompt,
+top-2 near-tie, :func:`spade_lib.decoding.studies.divergence.compare_greedy`). :class:`BatchGenerationResult` per prompt,
 :class:`BatchStepInfo` steps, columns ``row``, ``batch_size``, ``batch_step``, ``batch_rows``; :func:`batch_metrics`.
 """
 
@@ -36,11 +36,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.common import GenerationResult, StepInfo, _check_budget, _check_prompt, seed_streams
-from spade_lib.decoding.drafters import ModelDrafter, _match_vocab, sample_categorical
-from spade_lib.decoding.lean_batch import LeanBatch
-from spade_lib.decoding.policies import step_cap
+from spade_lib.decoding.drafts.drafters import ModelDrafter, _match_vocab, sample_categorical
+from spade_lib.decoding.drafts.policies import step_cap
+from spade_lib.decoding.model import masks
+from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
+from spade_lib.decoding.model.lean_batch import LeanBatch
 from spade_lib.decoding.step import Step, commit, sample_next
 from spade_lib.devices import clock
 from spade_lib.sampling import adjust
@@ -231,15 +232,14 @@ class BatchLM:
         dtype = self.adapter.dtype
 
         def additive(ok: torch.Tensor) -> torch.Tensor:
-            m = torch.zeros(ok.shape[0], 1, *ok.shape[1:], dtype=dtype, device=self.device)
-            return m.masked_fill_(~ok[:, None], torch.finfo(dtype).min)
+            return masks.additive(ok[:, None], dtype, torch.finfo(dtype).min)
 
         if self.window is None:
             return additive(allowed)
         S = k_pos.shape[1] - q_pos.shape[1]
         own = torch.zeros_like(allowed)
         own[:, :, S:] = torch.eye(q_pos.shape[1], dtype=torch.bool, device=self.device)
-        near = (q_pos[:, :, None] - k_pos[:, None, :]) < self.window
+        near = masks.in_window(q_pos, k_pos, self.window)
         return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & near | own)}
 
     def keep(self, slots: Sequence[Sequence[int]], *, start: int) -> None:
@@ -559,7 +559,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
     """Plain batched KV-cached decoding with :class:`~spade_lib.decoding.decode.AutoregressiveDecoder` ``dec``:
     row ``b`` samples ``t ~ adjust(logits, sampling)`` with the residual stream of its seed, exactly as
     ``dec.generate(prompt_b, seed=seed_b)`` does. ``lean``: on the target's lean weights where it has them
-    (:class:`~spade_lib.decoding.lean_batch.LeanBatch`: SmolLM2's answers for head data at B = 32, 2.45x one
+    (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`: SmolLM2's answers for head data at B = 32, 2.45x one
     sequence at a time against the Hugging Face batch's 1.45x, ``benchmarks/bench_head_data.py``), else (or
     ``False``) through the Hugging Face forward (:class:`BatchLM`, as the speculative batch runs)."""
     _check_budget(max_new_tokens)

@@ -1,13 +1,13 @@
 """Batched decoding with draft trees: every row drafts its own tree, one target forward scores them all.
 
-Notation (Leviathan et al. 2023; tree terms of :mod:`spade_lib.decoding.tree`): ``p`` target, ``q`` draft; row ``b``'s
+Notation (Leviathan et al. 2023; tree terms of :mod:`spade_lib.decoding.drafts.tree`): ``p`` target, ``q`` draft; row ``b``'s
 tree has ``N_b`` nodes ``x_0 .. x_{N_b - 1}`` under the root ``t_b`` (the row's newest committed token, not yet in the
 target's cache). One batched step of ``R`` running rows:
 
-1. **draft** (per row): row ``b``'s own :class:`~spade_lib.decoding.drafters.ModelDrafter` (the decoder's draft model
+1. **draft** (per row): row ``b``'s own :class:`~spade_lib.decoding.drafts.drafters.ModelDrafter` (the decoder's draft model
    and ``tree=`` config, with its own KV cache) proposes its tree with ``propose(max_gamma_b, ...)`` from the row's
    draft stream, exactly the call :meth:`~spade_lib.decoding.decode.SpeculativeDecoder.generate` makes. *The draft
-   side is not batched*: trees are grown one after the other (:func:`spade_lib.decoding.tree_drafting.grow_tree`), so
+   side is not batched*: trees are grown one after the other (:func:`spade_lib.decoding.drafts.tree_drafting.grow_tree`), so
    drafting costs ``R`` times a row's.
 2. **score** (batched): one target forward over the padded blocks ``[t_b, x_0 .. x_{N_b - 1}]``, width
    ``K = 1 + max_b N_b`` (holes past ``N_b``), each row's tree mask over its own valid cache slots
@@ -31,14 +31,14 @@ from collections.abc import Sequence
 
 import torch
 
-from spade_lib.decoding.adapter import CausalLMAdapter
+from spade_lib.decoding.model.adapter import CausalLMAdapter
 from spade_lib.decoding.batch import (BatchGenerationResult, BatchLM, BatchStepInfo, RowBook, batch_results, close_step,
                                       left_pad, prompt_tensors, row_seeds, timing_totals)
 from spade_lib.decoding.common import _check_budget, _truncate, seed_streams
-from spade_lib.decoding.drafters import ModelDrafter
-from spade_lib.decoding.policies import step_cap
+from spade_lib.decoding.drafts.drafters import ModelDrafter
+from spade_lib.decoding.drafts.policies import step_cap
+from spade_lib.decoding.model.masks import ancestor_mask
 from spade_lib.decoding.step import Step
-from spade_lib.decoding.tree import ancestor_mask
 from spade_lib.devices import clock
 from spade_lib.sampling import adjust
 

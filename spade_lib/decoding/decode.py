@@ -10,7 +10,7 @@ one host transfer, EOS / budget cut) are :mod:`spade_lib.decoding.step`'s, share
 (``R = 1`` here). A step emits ``n + 1`` tokens, each exactly ``~ p`` (lossless modes; greedy at ``temperature == 0``);
 ``gamma = 0`` is a plain target step; an EOS ends generation there; ``max_new_tokens`` is exact; context never exceeded.
 
-**Trees** (:mod:`spade_lib.decoding.tree`): a ``DraftTree`` with ``parents`` is verified in one tree-masked forward
+**Trees** (:mod:`spade_lib.decoding.drafts.tree`): a ``DraftTree`` with ``parents`` is verified in one tree-masked forward
 (row ``i + 1`` sees the cache, ``t`` and node ``i``'s path; ``CausalLMAdapter.extend``) by ``Step.verify_tree`` under
 the tree rule for ``mode`` (``exact``; ``eagle`` for ``one_hot_q``; ``greedy``); the cache keeps ``t`` and the accepted
 path (``CausalLMAdapter.keep``), told to the drafter (``accept_path``); ``parents=None`` is the chain path; a tree too
@@ -33,13 +33,13 @@ import numpy as np
 import torch
 
 from spade_lib import rules
-from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import autoregressive_generate_batch, speculative_generate_batch
 from spade_lib.decoding.batch_tree import tree_generate_batch
+from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.common import (GenerationResult, StepInfo, _check_budget, _check_prompt, _truncate,
                                        seed_streams)
-from spade_lib.decoding.drafters import Drafter, ModelDrafter, TargetView
-from spade_lib.decoding.policies import Policy, as_policy, step_cap
+from spade_lib.decoding.drafts.drafters import Drafter, ModelDrafter, TargetView
+from spade_lib.decoding.drafts.policies import Policy, as_policy, step_cap
 from spade_lib.decoding.step import Step, commit, sample_next
 from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig, adjust
@@ -85,7 +85,7 @@ def _check_draft_vocab(target: CausalLMAdapter, draft: CausalLMAdapter) -> None:
         raise ValueError(f"draft: {type(model).__name__} embeds {int(rows)} token ids, the target emits "
                          f"{target.vocab_size}: another vocabulary (tokenizer), whose model cannot read the target's "
                          "tokens. Draft with it through make_drafter(name, pair, rule='text'|'tli'|'slrs') with its "
-                         "tokenizer in pair.draft_tokenizers (spade_lib.decoding.crossvocab)")
+                         "tokenizer in pair.draft_tokenizers (spade_lib.decoding.drafts.crossvocab)")
 
 
 class _Base:
@@ -355,6 +355,6 @@ class AutoregressiveDecoder(_Base):
     def generate_batch(self, prompts, max_new_tokens: int, seed: int | Sequence[int] = 0, *, lean: bool = True
                        ) -> list[GenerationResult]:
         """Batched :meth:`generate` (left padding, per-row seeds; :mod:`spade_lib.decoding.batch`): on the lean
-        weights where the target has them (:mod:`spade_lib.decoding.lean_batch`), or, ``lean=False``, through
+        weights where the target has them (:mod:`spade_lib.decoding.model.lean_batch`), or, ``lean=False``, through
         the Hugging Face forward as the speculative batch runs (a like-with-like comparison)."""
         return autoregressive_generate_batch(self, prompts, max_new_tokens, seed, lean=lean)

@@ -19,7 +19,7 @@ call). Both loops call this module and keep only what is theirs (drafter, target
 **Randomness.** Row ``r`` draws from its own streams (:func:`spade_lib.decoding.common.seed_streams`): ``g`` acceptance
 uniforms from ``"accept"`` (none for a deterministic rule), one next-token uniform from ``"residual"`` (none for an
 ``argmax_next`` rule such as greedy); one row passes the generators to :func:`~spade_lib.verify.verify`, several draw
-row by row, so a row's draws never depend on its batch. **Trees** (:mod:`spade_lib.decoding.tree`, and row by row
+row by row, so a row's draws never depend on its batch. **Trees** (:mod:`spade_lib.decoding.drafts.tree`, and row by row
 :mod:`spade_lib.decoding.batch_tree`): :meth:`Step.verify_tree` for one row's ``N``-node tree, ``logits_p [N + 1, V]``
 under the tree mask: :func:`spade_lib.verify.verify_tree` accepts a path (``mode`` applied to siblings); each node's
 statistics are against ``p`` at its parent (row ``parents + 1``); the same transfer carries path, depth, sibling rank.
@@ -36,10 +36,10 @@ from types import SimpleNamespace
 import torch
 
 from spade_lib import rules
-from spade_lib.devices import clock
 from spade_lib.decoding import records
 from spade_lib.decoding.common import _truncate
-from spade_lib.decoding.tree import DraftTree
+from spade_lib.decoding.drafts.tree import DraftTree
+from spade_lib.devices import clock
 from spade_lib.verify import sample_inverse_cdf, verify, verify_tree
 
 __all__ = ["Step", "Verdict", "RowFacts", "commit", "sample_next", "topk_lists"]

@@ -33,8 +33,8 @@ from spade_lib.diagnose.crossvocab import (CrossVocabRuns, alignment_table, boun
 from spade_lib.diagnose.expected import expected_vs_realised, rejudge_wrong_q, wrong_q_power, wrong_q_study
 from spade_lib.diagnose.frame import as_trace, categorize, combine_runs
 from spade_lib.diagnose.position import accept_length_hist, acceptance_heatmap, position_acceptance
-from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
 from spade_lib.diagnose.repetition import attractor, repetition_rate, repetition_table
+from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
 from spade_lib.diagnose.summary import all_tables, category_summary, with_run_tau
 from spade_lib.diagnose.synthetic import expected_position_acceptance, synthetic_trace
 from spade_lib.diagnose.tokens import decode_tokens, token_class, token_class_acceptance, token_table

@@ -1,7 +1,7 @@
 """Cross-vocabulary runs: acceptance per target and per draft token, rejections against the two
 tokenizers' token boundaries, and what the drafter's text sync costs per step.
 
-Drafters: :mod:`spade_lib.decoding.crossvocab`'s ``TextDrafter`` (the draft's text re-encoded) and ``TLIDrafter`` (the
+Drafters: :mod:`spade_lib.decoding.drafts.crossvocab`'s ``TextDrafter`` (the draft's text re-encoded) and ``TLIDrafter`` (the
 vocabulary intersection). Per step ``gamma`` target tokens are drafted, ``n`` accepted (Leviathan et al. 2023).
 
 **Boundaries.** A generation's text ``T`` (``skip_special_tokens``) is cut by the target's committed ids and by the
@@ -277,10 +277,10 @@ def run_crossvocab(pair, rows: Sequence[Mapping], configs: Mapping[str, object],
 
 def greedy_divergences(runs: CrossVocabRuns, target) -> pd.DataFrame:
     """Per configuration and prompt of greedy ``runs``: how its tokens compare with the autoregressive
-    run's (:func:`spade_lib.decoding.divergence.compare_greedy`: ``"identical"``, ``"near_tie"`` where the
+    run's (:func:`spade_lib.decoding.studies.divergence.compare_greedy`: ``"identical"``, ``"near_tie"`` where the
     target's top two logits at the first difference are closer than its dtype's rounding, else a bug),
     with ``first_difference`` (``-1``: none)."""
-    from spade_lib.decoding.divergence import compare_greedy
+    from spade_lib.decoding.studies.divergence import compare_greedy
 
     rows = []
     for name, outs in runs.outputs.items():

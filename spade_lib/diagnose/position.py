@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys, step_rows
 from spade_lib import rates
+from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys, step_rows
 
 POSITION_COLUMNS = ("pos", "reached", "accepted", "tv")
 

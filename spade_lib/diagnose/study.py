@@ -15,7 +15,7 @@ acceptance rate. The M3 tables of :mod:`spade_lib.diagnose` read token-level tra
 
 The check a declared parameter range cannot make -- every draft must be one the pair can draft with (its draft
 models and heads, or a registered drafter; a head drafter only when the pair carries heads) -- is
-:func:`spade_lib.decoding.drafters.check_draft`, per draft (:func:`run_drafts` and :func:`position_runs` make it
+:func:`spade_lib.decoding.drafts.drafters.check_draft`, per draft (:func:`run_drafts` and :func:`position_runs` make it
 before they run anything).
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from spade_lib import devices
-from spade_lib.decoding import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
-from spade_lib.decoding.drafters import check_draft
+from spade_lib.decoding.drafts import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
+from spade_lib.decoding.drafts.drafters import check_draft
 from spade_lib.diagnose.frame import categorize, combine_runs
 from spade_lib.runs import protocol as _protocol, trace as _trace
 from spade_lib.runs.config import RunConfig

@@ -1,6 +1,6 @@
 """Draft-tree diagnostics: acceptance by depth and by sibling rank, the accepted-length histogram, a summary.
 
-Terms of :mod:`spade_lib.decoding.tree` and the trace's tree columns (:mod:`spade_lib.decoding.records`): each row is a
+Terms of :mod:`spade_lib.decoding.drafts.tree` and the trace's tree columns (:mod:`spade_lib.decoding.records`): each row is a
 *node* of its step's draft tree with ``parent`` (``-1``: the root), ``depth`` (0 below the root) and ``sibling_rank``
 (0 first); ``reached``: the node was *judged* (its parent on the accepted path, every earlier sibling rejected);
 ``accepted``: it is *on the accepted path*; ``n_accepted`` the path's length ``N``, ``gamma`` the step's node count.
@@ -30,10 +30,10 @@ import numpy as np
 import pandas as pd
 
 from spade_lib import measures
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.diagnose.frame import By, TraceLike, as_trace, group_keys
 from spade_lib.diagnose.stats import mean_ci
 from spade_lib.rates import accept_length_hist, add_rate, alpha
-from spade_lib.decoding.records import STEP_KEYS
 
 COLUMNS = ("prompt_id", "sample", "step", "node", "parent", "depth", "sibling_rank", "gamma", "reached",
                 "accepted", "n_accepted")

@@ -1,8 +1,8 @@
 """Notebook 04's draft-tree section: the runs it compares, made (or read back) under the timing protocol, and
 the tables of :mod:`spade_lib.diagnose.tree` over them.
 
-Terms are those of :mod:`spade_lib.decoding.tree` (node, parent, depth, sibling rank, path). One draft drafts
-a **chain** at ``gamma`` and a **wide tree** (a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` spec,
+Terms are those of :mod:`spade_lib.decoding.drafts.tree` (node, parent, depth, sibling rank, path). One draft drafts
+a **chain** at ``gamma`` and a **wide tree** (a :class:`~spade_lib.decoding.drafts.tree_drafting.TreeConfig` spec,
 e.g. ``"eagle2"``: 16 nodes, depth 4, top-4), each at ``T = 0`` and at the notebook's temperature; for the
 shapes with a node budget (``eagle2``, ``trie``) the two largest budgets of ``budgets`` below the wide tree's
 also run at ``T = 0``, the smaller trees :mod:`spade_lib.whatif.tree_replay` replays from the wide one and
@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from spade_lib import devices
-from spade_lib.decoding.tree_drafting import TreeConfig
+from spade_lib.decoding.drafts.tree_drafting import TreeConfig
 from spade_lib.diagnose.frame import categorize, combine_runs
 from spade_lib.diagnose.tree import depth_acceptance, sibling_acceptance, tree_accept_length_hist, tree_summary
 from spade_lib.runs import protocol as _protocol, trace as _trace

@@ -1,6 +1,6 @@
 """M2 batch figure: throughput and speedup of speculative decoding against batch size.
 
-A thin function over the table of :func:`spade_lib.decoding.batch_study.batch_study`; saving is the caller's
+A thin function over the table of :func:`spade_lib.decoding.studies.batch_study.batch_study`; saving is the caller's
 ``save_figure(fig, "m2_speedup_vs_batch")``. Intervals are optional: a column ``<value>_low`` with its
 ``<value>_high`` (the names of :mod:`spade_lib.runs.metrics`, e.g. ``speedup_low`` / ``speedup_high``, or
 ``spec_tps_low`` / ``spec_tps_high``) is drawn as error bars on ``<value>``; a table without them (one timed

@@ -19,9 +19,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from spade_lib.plots.palette import colors_for, legend_outside, temperature_style
 from spade_lib.plots.counts import bars
 from spade_lib.plots.m3 import _check  # one table check for every figure function
+from spade_lib.plots.palette import colors_for, legend_outside, temperature_style
 from spade_lib.plots.style import DOUBLE_COLUMN, SINGLE_COLUMN
 
 SERIES_MARKERS = {"spade": "o", "hf_assisted": "*", "ngram": "^"}

@@ -1,6 +1,6 @@
 """The batch study's speedup intervals: its timed rounds resampled by SPADE's one speedup bootstrap.
 
-:func:`spade_lib.decoding.batch_study.batch_study` measures every round's tokens and seconds of batched
+:func:`spade_lib.decoding.studies.batch_study.batch_study` measures every round's tokens and seconds of batched
 autoregressive and batched speculative decoding (its module docstring: round ``k`` decodes its own
 prompts, both methods one after the other). :func:`with_intervals` treats each timed round as one paired
 generation (``new_tokens`` = the batch's tokens, ``wall_time`` = its seconds) and hands them to

@@ -24,8 +24,8 @@ import pandas as pd
 
 from spade_lib.runs import protocol
 from spade_lib.runs.config import RunConfig
-from spade_lib.runs.store import read_summary
 from spade_lib.runs.costs import select_costs
+from spade_lib.runs.store import read_summary
 
 __all__ = ["compare", "main", "speedups"]
 

@@ -6,9 +6,9 @@ so two configs that differ in any field are two runs. Each generation is seeded 
 ``(config.seed, question_id, sample)`` alone (:func:`generation_seed`), so its output does not depend on
 the order, process or rank that computed it; its prompt is tokenised as M1 counts it (:func:`prompt_ids`).
 :func:`check_pair_placement` refuses a pair whose device or dtype does not fit a config, and
-:func:`spade_lib.decoding.drafters.check_draft` (with :meth:`RunConfig.draft_kwargs`) one whose drafts do not, before
+:func:`spade_lib.decoding.drafts.drafters.check_draft` (with :meth:`RunConfig.draft_kwargs`) one whose drafts do not, before
 anything runs. A config checks at construction what it can without a pair: a ``tree`` against the shapes its
-``draft`` proposes (a registered drafter's declared :class:`~spade_lib.decoding.drafters.DrafterKind`; any other
+``draft`` proposes (a registered drafter's declared :class:`~spade_lib.decoding.drafts.drafters.DrafterKind`; any other
 name is a draft model or head of the pair, which grows the model shapes).
 """
 
@@ -56,12 +56,12 @@ class RunConfig:
     mode_options: dict = field(default_factory=dict)    # the rule's options, e.g. {"lenience": 0.7}
     policy_options: dict = field(default_factory=dict)  # the policy's options beyond gamma/threshold/max_gamma
     draft_options: dict = field(default_factory=dict)   # the drafter's own options (make_drafter), e.g. {"rule": "tli"} for a cross-vocabulary draft
-    tree: str = ""               # a draft tree (spade_lib.decoding.tree_drafting.TreeConfig.parse spec, e.g. "eagle2:nodes=16,depth=4,topk=4"); "" = the chain
+    tree: str = ""               # a draft tree (spade_lib.decoding.drafts.tree_drafting.TreeConfig.parse spec, e.g. "eagle2:nodes=16,depth=4,topk=4"); "" = the chain
 
     def __post_init__(self) -> None:
         from spade_lib import rules
-        from spade_lib.decoding import drafters, policies
         from spade_lib import validate as v
+        from spade_lib.decoding.drafts import drafters, policies
 
         v.check_choice("method", self.method, METHODS)
         v.check_str("draft", self.draft)
@@ -96,7 +96,7 @@ class RunConfig:
             check_assistant_name(self.draft)  # a draft model, not a registered drafter or a feature head
         v.check_str("tree", self.tree, nonempty=False)
         if self.tree:
-            from spade_lib.decoding.tree_drafting import TreeConfig
+            from spade_lib.decoding.drafts.tree_drafting import TreeConfig
 
             if self.method != "spade":
                 raise ValueError(f"tree: only method 'spade' drafts trees, got method {self.method!r}")
@@ -122,10 +122,10 @@ class RunConfig:
         return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     def make_policy(self):
-        """The draft-length policy ``get_policy(policy, **options)`` (``spade_lib.decoding.policies``): the fields
+        """The draft-length policy ``get_policy(policy, **options)`` (``spade_lib.decoding.drafts.policies``): the fields
         ``gamma``, ``threshold``, ``max_gamma`` fill the policy's options of the same name, then
         ``policy_options`` (which wins)."""
-        from spade_lib.decoding import policies
+        from spade_lib.decoding.drafts import policies
 
         takes = policies.policy_options(self.policy)
         options = {name: getattr(self, name) for name in _POLICY_FIELDS if name in takes}
@@ -133,9 +133,9 @@ class RunConfig:
 
     def draft_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``make_drafter(config.draft, pair, **kwargs)`` and of ``check_draft(pair,
-        config.draft, **kwargs)`` (:mod:`spade_lib.decoding.drafters`): ``ngram_max`` fills a registered drafter's
+        config.draft, **kwargs)`` (:mod:`spade_lib.decoding.drafts.drafters`): ``ngram_max`` fills a registered drafter's
         ``max_ngram``, then ``draft_options`` (which wins), and ``tree`` when one is named."""
-        from spade_lib.decoding import drafters
+        from spade_lib.decoding.drafts import drafters
 
         options = {"max_ngram": self.ngram_max} if "max_ngram" in drafters.drafter_options(self.draft) else {}
         options.update(self.draft_options)
@@ -144,9 +144,9 @@ class RunConfig:
         return options
 
     def make_drafter(self, pair):
-        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.decoding.drafters.make_drafter` with
-        :meth:`draft_kwargs`; a cross-vocabulary draft's drafters register from ``decoding.crossvocab``)."""
-        from spade_lib.decoding import crossvocab, drafters  # noqa: F401 (crossvocab: registers its drafters)
+        """A fresh drafter ``config.draft`` for ``pair`` (:func:`spade_lib.decoding.drafts.drafters.make_drafter` with
+        :meth:`draft_kwargs`; a cross-vocabulary draft's drafters register from ``decoding.drafts.crossvocab``)."""
+        from spade_lib.decoding.drafts import crossvocab, drafters  # noqa: F401 (crossvocab: registers its drafters)
 
         return drafters.make_drafter(self.draft, pair, **self.draft_kwargs())
 

@@ -14,7 +14,7 @@ such lines from executed notebooks); an empty list: every control passed. ``t_1`
     tol`` is a defective micro-benchmark (frequency scaling, load between paired forwards, unequal caches).
 (d) **The cost model, two-sided**: each speculative run beside its prediction ``tau / (gamma c + r(gamma) + o)``
     (null draft: ``1 / (r(g) + o)``; :func:`spade_lib.runs.metrics.run_metrics`' ``predicted``, ``o`` from
-    :func:`spade_lib.decoding.costs.measure_loop_overhead`); a prediction outside the measured 95 % interval warns
+    :func:`spade_lib.decoding.studies.costs.measure_loop_overhead`); a prediction outside the measured 95 % interval warns
     either way. Not physics: lines start with :data:`MODEL_PREFIX`, go to ``model_control`` of
     :func:`spade_lib.runs.protocol.speedup_table` (not ``physical_control``), and the run stays in the figures.
 (e) **Every reading is physical** (:func:`reading_warnings`; rules in :mod:`spade_lib.runs.timing`, applied by

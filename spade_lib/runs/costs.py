@@ -1,7 +1,7 @@
-"""The pairs' cost tables: :func:`spade_lib.decoding.costs.measure_costs` per draft, cached per pair.
+"""The pairs' cost tables: :func:`spade_lib.decoding.studies.costs.measure_costs` per draft, cached per pair.
 
 :func:`pair_costs` measures each draft of a pair once (``c`` and ``r(g)`` from paired micro-benchmarks, the method of
-:mod:`spade_lib.decoding.costs`) and caches it as JSON under ``runs/costs/`` (folder :func:`cost_folder`; keyed by
+:mod:`spade_lib.decoding.studies.costs`) and caches it as JSON under ``runs/costs/`` (folder :func:`cost_folder`; keyed by
 pair and folder, draft, device, dtype, threads, ``max_gamma``, ``context``), so every notebook of one ``make run``
 predicts from the same numbers; :func:`read_costs` reads a table back.
 
@@ -12,7 +12,7 @@ target (a larger ``max_gamma`` extends it, new ``g`` in ``extended``): a table k
 ``r_paired``, ``r_source`` names the shared one's draft, and its loop overhead is recomputed from the shared ``r(1)``.
 
 **Loop overhead** ``o`` (:func:`loop_overhead`), in target steps: ``o = max(0, null_step - r(1))``, ``null_step`` one
-null-draft step at ``gamma = 1`` over one AR step (:func:`spade_lib.decoding.costs.measure_loop_overhead`, once per
+null-draft step at ``gamma = 1`` over one AR step (:func:`spade_lib.decoding.studies.costs.measure_loop_overhead`, once per
 pair, cached under ``runs/costs/<pair>/loop/``), so ``tau / (gamma c + r(gamma) + o)`` meets the null draft at
 ``gamma = 1`` exactly and every other configuration tests it (:func:`spade_lib.runs.controls.prediction_warnings`).
 ``overhead_raw`` is ``o`` before the clip (a negative one is noise: the speculative loop does all the AR loop does).
@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from spade_lib import paths
+from spade_lib.decoding.studies.costs import measure_costs, measure_loop_overhead
 from spade_lib.io import write_json
-from spade_lib.decoding.costs import measure_costs, measure_loop_overhead
 
 __all__ = ["MIN_GAMMA", "cost_folder", "loop_overhead", "pair_costs", "read_costs", "select_costs", "with_overhead"]
 
@@ -96,7 +96,7 @@ def _device_dtype(pair) -> tuple[str, str]:
 
 def loop_overhead(pair, *, context: int = 128, min_seconds: float = 5.0, cache: bool = True,
                   progress: bool = False, max_seconds: float = MAX_SECONDS) -> dict:
-    """:func:`spade_lib.decoding.costs.measure_loop_overhead` of ``pair``'s target (at least ``min_seconds`` of
+    """:func:`spade_lib.decoding.studies.costs.measure_loop_overhead` of ``pair``'s target (at least ``min_seconds`` of
     timed rounds, as many as ``max_seconds`` holds past 3), cached as JSON under ``runs/costs/<pair>/loop/``
     (keyed by pair and its folder, device, dtype, threads, ``context``, ``min_seconds`` and ``max_seconds``)."""
     device, dtype = _device_dtype(pair)
@@ -134,9 +134,9 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     ``max_gamma`` below that share one measurement (and one prediction per configuration). With
     ``overhead`` (the default) every table carries the pair's loop overhead (:func:`loop_overhead`,
     :func:`with_overhead`; a table cached before it existed gets it added, and is rewritten with it).
-    ``max_seconds`` bounds each measurement past 5 rounds (:func:`spade_lib.decoding.costs.time_in_turns`): a
+    ``max_seconds`` bounds each measurement past 5 rounds (:func:`spade_lib.decoding.studies.costs.time_in_turns`): a
     small pair does its ``reps`` well inside it, a 1.5 B-parameter target about 5."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
 
     max_gamma = max(int(max_gamma), MIN_GAMMA)
     device = next(pair.target.parameters()).device
@@ -228,7 +228,7 @@ def _draft_of(pair, name: str):
     for it and how the cache key names it.
 
     - ``pair.drafts[name]``: ``(model, "draft", None)`` (the key's ``draft`` and ``path`` name it);
-    - a feature head (``pair.heads[name]``, or the :meth:`~spade_lib.decoding.drafters.Drafter.drafting_model`
+    - a feature head (``pair.heads[name]``, or the :meth:`~spade_lib.decoding.drafts.drafters.Drafter.drafting_model`
       of a registered drafter such as ``"eagle"``): ``(head, "head", identity)`` (:func:`_head_identity`);
     - a registered drafter whose drafting model is a decoding adapter: ``(it, "model", {"class",
       "weights_sha256"})``;
@@ -237,10 +237,10 @@ def _draft_of(pair, name: str):
 
     Raises ``ValueError`` (naming ``draft``) for a registered drafter that does not say what it runs, says
     ``None`` while holding a model, or names something that is neither, and (from
-    :func:`~spade_lib.decoding.drafters.make_drafter`) for an unknown name."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
-    from spade_lib.decoding.drafters import make_drafter
-    from spade_lib.decoding.heads import DraftHead
+    :func:`~spade_lib.decoding.drafts.drafters.make_drafter`) for an unknown name."""
+    from spade_lib.decoding.drafts.drafters import make_drafter
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
+    from spade_lib.decoding.model.heads import DraftHead
 
     model = (getattr(pair, "drafts", {}) or {}).get(name)
     if model is not None:
@@ -274,7 +274,7 @@ def _draft_of(pair, name: str):
 def _held_model(obj, depth: int = 3, _seen: set | None = None) -> str | None:
     """Where ``obj`` (a drafter) holds a ``torch.nn.Module`` or a decoding adapter, searched through its
     attributes and containers ``depth`` levels deep (``"attr.attr"``), else ``None``."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
 
     _seen = set() if _seen is None else _seen
     if id(obj) in _seen or depth < 0 or isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):

@@ -5,7 +5,7 @@ A *cross-vocabulary* draft keeps its own tokenizer (``pair.draft_tokenizers[name
 ``load_pair("gemma3").drafts["smollm2"]``). SPADE drafts with it through the text (rule ``"text"``) or
 through the token-level intersection of the two vocabularies (``"tli"``; ``"slrs"`` enumerates every
 draft-token path of a target token and is tractable on small vocabularies only):
-:mod:`spade_lib.decoding.crossvocab`. Hugging Face's assisted generation with the same draft runs its
+:mod:`spade_lib.decoding.drafts.crossvocab`. Hugging Face's assisted generation with the same draft runs its
 generators for different tokenizers (:mod:`spade_lib.decoding.baselines`): UAG when greedy, USD when sampling.
 
 Each is a run of the session it is timed in (:func:`cross_configs`, in notebook 03 beside the other runs: the
@@ -90,7 +90,7 @@ HF_GENERATORS: tuple[GeneratorFact, ...] = (
 def check_cross_drafts(pair, drafts: Sequence[str], rules: Sequence[str]) -> None:
     """``ValueError`` unless every name of ``drafts`` is a cross-vocabulary draft of ``pair``
     (``pair.draft_tokenizers``) and every rule one a cross-vocabulary draft drafts by."""
-    from spade_lib.decoding.drafters import CROSS_VOCAB_RULES
+    from spade_lib.decoding.drafts.drafters import CROSS_VOCAB_RULES
 
     cross = sorted(getattr(pair, "draft_tokenizers", {}) or {})
     bad = [d for d in drafts if d not in cross]

@@ -3,7 +3,7 @@
 At ``T = 0`` every speculative method (SPADE with any drafter, HF assisted generation with any draft, a
 draft with its own vocabulary included) must emit the target's greedy tokens, which the autoregressive
 baseline of the same session wrote. :func:`greedy_check` compares each generation of each run with the
-baseline's for the same prompt through :func:`spade_lib.decoding.divergence.classify_greedy`: the first
+baseline's for the same prompt through :func:`spade_lib.decoding.studies.divergence.classify_greedy`: the first
 differing token is classified by a fresh forward of the target as ``"near_tie"`` (a rounding-level flip of
 two almost equal logits) or ``"bug"`` (a token the target does not prefer). The prompt ids are rebuilt as
 the run tokenised them (:func:`spade_lib.runs.config.prompt_ids`, with the run's chat template and cut).
@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from spade_lib.decoding.divergence import classify_greedy
+from spade_lib.decoding.studies.divergence import classify_greedy
 from spade_lib.runs.config import RunConfig, prompt_ids
 
 __all__ = ["greedy_check"]

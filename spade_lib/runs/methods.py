@@ -5,8 +5,8 @@ prompt) and timed alike (:func:`timed_generation`, ``spade_lib.runs.timing``: ``
 first prompt, then each generation timed ``repeats`` times, median kept):
 
 - ``"spade"``: :class:`spade_lib.decoding.decode.SpeculativeDecoder` with the drafter ``config.draft`` (a draft of the
-  pair or a registered drafter such as ``"ngram"``: :func:`spade_lib.decoding.drafters.make_drafter`), the policy
-  ``config.policy`` / ``policy_options`` (:func:`spade_lib.decoding.policies.get_policy`) and the acceptance rule
+  pair or a registered drafter such as ``"ngram"``: :func:`spade_lib.decoding.drafts.drafters.make_drafter`), the policy
+  ``config.policy`` / ``policy_options`` (:func:`spade_lib.decoding.drafts.policies.get_policy`) and the acceptance rule
   ``config.mode`` / ``mode_options`` (:mod:`spade_lib.rules`);
 - ``"ar"``: SPADE's autoregressive loop on the same adapter (the baseline for ``"spade"``);
 - ``"hf"``: plain ``model.generate``; ``"hf_assisted"``: HF assisted generation with the same draft and

@@ -17,7 +17,7 @@ one row per generation ``question_id, category, sample``; ``new_tokens`` emitted
   ``bootstrap_speedup``, ``bootstrap_acceptance``: percentile bootstrap intervals, prompts (and timed rounds)
   resampled; ``paired_alpha_difference`` ``alpha_a - alpha_b`` of two runs, prompts resampled jointly;
 - ``cost_ratio`` ``c_trace = (sum t_draft / n_drafted) / s_AR``, ``verify_cost_ratio`` ``r_trace = mean t_verify /
-  s_AR`` (``trace_costs``: both; run-timing estimates, the measurement is :mod:`spade_lib.decoding.costs`);
+  s_AR`` (``trace_costs``: both; run-timing estimates, the measurement is :mod:`spade_lib.decoding.studies.costs`);
   ``predicted_speedup`` Thm. 3.8 with verify and loop cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r + o))``
   (per-step drafted counts: ratio of expected totals; ``prefill``: added to both); ``prefill_steps`` ``(P_AR, P_run)``.
 
@@ -346,7 +346,7 @@ def paired_alpha_difference(trace_a: pd.DataFrame, trace_b: pd.DataFrame, *, n_b
 
 def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     """``c_trace``: the trace's seconds per drafted token over the AR run's seconds per token (an estimate
-    from run timings, not the cost measurement ``c`` of :func:`spade_lib.decoding.costs.measure_costs`).
+    from run timings, not the cost measurement ``c`` of :func:`spade_lib.decoding.studies.costs.measure_costs`).
 
     ``t_draft`` is step-level (repeated on each row of a step), so it is summed once per step.
     """
@@ -361,7 +361,7 @@ def cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
 def verify_cost_ratio(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> float:
     """``r_trace``: the trace's seconds per verification forward (``gamma + 1`` tokens, ``t_verify``, once
     per step) over the AR run's seconds per token (an estimate from run timings, not the cost measurement
-    ``r(gamma)`` of :func:`spade_lib.decoding.costs.measure_costs`). Theorem 3.8 assumes ``r = 1``."""
+    ``r(gamma)`` of :func:`spade_lib.decoding.studies.costs.measure_costs`). Theorem 3.8 assumes ``r = 1``."""
     st = steps(trace)
     _require(st, ["t_verify"], "trace")
     _nonempty(len(st), "verify_cost_ratio")
@@ -376,7 +376,7 @@ def trace_costs(trace: pd.DataFrame, ar_summary: pd.DataFrame) -> dict[str, floa
     With ``T_AR = sum wall_time_AR / sum new_tokens_AR`` the AR run's seconds per token (prefill included),
     ``c_trace = (sum_s t_draft_s / n_drafted) / T_AR`` and ``r_trace = mean_s t_verify_s / T_AR`` over the
     trace's steps ``s``; ``r_trace`` is NaN for a trace without ``t_verify``. Estimates from run timings, named
-    apart from the cost measurement's ``c`` and ``r(g)`` (:func:`spade_lib.decoding.costs.measure_costs`).
+    apart from the cost measurement's ``c`` and ``r(g)`` (:func:`spade_lib.decoding.studies.costs.measure_costs`).
     ``trace``: one row per drafted token with ``t_draft`` (and ``t_verify``), step-level; ``ar_summary``:
     ``new_tokens`` and ``wall_time`` per generation."""
     return {"c_trace": cost_ratio(trace, ar_summary),
@@ -507,7 +507,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     :func:`verify_cost_ratio`: estimates from the run's own step timings over the AR run's time per token,
     prefill included, so they run low on short generations), always; ``c`` and ``r = r(gamma)``, the cost
     measurement (``costs``: the draft's :func:`spade_lib.runs.costs.pair_costs` table, forwards timed in
-    turns by :func:`spade_lib.decoding.costs.measure_costs`), NaN without ``costs``. The predictions are
+    turns by :func:`spade_lib.decoding.studies.costs.measure_costs`), NaN without ``costs``. The predictions are
     priced with ``c``, ``r(g_s)`` and the table's loop cost ``overhead`` (``o``, 0 when it has none) at
     ``g_s c + r(g_s) + o`` per step; without ``costs`` with ``c_trace`` and ``r_trace`` (``r = 1`` where
     no verify time was recorded) and no loop cost. ``overhead`` is in the result (0 without ``costs``).

@@ -18,7 +18,7 @@ notebooks' (:func:`spade_lib.runs.verdicts.unsupported` on every line it can bui
   against interval; :func:`temperature_comparison` reads the two runs' traces for it;
 - :func:`category_lines`: per draft and temperature, the categories with the lowest and highest ``tau``;
 - :func:`summary_lines`: the three above, the notebook's summary;
-- :func:`batch_lines`: the batch study (:mod:`spade_lib.decoding.batch_study`): its costs beside the cost
+- :func:`batch_lines`: the batch study (:mod:`spade_lib.decoding.studies.batch_study`): its costs beside the cost
   table's, the trend from the smallest to the largest batch, where speculation stops paying.
 """
 
@@ -158,14 +158,14 @@ def summary_lines(table: pd.DataFrame, per_cat: pd.DataFrame, run_dirs: Mapping[
 
 
 def batch_lines(study: pd.DataFrame, table_costs: Mapping[str, Any], *, main_draft: str, gamma_ref: int) -> list[str]:
-    """The batch study (:func:`spade_lib.decoding.batch_study.batch_study` with
+    """The batch study (:func:`spade_lib.decoding.studies.batch_study.batch_study` with
     :func:`spade_lib.runs.batch_speedup.with_intervals`) in words: the study's ``c``, ``r``, ``o(B)`` at the
     smallest batch beside the cost table's (``table_costs``, the main draft's :func:`spade_lib.runs.costs.pair_costs`
     entry; different forwards, so different ratios), then per temperature the measured speedup from the
     smallest to the largest batch with the trend read from the two intervals, the predictions (labelled),
     and where the measured speedup stops paying (its interval wholly below 1) beside where the prediction does."""
-    from spade_lib.decoding.batch_study import stops_paying
-    from spade_lib.decoding.costs import verify_cost_fn
+    from spade_lib.decoding.studies.batch_study import stops_paying
+    from spade_lib.decoding.studies.costs import verify_cost_fn
 
     small = study[study["batch_size"] == study["batch_size"].min()].iloc[0]
     lines = [f"costs of {main_draft}: the study's batched forwards at B = {int(small['batch_size'])}: c = "

@@ -571,7 +571,7 @@ def loop_priced(cfg: RunConfig, table: dict, read: dict) -> tuple[dict, str]:
     trees, runs without step times or prefills) the table prices alone (``"table"``). The table's own
     ``r`` and ``overhead`` are kept as ``r_table`` / ``overhead_table``; ``loop_level`` is ``k``,
     ``loop_partners`` their labels."""
-    from spade_lib.decoding.costs import verify_cost_fn
+    from spade_lib.decoding.studies.costs import verify_cost_fn
 
     summ = read[cfg][0]
     sid = _session_of(summ)

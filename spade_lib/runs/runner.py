@@ -18,7 +18,7 @@ line is ``python -m spade_lib.runs.cli --config run.yaml --out DIR`` (under ``to
 several processes; ``spade_lib.runs.cli``).
 
 **One run per folder.** Every check comes before anything is written (a refused run leaves its folder as it was, or
-absent): the pair's placement, its drafts (:func:`spade_lib.decoding.drafters.check_draft`), and resuming into a folder
+absent): the pair's placement, its drafts (:func:`spade_lib.decoding.drafts.drafters.check_draft`), and resuming into a folder
 whose ``metadata.json`` -- or, if that file was deleted, any shard -- describes another run (config hash, schema
 version, pair, suite) is refused (:func:`spade_lib.runs.store.check_existing`). Concurrent processes on one folder (or
 ranks) share the work: each shard is computed under its ``filelock`` lock by whichever process takes it first, never
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from spade_lib import paths
-from spade_lib.decoding import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
+from spade_lib.decoding.drafts import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
 from spade_lib.decoding.baselines import assistant_model
-from spade_lib.decoding.drafters import check_draft
+from spade_lib.decoding.drafts.drafters import check_draft
 from spade_lib.io import write_json
 from spade_lib.runs import timing, trace
 from spade_lib.runs.config import RunConfig, check_pair_placement, generation_seed, prompt_ids

@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from spade_lib import paths
-from spade_lib.decoding.drafters import drafter_kind
+from spade_lib.decoding.drafts.drafters import drafter_kind
 from spade_lib.io import write_text
 from spade_lib.runs import timing, trace
 from spade_lib.runs.config import RunConfig
@@ -64,7 +64,7 @@ def suite_key(suite) -> str:
 def run_identity(pair, suite, config: RunConfig) -> dict[str, Any]:
     """The facts that make two runs the same run (checked on resume; stored in every shard). The pair's
     feature heads (by build) are among them only for a run a head drafts (``config.draft`` a registered
-    drafter whose declared kind reads the target's features, :func:`~spade_lib.decoding.drafters.drafter_kind`,
+    drafter whose declared kind reads the target's features, :func:`~spade_lib.decoding.drafts.drafters.drafter_kind`,
     or one of the pair's heads by name): an autoregressive or draft-model run is the same run whether or not
     heads are attached to the pair."""
     manifest = getattr(pair, "manifest", {}) or {}

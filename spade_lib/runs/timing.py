@@ -39,8 +39,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from spade_lib.decoding import kernels
 from spade_lib import devices
+from spade_lib.decoding.model import kernels
 from spade_lib.devices import clock
 from spade_lib.paths import REPO_ROOT
 
@@ -328,7 +328,7 @@ def environment_fingerprint(device: str | torch.device | None = None) -> dict[st
 
 
 def kernel_plans() -> list[dict]:
-    """The linear-kernel plans the lean forwards of this process chose (:mod:`spade_lib.decoding.kernels`),
+    """The linear-kernel plans the lean forwards of this process chose (:mod:`spade_lib.decoding.model.kernels`),
     one per model: its layer count, weight shapes, dtype, threads and the kernel per row class. It depends
     on what the process built so far, so sessions record it, not the run's identity."""
     return [{k: c.get(k) for k in ("layers", "shapes", "dtype", "threads", "one", "many", "plan")} for c in kernels.choices()]

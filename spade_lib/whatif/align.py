@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from spade_lib import devices, measures, rates, theory
-from spade_lib.decoding.adapter import context_limit
+from spade_lib.decoding.model.adapter import context_limit
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_costs, check_float, check_gamma, check_int, check_token_ids
 

@@ -17,7 +17,7 @@ needs ``uniform`` (NaN in deterministic modes: expectations only). Expected toke
 laws; :func:`rule_alpha_topk` bounds it from top-k slices (``record_topk > 0``): the sum over ``q``'s slice ``S``
 (``p(x)`` bounded outside ``p``'s) plus at most ``q(outside S)``; exact when the slices hold all the mass.
 
-**Stop rules** are :mod:`spade_lib.decoding.policies`' (``get_policy``). From a trace at ``gamma = max_gamma``, a policy
+**Stop rules** are :mod:`spade_lib.decoding.drafts.policies`' (``get_policy``). From a trace at ``gamma = max_gamma``, a policy
 drafting ``g <= max_gamma`` sees the same first ``g`` drafts, ``p``, ``q`` and uniforms: its accepted length is exactly
 ``min(n, g)`` (a real run agrees in distribution, not token for token). ``g`` is ``Policy.replay_gamma``: ``fixed``
 drafts ``gamma``; ``confidence`` while ``q_top_prob >= threshold``, ``entropy`` while ``h_q_raw <= threshold``:
@@ -36,9 +36,9 @@ import torch
 
 from spade_lib.validate import (ArgumentTypeError, check_costs, check_finite_columns, check_float, check_gamma,
                                 check_int)
-from spade_lib.decoding import policies as _policies
 from spade_lib import measures
 from spade_lib import rules as _rules
+from spade_lib.decoding.drafts import policies as _policies
 from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.theory import step_cost
 
@@ -294,13 +294,13 @@ def _rule_a(rule: _rules.Rule, p_of: np.ndarray, q_probs: np.ndarray, q_ids: lis
 
 def _as_policy(rule: _policies.Policy) -> _policies.Policy:
     if not isinstance(rule, _policies.Policy):
-        raise ValueError(f"rule: expected a spade_lib.decoding.policies.Policy, got {type(rule).__name__}")
+        raise ValueError(f"rule: expected a spade_lib.decoding.drafts.policies.Policy, got {type(rule).__name__}")
     return rule
 
 
 def blocks_used(trace: pd.DataFrame, rule: _policies.Policy) -> tuple[pd.DataFrame, np.ndarray]:
     """Steps of ``trace`` and the number of tokens ``g`` that the policy ``rule`` would have drafted
-    in each (its vectorised replay form, :meth:`spade_lib.decoding.policies.Policy.replay_gamma`)."""
+    in each (its vectorised replay form, :meth:`spade_lib.decoding.drafts.policies.Policy.replay_gamma`)."""
     policy = _as_policy(rule)
     df = _blocks(trace, _policies.SIGNAL_COLUMNS if policy.needs_signals else ())
     steps, _ = _step_index(df)
@@ -350,7 +350,7 @@ def replay_stop_rule(trace: pd.DataFrame, rule: _policies.Policy, c: float,
     c = check_float("c", c, min=0.0)
     overhead = check_float("overhead", overhead, min=0.0)
     if not isinstance(rule, _policies.Policy):
-        raise ArgumentTypeError(f"rule: must be a spade_lib.decoding.policies.Policy, got {type(rule).__name__}")
+        raise ArgumentTypeError(f"rule: must be a spade_lib.decoding.drafts.policies.Policy, got {type(rule).__name__}")
     if not callable(verify_cost):
         check_costs("verify_cost", verify_cost)
     policy = _as_policy(rule)

@@ -19,7 +19,7 @@ that baseline. :func:`run_chosen_rules` runs the stop rules a study chose, for r
 
 Checks (:func:`alignable`, :func:`check_gammas`): every ``gamma`` of the sweep is at most ``max_gamma``, and the draft
 drafts the pair's own vocabulary with its own ``q`` (:data:`REPLAYABLE`, from the drafter's declared kind via
-:func:`spade_lib.decoding.drafters.check_draft`): a draft *model* (every section; the teacher-forced alignment re-scores
+:func:`spade_lib.decoding.drafts.drafters.check_draft`): a draft *model* (every section; the teacher-forced alignment re-scores
 its ``q`` on the target's tokens) or a feature *head* (``"eagle"`` / ``"medusa"`` or a head by name, pair's heads
 attached: re-verification and stop rules replay its traces; the alignment is skipped, :data:`NO_ALIGNMENT`, since a
 head's ``q`` depends on its depth in the block and the target's features, which the alignment does not re-run).
@@ -34,8 +34,8 @@ from pathlib import Path
 import pandas as pd
 
 from spade_lib import devices
-from spade_lib.decoding import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
-from spade_lib.decoding.drafters import check_draft
+from spade_lib.decoding.drafts import crossvocab  # noqa: F401 (registers the cross-vocabulary drafters check_draft resolves)
+from spade_lib.decoding.drafts.drafters import check_draft
 from spade_lib.runs import metrics, protocol as _protocol, trace as _trace
 from spade_lib.runs.config import RunConfig
 from spade_lib.runs.store import read_summary
@@ -54,7 +54,7 @@ REPLAYABLE = {"q": True, "vocabulary": "same"}
 
 def alignable(pair, draft: str) -> bool:
     """Whether notebook 05's teacher-forced alignment can score ``draft`` (module docstring), once
-    :func:`~spade_lib.decoding.drafters.check_draft` has refused one whose declared kind is not
+    :func:`~spade_lib.decoding.drafts.drafters.check_draft` has refused one whose declared kind is not
     :data:`REPLAYABLE` (a cross-vocabulary draft, a model-free drafter: its ``q`` is a point mass, or over
     another vocabulary) with a ``ValueError`` naming those that are: ``True`` for a draft model of ``pair``
     (the alignment runs ``pair.drafts[draft]``), ``False`` for a feature head (the replays only,

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from spade_lib.decoding.policies import Policy, get_policy
+from spade_lib.decoding.drafts.policies import Policy, get_policy
 from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.whatif import replay
 from spade_lib.whatif.align import measured_tau
@@ -363,7 +363,7 @@ def replay_vs_run(front: pd.DataFrame, chosen: pd.DataFrame, policy: str, run_tr
     it can fail without a bug where the replay's fixed block boundaries meet an autocorrelated signal
     (module docstring). ``decisions_replayed`` (with ``run_policy``, the policy the run drafted with):
     the share of the run's steps whose draft length the policy's replay form gives back from the run's
-    own signals, :meth:`~spade_lib.decoding.policies.Policy.replay_gamma`; anything below 1 is a bug
+    own signals, :meth:`~spade_lib.decoding.drafts.policies.Policy.replay_gamma`; anything below 1 is a bug
     (the decoder and the replay read the signals differently)."""
     row = chosen[chosen.policy == policy].iloc[0]
     same = (front.policy == policy) & (front.gamma == row["gamma"]) & (front.threshold == row["threshold"])
@@ -384,7 +384,7 @@ def replay_vs_run(front: pd.DataFrame, chosen: pd.DataFrame, policy: str, run_tr
 def decisions_replayed(run_trace: pd.DataFrame, run_policy: Policy) -> float:
     """The share of ``run_trace``'s steps (a run drafted with ``run_policy``) whose draft length the
     run's own signals give back: every drafted position but the last kept drafting
-    (:meth:`~spade_lib.decoding.policies.Policy.replay_gamma` equals the recorded ``gamma``) and the
+    (:meth:`~spade_lib.decoding.drafts.policies.Policy.replay_gamma` equals the recorded ``gamma``) and the
     last one stopped, unless the block reached ``max_gamma`` or the token budget (a block whose end
     ``abs_pos + gamma + 1`` is its generation's furthest is taken as capped by the budget).
     1.0: the decoder's decisions and the replay's agree everywhere."""

@@ -1,6 +1,6 @@
 """Replay of smaller draft trees from one recorded wide tree, under greedy verification (``T = 0``).
 
-Terms: :mod:`spade_lib.decoding.tree`'s. Greedy verification (:func:`spade_lib.verify.verify_tree`, ``mode="greedy"``)
+Terms: :mod:`spade_lib.decoding.drafts.tree`'s. Greedy verification (:func:`spade_lib.verify.verify_tree`, ``mode="greedy"``)
 walks from the root into the first child whose token is the target's argmax after its parent, stopping when none is.
 With ``m_i = [x_i = argmax p(. | path of parent(i))]`` (the trace's ``draft_token == p_top1``; ``p_top1``, the raw-logit
 argmax at the parent, is recorded for every node, judged or not), node ``i`` of a sub-tree ``S`` is accepted iff

@@ -8,7 +8,7 @@ pair's tokenizer alone. Modules: ``corpus`` (text), ``tokenizer`` (BPE), ``confi
 ``load_pair("smollm2")``: ``smollm2`` (GGUF conversion, pair), ``distill`` (its drafts), ``frspec``
 (the frequent-token draft head), ``early_exit`` (early-exit alpha). Draft heads that read the target's
 hidden states (EAGLE-3, an EAGLE-1 variant, Medusa-1; the modules themselves are
-``spade_lib.decoding.eagle`` / ``.medusa``): ``heads`` (recipes, cached builds, storage), ``head_data``
+``spade_lib.decoding.drafts.eagle`` / ``.medusa``): ``heads`` (recipes, cached builds, storage), ``head_data``
 (teacher sequences, features, soft labels), ``head_train`` (losses, training, held-out figures),
 ``speculators_format`` (vLLM's speculators EAGLE-3 folders, both ways).
 

@@ -10,7 +10,7 @@ logits / T):
   :func:`spade_lib.measures.alpha` per position);
 - greedy top-1 agreement ``mean_t [argmax p_t = argmax q_t]`` (alpha of greedy decoding).
 
-Costs, measured with a KV cache holding ``context`` tokens by :func:`spade_lib.decoding.costs.measure_costs`
+Costs, measured with a KV cache holding ``context`` tokens by :func:`spade_lib.decoding.studies.costs.measure_costs`
 (the decoding adapters' forwards timed in turns, medians of per-round ratios):
 
 - ``c = t_draft(1) / t_target(1)``: the draft/target cost ratio of one decode step;
@@ -65,10 +65,10 @@ def teacher_forced_stats(target, drafts: dict, windows: torch.Tensor, temperatur
 
 def cost_ratios(target, drafts: dict, *, gamma: int = 4, context: int = 64, reps: int = 50) -> dict:
     """``c`` of every draft and the target's verify-cost ratio ``r(gamma)``, with the step times (s),
-    from :func:`spade_lib.decoding.costs.measure_costs` (the one cost measurement: the decoding
+    from :func:`spade_lib.decoding.studies.costs.measure_costs` (the one cost measurement: the decoding
     adapters' forwards timed in turns, medians of per-round ratios) on a ``context``-token cache."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
-    from spade_lib.decoding.costs import measure_costs
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
+    from spade_lib.decoding.studies.costs import measure_costs
 
     ta = CausalLMAdapter(target)
     out = {"gamma": gamma, "context": context, "reps": reps, "threads": torch.get_num_threads(), "drafts": {}}

@@ -20,8 +20,8 @@ persistent buffer saved with the weights.
 :func:`trim_head` does the same to any loaded ``*ForCausalLM`` in place (Llama, Gemma-3, ...; a draft, never
 the target): its LM head becomes :class:`SubsetLMHead`, the rows ``token_ids`` of its output matrix copied
 (so a tied embedding stays whole and untouched), whose forward scatters through
-:func:`spade_lib.decoding.heads.scatter_vocab`, and the model carries ``head_token_ids``, which the lean
-forward (``decoding.lean``) honours the same way. Nothing is saved: trim after loading. :func:`trimmed_twin`
+:func:`spade_lib.decoding.model.heads.scatter_vocab`, and the model carries ``head_token_ids``, which the lean
+forward (``decoding.model.lean``) honours the same way. Nothing is saved: trim after loading. :func:`trimmed_twin`
 trims a second model that shares every other module with the first (both drafts, the body held once).
 """
 
@@ -34,7 +34,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from spade_lib.decoding.heads import scatter_vocab
+from spade_lib.decoding.model.heads import scatter_vocab
 
 __all__ = ["FRSpecLlamaConfig", "FRSpecLlamaForCausalLM", "SubsetLMHead", "trim_head", "trimmed_twin"]
 

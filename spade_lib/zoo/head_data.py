@@ -116,7 +116,7 @@ def generations(target, prompt_ids: list[list[int]], cfg: HeadDataConfig, *, pad
 
     ``cfg.generator="spade"``: SPADE's own batched decoder (:meth:`AutoregressiveDecoder.generate_batch`: one
     forward per new token for all the rows still running, ragged prompts as left holes, a row leaving at its
-    eos; sliding-window models too, on the lean weights, :class:`spade_lib.decoding.lean_batch.LeanBatch`, else
+    eos; sliding-window models too, on the lean weights, :class:`spade_lib.decoding.model.lean_batch.LeanBatch`, else
     :class:`spade_lib.decoding.batch.BatchLM`), so the tokens per minute grow
     with the batch; ``"hf"``: Hugging Face ``generate`` on left-padded batches (the former way, kept to
     compare). Both are greedy: the same answers up to near ties of the target's top two logits."""

@@ -6,7 +6,7 @@ training split only, split by whole files) with the target's own greedy continua
 source files. Other token sequences (e.g. a HumanEval suite's prompts and continuations) go through
 :func:`evaluate_head` the same way.
 
-Notation (:mod:`spade_lib.decoding.eagle`): on ``x_0 .. x_{n-1}`` the target's teacher-forced greedy token after
+Notation (:mod:`spade_lib.decoding.drafts.eagle`): on ``x_0 .. x_{n-1}`` the target's teacher-forced greedy token after
 position ``j`` is ``g_j = argmax p(. | x_{<=j})``. At every position ``t`` the head drafts a greedy chain as when
 decoding (its first proposal from the target's true features ``h_{<=t}`` with ``x_{t+1}``; EAGLE: proposal ``d`` fed
 its own previous output and token, ``EagleHead.unrolled`` with ``own_tokens``; Medusa: head ``d - 1`` on ``h^L_t``).
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from spade_lib import rates
-from spade_lib.decoding.heads import DraftHead
+from spade_lib.decoding.model.heads import DraftHead
 from spade_lib.intervals import binomial_ci
 from spade_lib.zoo.head_data import HeadData, HeadDataConfig, Sequences, extract
 
@@ -86,7 +86,7 @@ def proposals(head, features: torch.Tensor, next_tokens: torch.Tensor, depth: in
     """The head's greedy chain after every position: ``features [T, F]`` of positions ``0 .. T-1`` (the
     target layers the head reads, concatenated), ``next_tokens [T]`` (``x_{t+1}``) -> ``y [T, depth]`` target
     ids, ``y[t, d-1]`` the ``d``-th proposal after ``t`` (module docstring; the head's
-    :meth:`~spade_lib.decoding.heads.DraftHead.greedy_chain`). ``depth`` is at most the head's ``max_depth``
+    :meth:`~spade_lib.decoding.model.heads.DraftHead.greedy_chain`). ``depth`` is at most the head's ``max_depth``
     (Medusa: its ``num_heads``)."""
     if not isinstance(head, DraftHead):
         raise ValueError(f"head: expected a DraftHead (EAGLE, Medusa), got {type(head).__name__}")

@@ -6,7 +6,7 @@ a prediction ``q`` of ``s_{t+1}`` is the cross-entropy
 
     CE(p_t, q) = - sum_{v in topk_t, v in Vd} p_t(v) log q(v)        (forward KL on those tokens + const).
 
-- **EAGLE** (both variants; the training-time test, :meth:`~spade_lib.decoding.eagle.EagleHead.unrolled`):
+- **EAGLE** (both variants; the training-time test, :meth:`~spade_lib.decoding.drafts.eagle.EagleHead.unrolled`):
   step ``i`` at ``t`` predicts ``s_{t+2+i}``, labelled by ``p_{t+1+i}``::
 
       L = ce_weight * sum_{i < steps} 0.8^i mean_t CE(p_{t+1+i}, q_i(t))
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from spade_lib import measures
-from spade_lib.decoding.eagle import STEP_DECAY, EagleHead
-from spade_lib.decoding.medusa import MedusaHead
+from spade_lib.decoding.drafts.eagle import STEP_DECAY, EagleHead
+from spade_lib.decoding.drafts.medusa import MedusaHead
 from spade_lib.devices import clock
 from spade_lib.zoo.head_data import HeadData
 
@@ -261,7 +261,7 @@ def train_medusa(head: MedusaHead, data: HeadData, train_ids: list[int], cfg: He
 def evaluate(head, data: HeadData, ids: list[int], depth: int) -> dict:
     """Teacher-forced ``top1`` and ``alpha_lb`` per depth (module docstring) on ``ids``; ``"all"`` positions
     and ``"generated"`` ones (labels of the target's own answer tokens). The depths a head drafts
-    (:attr:`~spade_lib.decoding.heads.DraftHead.max_depth`) beyond it count no positions."""
+    (:attr:`~spade_lib.decoding.model.heads.DraftHead.max_depth`) beyond it count no positions."""
     index = draft_index(head)
     drafted = depth if head.max_depth is None else min(depth, head.max_depth)
     dev = head.d2t.device

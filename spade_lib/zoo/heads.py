@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from spade_lib.decoding.eagle import EagleHead
-from spade_lib.decoding.heads import DraftHead
-from spade_lib.decoding.medusa import MedusaHead
+from spade_lib.decoding.drafts.eagle import EagleHead
+from spade_lib.decoding.drafts.medusa import MedusaHead
+from spade_lib.decoding.model.heads import DraftHead
 from spade_lib.devices import clock
 from spade_lib.io import write_json
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest
@@ -55,7 +55,7 @@ VOCAB_SOURCES = ("all", "generations")  # HeadConfig.vocab_source: what draft_vo
 _IMPLICIT = {("vocab_source",): "all", ("data", "bos"): False}
 SPADE_HEAD = "spade_head"  # config.json key of a SPADE-format head folder
 COST_DEFINITION = ("c = t(one drafting step of the head: EAGLE fc(feature) + layer on a context-position cache + "
-                   "lm_head + scatter to V; Medusa one head) / t(target 1-token forward); spade_lib.decoding.costs")
+                   "lm_head + scatter to V; Medusa one head) / t(target 1-token forward); spade_lib.decoding.studies.costs")
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ def head_config(kind: str = "eagle3", profile: str = "make", *, pair: str = "smo
 # ------------------------------------------------------------------------------------------------ storage
 
 def _kind_of(head) -> HeadKind:
-    """The registered kind of ``head`` (by its :attr:`~spade_lib.decoding.heads.DraftHead.variant`)."""
+    """The registered kind of ``head`` (by its :attr:`~spade_lib.decoding.model.heads.DraftHead.variant`)."""
     if not isinstance(head, DraftHead):
         raise ValueError(f"head: expected a DraftHead, got {type(head).__name__}")
     kind = head_kind(head.variant)
@@ -293,7 +293,7 @@ def load_head(folder, target):
 
     from spade_lib.zoo.speculators_format import is_speculators_folder, load_speculators
 
-    from spade_lib.decoding.heads import check_head_state
+    from spade_lib.decoding.model.heads import check_head_state
 
     folder = Path(folder)
     if is_speculators_folder(folder):
@@ -368,10 +368,10 @@ def _new_head(target, cfg: HeadConfig, vocab: torch.Tensor) -> DraftHead:
 @torch.inference_mode()
 def head_costs(target, head, *, gamma: int = 4, context: int = 64, reps: int = 10) -> dict:
     """``c`` of one drafting step of ``head`` against one target step, and ``r(gamma)``
-    (:func:`spade_lib.decoding.costs.measure_costs` on a :class:`~spade_lib.decoding.costs.HeadStep`:
+    (:func:`spade_lib.decoding.studies.costs.measure_costs` on a :class:`~spade_lib.decoding.studies.costs.HeadStep`:
     forwards timed in turns, medians of ratios)."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
-    from spade_lib.decoding.costs import measure_costs
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
+    from spade_lib.decoding.studies.costs import measure_costs
 
     m = measure_costs(CausalLMAdapter(target), head, gamma, context, reps=reps)
     return {"c": m["c"], "verify_cost_ratio": m["r"][gamma], "gamma": gamma, "context": m["context"],

@@ -27,7 +27,7 @@ class Pair:
 
     ``draft_tokenizers[name]``: the own tokenizer of each draft whose vocabulary differs from the target's
     (a *cross-vocabulary* draft); every other draft shares ``tokenizer``. ``make_drafter(name, pair)``
-    drafts with a cross-vocabulary draft through the text (``decoding.crossvocab``)."""
+    drafts with a cross-vocabulary draft through the text (``decoding.drafts.crossvocab``)."""
 
     name: str
     target: Any
@@ -44,10 +44,10 @@ class Pair:
         """Time the kernel plan of the target and of the draft models ``drafts`` (default: every draft model that
         shares the target's tokenizer; a cross-vocabulary draft is prepared when named, else its decoder checks it
         once when first built), and check each lean forward against its HF forward
-        (:func:`spade_lib.decoding.lean.prepare`: once per model and machine, recorded on disk), so the decoders
+        (:func:`spade_lib.decoding.model.lean.prepare`: once per model and machine, recorded on disk), so the decoders
         built on them time and check nothing. Returns (and keeps in ``prepared``) one record per model,
         ``"role"`` ``"target"`` or the draft's name first."""
-        from spade_lib.decoding.lean import prepare
+        from spade_lib.decoding.model.lean import prepare
 
         models = {n: m for n, m in self.drafts.items() if isinstance(m, torch.nn.Module)}
         if drafts is None:
@@ -244,6 +244,6 @@ def load_models(target_ref: str, draft_refs: dict[str, str], default: str, *, pl
                              "embeddings on the first device")
     drafts = {name: _in_memory(model(ref, f"draft {name!r}").to(device), ref) for name, ref in draft_refs.items()}
     if draft_tokenizers:  # the drafters that draft across vocabularies register themselves from their module
-        import spade_lib.decoding.crossvocab  # noqa: F401
+        import spade_lib.decoding.drafts.crossvocab  # noqa: F401
     return Pair(name="", target=target, drafts=drafts, default_draft=default, tokenizer=tokenizer, manifest={},
                 draft_tokenizers=draft_tokenizers)

@@ -11,7 +11,7 @@ Any pair: ``load_pair(target="org/big", draft="org/small")`` (hub ids or local f
 ``drafts={"name": ref}``; ``HF_HUB_OFFLINE`` skips downloads, ``local_files_only``; ``trust_remote_code`` off unless
 opted in). A local speculators EAGLE-3 folder (``speculators_format.py``) becomes a head (``pair.heads[name]``, drafting
 from the target's hidden states). A draft with another vocabulary is *cross-vocabulary*: it keeps its tokenizer
-(``pair.draft_tokenizers[name]``) and ``make_drafter(name, pair)`` drafts through the text (``decoding.crossvocab``:
+(``pair.draft_tokenizers[name]``) and ``make_drafter(name, pair)`` drafts through the text (``decoding.drafts.crossvocab``:
 string-level drafting, lossless by the one-hot rule); ``load_pair("smollm2").drafts["embedded"]`` (the ``"default"``
 pair's distilled draft, 4,096 tokens) and ``load_pair("gemma3").drafts["smollm2"]`` (SmolLM2-135M-Instruct, 49,152
 tokens) are such.

@@ -1,4 +1,4 @@
-"""vLLM's speculators format for EAGLE-3 heads, both ways: a SPADE :class:`~spade_lib.decoding.eagle.EagleHead`
+"""vLLM's speculators format for EAGLE-3 heads, both ways: a SPADE :class:`~spade_lib.decoding.drafts.eagle.EagleHead`
 saved as a folder that ``speculators`` (0.9.0) and vLLM load, and any EAGLE-3 folder loaded into one.
 
 A speculators EAGLE-3 folder (``Eagle3DraftModel.save_pretrained``, checked against the package) holds:
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from spade_lib.decoding.eagle import LAYER_KEYS, EagleConfig, EagleHead, default_feature_layers
-from spade_lib.decoding.heads import check_head_state
+from spade_lib.decoding.drafts.eagle import LAYER_KEYS, EagleConfig, EagleHead, default_feature_layers
+from spade_lib.decoding.model.heads import check_head_state
 from spade_lib.io import write_json
 from spade_lib.validate import ArgumentTypeError, check_bool, check_dtype, check_float, check_int
 

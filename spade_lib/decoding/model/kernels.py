@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from spade_lib import devices, paths
-from spade_lib.decoding import native
+from spade_lib.decoding.model import native
 from spade_lib.io import write_json
 
 __all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NATIVE", "POLICIES", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]

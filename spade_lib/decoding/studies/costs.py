@@ -14,7 +14,7 @@ as decoding repeats one forward. :func:`measure_costs` does this for decoding ad
 for ``B`` rows at once; cached per pair by :func:`spade_lib.runs.costs.pair_costs`. ``c_trace`` / ``r_trace`` of
 :func:`spade_lib.runs.metrics.run_metrics` (run timings over the AR time per token, prefill included) are estimates.
 
-**Feature heads** (:mod:`spade_lib.decoding.eagle`, :mod:`spade_lib.decoding.medusa`): ``c`` is one *drafting step*
+**Feature heads** (:mod:`spade_lib.decoding.drafts.eagle`, :mod:`spade_lib.decoding.drafts.medusa`): ``c`` is one *drafting step*
 of the head over the target's one-token forward, as the EAGLE papers count it (:class:`HeadStep`), timed by the same
 protocol on seeded random features (a forward's time does not depend on them):
 
@@ -22,7 +22,7 @@ protocol on seeded random features (a forward's time does not depend on them):
   of one fresh feature ``f_t`` and the drafter's ``[Vd] -> [V]`` scatter (``target_logits``); later chain steps feed
   ``o`` back (EAGLE-3: no ``fc``, slightly cheaper; EAGLE-1: through ``fc``), so ``gamma c`` rounds a chain up;
 - Medusa: one head (ResBlocks, ``lm_head_i`` over ``Vd``, scatter) on one state; ``g`` tokens run ``g`` heads
-  (:class:`~spade_lib.decoding.medusa.MedusaDrafter`): ``g c`` exactly.
+  (:class:`~spade_lib.decoding.drafts.medusa.MedusaDrafter`): ``g c`` exactly.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from spade_lib.decoding.heads import DraftHead
+from spade_lib.decoding.model.heads import DraftHead
 from spade_lib.devices import clock as device_clock, synchronize
 
 __all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "measure_loop_overhead", "verify_cost_fn",
@@ -85,13 +85,13 @@ def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmu
 
 
 def is_head(module) -> bool:
-    """Whether ``module`` is a feature head (a :class:`~spade_lib.decoding.heads.DraftHead`: EAGLE, Medusa)."""
+    """Whether ``module`` is a feature head (a :class:`~spade_lib.decoding.model.heads.DraftHead`: EAGLE, Medusa)."""
     return isinstance(module, DraftHead)
 
 
 class HeadStep:
     """One drafting step of a feature head, shaped like a decoding adapter for :func:`measure_costs`
-    (module docstring), on the head's own :meth:`~spade_lib.decoding.heads.DraftHead.cost_step`:
+    (module docstring), on the head's own :meth:`~spade_lib.decoding.model.heads.DraftHead.cost_step`:
     ``prefill(ids)`` puts ``len(ids)`` draft positions in its context (an EAGLE head's cache),
     ``extend(ids[:1])`` is the timed step (EAGLE: fuse the next feature with ``ids[0]``, one layer pass at
     the next position; Medusa: one head), draft logits scattered to ``V``, and ``rollback(n)`` crops back.
@@ -99,7 +99,7 @@ class HeadStep:
     ``features [m, F]`` (``F = sum of the widths of the target layers the head reads``), when given,
     replace the seeded random features: position ``j`` of the cache (and the step after ``n`` of them)
     pairs ``features[j]`` with the token fed there, so after ``prefill(x_1 .. x_n)``, ``extend([x_{n+1}])``
-    returns the logits an :class:`~spade_lib.decoding.eagle.EagleDrafter` drafts first after observing
+    returns the logits an :class:`~spade_lib.decoding.drafts.eagle.EagleDrafter` drafts first after observing
     ``x_0 .. x_n`` with those features (``tests/test_costs.py``)."""
 
     def __init__(self, head: DraftHead, features: torch.Tensor | None = None, seed: int = 0):
@@ -144,7 +144,7 @@ class HeadStep:
 @torch.inference_mode()
 def measure_costs(target, draft, max_gamma: int, context: int = 128, clock: Callable[[], float] | None = None,
                   reps: int = 30, device=None, max_seconds: float | None = None) -> dict:
-    """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.decoding.adapter.CausalLMAdapter`).
+    """Interleaved micro-benchmarks of decoding adapters (:class:`spade_lib.decoding.model.adapter.CausalLMAdapter`).
 
     ``draft=None`` (a drafter without a model, e.g. prompt lookup) gives ``c = 0``; a feature head (or its
     :class:`HeadStep`) gives the head's drafting step (module docstring). Returns ``{"c",
@@ -250,9 +250,9 @@ def measure_loop_overhead(target, *, context: int = 128, steps: int = 32, reps: 
     the AR loop's own per-token work (to first order ``(o_spec - o_AR) / t_1``); it is measured once per
     pair and taken as the same at every ``gamma``. ``max_seconds`` caps the timed rounds at what fits in it (3
     at least): a 1.5 B-parameter target's round is ~25 s, where 8 rounds were 4 minutes of a notebook."""
-    from spade_lib.decoding.adapter import CausalLMAdapter
     from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-    from spade_lib.decoding.drafters import NullDrafter
+    from spade_lib.decoding.drafts.drafters import NullDrafter
+    from spade_lib.decoding.model.adapter import CausalLMAdapter
     from spade_lib.sampling import SamplingConfig
 
     for name, v, low in (("steps", steps, 2), ("reps", reps, 1), ("context", context, 1), ("max_reps", max_reps, 1)):

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spade_lib.decoding.policies import Policy, PolicyState, register_policy
+from spade_lib.decoding.drafts.policies import Policy, PolicyState, register_policy
 from spade_lib.theory import optimal_gamma
 
 __all__ = ["AdaptiveGamma", "AdaptiveState"]

@@ -1,6 +1,6 @@
 """Medusa-1 draft heads (Cai et al. 2024): ``k`` small heads on the target's last hidden state.
 
-Notation as in :mod:`spade_lib.decoding.eagle`: ``h_t = h^L_t`` is the target's last hidden state at
+Notation as in :mod:`spade_lib.decoding.drafts.eagle`: ``h_t = h^L_t`` is the target's last hidden state at
 position ``t`` (after its final norm: what its own LM head reads, so ``p(x_{t+1}) = softmax(W h_t)``).
 Head ``i = 0 .. k-1`` predicts the token ``i + 2`` places ahead, skipping the one the target itself
 predicts::
@@ -17,8 +17,8 @@ The heads see only ``h_t``, not the drafted tokens before theirs, so ``q_i`` is 
 ``x_{t+2+i}`` alone; a chain ``x_0 .. x_{gamma-1}`` with ``x_i ~ q_i`` and verification against ``q_i``
 is still lossless (any ``q`` is), only less often accepted than a head that conditions on its prefix.
 :class:`MedusaDrafter` drafts at most ``k`` tokens per step, one per head, running only the ``g`` heads it
-drafts with (so a step of ``g`` tokens costs ``g`` head forwards: :class:`spade_lib.decoding.costs.HeadStep`).
-With ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` it proposes that tree over the
+drafts with (so a step of ``g`` tokens costs ``g`` head forwards: :class:`spade_lib.decoding.studies.costs.HeadStep`).
+With ``tree=`` a :class:`~spade_lib.decoding.drafts.tree_drafting.TreeConfig` it proposes that tree over the
 heads' distributions instead -- Medusa's own is ``TreeConfig(shape="static")`` over the per-head top-k
 (``choices="medusa63"``, Medusa's ``mc_sim_7b_63``): a node at depth ``d`` draws from head ``d`` whatever
 its path, so every level costs nothing beyond the one forward of the heads.
@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spade_lib.decoding import native
-from spade_lib.decoding.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, sample_categorical
-from spade_lib.decoding.heads import DraftHead, config_from_dict
-from spade_lib.decoding.policies import Policy
-from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
+from spade_lib.decoding.drafts.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, sample_categorical
+from spade_lib.decoding.drafts.policies import Policy
+from spade_lib.decoding.drafts.tree_drafting import TreeConfig, empty_tree, grow_tree
+from spade_lib.decoding.model import native
+from spade_lib.decoding.model.heads import DraftHead, config_from_dict
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_int
 
@@ -101,7 +101,7 @@ class MedusaHead(DraftHead):
     """``k`` heads, each ``num_layers`` ResBlocks and a linear over the draft vocabulary (module docstring).
 
     ``heads.{i}.{0..n-1}.linear`` are the ResBlocks and ``heads.{i}.{n}`` the head's ``lm_head`` (Medusa's
-    own ``medusa_head.{i}`` layout); ``d2t`` maps draft rows to target ids as in :class:`~spade_lib.decoding.eagle.EagleHead`."""
+    own ``medusa_head.{i}`` layout); ``d2t`` maps draft rows to target ids as in :class:`~spade_lib.decoding.drafts.eagle.EagleHead`."""
 
     kind = "medusa"
     config_class = MedusaConfig
@@ -144,7 +144,7 @@ class MedusaHead(DraftHead):
     def forward(self, hidden: torch.Tensor, n_heads: int | None = None) -> torch.Tensor:
         """``h [..., H]`` -> draft-vocabulary logits of the first ``n_heads`` heads (all ``k`` when ``None``)
         ``[..., n_heads, Vd]``. Without gradients, in fp32 on the CPU, each product runs on SPADE's native
-        kernel (:mod:`spade_lib.decoding.native`: every weight streamed once for all rows; the same function,
+        kernel (:mod:`spade_lib.decoding.model.native`: every weight streamed once for all rows; the same function,
         fp32 summation order apart): drafting reads ~all of the heads' bytes per step, so a GEMV that streams
         them at the machine's bandwidth is what the head's cost ``c`` is made of."""
         if not torch.is_grad_enabled() and self._native():

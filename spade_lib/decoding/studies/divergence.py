@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spade_lib.decoding.adapter import as_token_tensor
+from spade_lib.decoding.model.adapter import as_token_tensor
 
 __all__ = ["Divergence", "CLASSES", "classify_greedy", "compare_greedy", "first_difference", "TIE_THRESHOLDS"]
 

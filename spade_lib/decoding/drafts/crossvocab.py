@@ -31,11 +31,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.drafters import (Drafter, DrafterKind, _signals, one_hot_proposal, register_cross_vocab_rule,
+from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
+from spade_lib.decoding.drafts.drafters import (Drafter, DrafterKind, _signals, one_hot_proposal, register_cross_vocab_rule,
                                         sample_categorical)
-from spade_lib.decoding.policies import Policy
-from spade_lib.decoding.tree import DraftTree
+from spade_lib.decoding.drafts.policies import Policy
+from spade_lib.decoding.drafts.tree import DraftTree
 from spade_lib.devices import clock
 from spade_lib.sampling import SamplingConfig, adjust
 

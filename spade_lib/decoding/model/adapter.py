@@ -8,7 +8,7 @@ Speculative decoding runs the target on ``gamma + 1`` tokens, then drops the rej
 - ``rollback(n)`` crops to the first ``n`` tokens: ``crop(-(length - n))`` (transformers 5.x: ``-m`` drops m tokens).
 
 Invariant: after any extends and rollbacks the cache equals a fresh prefill of the kept tokens (tests/test_adapter.py).
-**Trees** (:mod:`spade_lib.decoding.tree`): ``extend(ids, parents=...)`` feeds the rows as a forest, row ``i`` attending
+**Trees** (:mod:`spade_lib.decoding.drafts.tree`): ``extend(ids, parents=...)`` feeds the rows as a forest, row ``i`` attending
 to the cache and its own path (``parents[i]``, an earlier row or ``-1``: child of the last cached token) at position
 ``length + depth[i]``, via a 4-D additive mask ``[1, 1, k, length + k]`` (0 or the dtype's min) and explicit
 ``position_ids``: row ``i``'s logits are a causal forward of its path. With ``tree_from=S`` the rows cached from ``S``
@@ -19,7 +19,7 @@ returns those layers' hidden states (HF ``output_hidden_states`` indexing; negat
 :class:`ExtendOutput`; without ``parents`` / ``hidden_layers`` it is the plain causal path. Uncroppable caches
 (recurrent states, an overrun sliding window) raise ``ValueError``; device- and dtype-agnostic.
 **Backends** (``backend=``): ``"hf"`` the model's forward with a ``DynamicCache``; ``"lean"``
-:class:`spade_lib.decoding.lean.LeanForward`, the same function from the weights with a preallocated cache (rollback
+:class:`spade_lib.decoding.model.lean.LeanForward`, the same function from the weights with a preallocated cache (rollback
 sets an integer) and without the per-call module, mask and cache bookkeeping that dominates a small draft's forward;
 ``"auto"`` (default) ``"lean"`` where it covers the model and agrees with one HF forward, else ``"hf"``. Lean fuses
 (copies) weights at build: build a new adapter after changing a model's weights, dtype or device.
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from spade_lib.decoding.model.lean import lean_forward
+from spade_lib.decoding.model.masks import ancestor_mask
 from spade_lib.validate import check_token_ids
-from spade_lib.decoding.lean import lean_forward
-from spade_lib.decoding.tree import ancestor_mask
 
 __all__ = ["CausalLMAdapter", "ExtendOutput", "as_token_tensor", "context_limit", "BACKENDS"]
 
@@ -147,7 +147,7 @@ class CausalLMAdapter:
             self.lean = lean_forward(model, limit)
         if backend == "lean" and self.lean is None:
             raise ValueError(f"backend: the lean forward does not cover {type(model).__name__} "
-                             "(see spade_lib.decoding.lean.SUPPORTED), use backend='hf' or 'auto'")
+                             "(see spade_lib.decoding.model.lean.SUPPORTED), use backend='hf' or 'auto'")
         self.backend = "hf" if self.lean is None else "lean"
         if self.lean is not None:
             self.cache = None  # the lean forward keeps its own buffers

@@ -1,7 +1,7 @@
 """Draft heads: the interface every head kind implements (:class:`DraftHead`), and the draft vocabulary.
 
 A *draft head* is a small module that drafts from the target's own hidden states instead of from the
-tokens (EAGLE: :mod:`spade_lib.decoding.eagle`; Medusa: :mod:`spade_lib.decoding.medusa`). Every kind
+tokens (EAGLE: :mod:`spade_lib.decoding.drafts.eagle`; Medusa: :mod:`spade_lib.decoding.drafts.medusa`). Every kind
 reads the features ``f_t = [h^{l_1}_t ; ... ; h^{l_k}_t]`` of the target layers it names
 (:attr:`DraftHead.feature_layers`, Hugging Face's ``output_hidden_states`` indexing) and scores a draft
 vocabulary of ``Vd <= V`` target tokens (FR-Spec style): draft row ``j`` is target token
@@ -11,7 +11,7 @@ draft vocabulary: still lossless).
 
 What a kind gives, so that the decoder, the cost model and the zoo never ask which kind a head is: its
 drafter (:meth:`DraftHead.drafter`), its timed drafting step (:meth:`DraftHead.cost_step`, which
-:class:`spade_lib.decoding.costs.HeadStep` times for ``c``), its draft logits by depth on teacher-forced
+:class:`spade_lib.decoding.studies.costs.HeadStep` times for ``c``), its draft logits by depth on teacher-forced
 features (:meth:`DraftHead.chain_logits`: what the zoo's trainers and evaluators score), and which of its
 parameters are the target's (:attr:`DraftHead.tied`: never trained, never saved). The zoo's recipes of
 each kind (how one is built and trained) are :data:`spade_lib.zoo.heads.HEAD_KINDS`.
@@ -164,12 +164,12 @@ class DraftHead(nn.Module):
         return [p for name, p in self.named_parameters() if name not in self.tied]
 
     def drafter(self, **options):
-        """The :class:`~spade_lib.decoding.drafters.Drafter` that drafts with this head (``tree=`` and the
+        """The :class:`~spade_lib.decoding.drafts.drafters.Drafter` that drafts with this head (``tree=`` and the
         kind's own options)."""
         raise NotImplementedError
 
     def cost_step(self):
-        """A fresh engine of one drafting step, for the cost model (:class:`spade_lib.decoding.costs.HeadStep`
+        """A fresh engine of one drafting step, for the cost model (:class:`spade_lib.decoding.studies.costs.HeadStep`
         times it): ``prefill(features [n, F], tokens [n])`` puts ``n`` committed positions in its context,
         ``step(feature [1, F], token [1], position) -> [1, Vd]`` is the drafting step a drafter takes after
         them, ``crop(length)`` rolls the context back, and ``length`` is the context's positions."""

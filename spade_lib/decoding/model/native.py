@@ -18,7 +18,7 @@ row sees (causal, or a draft tree's ancestors; grouped-query heads read their gr
 bit-identical alone or among ``k`` rows: verification sees exactly the AR loop's logits, and greedy speculative decoding
 reproduces greedy decoding exactly. Both kernels equal their torch form up to fp32 summation order (~1e-6 relative).
 
-:func:`linear` is the ``"native"`` candidate of :mod:`spade_lib.decoding.kernels`, used where timing says it is not
+:func:`linear` is the ``"native"`` candidate of :mod:`spade_lib.decoding.model.kernels`, used where timing says it is not
 slower (the lean forward then attends with :func:`attend`). It needs x86-64 with AVX2 and FMA, a C++ compiler and
 ``ninja``; built into ``<CACHE_DIR>/ext/<key>`` (key: source, torch version, flags) under a file lock; where it cannot
 be, :func:`available` is ``False`` (one warning) and library kernels remain. ``SPADE_NATIVE=0`` turns it off;

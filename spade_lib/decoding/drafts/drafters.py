@@ -2,14 +2,14 @@
 
 Interface (:class:`Drafter`, driven by :class:`spade_lib.decoding.decode.SpeculativeDecoder`): ``reset(prompt_ids,
 vocab_size)`` (the target's ``V``); ``propose(max_gamma, policy, sampling, generator)`` returns a
-:class:`~spade_lib.decoding.tree.DraftTree` (``Draft``): the tokens and the adjusted ``q_i`` each was drawn from,
+:class:`~spade_lib.decoding.drafts.tree.DraftTree` (``Draft``): the tokens and the adjusted ``q_i`` each was drawn from,
 ``[gamma, V]``, a chain unless it gives ``parents``; ``accept(n_accepted, next_token)`` / ``accept_path(path,
 next_token)`` commit the accepted drafts and the residual/bonus token; ``observe(view)`` (if overridden) gets the
 target's hidden states at committed positions for the layers in ``hidden_layers`` (:class:`TargetView`). A chain
-drafter consults the policy after each token with its ``q``'s temperature-1 signals (:mod:`spade_lib.decoding.policies`;
+drafter consults the policy after each token with its ``q``'s temperature-1 signals (:mod:`spade_lib.decoding.drafts.policies`;
 one-hot ``q``: ``q_top_prob = 1``, ``h_q = 0``, no host sync) unless ``needs_signals = False`` (``FixedGamma``).
 
-- :class:`ModelDrafter`: a small causal LM on its own cache (:class:`~spade_lib.decoding.adapter.CausalLMAdapter`),
+- :class:`ModelDrafter`: a small causal LM on its own cache (:class:`~spade_lib.decoding.model.adapter.CausalLMAdapter`),
   ``q_i = adjust(logits, sampling)`` warped exactly like the target, ``x_i ~ q_i`` (argmax when greedy), logits cut
   or ``-inf``-padded to the target's vocabulary (changes ``q``, never the output law: any ``q`` is lossless).
 - :class:`NGramDrafter` (prompt lookup, Saxena 2023): what followed the latest earlier occurrence of the trailing
@@ -17,11 +17,11 @@ one-hot ``q``: ``q_top_prob = 1``, ``h_q = 0``, no host sync) unless ``needs_sig
   without ``x_i``); it may propose fewer than ``max_gamma`` tokens, or none (a plain target step).
 - :class:`NullDrafter` (``"null"``), the physical control: ``max_gamma`` tokens the ``reject`` rule always rejects;
   a ``gamma + 1``-token forward per token ``~ p``, speedup ``1 / r(gamma) <= 1`` (above 1: the baseline's defect).
-- Trees: ``tree=`` a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` or spec, one level per draft forward, depth
+- Trees: ``tree=`` a :class:`~spade_lib.decoding.drafts.tree_drafting.TreeConfig` or spec, one level per draft forward, depth
   <= ``max_gamma``, no policy; model-free ``"ngram_tree"``, ``"suffix"``; feature heads ``eagle``, ``medusa``.
 
 :func:`make_drafter(name, pair, tree=None, **options) <make_drafter>` builds a registered name, a pair's draft or head
-(:func:`register_drafter`; cross-vocabulary: import :mod:`spade_lib.decoding.crossvocab`). Each class declares a
+(:func:`register_drafter`; cross-vocabulary: import :mod:`spade_lib.decoding.drafts.crossvocab`). Each class declares a
 :class:`DrafterKind`, read by :func:`drafter_kind` and :func:`check_draft` (refuses what ``make_drafter`` would).
 """
 
@@ -33,11 +33,11 @@ from typing import Callable, ClassVar
 
 import torch
 
-from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.policies import Policy
-from spade_lib.decoding.tree import DraftTree
-from spade_lib.decoding.tree_drafting import MODEL_SHAPES, TREE_SHAPES, TreeConfig, committed_rows, grow_tree
-from spade_lib.decoding.tree_shapes import SuffixIndex, TreeShape, ngram_tree
+from spade_lib.decoding.drafts.policies import Policy
+from spade_lib.decoding.drafts.tree import DraftTree
+from spade_lib.decoding.drafts.tree_drafting import MODEL_SHAPES, TREE_SHAPES, TreeConfig, committed_rows, grow_tree
+from spade_lib.decoding.drafts.tree_shapes import SuffixIndex, TreeShape, ngram_tree
+from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.sampling import SamplingConfig, adjust
 
 __all__ = ["Draft", "Drafter", "DrafterKind", "HEAD_DRAFTER", "TargetView", "ModelDrafter", "one_hot_proposal", "NGramDrafter",
@@ -45,7 +45,7 @@ __all__ = ["Draft", "Drafter", "DrafterKind", "HEAD_DRAFTER", "TargetView", "Mod
            "register_drafter", "register_cross_vocab_rule", "drafter_names", "sample_categorical", "draw_token"]
 
 
-# The chain draft is a DraftTree with parents=None (spade_lib.decoding.tree: one definition of a proposal); the
+# The chain draft is a DraftTree with parents=None (spade_lib.decoding.drafts.tree: one definition of a proposal); the
 # name Draft stays importable from here, where drafters have always found it (STYLE: module paths are an API).
 Draft = DraftTree
 
@@ -98,7 +98,7 @@ class DrafterKind:
         return self.shapes == ("chain",)
 
     def check_tree(self, tree: TreeConfig | str | None, what: str) -> None:
-        """Refuse a ``tree`` (a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` or spec; ``None``: the
+        """Refuse a ``tree`` (a :class:`~spade_lib.decoding.drafts.tree_drafting.TreeConfig` or spec; ``None``: the
         drafter's own default) of a shape this kind does not propose; ``what`` names the drafter."""
         if tree is None:
             return
@@ -128,8 +128,8 @@ class Drafter:
 
     def drafting_model(self):
         """What one drafting step runs, for the cost model's ``c`` (:func:`spade_lib.runs.costs.pair_costs`
-        times it with :func:`~spade_lib.decoding.costs.measure_costs`): a decoding adapter
-        (:class:`ModelDrafter`), a feature head (a :class:`~spade_lib.decoding.heads.DraftHead`), or ``None``
+        times it with :func:`~spade_lib.decoding.studies.costs.measure_costs`): a decoding adapter
+        (:class:`ModelDrafter`), a feature head (a :class:`~spade_lib.decoding.model.heads.DraftHead`), or ``None``
         for a drafter that runs no model (``c = 0``). Declared, never guessed: the default raises, so a new
         drafter says what it runs instead of being priced at ``c = 0``."""
         raise NotImplementedError(f"{type(self).__name__}: does not say what a drafting step runs "
@@ -147,7 +147,7 @@ class Drafter:
 
     def accept_path(self, path: list[int], next_token: int) -> None:
         """Told what was committed after a tree draft (``propose`` gave ``parents``): the accepted nodes
-        root-down (:mod:`spade_lib.decoding.tree`), then the target's token. Default: a path ``0 .. n-1``
+        root-down (:mod:`spade_lib.decoding.drafts.tree`), then the target's token. Default: a path ``0 .. n-1``
         is ``accept(n, next_token)``; a drafter that proposes other trees overrides this. (A step
         without a draft, the budget's last token, is ``accept(0, next_token)`` for every drafter.)"""
         if path != list(range(len(path))):
@@ -159,7 +159,7 @@ class Drafter:
         """The drafter's own account of the step just committed (its ``propose`` and the ``accept`` after
         it), read by the decoder into ``StepInfo.draft_costs``; ``None`` (the default) keeps none. The
         cross-vocabulary drafters keep their forwards and their text work apart
-        (:class:`~spade_lib.decoding.crossvocab.DraftStepCosts`)."""
+        (:class:`~spade_lib.decoding.drafts.crossvocab.DraftStepCosts`)."""
         return None
 
 
@@ -209,7 +209,7 @@ class ModelDrafter(Drafter):
     The cache holds every committed token except the last few ``_unfed`` ones (the newest committed
     token, and ``x_{gamma-1}`` after a fully accepted block), which the next ``propose`` feeds first.
 
-    ``tree`` (a :class:`~spade_lib.decoding.tree_drafting.TreeConfig` or its spec; default the chain):
+    ``tree`` (a :class:`~spade_lib.decoding.drafts.tree_drafting.TreeConfig` or its spec; default the chain):
     propose that tree instead, each level one tree-masked extend from the root's row on (``tree_from``);
     ``accept_path`` then keeps the accepted path's fed rows and leaves the rest of the path unfed.
     """
@@ -454,7 +454,7 @@ class _ContextTreeDrafter(Drafter):
 
 
 class NGramTreeDrafter(_ContextTreeDrafter):
-    """Prompt lookup as a tree (:func:`~spade_lib.decoding.tree_shapes.ngram_tree`): for the longest
+    """Prompt lookup as a tree (:func:`~spade_lib.decoding.drafts.tree_shapes.ngram_tree`): for the longest
     trailing n-gram (``max_ngram`` down to ``min_ngram``) that occurred earlier, *every* occurrence
     proposes what followed it, merged into a trie of at most ``tree.total_nodes`` nodes and ``tree.depth``
     levels (default ``TreeConfig("trie", total_nodes=16, depth=8)``). Deterministic nodes, ``q = None``."""
@@ -479,7 +479,7 @@ class NGramTreeDrafter(_ContextTreeDrafter):
 
 
 class SuffixDrafter(_ContextTreeDrafter):
-    """SuffixDecoding (Oliaro et al. 2024) with :class:`~spade_lib.decoding.tree_shapes.SuffixIndex`: two
+    """SuffixDecoding (Oliaro et al. 2024) with :class:`~spade_lib.decoding.drafts.tree_shapes.SuffixIndex`: two
     indexes, the prompt's (new at every ``reset``) and the outputs' (kept across prompts: every earlier
     output, and this one as its tokens are committed), as SuffixDecoding keeps a per-request and a global
     tree. Each proposes its candidate trie for the committed text (``speculate``: ``max_nodes =
@@ -581,7 +581,7 @@ def register_drafter(name: str, factory: Callable[..., Drafter], kind: DrafterKi
     _REGISTRY[name] = _Registered(factory, kind)
 
 
-CROSS_VOCAB_RULES = ("text", "tli", "slrs")  # how a cross-vocabulary draft drafts; decoding.crossvocab registers each
+CROSS_VOCAB_RULES = ("text", "tli", "slrs")  # how a cross-vocabulary draft drafts; decoding.drafts.crossvocab registers each
 _CROSS_VOCAB: dict[str, tuple[type, type[Drafter]]] = {}  # rule -> (its config dataclass, its drafter class)
 
 
@@ -589,7 +589,7 @@ def register_cross_vocab_rule(rule: str, config_class: type, drafter_class: type
                               replace: bool = False) -> None:
     """Register how a cross-vocabulary draft drafts by ``rule`` (one of :data:`CROSS_VOCAB_RULES`):
     ``drafter_class(model, draft_tokenizer, target_tokenizer, config_class(**options), max_length=...)``.
-    :mod:`spade_lib.decoding.crossvocab` registers its drafters from its own module (it builds on this one)."""
+    :mod:`spade_lib.decoding.drafts.crossvocab` registers its drafters from its own module (it builds on this one)."""
     if rule not in CROSS_VOCAB_RULES:
         raise ValueError(f"rule: must be one of {CROSS_VOCAB_RULES}, got {rule!r}")
     if not (isinstance(drafter_class, type) and issubclass(drafter_class, Drafter)
@@ -623,7 +623,7 @@ def _cross_vocab(name: str, rule: str) -> tuple[type, type[Drafter]]:
         raise ValueError(f"rule: the cross-vocabulary draft {name!r} drafts by one of {CROSS_VOCAB_RULES}, not {rule!r}")
     if rule not in _CROSS_VOCAB:
         raise ValueError(f"rule: no drafter is registered for rule {rule!r} of the cross-vocabulary draft {name!r}; "
-                         "spade_lib.decoding.crossvocab registers them: import it first")
+                         "spade_lib.decoding.drafts.crossvocab registers them: import it first")
     return _CROSS_VOCAB[rule]
 
 
@@ -700,10 +700,10 @@ def make_drafter(name: str, pair, *, tree: TreeConfig | str | None = None, **opt
     """The drafter ``name`` for ``pair``: a registered name (built on the target's device), else the
     pair's draft model ``pair.drafts[name]`` (a :class:`ModelDrafter`, which takes ``max_length``; a
     cross-vocabulary draft, one in ``pair.draft_tokenizers``, drafts through the text: option ``rule``,
-    ``"text"`` (a :class:`~spade_lib.decoding.crossvocab.TextDrafter`), ``"tli"`` or ``"slrs"``, and the
-    rule's config fields; see :mod:`spade_lib.decoding.crossvocab`, which registers them), else the pair's
+    ``"text"`` (a :class:`~spade_lib.decoding.drafts.crossvocab.TextDrafter`), ``"tli"`` or ``"slrs"``, and the
+    rule's config fields; see :mod:`spade_lib.decoding.drafts.crossvocab`, which registers them), else the pair's
     head ``pair.heads[name]`` (its ``drafter(**options)``). ``tree``: the
-    :class:`~spade_lib.decoding.tree_drafting.TreeConfig` (or spec string) of a drafter that drafts trees;
+    :class:`~spade_lib.decoding.drafts.tree_drafting.TreeConfig` (or spec string) of a drafter that drafts trees;
     one whose kind drafts chains only refuses any but the chain. Refuses what :func:`check_draft` refuses."""
     tree = None if tree is None else TreeConfig.parse(tree)
     check_draft(pair, name, tree=tree, **options)

@@ -424,7 +424,7 @@ def ngram_tree(context: Sequence[int] | torch.Tensor, max_ngram: int = 3, min_ng
     an earlier occurrence continued this way). If the trie exceeds ``max_nodes`` it keeps the best by
     (frequency, recency, shallower), which is ancestor-closed. No match: an empty tree.
     ``draws="deterministic"``, ``q=None``. Defaults: ``max_ngram``/``min_ngram`` those of
-    :class:`~spade_lib.decoding.drafters.NGramDrafter` (the chain drafter, which proposes the latest
+    :class:`~spade_lib.decoding.drafts.drafters.NGramDrafter` (the chain drafter, which proposes the latest
     occurrence only), ``depth=10`` prompt lookup's ``num_pred_tokens``, ``max_nodes=59`` the budget
     of :func:`eagle2_tree`. A pure function, ``O(len(context) n)``.
     """

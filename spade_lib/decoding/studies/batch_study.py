@@ -14,7 +14,7 @@ prompts within a batch while ``B <= n``; the rounds walk through the suite). Per
   speculative steps, ``c(B)``, ``r(B)`` the batched forwards' cost ratios (:func:`forward_costs`), ``o(B) = o t(1 x 1) /
   t(B x 1)`` the single-sequence loop overhead ``o`` (in one-token target forwards) as the same seconds per batched
   step; ``a(B)`` (``ar_level``) the AR baseline's step over that ``B x 1`` forward: the baseline is SPADE's own batched
-  AR on the lean weights (:class:`~spade_lib.decoding.lean_batch.LeanBatch`, the fastest batched AR here), the
+  AR on the lean weights (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`, the fastest batched AR here), the
   speculative batch runs the HF batched forward; ``predicted_forwards`` is the same with ``o = 0``.
 
 The speculative batch's forwards (:class:`spade_lib.decoding.batch.BatchLM`: HF's, with padding mask and a
@@ -32,12 +32,12 @@ import numpy as np
 import torch
 
 from spade_lib import devices, measures, theory
-from spade_lib.decoding.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.batch import BatchLM, left_pad
-from spade_lib.decoding.costs import time_in_turns
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
-from spade_lib.decoding.lean_batch import LeanBatch
-from spade_lib.decoding.divergence import classify_greedy
+from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
+from spade_lib.decoding.model.lean_batch import LeanBatch
+from spade_lib.decoding.studies.costs import time_in_turns
+from spade_lib.decoding.studies.divergence import classify_greedy
 from spade_lib.sampling import SamplingConfig
 
 __all__ = ["BatchStudyConfig", "forward_costs", "round_rows", "batch_study", "stops_paying", "batched_greedy_check"]
@@ -76,10 +76,10 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
                   ) -> dict[str, float]:
     """Measured cost ratios of one batched step for these ``B`` prompts (their caches prefilled):
     ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``,
-    timed in turns by :func:`spade_lib.decoding.costs.time_in_turns` (the one cost measurement: order
+    timed in turns by :func:`spade_lib.decoding.studies.costs.time_in_turns` (the one cost measurement: order
     rotated each round, ``repeats`` rounds after one untimed round, medians of the per-round ratios).
     Also returns the median times (s) ``t_target_1``, ``t_target_g``, ``t_draft_1`` and ``t_ar_1``, the AR
-    baseline's ``B x 1`` step on SPADE's batched lean forward (:class:`~spade_lib.decoding.lean_batch.LeanBatch`,
+    baseline's ``B x 1`` step on SPADE's batched lean forward (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`,
     where the target has one; else the same forward), and ``ar_level = t_ar_1 / t_target_1``: an AR step in units
     of the speculative loop's ``B x 1`` target forward."""
     ta = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target)
@@ -232,7 +232,7 @@ def batched_greedy_check(target, draft, prompts: Sequence[Sequence[int]], *, gam
                          ) -> dict[str, int]:
     """The batched decoder's exactness on ``prompts``: one greedy speculative batch of them all against
     each prompt decoded alone by the same decoder (``gamma``, ``max_new_tokens``), row by row through
-    :func:`spade_lib.decoding.divergence.classify_greedy`. Returns the count per class (``identical``,
+    :func:`spade_lib.decoding.studies.divergence.classify_greedy`. Returns the count per class (``identical``,
     ``near_tie``: a rounding-level flip of a near tie, ``bug``)."""
     if not prompts:
         raise ValueError("prompts: at least one prompt")

@@ -10,10 +10,10 @@ A small draft's Hugging Face forward is dominated by per-call work (dispatch, da
   an integer; capacity doubles up to the context limit;
 - attention ``softmax(q K^T / sqrt(d) + mask) V``, two batched matmuls over the first ``length + k`` positions: no
   mask for one token, causal ``j <= length + i`` for ``k > 1``, or a draft tree's (row ``i``: the cache and its path, at
-  position ``length + depth[i]``; :mod:`spade_lib.decoding.tree`); ``keep`` copies an accepted path's keys/values down;
+  position ``length + depth[i]``; :mod:`spade_lib.decoding.drafts.tree`); ``keep`` copies an accepted path's keys/values down;
   one new token takes as few kernel calls as the math allows (rotation, cache write and attention one call where
-  :mod:`spade_lib.decoding.native` builds); final norm and LM head on the last position only when that suffices;
-- projections on the linear kernel (MKL GEMV, oneDNN packed, SPADE AVX2, ...) :mod:`spade_lib.decoding.kernels` timed
+  :mod:`spade_lib.decoding.model.native` builds); final norm and LM head on the last position only when that suffices;
+- projections on the linear kernel (MKL GEMV, oneDNN packed, SPADE AVX2, ...) :mod:`spade_lib.decoding.model.kernels` timed
   fastest here, for one row and ``k > 1`` rows apart (``kernels=`` forces one); an FR-Spec draft scatters its
   ``head_vocab`` logits into ``-inf`` full-vocabulary rows (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`).
 
@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from filelock import FileLock
 
 from spade_lib import devices, paths
-from spade_lib.decoding import kernels as _kernels
-from spade_lib.decoding import native as _native
-from spade_lib.decoding.heads import scatter_vocab
+from spade_lib.decoding.model import kernels as _kernels
+from spade_lib.decoding.model import masks
+from spade_lib.decoding.model import native as _native
+from spade_lib.decoding.model.heads import scatter_vocab
 from spade_lib.io import write_json
 
 __all__ = ["LeanForward", "lean_forward", "prepare", "SUPPORTED"]
@@ -110,7 +111,7 @@ class LeanForward:
 
     ``capacity`` is the context limit (positions); the buffers start small and double up to it.
     ``kernels``: ``"auto"`` (for one row and for many, the candidate whose whole forward is fastest
-    here: :mod:`spade_lib.decoding.kernels`), ``"legacy"`` (the rule before timing) or one candidate
+    here: :mod:`spade_lib.decoding.model.kernels`), ``"legacy"`` (the rule before timing) or one candidate
     for every product (``"mkl"`` is plain ``F.linear``); ``None`` reads ``SPADE_LINEAR_KERNELS``
     (default ``"auto"``). ``self.kernel_names`` says what was installed: ``{"one": ..., "many": ...}`` (a
     candidate, or ``"product=candidate,..."``), ``self.kernel_plan`` the candidate of every product;
@@ -219,12 +220,12 @@ class LeanForward:
         self._sin: dict[str, torch.Tensor] = {}
         self._alloc(min(self.capacity, 256))
         self.length = 0
-        # the linear kernels (spade_lib.decoding.kernels): timed on the whole forward, or as forced
+        # the linear kernels (spade_lib.decoding.model.kernels): timed on the whole forward, or as forced
         policy = kernels if kernels is not None else os.environ.get("SPADE_LINEAR_KERNELS", "auto")
         if policy not in _kernels.POLICIES:
             raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
         packable = _kernels.packing_available(self.device, self.dtype)
-        # the one-token path's attention in one native call (spade_lib.decoding.native), except for "legacy"
+        # the one-token path's attention in one native call (spade_lib.decoding.model.native), except for "legacy"
         self.native_attention = (policy != "legacy" and self.folded and self.device.type == "cpu"
                                   and self.dtype == torch.float32 and _native.available())
         self._prepared: dict[str, list[dict]] = {}
@@ -246,7 +247,7 @@ class LeanForward:
         self._prepared = {}  # only what the installed kernels reference stays in memory
 
     def prepare(self) -> str:
-        """Time this model's kernel plan now, unless one is recorded (:func:`spade_lib.decoding.kernels.choose`:
+        """Time this model's kernel plan now, unless one is recorded (:func:`spade_lib.decoding.model.kernels.choose`:
         every candidate on the whole forward, recorded on disk per model and machine), and install it; a
         forward built afterwards on this machine takes the recorded plan without timing. Returns
         :attr:`plan_source` (``"recorded"``, or ``"fixed"`` for a forced policy, which is never timed)."""
@@ -375,7 +376,7 @@ class LeanForward:
                 ) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Feed 1-D ``ids`` at positions ``length ..``; return logits ``[k, V]`` (``[1, V]`` if ``last_only``).
 
-        ``ancestors [k, M]`` bool feeds the rows as a tree (:mod:`spade_lib.decoding.tree`) whose ``M``
+        ``ancestors [k, M]`` bool feeds the rows as a tree (:mod:`spade_lib.decoding.drafts.tree`) whose ``M``
         rows start at cache position ``S = tree_from`` (default ``length``, ``M = k``): row ``i`` sees the
         cache before ``S`` and the tree rows ``j`` with ``ancestors[i, j]``, at position ``S + depth[i]``.
         ``hidden_layers`` also returns ``{layer: [k, d]}``, indexed as Hugging Face's
@@ -476,17 +477,16 @@ class LeanForward:
         end = start + k
         if k == 1 and tree_from == start and (window is None or end <= window):
             return None
-        mask = torch.zeros(k, end, device=self.device, dtype=self.dtype)
-        keys = torch.arange(end, device=self.device)[None, :]
+        keys = torch.arange(end, device=self.device)
         if ancestors is None:
-            query = torch.arange(start, end, device=self.device)[:, None]
-            hidden = keys > query
+            query = torch.arange(start, end, device=self.device)
+            seen = masks.causal(query, keys)
         else:  # a tree's: query i (at position tree_from - 1 + depth) sees the cache before the tree and its path
-            query = (tree_from - 1 + ancestors.sum(dim=-1))[:, None]
-            hidden = torch.cat([torch.zeros(k, tree_from, dtype=torch.bool, device=self.device), ~ancestors], dim=1)
+            query = tree_from - 1 + ancestors.sum(dim=-1)
+            seen = torch.cat([torch.ones(k, tree_from, dtype=torch.bool, device=self.device), ancestors], dim=1)
         if window is not None:  # tree rows are within the window (forward checks), cached slots are positions
-            hidden |= keys <= query - window
-        mask.masked_fill_(hidden, float("-inf"))
+            seen &= masks.in_window(query, keys, window)
+        mask = masks.additive(seen, self.dtype)
         return mask.repeat(self.n_heads // self.n_kv, 1) if self.gqa else mask
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
@@ -507,7 +507,7 @@ class LeanForward:
     def _forward_native(self, ids: torch.Tensor, start: int, rot: dict[str, tuple[torch.Tensor, torch.Tensor]],
                         tree_from: int, ancestors: torch.Tensor | None, last_only: bool,
                         hidden_layers: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """:meth:`forward` of ``k >= 1`` tokens on SPADE's native kernels (:mod:`spade_lib.decoding.native`), in
+        """:meth:`forward` of ``k >= 1`` tokens on SPADE's native kernels (:mod:`spade_lib.decoding.model.native`), in
         four calls a layer: the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
         attention under the causal or the tree's ancestor mask); the output projection with the residual
         added; the normed gate/up product and the gated down projection with the residual added. The final

@@ -13,7 +13,7 @@ length chosen before verification). The decoder logs ``gamma`` and both signals 
 up to ``max_gamma`` every step) or a fresh :class:`PolicyState`, whose :meth:`~PolicyState.gamma` gives each step's cap
 in ``[1, max_gamma]`` (then the budget; ``keep_drafting`` may stop earlier) and whose :meth:`~PolicyState.observe` is
 told ``(gamma, n_accepted)`` after verification (``gamma = 0``: a plain target step); :func:`step_cap` is that rule,
-:class:`spade_lib.decoding.adaptive.AdaptiveGamma` (``"adaptive"``) the built-in stateful policy.
+:class:`spade_lib.decoding.drafts.adaptive.AdaptiveGamma` (``"adaptive"``) the built-in stateful policy.
 
 **Registry**: ``get_policy("confidence", threshold=0.3)`` (the runner's ``RunConfig.policy`` + ``policy_options``);
 :func:`register_policy` adds one. **Replay** (:mod:`spade_lib.whatif.replay`): :meth:`Policy.keep_mask` answers
@@ -263,7 +263,7 @@ def as_policy(gamma: int | None = None, policy: Policy | None = None) -> Policy:
         raise ValueError("gamma/policy: give exactly one of gamma=<int> or policy=<Policy>")
     if policy is not None:
         if not isinstance(policy, Policy):
-            raise ValueError(f"policy: expected a spade_lib.decoding.policies.Policy, got {type(policy).__name__}")
+            raise ValueError(f"policy: expected a spade_lib.decoding.drafts.policies.Policy, got {type(policy).__name__}")
         return policy
     return FixedGamma(gamma=gamma)
 

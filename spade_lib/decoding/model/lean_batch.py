@@ -6,7 +6,7 @@ product per projection, compute-bound once ``B`` reaches a few dozen, so the ker
 on SmolLM2 (2-core AMD EPYC, torch 2.13) the Hugging Face decode step ran at ~45 GFLOP/s while its prefill
 ran at ~165 and the lean forward's fused products reach ~95-115 at 32 rows (``F.linear`` on its
 49,152-row LM head: ~45). :class:`LeanBatch` computes the same function as the model with the weights a
-:class:`~spade_lib.decoding.lean.LeanForward` already holds (q/k/v and gate/up fused, the norm gains and the
+:class:`~spade_lib.decoding.model.lean.LeanForward` already holds (q/k/v and gate/up fused, the norm gains and the
 attention scale folded in, the kernel plan its timing chose for ``k > 1`` rows; ``F.linear`` on the raw
 fused weights for more than :data:`BIG_ROWS` rows, a prefill, where MKL's GEMM is the fastest here) and
 its rotary tables, for Llama-family and Gemma-3 layers alike.
@@ -29,7 +29,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from spade_lib.decoding.lean import LeanForward
+from spade_lib.decoding.model import masks
+from spade_lib.decoding.model.lean import LeanForward
 
 __all__ = ["BIG_ROWS", "LeanBatch"]
 
@@ -91,16 +92,15 @@ class LeanBatch:
         S = key_pos.shape[1]
         own = torch.zeros(R, k, S, dtype=torch.bool, device=self.device)
         own[:, :, S - k:] = torch.eye(k, dtype=torch.bool, device=self.device)
-        seen = key_valid.bool()[:, None, :] & (key_pos[:, None, :] <= q_pos[:, :, None])
+        seen = key_valid.bool()[:, None, :] & masks.causal(q_pos, key_pos)
         groups = self.lean.n_heads // self.lean.n_kv
         out = {}
         for w in windows:
-            ok = seen & (key_pos[:, None, :] > q_pos[:, :, None] - w) if w is not None else seen
+            ok = (seen & masks.in_window(q_pos, key_pos, w) if w is not None else seen) | own
             if boolean:
-                out[w] = (ok | own)[:, None]
+                out[w] = ok[:, None]
                 continue
-            m = torch.zeros(R, 1, k, S, device=self.device, dtype=self.dtype)
-            m.masked_fill_(~(ok | own)[:, None], float("-inf"))
+            m = masks.additive(ok[:, None], self.dtype)
             out[w] = m.repeat(1, 1, groups, 1) if groups > 1 else m
         return out
 

@@ -37,12 +37,13 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from spade_lib.decoding import native
-from spade_lib.decoding.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, draw_token
-from spade_lib.decoding.heads import DraftHead, config_from_dict
-from spade_lib.decoding.policies import Policy
-from spade_lib.decoding.tree import DraftTree, ancestor_mask
-from spade_lib.decoding.tree_drafting import TreeConfig, empty_tree, grow_tree
+from spade_lib.decoding.drafts.drafters import Draft, Drafter, HEAD_DRAFTER, TargetView, _model_tree, _signals, draw_token
+from spade_lib.decoding.drafts.policies import Policy
+from spade_lib.decoding.drafts.tree import DraftTree
+from spade_lib.decoding.drafts.tree_drafting import TreeConfig, empty_tree, grow_tree
+from spade_lib.decoding.model import native
+from spade_lib.decoding.model.heads import DraftHead, config_from_dict
+from spade_lib.decoding.model.masks import ancestor_mask, causal_additive
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import ArgumentTypeError, check_bool, check_int
 
@@ -217,14 +218,6 @@ class EagleDecoderLayer(LlamaDecoderLayer):
         return a + self.mlp(self.post_attention_layernorm(a))
 
 
-def _causal_mask(m: int, past: int, dtype, device) -> torch.Tensor | None:
-    """Additive mask ``[1, 1, m, past + m]`` letting new row ``i`` see cached keys and new keys ``<= i``."""
-    if m == 1:
-        return None
-    keep = torch.arange(past + m, device=device)[None, :] <= past + torch.arange(m, device=device)[:, None]
-    return torch.zeros(m, past + m, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))[None, None]
-
-
 class _HFRunner:
     """The head's drafting passes on its Hugging Face modules: :meth:`EagleHead.layer` over a ``DynamicCache``
     (every device and dtype). Rows are appended at cache slot :attr:`length`; see :class:`NativeRunner`."""
@@ -249,7 +242,7 @@ class _HFRunner:
              ancestors: torch.Tensor | None = None) -> torch.Tensor:
         m, past = int(tokens.numel()), self.length
         if ancestors is None:
-            mask = _causal_mask(m, past, g.dtype, self.device)
+            mask = causal_additive(m, past, g.dtype, self.device)
         else:
             mask = torch.zeros(1, 1, m, past + m, dtype=g.dtype, device=self.device)
             mask[0, 0, :, tree_from:] = torch.where(ancestors, 0.0, float("-inf"))
@@ -264,7 +257,7 @@ class _HFRunner:
 
 
 class NativeRunner:
-    """The head's drafting passes on SPADE's native kernels (:mod:`spade_lib.decoding.native`), the same
+    """The head's drafting passes on SPADE's native kernels (:mod:`spade_lib.decoding.model.native`), the same
     function as :class:`_HFRunner` (fp32 summation order apart): the head's own KV cache is one buffer
     ``[2, KV, capacity, hd]`` (rolling back is setting an integer), each product streams its weights once
     for all rows with the norms and residual adds fused in, and a pass is

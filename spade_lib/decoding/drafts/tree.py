@@ -17,7 +17,7 @@ children; ``q`` may be ``None``, verification then treats ``q[i]`` as ``one_hot(
 
 A **chain** (node ``i``'s parent ``i - 1``) is stored with ``parents=None``: its shape is known on the host, so the
 decoder takes the chain path (plain causal forward, no mask, no extra host sync). ``DraftTree(tokens, q, logits,
-stop)``, the positional order of the chain draft :class:`spade_lib.decoding.drafters.Draft`, is a chain
+stop)``, the positional order of the chain draft :class:`spade_lib.decoding.drafts.drafters.Draft`, is a chain
 (:func:`DraftTree.chain`). The target scores a tree in one forward over ``[t, x_0 .. x_{N-1}]`` in which row ``r``
 attends to the cache and its own path's rows (:meth:`DraftTree.ancestor_mask`) at position ``length + depth``: row
 ``i + 1`` then computes exactly what a causal forward of the path of ``i`` would (``tests/test_adapter.py``).
@@ -29,26 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
+from spade_lib.decoding.model.masks import ancestor_mask
 from spade_lib.rules import DRAWS
 
-__all__ = ["DraftTree", "ancestor_mask", "depths", "sibling_ranks", "path_of"]
-
-
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """``M [N, N]`` bool, ``M[i, j]`` iff ``j`` is ``i`` or an ancestor of ``i`` (``parents [N]``, ``-1`` =
-    child of the root). Transitive closure of ``I + A`` (``A[i, parents[i]] = 1``) by repeated squaring:
-    ``ceil(log2 N)`` boolean products on the device, no host sync."""
-    n = int(parents.shape[0])
-    m = torch.eye(n, dtype=torch.bool, device=parents.device)
-    if n == 0:
-        return m
-    has = parents >= 0
-    m[torch.arange(n, device=parents.device)[has], parents[has]] = True
-    reach = 1
-    while reach < n:  # m covers ancestors up to 2 * reach generations up after each squaring
-        m = (m.to(torch.float32) @ m.to(torch.float32)) > 0
-        reach *= 2
-    return m
+__all__ = ["DraftTree", "depths", "sibling_ranks", "path_of"]
 
 
 def depths(parents: torch.Tensor) -> torch.Tensor:

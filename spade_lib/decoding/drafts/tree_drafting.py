@@ -2,7 +2,7 @@
 
 A run names it once (``make_drafter(name, pair, tree=TreeConfig(...))``, or a spec for ``TreeConfig.parse`` such as
 ``"eagle2:nodes=16,depth=4,topk=4"``); every drafter with a model (``ModelDrafter``, EAGLE and Medusa heads) grows it
-by :func:`grow_tree` with :mod:`spade_lib.decoding.tree_shapes`. Terms are :mod:`spade_lib.decoding.tree`'s (the root
+by :func:`grow_tree` with :mod:`spade_lib.decoding.drafts.tree_shapes`. Terms are :mod:`spade_lib.decoding.drafts.tree`'s (the root
 is the pending token). **Shapes** (``TreeConfig.shape``; fields read in brackets; ``"chain"``, the default: no tree):
 
 - ``"eagle2"`` [``total_nodes``, ``depth``, ``top_k``]: EAGLE-2 (Li et al. 2024): per level the ``top_k`` nodes of
@@ -32,8 +32,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from spade_lib.decoding.tree import DraftTree
-from spade_lib.decoding.tree_shapes import (MAX_TREE_NODES, MEDUSA_63, check_tree_size, eagle2_tree, fill_static,
+from spade_lib.decoding.drafts.tree import DraftTree
+from spade_lib.decoding.drafts.tree_shapes import (MAX_TREE_NODES, MEDUSA_63, check_tree_size, eagle2_tree, fill_static,
                                             sampled_tree, static_tree)
 from spade_lib.sampling import SamplingConfig, adjust
 from spade_lib.validate import MAX_GAMMA, ArgumentTypeError, check_choice, check_int
