@@ -10,6 +10,10 @@ in ``/sys``): the hosts of one project can share a model name ("AMD EPYC") while
 parts with and without AVX-512, so a label that names only the model cannot tell their timings apart, and a
 kernel plan keyed by it would be reused on another host. :meth:`CpuInfo.label` names vendor family/model,
 AVX-512 and the L3; the kernel plans, the run fingerprints, the report and the benchmarks use it.
+
+Timing: :func:`clock` is the one clock and :func:`time_in_turns` the one timing loop (warm-up, rounds in a rotated
+order, bursts, a time bound); the cost measurement, the kernel plans, the protocol's bandwidth probes and
+``runs.timing.measure`` are all calls of it.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from __future__ import annotations
 import functools
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from spade_lib.validate import ArgumentTypeError, check_choice
@@ -75,6 +81,55 @@ def clock(device: str | torch.device | None = None) -> float:
     interval ends when its kernels do, not when they were queued."""
     synchronize(device)
     return time.perf_counter()
+
+
+_device_clock = clock  # what time_in_turns reads when its caller passes no clock (its parameter shadows the name)
+
+
+def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
+                  clock: Callable[[], float] | None = None, device=None, max_seconds: float | None = None,
+                  min_reps: int = 5, self_timed: bool = False) -> dict[str, np.ndarray]:
+    """Seconds of each callable in ``forwards`` over ``reps`` rounds (after ``warmup`` untimed ones): every round
+    runs each in turn, in an order rotated by the round. Returns ``{name: times [n]}``; round ``k`` of every name
+    was timed close together, so ratios should be taken round by round. The one timing loop of SPADE.
+
+    ``max_seconds`` bounds the work for large models: once that much time has passed, no new round starts past
+    ``min_reps`` timed ones (``n = min(reps, max(min_reps, rounds done))``), and one warm-up round that already
+    took ``max_seconds / (warmup + min_reps)`` or more is the only one.
+
+    ``burst > 1`` runs each callable ``burst`` times in a row per round and keeps the median of all but the first
+    call: decoding calls one forward again and again, so its weights are as warm as they are there, not as the
+    previous, different forward of the round left the caches. ``self_timed``: a callable returns its own seconds
+    (read on :func:`clock` around its inner loop, its setup left out), which is the reading."""
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValueError(f"burst: must be an integer >= 1, got {burst!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup: must be an integer >= 0, got {warmup!r}")
+    clock = clock or functools.partial(_device_clock, device)
+    names = list(forwards)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start = clock()
+    k = 0
+    while k < warmup + reps:
+        if max_seconds is not None and k > warmup and len(times[names[0]]) >= min_reps \
+                and clock() - start > max_seconds:
+            break
+        if max_seconds is not None and k == 1 and warmup > 1 and clock() - start >= max_seconds / (warmup + min_reps):
+            k = warmup  # one slow warm-up round is warm-up enough
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            calls = []
+            for _ in range(burst):
+                synchronize(device)
+                t0 = clock()
+                out = forwards[name]()
+                synchronize(device)
+                calls.append(float(out) if self_timed else clock() - t0)
+            if k >= warmup:
+                times[name].append(float(np.median(calls[1:] if burst > 1 else calls)))
+        k += 1
+    return {n: np.asarray(v) for n, v in times.items()}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """spade_lib.devices: the one CPU probe (what tells two hosts of one model name apart) and its parser; the one
-clock."""
+clock and the one timing loop."""
 
 import re
 from pathlib import Path
+
+import pytest
 
 import spade_lib
 from spade_lib import devices
@@ -61,3 +63,33 @@ def test_devices_clock_is_the_only_wall_clock_in_the_package():
     assert CLOCKS.search("t0 = time.perf_counter()") and CLOCKS.search("from time import monotonic")
     assert not CLOCKS.search("cpu0 = time.process_time()")
     assert CLOCKS.search((package / "devices.py").read_text())  # the one clock itself
+
+
+def test_time_in_turns_rotates_warms_up_and_bursts():
+    """The one timing loop: warm-up rounds untimed, each round's order rotated, a burst's first call dropped,
+    a fake clock's readings returned per name; ``self_timed`` takes the callable's own seconds."""
+    order, now = [], [0.0]
+
+    def fake_clock():
+        return now[0]
+
+    def forward(name, seconds):
+        def call():
+            order.append(name)
+            now[0] += seconds
+        return call
+
+    out = devices.time_in_turns({"a": forward("a", 1.0), "b": forward("b", 2.0), "c": forward("c", 3.0)},
+                                reps=3, warmup=1, clock=fake_clock)
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert {k: v.tolist() for k, v in out.items()} == {"a": [1.0] * 3, "b": [2.0] * 3, "c": [3.0] * 3}
+    order.clear()
+    seconds = iter([5.0, 1.0, 3.0])  # a burst of three: the first (cold) call is dropped, the median of the rest
+    out = devices.time_in_turns({"x": lambda: now.__setitem__(0, now[0] + next(seconds))}, reps=1, warmup=0,
+                                burst=3, clock=fake_clock)
+    assert out["x"].tolist() == [2.0]
+    own = devices.time_in_turns({"y": lambda: 0.25}, reps=2, warmup=1, clock=fake_clock, self_timed=True)
+    assert own["y"].tolist() == [0.25, 0.25]
+    for bad in ({"reps": 0}, {"reps": 1, "burst": 0}, {"reps": 1, "warmup": -1}):
+        with pytest.raises(ValueError, match=r"^(reps|burst|warmup): must be an integer"):
+            devices.time_in_turns({"z": lambda: None}, **bad)

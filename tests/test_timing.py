@@ -74,13 +74,13 @@ def test_resolve_device_and_dtype():
 
 
 def test_streaming_vs_copy_pairs_each_round():
-    """streaming_vs_copy calls the step rounds x steps times (+2 warm-up), and its figures are consistent:
+    """streaming_vs_copy calls the step (rounds + 1 warm-up round) x steps times, and its figures are consistent:
     rate = weight bytes / step seconds, ratio within its quartiles, copy a positive bandwidth."""
     from spade_lib.runs import timing
 
     calls = []
     out = timing.streaming_vs_copy(lambda: calls.append(1), 1000, rounds=5, steps=3, nbytes=1 << 16)
-    assert len(calls) == 5 * 3 + 2
+    assert len(calls) == (5 + 1) * 3
     assert set(out) == {"rate", "copy", "ratio", "ratio_q1", "ratio_q3", "step_s"}
     assert out["copy"] > 0 and out["step_s"] > 0
     assert out["ratio_q1"] <= out["ratio"] <= out["ratio_q3"]

@@ -134,7 +134,7 @@ def pair_costs(pair, drafts: Iterable[str], max_gamma: int, *, context: int = 12
     ``max_gamma`` below that share one measurement (and one prediction per configuration). With
     ``overhead`` (the default) every table carries the pair's loop overhead (:func:`loop_overhead`,
     :func:`with_overhead`; a table cached before it existed gets it added, and is rewritten with it).
-    ``max_seconds`` bounds each measurement past 5 rounds (:func:`spade_lib.decoding.studies.costs.time_in_turns`): a
+    ``max_seconds`` bounds each measurement past 5 rounds (:func:`spade_lib.devices.time_in_turns`): a
     small pair does its ``reps`` well inside it, a 1.5 B-parameter target about 5."""
     from spade_lib.decoding.model.adapter import CausalLMAdapter
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spade_lib import devices
 from spade_lib.runs import timing
 from spade_lib.runs.config import RunConfig
 
@@ -125,13 +126,9 @@ def timed_generation(generator: Generator, ids, config: RunConfig, seed: int, de
     whose timed generations record, the last one's records, built after its clock."""
     rec = generator.recorded(ids, config.max_new_tokens, seed) if records and generator.recorded else None
     outputs: list[Generation] = []
-    times: list[float] = []
-    for _ in range(config.repeats):
-        t0 = timing.clock(device)
-        g = generator.timed(ids, config.max_new_tokens, seed)
-        times.append(timing.clock(device) - t0 - g.untimed)
-        outputs.append(g)
-    gen, t = outputs[-1], timing.summarize_times(times)
+    readings = devices.time_in_turns({"gen": lambda: outputs.append(generator.timed(ids, config.max_new_tokens, seed))},
+                                     reps=config.repeats, warmup=0, device=device)["gen"]
+    gen, t = outputs[-1], timing.summarize_times([r - o.untimed for r, o in zip(readings, outputs)])
     ref = rec if rec is not None else gen
     if any(o.output_ids != ref.output_ids or o.accept_lengths != ref.accept_lengths for o in outputs):
         raise RuntimeError(f"seed {seed}: repeated generations differ (or differ from the recorded one); "

@@ -41,7 +41,6 @@ import torch
 
 from spade_lib import devices
 from spade_lib.decoding.model import kernels
-from spade_lib.devices import clock
 from spade_lib.paths import REPO_ROOT
 
 T = TypeVar("T")
@@ -97,14 +96,13 @@ def measure(fn: Callable[[], T], *, warmup: int = 1, repeats: int = 3,
         raise ValueError(f"warmup must be >= 0, got {warmup}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    for _ in range(warmup):
-        fn()
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = clock(device)
-        result = fn()
-        times.append(clock(device) - t0)
-    return result, summarize_times(times)
+    result = []
+
+    def call() -> None:
+        result[:] = [fn()]
+
+    times = devices.time_in_turns({"fn": call}, reps=repeats, warmup=warmup, device=device)["fn"]
+    return result[0], summarize_times(times)
 
 
 def _check_rule(rule, numbers: tuple[str, ...], integers: tuple[tuple[str, int], ...]) -> None:
@@ -228,12 +226,7 @@ def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 7) -> float:
     a rate near this is at the machine's limit."""
     n = max(1, int(nbytes) // 4)
     src, dst = torch.randn(n), torch.empty(n)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        t0 = clock()
-        dst.copy_(src)
-        times.append(clock() - t0)
+    times = devices.time_in_turns({"copy": lambda: dst.copy_(src)}, reps=repeats, warmup=1)["copy"]
     return 2 * n * 4 / sorted(times)[len(times) // 2]
 
 
@@ -244,12 +237,7 @@ def gemm_peak(n: int = 2048, repeats: int = 5) -> float:
     ``2 k N / peak``: with ``t(1)`` the one-row forward, ``r(k) >= max(1, 2 k N / (peak t(1)))`` (the roofline
     floor ``benchmarks/bench_rows.py`` prints beside the measured ``r``)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    times = []
-    for _ in range(repeats):
-        t0 = clock()
-        torch.mm(a, b)
-        times.append(clock() - t0)
+    times = devices.time_in_turns({"mm": lambda: torch.mm(a, b)}, reps=repeats, warmup=1)["mm"]
     return 2 * n ** 3 / sorted(times)[len(times) // 2]
 
 
@@ -257,28 +245,22 @@ def streaming_vs_copy(step: Callable[[], object], weight_bytes: int, *, rounds: 
                       nbytes: int = COPY_BYTES) -> dict[str, float]:
     """An AR decode step's weight-streaming rate beside the copy bandwidth, measured **in turns**: each
     round times one ``dst.copy_(src)`` of ``nbytes`` (``2 nbytes / t``, as :func:`copy_bandwidth`) and then
-    ``steps`` calls of ``step`` (one decode step each: ``weight_bytes`` read per call), so a host whose
+    ``steps`` calls of ``step`` (one decode step each: ``weight_bytes`` read per call; :func:`spade_lib.devices.time_in_turns`,
+    the two in a rotated order), so a host whose
     memory bandwidth drifts (a shared VM) moves both sides of a round's ratio alike. Returns medians over
     rounds: ``rate`` and ``copy`` (bytes/s), ``ratio`` (rate / copy, per round) with its ``ratio_q1`` /
     ``ratio_q3``, and ``step_s`` (seconds per step)."""
     n = max(1, int(nbytes) // 4)
     src, dst = torch.randn(n), torch.empty(n)
-    dst.copy_(src)
-    for _ in range(2):
-        step()
-    rates, copies, ratios, secs = [], [], [], []
-    for _ in range(rounds):
-        t0 = clock()
-        dst.copy_(src)
-        t1 = clock()
+
+    def steps_in_a_row() -> None:
         for _ in range(steps):
             step()
-        t2 = clock()
-        bw, dt = 2 * n * 4 / (t1 - t0), (t2 - t1) / steps
-        rates.append(weight_bytes / dt)
-        copies.append(bw)
-        ratios.append(weight_bytes / dt / bw)
-        secs.append(dt)
+
+    t = devices.time_in_turns({"copy": lambda: dst.copy_(src), "steps": steps_in_a_row}, reps=rounds, warmup=1)
+    dt = t["steps"] / steps
+    rates, copies = list(weight_bytes / dt), list(2 * n * 4 / t["copy"])
+    ratios, secs = [r / c for r, c in zip(rates, copies)], list(dt)
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"rate": statistics.median(rates), "copy": statistics.median(copies), "ratio": statistics.median(ratios),
             "ratio_q1": q[0], "ratio_q3": q[2], "step_s": statistics.median(secs)}

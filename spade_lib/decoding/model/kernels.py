@@ -269,13 +269,12 @@ def _time_plans(facts: dict, timer: Callable[[str, dict[str, str]], float], prod
 
 
 def _rounds(timer: Callable[[str, dict[str, str]], float], rows: str, plans: dict[str, dict[str, str]]) -> dict[str, float]:
-    """``{label: median over ROUNDS}`` of ``timer(rows, plan)``, the plans taken in turn in every round, so a
-    drift of the host's speed or a slow first call weighs on every plan alike instead of on one."""
-    times: dict[str, list[float]] = {label: [] for label in plans}
-    for _ in range(ROUNDS):
-        for label, plan in plans.items():
-            times[label].append(float(timer(rows, plan)))
-    return {label: sorted(t)[len(t) // 2] for label, t in times.items()}
+    """``{label: median over ROUNDS}`` of ``timer(rows, plan)`` (seconds it reads itself, its setup left out), the
+    plans taken in turn in every round (:func:`spade_lib.devices.time_in_turns`), so a drift of the host's speed or
+    a slow first call weighs on every plan alike instead of on one."""
+    times = devices.time_in_turns({label: (lambda plan=plan: timer(rows, plan)) for label, plan in plans.items()},
+                                  reps=ROUNDS, warmup=0, self_timed=True)
+    return {label: float(sorted(t)[len(t) // 2]) for label, t in times.items()}
 
 
 def _valid(hit: dict, products: list[str]) -> bool:

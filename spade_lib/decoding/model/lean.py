@@ -306,15 +306,15 @@ class LeanForward:
                             generator=torch.Generator().manual_seed(0)).to(self.device)
         self.reset()
         self.forward(ids[:ctx])
-        times = []
-        for _ in range(warmup + reps):
-            t0 = devices.clock()
+
+        def run() -> None:  # the decoding loop's steps, then back to the context
             for i in range(steps):
                 self.forward(ids[ctx + i * k:ctx + (i + 1) * k], last_only=k == 1)
-            times.append((devices.clock() - t0) / steps)
             self.rollback(ctx)
+
+        times = devices.time_in_turns({"steps": run}, reps=reps, warmup=warmup, device=self.device)["steps"] / steps
         self.reset()
-        return sorted(times[warmup:])[reps // 2]
+        return float(sorted(times)[reps // 2])
 
     # -- buffers ---------------------------------------------------------------------------
     def _alloc(self, size: int) -> None:

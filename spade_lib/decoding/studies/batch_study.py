@@ -25,18 +25,17 @@ loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose me
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from spade_lib import devices, measures, theory
+from spade_lib import devices, measures, rates, theory
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.model.lean_batch import LeanBatch
-from spade_lib.decoding.studies.costs import time_in_turns
 from spade_lib.decoding.studies.divergence import classify_greedy
 from spade_lib.sampling import SamplingConfig
 
@@ -76,7 +75,7 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
                   ) -> dict[str, float]:
     """Measured cost ratios of one batched step for these ``B`` prompts (their caches prefilled):
     ``r = t(target, B x (gamma+1) tokens) / t(target, B x 1)`` and ``c = t(draft, B x 1) / t(target, B x 1)``,
-    timed in turns by :func:`spade_lib.decoding.studies.costs.time_in_turns` (the one cost measurement: order
+    timed in turns by :func:`spade_lib.devices.time_in_turns` (the one timing loop: order
     rotated each round, ``repeats`` rounds after one untimed round, medians of the per-round ratios).
     Also returns the median times (s) ``t_target_1``, ``t_target_g``, ``t_draft_1`` and ``t_ar_1``, the AR
     baseline's ``B x 1`` step on SPADE's batched lean forward (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`,
@@ -109,7 +108,7 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
                 lm.truncate(s0)
 
             forwards["t_ar_1"] = ar_step
-        times = time_in_turns(forwards, reps=repeats, warmup=1, device=dev)
+        times = devices.time_in_turns(forwards, reps=repeats, warmup=1, device=dev)
     times.setdefault("t_ar_1", times["t_target_1"])  # no lean batch: the AR baseline runs the same HF forward
     out = {name: float(np.median(v)) for name, v in times.items()}
     t1 = np.maximum(times["t_target_1"], 1e-12)
@@ -165,28 +164,34 @@ def batch_study(target, draft, prompts: Sequence[Sequence[int]], config: BatchSt
         ar = AutoregressiveDecoder(spec.target, sampling=sampling, tokenizer=tokenizer, eos_token_id=eos_token_id)
         results: dict[str, list] = {"ar": [], "spec": []}      # every timed round's results
         tokens: dict[str, list[int]] = {"ar": [], "spec": []}  # per timed round
-        times: dict[str, list[float]] = {"ar": [], "spec": []}
         seen: set[int] = set()
-        for k in range(config.warmup + config.repeats):
-            batch, seeds, index = round_rows(prompts, B, k, config.seed)
-            for name, dec in ((("ar", ar), ("spec", spec)) if k % 2 == 0 else (("spec", spec), ("ar", ar))):
-                t0 = devices.clock(spec.device)
+        done = {"ar": 0, "spec": 0}                             # rounds each has run, warm-up included
+
+        def member(name: str, dec) -> Callable[[], None]:
+            def one_round() -> None:  # round k: its rows and seeds (round_rows), kept once warm
+                k = done[name]
+                done[name] += 1
+                batch, seeds, index = round_rows(prompts, B, k, config.seed)
                 # the AR baseline is SPADE's own batched AR (its lean batch forward where the target has one:
                 # the fastest batched AR the stack offers); the speculative batch runs the HF batched forward
                 out = dec.generate_batch(batch, config.max_new_tokens, seed=seeds)
-                dt = devices.clock(spec.device) - t0
                 if k >= config.warmup:
                     results[name] += out
                     tokens[name].append(sum(r.new_tokens for r in out))
-                    times[name].append(dt)
                     seen.update(index)
+            return one_round
+
+        # in turns: round k runs AR then speculative for even k, the other way round for odd k
+        times = {name: [float(t) for t in ts] for name, ts in devices.time_in_turns(
+            {"ar": member("ar", ar), "spec": member("spec", spec)}, reps=config.repeats, warmup=config.warmup,
+            device=spec.device).items()}
         for b in sorted({B, 1} if overhead > 0 else {B}):
             if b not in costs:
                 costs[b] = forward_costs(spec.target, spec.drafter.adapter, round_rows(prompts, b, 0, 0)[0],
                                          config.gamma, config.cost_repeats)
         n = [s.n_accepted for r in results["spec"] for s in r.steps if s.gamma > 0]
-        judged = [min(s.n_accepted + 1, s.gamma) for r in results["spec"] for s in r.steps if s.gamma > 0]
-        alpha = min(sum(n) / sum(judged), 1.0) if sum(judged) else float("nan")
+        judged = [min(s.n_accepted + 1, s.gamma) for r in results["spec"] for s in r.steps if s.gamma > 0]  # R_s
+        alpha = float(rates.alpha(sum(n), sum(judged)))  # A / R (NaN: nothing judged)
         steps = [s for r in results["spec"] for s in r.steps]  # every step, as a summary counts them
         tau = float(measures.tau(sum(s.n_accepted for s in steps), len(steps))) if n else float("nan")
         c, r, level = costs[B]["c"], costs[B]["r"], costs[B]["ar_level"]

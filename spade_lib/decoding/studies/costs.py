@@ -6,7 +6,7 @@ The cost model (:mod:`spade_lib.theory`) prices one speculative step at ``g c + 
 - ``r(g)`` = t(target, ``g + 1`` tokens) / t(target, 1 token), the verification forward;
 - a tree of ``N`` nodes: ``r(N)`` = t(target, ``N + 1`` rows ``[t, x_0 .. x_{N-1}]``, tree mask) / t(target, 1 token).
 
-Every ratio comes from :func:`time_in_turns`: the compared forwards are timed **in turns** (each round runs every one,
+Every ratio comes from :func:`spade_lib.devices.time_in_turns`: the compared forwards are timed **in turns** (each round runs every one,
 in an order rotated per round, each rolled back), so load hits numerator and denominator alike, and a ratio is the
 **median over rounds of the per-round ratios**. Each forward runs in a burst of three and the later calls are kept,
 as decoding repeats one forward. :func:`measure_costs` does this for decoding adapters (batch size 1: cost tables,
@@ -33,55 +33,10 @@ import numpy as np
 import torch
 
 from spade_lib.decoding.model.heads import DraftHead
-from spade_lib.devices import clock as device_clock, synchronize
+from spade_lib.devices import clock as device_clock, time_in_turns
 
-__all__ = ["time_in_turns", "measure_costs", "measure_tree_cost", "measure_loop_overhead", "verify_cost_fn",
+__all__ = ["measure_costs", "measure_tree_cost", "measure_loop_overhead", "verify_cost_fn",
            "HeadStep", "is_head"]
-
-
-def time_in_turns(forwards: dict[str, Callable[[], object]], *, reps: int, warmup: int = 3, burst: int = 1,
-                  clock: Callable[[], float] | None = None, device=None, max_seconds: float | None = None,
-                  min_reps: int = 5) -> dict[str, np.ndarray]:
-    """Seconds of each callable in ``forwards`` over ``reps`` rounds (after ``warmup`` untimed ones):
-    every round runs each in turn, in an order rotated by the round. Returns ``{name: times [n]}``;
-    round ``k`` of every name was timed close together, so ratios should be taken round by round.
-
-    ``max_seconds`` bounds the work for large models: once that much time has passed, no new round starts past
-    ``min_reps`` timed ones (``n`` is then ``min(reps, max(min_reps, rounds done))``), and one warm-up round
-    that already took ``max_seconds / (warmup + min_reps)`` or more is the only one (a 1.5 B-parameter
-    target's thirteen forward shapes in bursts of three take ~20 s a round, so 23 rounds were ~8 minutes).
-
-    ``burst > 1`` runs each callable ``burst`` times in a row per round and keeps the median of all
-    but the first call: decoding calls one forward again and again (the autoregressive loop its
-    one-token forward, verification its ``g + 1``-token one), so its weights are as warm as they are
-    there, not as the previous, different forward of the round left the caches."""
-    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
-        raise ValueError(f"reps: must be an integer >= 1, got {reps!r}")
-    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
-        raise ValueError(f"burst: must be an integer >= 1, got {burst!r}")
-    clock = clock or (lambda: device_clock(device))
-    names = list(forwards)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    start = clock()
-    k = 0
-    while k < warmup + reps:
-        if max_seconds is not None and k > warmup and len(times[names[0]]) >= min_reps \
-                and clock() - start > max_seconds:
-            break
-        if max_seconds is not None and k == 1 and warmup > 1 and clock() - start >= max_seconds / (warmup + min_reps):
-            k = warmup  # one slow warm-up round is warm-up enough
-        for name in names[k % len(names):] + names[:k % len(names)]:
-            calls = []
-            for _ in range(burst):
-                synchronize(device)
-                t0 = clock()
-                forwards[name]()
-                synchronize(device)
-                calls.append(clock() - t0)
-            if k >= warmup:
-                times[name].append(float(np.median(calls[1:] if burst > 1 else calls)))
-        k += 1
-    return {n: np.asarray(v) for n, v in times.items()}
 
 
 def is_head(module) -> bool:
