@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,7 +59,7 @@ def main(argv=None) -> None:
     sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     threads = timing.fix_threads(args.threads or None)
     device = devices.resolve_device(args.device)
-    t0 = time.perf_counter()
+    t0 = devices.clock()
     pair = load_pair(args.pair, device=device)
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
     cfg = RunConfig(max_new_tokens=args.max_new_tokens)
@@ -68,20 +67,20 @@ def main(argv=None) -> None:
     print(f"pair={pair.name} draft={args.draft} prompts={len(prompts)} (lengths {min(map(len, prompts))}-"
           f"{max(map(len, prompts))}) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
           f"T={args.temperature:g} batch_sizes={list(sizes)} repeats={args.repeats} threads={threads} "
-          f"device={device} (setup {time.perf_counter() - t0:.1f} s)")
+          f"device={device} (setup {devices.clock() - t0:.1f} s)")
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"] * 3
     print(f"load average before: {' '.join(load)} (other processes share these cores if > {threads})")
 
     draft = pair.drafts[args.draft]
     study_cfg = BatchStudyConfig(batch_sizes=sizes, gamma=args.gamma, temperatures=(args.temperature,),
                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats, seed=args.seed)
-    t1 = time.perf_counter()
+    t1 = devices.clock()
     study = with_intervals(batch_study(pair.target, draft, prompts, study_cfg, tokenizer=pair.tokenizer), seed=args.seed)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(study.drop(columns=list(ROUND_COLUMNS)).round(3).to_string(index=False))
     T = float(args.temperature)
     print(f"speculation stops paying at B = {stops_paying(study)[T]} (measured: its interval below 1), "
-          f"{stops_paying(study, 'predicted')[T]} (predicted); study {time.perf_counter() - t1:.0f} s")
+          f"{stops_paying(study, 'predicted')[T]} (predicted); study {devices.clock() - t1:.0f} s")
 
     dec = SpeculativeDecoder(pair.target, draft, gamma=args.gamma, sampling=SamplingConfig(temperature=T),
                              record=False)

@@ -28,11 +28,11 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from spade_lib import devices  # noqa: E402
 from spade_lib import experiment, paths  # noqa: E402
 from spade_lib.decoding.drafts.drafters import CROSS_VOCAB_RULES  # noqa: E402
 from spade_lib.decoding.studies.costs import verify_cost_fn  # noqa: E402
@@ -83,22 +83,22 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(E.pair.tokenizer)}; {len(E.suite.rows)} prompts x {args.max_new_tokens} tokens, gamma {args.gamma}")
     proto = protocol.Protocol()
     common = dict(max_new_tokens=args.max_new_tokens, device=str(E.device), threads=E.threads)
-    t0 = time.perf_counter()  # measured once per pair and draft, cached under runs/costs/ as notebook 03's are
+    t0 = devices.clock()  # measured once per pair and draft, cached under runs/costs/ as notebook 03's are
     costs = run_costs.pair_costs(E.pair, [draft, "ngram", "null"], args.gamma)
     cd = costs[draft]
     with tempfile.TemporaryDirectory(prefix="spade-crossvocab-") as tmp:
         paths.RUNS_DIR = Path(tmp)
         r = verify_cost_fn(cd)
-        print(f"costs ({time.perf_counter() - t0:.0f} s, in turns, cached): c({draft}) = {cd['c']:.3f}, r(g) = "
+        print(f"costs ({devices.clock() - t0:.0f} s, in turns, cached): c({draft}) = {cd['c']:.3f}, r(g) = "
               + " ".join(f"{g}:{r(g):.3f}" for g in range(1, args.gamma + 1))
               + f", loop overhead o = {cd.get('overhead', float('nan')):.3f}")
         for temperature in args.temperatures:
             ar = RunConfig(method="ar", temperature=temperature, **common)
             configs = configs_for(draft, temperature, args.gamma, common, tuple(args.rules))
-            t0 = time.perf_counter()
+            t0 = devices.clock()
             dirs = protocol.run_interleaved(E.pair, E.suite, configs, ar, protocol=proto, progress=False)
             table = protocol.speedup_table(dirs, ar, protocol=proto, costs=costs).set_index("label")
-            print(f"\nT = {temperature:g}: one interleaved session, {time.perf_counter() - t0:.0f} s")
+            print(f"\nT = {temperature:g}: one interleaved session, {devices.clock() - t0:.0f} s")
             if temperature == 0:  # greedy: every run must emit AR's tokens
                 ref = read_summary(dirs[proto.config(ar)]).set_index("question_id")["output_ids"]
                 for cfg, d in dirs.items():

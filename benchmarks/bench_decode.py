@@ -149,7 +149,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_clock(kind: str) -> Callable[[], float]:
-    return time.process_time if kind == "cpu" else time.perf_counter
+    return time.process_time if kind == "cpu" else devices.clock
 
 
 def _busy_jiffies() -> tuple[float, float] | None:
@@ -161,7 +161,7 @@ def _busy_jiffies() -> tuple[float, float] | None:
     v = [float(x) for x in fields]
     idle = v[3] + (v[4] if len(v) > 4 else 0.0)
     hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    return (sum(v[:8]) - idle) / hz, time.perf_counter()
+    return (sum(v[:8]) - idle) / hz, devices.clock()
 
 
 class LoadMonitor:
@@ -310,7 +310,7 @@ def main(argv=None) -> None:
     device = devices.resolve_device(args.device)
     clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
     clock = make_clock(clock_kind)
-    t0 = time.perf_counter()
+    t0 = devices.clock()
     pair = load_pair(args.pair, device=device)
     draft_name = args.draft or pair.default_draft
     sampling = SamplingConfig(temperature=args.temperature)
@@ -328,7 +328,7 @@ def main(argv=None) -> None:
     print(f"pair={pair.name} draft={draft_name} suite={suite.name} ({len(prompts)} prompts, "
           f"{len(suite.categories)} categories) max_new_tokens={args.max_new_tokens} gamma={args.gamma} "
           f"T={args.temperature:g} repeats={args.repeats} threads={threads} clock={clock_kind} device={device} "
-          f"backend={args.backend} (setup {time.perf_counter() - t0:.1f} s)")
+          f"backend={args.backend} (setup {devices.clock() - t0:.1f} s)")
     fp = timing.environment_fingerprint(device)
     print(f"cpu={fp['cpu_model']!r} cpus={os.cpu_count()} gpu={fp['gpu']!r} torch={fp['torch']} "
           f"transformers={fp['transformers']} git={str(fp['git_commit'])[:10]}{'+dirty' if fp['git_dirty'] else ''}")
@@ -359,20 +359,20 @@ def main(argv=None) -> None:
 
     rows = []
     rnd = 0
-    t_bench = time.perf_counter()
+    t_bench = devices.clock()
     for i, (row, ids) in enumerate(prompts):
         seed = generation_seed(args.seed, row["question_id"], 0)
         for rep in range(args.repeats):
             k = rnd % len(names)
             for m in names[k:] + names[:k]:  # rotate so no method always runs first
-                w0, c0 = time.perf_counter(), clock()
+                w0, c0 = devices.clock(), clock()
                 toks, acc, gammas = methods[m](ids, args.max_new_tokens, seed)
                 devices.synchronize(device)
-                c1, w1 = clock(), time.perf_counter()
+                c1, w1 = clock(), devices.clock()
                 rows.append({"round": rnd, "prompt": i, "method": m, "new_tokens": len(toks), "cpu": c1 - c0,
                              "wall": w1 - w0, "tokens": toks, "accept_lengths": acc, "gammas": gammas})
             rnd += 1
-    elapsed = time.perf_counter() - t_bench
+    elapsed = devices.clock() - t_bench
     load = monitor.finish()
     df = pd.DataFrame(rows)
     df["sec_per_tok"] = df["cpu" if clock_kind == "cpu" else "wall"] / df["new_tokens"].clip(lower=1)

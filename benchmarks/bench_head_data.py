@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spade_lib import devices  # noqa: E402
 
 
 def _needs_bos(pair: str) -> bool:
@@ -91,12 +92,12 @@ def main(argv=None) -> None:
     for i in range(0, len(prompts), args.batch):
         chunk = prompts[i: i + args.batch]
         for name in seconds:
-            t0 = time.perf_counter()
+            t0 = devices.clock()
             if name == "single":
                 got = [lean.generate(p, args.gen_tokens).tokens for p in chunk]
             else:
                 got = [r.tokens for r in lean.generate_batch(chunk, args.gen_tokens, lean=name == "batch-lean")]
-            seconds[name] += time.perf_counter() - t0
+            seconds[name] += devices.clock() - t0
             tokens[name] += sum(len(g) for g in got)
             answers[name] += got
     rate = {k: 60.0 * tokens[k] / seconds[k] for k in seconds}

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from spade_lib import devices  # noqa: E402
 from spade_lib import experiment, paths  # noqa: E402
 from spade_lib.runs import protocol, timing  # noqa: E402
 from spade_lib.runs.config import RunConfig, generation_seed  # noqa: E402
@@ -98,11 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         try:
             with tempfile.TemporaryDirectory(prefix=f"spade-protocol-{attempt}-") as tmp:
                 paths.RUNS_DIR = Path(tmp)
-                t0 = time.perf_counter()
+                t0 = devices.clock()
                 dirs = protocol.run_interleaved(E.pair, E.suite, configs, ar, protocol=proto, progress=False)
                 tables.append(protocol.speedup_table(dirs, ar, protocol=proto).set_index("label"))
                 reports.append(protocol.session_stalls(dirs[proto.config(configs[0])])[-1])
-                print(f"session {attempt}: {time.perf_counter() - t0:.0f} s; stalled readings re-timed: "
+                print(f"session {attempt}: {devices.clock() - t0:.0f} s; stalled readings re-timed: "
                       f"{reports[-1]['count']} (prompts {reports[-1]['prompts']})")
         finally:
             protocol.make_generator = real_make

@@ -19,13 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-from spade_lib import paths
+from spade_lib import devices, paths
 from spade_lib.runs import trace
 from spade_lib.runs.store import read_summary
 
@@ -40,9 +39,9 @@ def run(config: Path, out: Path, procs: int) -> tuple[float, float]:
     launcher = [sys.executable] if procs == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)]
     cmd = launcher + ["-m", "spade_lib.runs.cli", "--config", str(config), "--out", str(out), "--no-progress"]
-    start = time.perf_counter()
+    start = devices.clock()
     done = subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    wall = devices.clock() - start
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
     inner = float(re.search(r"finished in ([0-9.]+) s", done.stdout).group(1))
