@@ -6,29 +6,10 @@ or ``make run``'s ``<stamp>/<part>/``) and writes, in the first run folder only,
 ``report/figures/``), from :func:`spade_lib.runs.compare.speedups` of ``SPADE_RUNS_DIR`` (``runs/``) over the runs the
 notebooks print (``label -> traces/<pair>/<suite>/<run>``; else all). ``python -m spade_lib.report readme RUN_DIR``
 rewrites README's ``<!-- results:begin -->`` .. ``<!-- results:end -->`` block and copies the headline pair's
-``m2_speedup_runs-<pair>.png`` to ``figures/teaser.png``. The ``summary.json`` schema (``X*`` stands for ``X, X_low,
-X_high``, the 95 % interval; a number the table lacks is ``null``)::
-
-    {schema: "spade.summary/1", generated, run_dir, runs_dir, selection: "referenced"|"all", warnings, errors,
-     run: {commit, dirty, started, finished, seconds, parts: [{name, folder, profile, params, only, status, started,
-     finished, seconds, commit}]}, machine: {cpu_model, cpu_count, threads, torch, python, platform},
-     notebooks: [{part, name, file, seconds, status, html, pair}], builds: [{part, name, seconds, status}],
-     configurations: [{pair, suite, run, baseline, label, run_label, configuration, method, draft, policy, gamma, T,
-     role: baseline|hf|speculative|control, control, notebooks (that printed it), tokens_per_s, alpha*, tau*, speedup*,
-     predicted, r, overhead, r_source, loop_level, stalls, costs_file, vs_hf*, repetition, degenerate, warnings}],
-     controls: [{pair, suite, label, T, speedup*, predicted, passed, matches_prediction}], costs: {pair: {draft: {c,
-     r: {g: r(g)}, overhead, threads, device, dtype, file, used}}}, figures (run-relative), report: "report/index.html",
-     gallery: [{figure, name (stem), pair (figure_name's -<pair> suffix; null: one name for every pair), notebook
-     (whose save_figure/figure_name saves it), caption (plots.captions.CAPTIONS, else the preceding markdown)}]}
-
-Notebook ``pair``: papermill's parameter (``null``: its default, ``"default"``). ``repetition``: mean ``rep_4`` (the
-share of a generation's 4-grams already in it, :mod:`spade_lib.diagnose.repetition`) over ``summary.jsonl``'s
-``output_ids``; ``degenerate``: share with ``rep_4 > 0.5``. ``label``: ``run_label``, unique per pair by a bracketed
-difference. ``costs_file``: the table the prediction used (:func:`spade_lib.runs.costs.select_costs`), ``costs`` exactly
-those (``used``); ``r_source`` ``"loop"``: a chain run's ``r``, ``overhead`` at its session's ``loop_level``
-(:func:`spade_lib.runs.protocol.loop_priced`), else ``"table"``. ``run.seconds`` counts ``builds``. ``warnings``: the
-physical and two-sided cost-model controls of :mod:`spade_lib.runs.controls` (and notebook lines starting ``physical
-control:``), and every printed verdict without a measured interval (:mod:`spade_lib.runs.verdicts`).
+``m2_speedup_runs-<pair>.png`` to ``figures/teaser.png``. ``summary.json``'s schema (``spade.summary/1``) and what
+each field means: ``docs/features.md``, "The run summary". ``warnings``: the physical and two-sided cost-model
+controls of :mod:`spade_lib.runs.controls` (and notebook lines starting ``physical control:``), and every
+printed verdict without a measured interval (:mod:`spade_lib.runs.verdicts`).
 """
 
 from __future__ import annotations

@@ -413,6 +413,24 @@ def test_token_class_acceptance():
     assert t["rejected_share"].sum() == pytest.approx(1.0)
 
 
+def test_off_head_rejections_counts_emitted_tokens_off_the_head():
+    """A trimmed head scores {0, 1, 2}: of the four rejections, the two whose emitted token is 7 or 9 are off it;
+    accepted and unreached rows never count, a draft not named in ``heads`` is left out."""
+    rows = pd.DataFrame({
+        "draft": ["fr"] * 7 + ["full"] * 2,
+        "reached": [True, True, True, True, True, True, False, True, True],
+        "accepted": [True, False, False, False, False, True, False, False, False],
+        "next_token": [0, 7, 1, 9, 2, 5, 8, 9, 9],
+    })
+    t = dg.off_head_rejections(rows, {"fr": [0, 1, 2]}, by="draft")
+    assert t[["draft", "head_size", "rejections", "off_head"]].values.tolist() == [["fr", 3, 4, 2]]
+    assert t["off_head_share"].iloc[0] == pytest.approx(0.5)
+    assert t["off_head_share_low"].iloc[0] < 0.5 < t["off_head_share_high"].iloc[0]
+    for bad in ({}, [0, 1]):
+        with pytest.raises(ValueError, match="^heads: a non-empty dict"):
+            dg.off_head_rejections(rows, bad)
+
+
 def test_category_summary_in_spec_bench_shape(trace):
     s = dg.category_summary(trace, baseline_tokens_per_second={"code": 100.0, "prose": 100.0, "overall": 50.0})
     assert s["category"].tolist() == ["code", "prose", "overall"]

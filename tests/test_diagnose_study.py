@@ -83,7 +83,7 @@ def test_root_acceptance_equals_the_notebooks_first_token_table():
                                   check_categorical=False)
     assert got["accept_prob"].to_dict() == pytest.approx(exact_first.to_dict())
     alone = dg.root_acceptance(runs["chain"].assign(accept_prob=0.25))
-    assert len(alone) == 1 and alone["judged"].iloc[0] == 5 and alone["accept_prob"].iloc[0] == 0.25
+    assert len(alone) == 1 and alone["reached"].iloc[0] == 5 and alone["accept_prob"].iloc[0] == 0.25
     with pytest.raises(ValueError, match="accept_prob"):
         dg.root_acceptance(runs["chain"].drop(columns="accept_prob"))
 

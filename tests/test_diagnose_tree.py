@@ -27,22 +27,22 @@ def test_depth_acceptance_by_hand(trace):
     t = dt.depth_acceptance(trace).set_index("depth")
     # depth 0: judged in both steps, accepted in both; depth 1: judged in both (4 under 1; 2 under 0),
     # accepted in step 1; depth 2: judged in step 1 only (5 under the accepted 2), accepted
-    assert t["steps_judged"].tolist() == [2, 2, 1]
+    assert t["steps_reached"].tolist() == [2, 2, 1]
     assert t["steps_accepted"].tolist() == [2, 1, 1]
     assert t["steps_drafted"].tolist() == [2, 2, 2]
     assert t["alpha_cond"].tolist() == [1.0, 0.5, 1.0]
     assert t["alpha_uncond"].tolist() == [1.0, 0.5, 0.5]
     # nodes judged: step 0 judges 0, 1, 4; step 1 judges 0, 2, 5
-    assert t["judged"].tolist() == [3, 2, 1] and t["accepted"].tolist() == [2, 1, 1]
+    assert t["reached"].tolist() == [3, 2, 1] and t["accepted"].tolist() == [2, 1, 1]
     assert t["nodes"].tolist() == [4, 6, 2]
     assert (t["alpha_cond_low"] <= t["alpha_cond"]).all() and (t["alpha_cond"] <= t["alpha_cond_high"]).all()
 
 
 def test_sibling_acceptance_by_hand(trace):
     t = dt.sibling_acceptance(trace).set_index(["depth", "sibling_rank"])
-    assert t.loc[(0, 0), "judged"] == 2 and t.loc[(0, 0), "accepted"] == 1   # node 0
-    assert t.loc[(0, 1), "judged"] == 1 and t.loc[(0, 1), "accepted"] == 1   # node 1, judged after 0's rejection
-    assert t.loc[(1, 1), "judged"] == 0 and np.isnan(t.loc[(1, 1), "rate"])  # node 3: never judged
+    assert t.loc[(0, 0), "reached"] == 2 and t.loc[(0, 0), "accepted"] == 1   # node 0
+    assert t.loc[(0, 1), "reached"] == 1 and t.loc[(0, 1), "accepted"] == 1   # node 1, judged after 0's rejection
+    assert t.loc[(1, 1), "reached"] == 0 and np.isnan(t.loc[(1, 1), "rate"])  # node 3: never judged
     assert t.loc[(0, 0), "share"] == 0.5 and t.loc[(0, 1), "share"] == 0.5
     assert t.groupby("depth")["share"].sum().round(12).tolist() == [1.0, 1.0, 1.0]
 
@@ -53,7 +53,7 @@ def test_hist_and_summary_by_hand(trace):
     assert h["survival"].tolist() == [1.0, 1.0, 0.5, 0.5]
     s = dt.tree_summary(trace).iloc[0]
     assert s["steps"] == 2 and s["nodes"] == 6 and s["tau"] == 3.0 and s["max_accepted"] == 3
-    assert s["alpha_judged"] == pytest.approx(4 / 6)
+    assert s["alpha"] == pytest.approx(4 / 6)
     half = 1.959963984540054 * np.std([1, 3], ddof=1) / np.sqrt(2)  # normal bounds over the 2 steps
     assert s["tau_low"] == pytest.approx(3.0 - half) and s["tau_high"] == pytest.approx(3.0 + half)
 
@@ -64,7 +64,7 @@ def test_grouped_tables_split_the_pooled_counts():
     both = pd.concat([a, b], ignore_index=True)
     by = dt.depth_acceptance(both, by="category")
     pooled = dt.depth_acceptance(both).set_index("depth")
-    sums = by.groupby("depth")[["steps_judged", "steps_accepted", "judged", "accepted"]].sum()
+    sums = by.groupby("depth")[["steps_reached", "steps_accepted", "reached", "accepted"]].sum()
     assert (sums == pooled[sums.columns]).all().all()
     s = dt.tree_summary(both, by="category").set_index("category")
     assert s.loc["x", "tau"] == pytest.approx(dt.tree_summary(a).iloc[0]["tau"])
@@ -75,12 +75,12 @@ def test_chain_tables_equal_position_tables():
     t = dg.synthetic_trace(400, 5, (0.8, 0.7, 0.6, 0.5, 0.4), seed=3)
     pos = dg.position_acceptance(t).set_index("pos")
     dep = dt.depth_acceptance(t).set_index("depth")
-    assert dep["steps_judged"].tolist() == pos["reached"].tolist()
+    assert dep["steps_reached"].tolist() == pos["reached"].tolist()
     assert dep["steps_accepted"].tolist() == pos["accepted"].tolist()
     assert dep["steps_drafted"].tolist() == pos["drafted"].tolist()
     for col in ("alpha_cond", "alpha_cond_low", "alpha_cond_high", "alpha_uncond"):
         np.testing.assert_allclose(dep[col], pos[col], equal_nan=True)
-    np.testing.assert_allclose(dep["alpha_judged"], pos["alpha_cond"], equal_nan=True)
+    np.testing.assert_allclose(dep["alpha"], pos["alpha_cond"], equal_nan=True)
     sib = dt.sibling_acceptance(t)
     assert (sib["sibling_rank"] == 0).all() and np.allclose(sib["rate"], pos["alpha_cond"], equal_nan=True)
     mine = dt.tree_accept_length_hist(t)

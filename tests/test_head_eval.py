@@ -93,7 +93,7 @@ def test_agreement_counts_against_a_python_reference(target, monkeypatch):
         accepted = [sum(all(r[: d + 1]) for r in rows) for d in range(D)]
         t = got[scope]
         assert t["n"].tolist() == [n] * D and t["agree"].tolist() == agree and t["accepted"].tolist() == accepted
-        assert t["n_reached"].tolist() == [n] + accepted[:-1]
+        assert t["reached"].tolist() == [n] + accepted[:-1]
         assert t["alpha"].tolist() == pytest.approx([k / r for k, r in zip(accepted, [n] + accepted[:-1])])
         low, high = binomial_ci(agree, [n] * D)
         assert t["top1_low"].tolist() == pytest.approx(list(low)) and t["top1_high"].tolist() == pytest.approx(list(high))

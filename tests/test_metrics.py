@@ -49,7 +49,7 @@ def test_hand_computed_block_metrics():
     assert pa_["alpha_uncond"].tolist() == pytest.approx([2 / 3, 2 / 3, 1 / 3])
     assert pa_["expected_cond"].tolist() == pytest.approx([0.7] * 3)
     m = metrics.run_metrics(t, summary(["a", "b"], [8, 1], [1.0, 1.0], [[3, 4], [1]]))
-    assert (m["alpha"], m["accepted"], m["judged"]) == (pytest.approx(5 / 7), 5.0, 7.0)
+    assert (m["alpha"], m["accepted"], m["reached"]) == (pytest.approx(5 / 7), 5.0, 7.0)
     assert m["alpha_expected"] == pytest.approx(0.7)  # mean 1 - tv over the judged positions
 
 
@@ -157,7 +157,7 @@ def test_run_metrics_collects_everything():
     ar = summary(["a", "b"], [7, 1], [1.0, 0.2])
     m = metrics.run_metrics(t, s, ar, gamma=3)
     assert m["alpha"] == pytest.approx(5 / 7) and m["tau"] == pytest.approx(8 / 3)
-    assert (m["accepted"], m["judged"]) == (5, 7)  # the counts behind alpha
+    assert (m["accepted"], m["reached"]) == (5, 7)  # the counts behind alpha
     assert m["speedup"] == pytest.approx(2.0) and m["mean_gamma"] == 3
     assert m["predicted_thm38"] == pytest.approx(metrics.predicted_speedup(5 / 7, 3, m["c_trace"]))
     # no cost table: the trace's estimates only, under their own names; c and r are the measurement's

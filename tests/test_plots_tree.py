@@ -78,10 +78,10 @@ def test_tree_figures_label_each_point_with_its_count():
                             "tree 4": tree_trace(random_steps(40, 4, seed=2))})
     depth = dg.depth_acceptance(both, by="run")
     fig = tree_plots.depth_acceptance(depth, by="run")
-    shown = depth[depth["steps_judged"] > 0]
-    assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(count_text(v) for v in shown["steps_judged"])
+    shown = depth[depth["steps_reached"] > 0]
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(count_text(v) for v in shown["steps_reached"])
     sib = dg.sibling_acceptance(both, by="run")
     fig = tree_plots.sibling_acceptance(sib, by="run")
     drawn = sib[sib["rate"].notna()]
-    assert sorted(t.get_text() for ax in fig.axes for t in ax.texts) == sorted(count_text(v) for v in drawn["judged"])
+    assert sorted(t.get_text() for ax in fig.axes for t in ax.texts) == sorted(count_text(v) for v in drawn["reached"])
     plt.close("all")

@@ -154,20 +154,15 @@ def test_the_trimmed_draft_shares_the_body_and_scores_the_frequent_tokens(pair):
 def test_prepare_takes_the_same_vocabulary_drafts_by_default_and_named_ones_only(pair, tmp_path, monkeypatch):
     """``Pair.prepare``: the target and every draft model of the target's vocabulary by default; ``drafts=``
     names them (an unknown name refused, naming the draft models)."""
-    monkeypatch.setenv("SPADE_CACHE_DIR", str(tmp_path))
-    import importlib
-
     from spade_lib import paths
-    importlib.reload(paths)
-    try:
-        roles = [r["role"] for r in pair.prepare()]
-        assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k"]
-        assert [r["role"] for r in pair.prepare(drafts=["coder-0.5b-fr32k"])] == ["target", "coder-0.5b-fr32k"]
-        with pytest.raises(ValueError, match="drafts: \\['ngram'\\] are not draft models"):
-            pair.prepare(drafts=["ngram"])
-    finally:
-        monkeypatch.undo()
-        importlib.reload(paths)
+
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)  # plans and verdicts recorded in a fresh cache
+    roles = [r["role"] for r in pair.prepare()]
+    assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k"]
+    assert [r["role"] for r in pair.prepare(drafts=["coder-0.5b-fr32k"])] == ["target", "coder-0.5b-fr32k"]
+    with pytest.raises(ValueError, match="drafts: \\['ngram'\\] are not draft models"):
+        pair.prepare(drafts=["ngram"])
+    assert (tmp_path / "kernels").is_dir()  # the records went to the patched cache
 
 
 def test_bad_arguments_are_refused(tmp_path):

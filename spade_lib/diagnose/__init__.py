@@ -37,7 +37,8 @@ from spade_lib.diagnose.repetition import attractor, repetition_rate, repetition
 from spade_lib.diagnose.stats import auc, binomial_ci, poisson_binomial_z
 from spade_lib.diagnose.summary import all_tables, category_summary, with_run_tau
 from spade_lib.diagnose.synthetic import expected_position_acceptance, synthetic_trace
-from spade_lib.diagnose.tokens import decode_tokens, token_class, token_class_acceptance, token_table
+from spade_lib.diagnose.tokens import (decode_tokens, off_head_rejections, token_class, token_class_acceptance,
+                                      token_table)
 from spade_lib.diagnose.tree import (depth_acceptance, root_acceptance, sibling_acceptance, tree_accept_length_hist,
                                    tree_summary)
 
@@ -48,6 +49,6 @@ __all__ = [
     "categorize", "category_summary", "combine_runs", "decode_tokens", "depth_acceptance", "entropy_by_outcome",
     "expected_position_acceptance", "expected_vs_realised", "poisson_binomial_z", "rejudge_wrong_q", "wrong_q_power",
     "position_acceptance", "sibling_acceptance", "attractor", "repetition_rate", "repetition_table", "synthetic_trace", "token_class", "token_class_acceptance",
-    "token_table", "tree_accept_length_hist", "tree_summary",
+    "token_table", "off_head_rejections", "tree_accept_length_hist", "tree_summary",
     "root_acceptance", "separated_fits", "with_run_tau", "wrong_q_study",
 ]

@@ -5,6 +5,11 @@ Over reached positions, per token ``t`` (the drafted token ``x`` by default, or 
 ``rejected_share_t = (n_t - k_t) / sum_t (n_t - k_t)``, the token's share of all rejections. Tokens
 with ``n_t < min_support`` are dropped so rates are not dominated by noise.
 
+**Off the draft's head** (:func:`off_head_rejections`): a draft whose head scores a subset ``H`` of the vocabulary
+(FR-Spec) has ``q = 0`` off ``H``, so where the target's token lies off ``H`` no draft can match it. At a chain's
+rejection the token emitted is the target's (``next_token``: the residual draw, the argmax at ``T = 0``); the share
+of rejections whose emitted token is off ``H`` splits "the head could not say it" from "the model disagreed".
+
 Token classes group decoded text by shape (checked in this order): ``whitespace`` (only blanks and
 newlines), ``identifier`` (a name, optionally after leading blanks: ``" self"``), ``number``,
 ``punctuation`` (operators and brackets only), ``other`` (mixed); e.g. whitespace vs identifiers
@@ -107,4 +112,25 @@ def token_class_acceptance(trace: TraceLike, tokenizer: Any = None, by: By = Non
     add_rate(out, "accepted", "n", "rate", level, method)
     total = out.groupby(keys, observed=True)["rejected"].transform("sum") if keys else out["rejected"].sum()
     out["rejected_share"] = out["rejected"] / np.maximum(total, 1)
+    return out
+
+
+def off_head_rejections(trace: TraceLike, heads: dict[str, Iterable[int]], by: str = "draft", *,
+                        level: float = 0.95, method: str = "wilson") -> pd.DataFrame:
+    """Per group of ``by`` named in ``heads`` (group -> the token ids its draft head scores): ``rejections`` (the
+    chain's reached, rejected positions), ``off_head`` (those whose emitted ``next_token`` lies off the head) and
+    ``off_head_share = off_head / rejections`` with binomial bounds (module docstring); groups of ``by`` not in
+    ``heads`` (a full-vocabulary draft: no token is off its head) are left out."""
+    if not isinstance(heads, dict) or not heads:
+        raise ValueError(f"heads: a non-empty dict of group -> head token ids, got {type(heads).__name__}")
+    df = as_trace(trace, (by, "reached", "accepted", "next_token"))
+    rows = []
+    for name, ids in heads.items():
+        head = np.unique(np.asarray(list(ids), dtype=np.int64))
+        sub = df[(df[by] == name) & df["reached"].astype(bool) & ~df["accepted"].astype(bool)]
+        emitted = sub["next_token"].to_numpy(dtype=np.int64)
+        rows.append({by: name, "head_size": int(head.size), "rejections": int(emitted.size),
+                     "off_head": int((~np.isin(emitted, head)).sum())})
+    out = pd.DataFrame(rows)
+    add_rate(out, "off_head", "rejections", "off_head_share", level, method)
     return out

@@ -11,7 +11,7 @@ depth ``d`` was judged (the path reached depth ``d - 1``, the root for ``d = 0``
 - conditional acceptance by depth (EAGLE's per-position alpha for a tree): ``alpha_d = #{s: A_d(s)} / #{s: J_d(s)}``,
   P(path grows past ``d`` | it reached the parent); for a chain ``J_d = R_d``: ``alpha_cond`` of position ``d``;
 - unconditional: ``beta_d = #{s: A_d(s)} / #{s: the tree has depth > d}`` = ``P(N > d)``;
-- per judged node at depth ``d``: ``accepted / judged`` (a tree judges several siblings per step);
+- per judged node at depth ``d``: ``accepted / reached`` (a tree judges several siblings per step);
 - by sibling rank ``k`` at depth ``d``: ``P(accepted | judged)`` of rank-``k`` nodes (parent on the path, ``k`` earlier
   siblings rejected) and ``share``, the fraction of steps accepting at depth ``d`` that took the rank-``k`` child;
 - first drafted token (:func:`root_acceptance`): the root's rank-0 child, its acceptance and mean exact acceptance
@@ -20,7 +20,7 @@ depth ``d`` was judged (the path reached depth ``d - 1``, the root for ``d = 0``
   the trace's steps (:func:`spade_lib.measures.tau`; steps that drafted nothing have no rows: ``tau_drafting_steps``).
 
 Every rate is a ratio of counts as in :mod:`spade_lib.rates` (``alpha_cond``, ``alpha_uncond``: its per-position rates,
-steps as trials; ``alpha_judged``: its ``alpha``, accepted over judged nodes). Intervals are binomial
+steps as trials; ``alpha``: accepted over reached (judged) nodes). Intervals are binomial
 (:func:`spade_lib.rates.add_rate`, Wilson by default), steps (or judged nodes) as independent trials.
 """
 
@@ -49,40 +49,40 @@ def _steps(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def depth_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
                      method: str = "wilson") -> pd.DataFrame:
-    """Per ``by`` group and ``depth``: ``steps_drafted`` (steps whose tree has a node there), ``steps_judged``
-    (``J_d``), ``steps_accepted`` (``A_d``), ``alpha_cond = steps_accepted / steps_judged`` and
+    """Per ``by`` group and ``depth``: ``steps_drafted`` (steps whose tree has a node there), ``steps_reached``
+    (``J_d``), ``steps_accepted`` (``A_d``), ``alpha_cond = steps_accepted / steps_reached`` and
     ``alpha_uncond = steps_accepted / steps_drafted`` with bounds (``*_low``, ``*_high``), and the node counts
-    ``nodes``, ``judged``, ``accepted`` with ``alpha_judged = accepted / judged`` (module docstring)."""
+    ``nodes``, ``reached`` (judged), ``accepted`` with ``alpha = accepted / reached`` (module docstring)."""
     df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     per_step = df.groupby(keys + STEP_KEYS + ["depth"], observed=True, sort=True).agg(
-        nodes=("node", "size"), judged=("reached", "sum"), accepted=("accepted", "sum"))
-    per_step["any_judged"] = per_step["judged"] > 0
+        nodes=("node", "size"), reached=("reached", "sum"), accepted=("accepted", "sum"))
+    per_step["any_reached"] = per_step["reached"] > 0
     per_step["any_accepted"] = per_step["accepted"] > 0
     out = per_step.groupby(keys + ["depth"], observed=True, sort=True).agg(
-        steps_drafted=("nodes", "size"), steps_judged=("any_judged", "sum"),
-        steps_accepted=("any_accepted", "sum"), nodes=("nodes", "sum"), judged=("judged", "sum"),
+        steps_drafted=("nodes", "size"), steps_reached=("any_reached", "sum"),
+        steps_accepted=("any_accepted", "sum"), nodes=("nodes", "sum"), reached=("reached", "sum"),
         accepted=("accepted", "sum")).reset_index()
-    for c in ("steps_drafted", "steps_judged", "steps_accepted", "nodes", "judged", "accepted"):
+    for c in ("steps_drafted", "steps_reached", "steps_accepted", "nodes", "reached", "accepted"):
         out[c] = out[c].astype(np.int64)
-    add_rate(out, "steps_accepted", "steps_judged", "alpha_cond", level, method)
+    add_rate(out, "steps_accepted", "steps_reached", "alpha_cond", level, method)
     add_rate(out, "steps_accepted", "steps_drafted", "alpha_uncond", level, method)
-    add_rate(out, "accepted", "judged", "alpha_judged", level, method)
+    add_rate(out, "accepted", "reached", "alpha", level, method)
     return out
 
 
 def sibling_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
                        method: str = "wilson") -> pd.DataFrame:
-    """Per ``by`` group, ``depth`` and ``sibling_rank``: ``nodes``, ``judged``, ``accepted``, ``rate =
-    accepted / judged`` (``P(accepted | judged)`` at that rank) with bounds, and ``share`` = accepted /
+    """Per ``by`` group, ``depth`` and ``sibling_rank``: ``nodes``, ``reached`` (judged), ``accepted``, ``rate =
+    accepted / reached`` (``P(accepted | judged)`` at that rank) with bounds, and ``share`` = accepted /
     the steps that accepted a node at that depth (the ranks' shares of one depth sum to 1)."""
     df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
     out = df.groupby(keys + ["depth", "sibling_rank"], observed=True, sort=True).agg(
-        nodes=("node", "size"), judged=("reached", "sum"), accepted=("accepted", "sum")).reset_index()
-    for c in ("nodes", "judged", "accepted"):
+        nodes=("node", "size"), reached=("reached", "sum"), accepted=("accepted", "sum")).reset_index()
+    for c in ("nodes", "reached", "accepted"):
         out[c] = out[c].astype(np.int64)
-    add_rate(out, "accepted", "judged", "rate", level, method)
+    add_rate(out, "accepted", "reached", "rate", level, method)
     per_depth = out.groupby(keys + ["depth"], observed=True)["accepted"].transform("sum")
     with np.errstate(invalid="ignore", divide="ignore"):
         out["share"] = np.where(per_depth > 0, out["accepted"] / per_depth, np.nan)
@@ -91,8 +91,8 @@ def sibling_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95,
 
 def root_acceptance(trace: TraceLike, by: By = None, *, level: float = 0.95, method: str = "wilson") -> pd.DataFrame:
     """The first drafted token of each step, the root's rank-0 child (``depth = 0``, ``sibling_rank = 0``), per
-    ``by`` group: its row of :func:`sibling_acceptance` (``nodes``, ``judged``, ``accepted``, ``rate =
-    accepted / judged`` with bounds, ``share``) and ``accept_prob``, the mean over its judged nodes of the exact
+    ``by`` group: its row of :func:`sibling_acceptance` (``nodes``, ``reached``, ``accepted``, ``rate =
+    accepted / reached`` with bounds, ``share``) and ``accept_prob``, the mean over its judged nodes of the exact
     acceptance probability the verifier recorded there: ``min(1, p(x) / q(x))`` for a sampled ``x ~ q`` (a
     chain, a ``sampled`` tree), ``p(x)`` for a deterministic tree's node (judged as drawn from ``one_hot(x)``).
     ``trace``: the tree columns, ``reached``, ``accepted`` and ``accept_prob`` (NaN at the nodes never judged)."""
@@ -126,7 +126,7 @@ def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.
     ``tree_depth`` (mean), ``mean_accepted`` (mean ``N``), ``tau = mean_accepted + 1`` (over the trace's
     steps, :func:`spade_lib.measures.tau`) with normal bounds ``tau_low``, ``tau_high`` (``tau +- z sd(N) /
     sqrt(steps)``, steps as independent), ``max_accepted``,
-    ``alpha_judged`` (accepted / judged nodes) and ``accepted_per_node`` (mean ``N`` / mean nodes, the
+    ``alpha`` (accepted / reached nodes) and ``accepted_per_node`` (mean ``N`` / mean nodes, the
     fraction of the verified nodes that were kept)."""
     df = as_trace(trace, COLUMNS)
     keys = group_keys(by, df)
@@ -139,8 +139,8 @@ def tree_summary(trace: TraceLike, by: By = None, *, level: float = 0.95) -> pd.
     out["steps"] = out["steps"].astype(np.int64)
     out["tau"] = measures.tau(out.pop("accepted"), out["steps"])
     out["tau_low"], out["tau_high"] = mean_ci(out["tau"], out.pop("sd"), out["steps"], level)
-    judged = df.groupby(group, observed=True, sort=True)[["reached", "accepted"]].sum().reindex(out.index)
+    nodes = df.groupby(group, observed=True, sort=True)[["reached", "accepted"]].sum().reindex(out.index)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out["alpha_judged"] = alpha(judged["accepted"], judged["reached"])
+        out["alpha"] = alpha(nodes["accepted"], nodes["reached"])
         out["accepted_per_node"] = out["mean_accepted"] / out["nodes"]
     return out.reset_index() if keys else out.reset_index(drop=True)

@@ -25,18 +25,18 @@ REPLAY_STYLE = {"score": ("#000000", "-"), "drafting": ("#777777", "--")}  # rep
 def depth_acceptance(table: pd.DataFrame, by: str | None = None) -> Figure:
     """Conditional acceptance by depth (solid, the path grows past depth ``d`` given it reached the parent)
     and per judged node (dashed), with their binomial intervals, each solid point labelled with
-    ``steps_judged`` (the steps it is the rate of); a :func:`~spade_lib.diagnose.tree.depth_acceptance` table."""
-    _check(table, ["depth", "alpha_cond", "alpha_cond_low", "alpha_cond_high", "alpha_judged", "steps_judged"],
+    ``steps_reached`` (the steps it is the rate of); a :func:`~spade_lib.diagnose.tree.depth_acceptance` table."""
+    _check(table, ["depth", "alpha_cond", "alpha_cond_low", "alpha_cond_high", "alpha", "steps_reached"],
            "depth_acceptance")
     fig, ax = plt.subplots(figsize=(SINGLE_COLUMN, 2.3))
     groups = _groups(table, by)
     for j, ((label, sub), color) in enumerate(zip(groups, _group_colors(groups))):
-        sub = sub[sub["steps_judged"] > 0] if "steps_judged" in sub else sub
+        sub = sub[sub["steps_reached"] > 0] if "steps_reached" in sub else sub
         x = sub["depth"].to_numpy() + 0.06 * (j - (len(groups) - 1) / 2)
         ax.errorbar(x, sub["alpha_cond"], yerr=_yerr(sub["alpha_cond"], sub["alpha_cond_low"], sub["alpha_cond_high"]),
                     fmt="-o", color=color, capsize=2, label=label)
-        ax.plot(x, sub["alpha_judged"], "--", color=color, alpha=0.7)
-        label_counts(ax, x, sub["alpha_cond_high"], sub["steps_judged"], series=j, color=color)
+        ax.plot(x, sub["alpha"], "--", color=color, alpha=0.7)
+        label_counts(ax, x, sub["alpha_cond_high"], sub["steps_reached"], series=j, color=color)
     ax.set_xlabel("depth d (0: children of the root; labels: steps judged)")
     ax.set_ylabel("P(path past d | reached d)")
     ax.set_ylim(0, 1.02)
@@ -49,8 +49,8 @@ def depth_acceptance(table: pd.DataFrame, by: str | None = None) -> Figure:
 
 def sibling_acceptance(table: pd.DataFrame, by: str | None = None) -> Figure:
     """``P(accepted | judged)`` by sibling rank, one panel per depth, with binomial intervals, each point
-    labelled with its ``judged`` nodes; a :func:`~spade_lib.diagnose.tree.sibling_acceptance` table."""
-    _check(table, ["depth", "sibling_rank", "rate", "rate_low", "rate_high", "judged"], "sibling_acceptance")
+    labelled with its judged (``reached``) nodes; a :func:`~spade_lib.diagnose.tree.sibling_acceptance` table."""
+    _check(table, ["depth", "sibling_rank", "rate", "rate_low", "rate_high", "reached"], "sibling_acceptance")
     depths = sorted(np.unique(table["depth"]))
     fig, axes = plt.subplots(1, len(depths), figsize=(DOUBLE_COLUMN * min(1.0, 0.25 * len(depths) + 0.25), 2.2),
                              sharey=True, squeeze=False)
@@ -62,7 +62,7 @@ def sibling_acceptance(table: pd.DataFrame, by: str | None = None) -> Figure:
             x = s["sibling_rank"].to_numpy() + 0.08 * (j - (len(groups) - 1) / 2)
             ax.errorbar(x, s["rate"], yerr=_yerr(s["rate"], s["rate_low"], s["rate_high"]), fmt="o", color=color,
                         capsize=2, label=label)
-            label_counts(ax, x, s["rate_high"], s["judged"], series=j, color=color)
+            label_counts(ax, x, s["rate_high"], s["reached"], series=j, color=color)
         ax.set_title(f"depth {d}")
         ax.set_xlabel("sibling rank (labels: judged)")
         ax.set_xticks(range(max_rank + 1))

@@ -526,7 +526,7 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     c = rates.counts(trace).iloc[0] if drafted else None  # alpha = accepted / judged (rates.alpha)
     out["alpha"] = rates.alpha(c["accepted"], c["reached"]) if drafted else nan
     out["accepted"] = float(c["accepted"]) if drafted else nan
-    out["judged"] = float(c["reached"]) if drafted else nan
+    out["reached"] = float(c["reached"]) if drafted else nan
     out["alpha_expected"] = rates.expected_alpha(c["expected"], c["reached"]) if drafted and "expected" in c else nan
     has_steps = "accept_lengths" in summary.columns and summary["accept_lengths"].map(len).sum() > 0
     out["tau"] = mean_accepted_length(summary) if has_steps else nan

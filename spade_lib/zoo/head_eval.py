@@ -119,11 +119,11 @@ def _table(c: _Counts, depth: int, level: float):
     n = np.full(depth, c.n)
     with np.errstate(invalid="ignore", divide="ignore"):
         t = pd.DataFrame({"depth": np.arange(1, depth + 1), "n": n, "agree": agree,
-                          "top1": agree / n, "n_reached": reached, "accepted": accepted,
+                          "top1": agree / n, "reached": reached, "accepted": accepted,
                           "reach": rates.acceptance_per_drafted(accepted, n)})  # alpha_uncond of depth d
     t["top1_low"], t["top1_high"] = binomial_ci(agree, n, level)
-    rates.add_rate(t, "accepted", "n_reached", "alpha", level)  # alpha_cond of depth d (spade_lib.rates)
-    return t[["depth", "n", "agree", "top1", "top1_low", "top1_high", "n_reached", "accepted", "alpha",
+    rates.add_rate(t, "accepted", "reached", "alpha", level)  # alpha_cond of depth d (spade_lib.rates)
+    return t[["depth", "n", "agree", "top1", "top1_low", "top1_high", "reached", "accepted", "alpha",
               "alpha_low", "alpha_high", "reach"]]
 
 
@@ -192,5 +192,5 @@ def format_table(result: dict, scope: str = "generated") -> str:
              f"{'95% CI':>15}  {'reach':>6}"]
     for r in t.itertuples():
         lines.append(f"{r.depth:>5} {r.n:>7} {r.agree:>7} {r.top1:>6.3f} [{r.top1_low:.3f}, {r.top1_high:.3f}]  "
-                     f"{r.n_reached:>7} {r.alpha:>6.3f} [{r.alpha_low:.3f}, {r.alpha_high:.3f}]  {r.reach:>6.3f}")
+                     f"{r.reached:>7} {r.alpha:>6.3f} [{r.alpha_low:.3f}, {r.alpha_high:.3f}]  {r.reach:>6.3f}")
     return "\n".join(lines)
