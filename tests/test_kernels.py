@@ -334,22 +334,33 @@ def test_the_real_chooser_keeps_one_plan_on_real_timings_under_noise(fresh):
                     by[n].append(real.timer(rows, {p: n for p in products}))
         return times
 
-    before = rounds()
-    for seed in range(6):
-        kernels._CHOSEN.clear()
-        hit = kernels.choose({"shapes": "real", "seed": seed}, _stalled(real.timer, seed), products, cache=False,
-                             candidates={rows: real.candidates(rows) for rows in kernels.ROW_CLASSES})
-        after = rounds()
+    def contradicted(hit, before, after) -> list:
+        """The row classes whose kept plan the reference around the run contradicts (as above)."""
+        bad = []
         for rows in kernels.ROW_CLASSES:
             r = {n: statistics.median(before[rows][n] + after[rows][n]) for n in before[rows]}
             plan, best = hit["plan"][rows], min(r.values())
             others = [t for n, t in r.items() if n != "native"]
             if "native" in r and all(r["native"] * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR) <= t for t in others):
-                assert plan == {p: "native" for p in products}, (seed, rows, r, plan)
+                ok = plan == {p: "native" for p in products}
             else:
-                near = {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
-                assert set(plan.values()) <= near, (seed, rows, r, plan)
-        before = after
+                ok = set(plan.values()) <= {n for n, t in r.items() if t <= best * (1 + kernels.NATIVE_MARGIN) * (1 + CLEAR)}
+            if not ok:
+                bad.append((rows, r, plan))
+        return bad
+
+    before = rounds()
+    for seed in range(6):
+        for attempt in range(2):  # a contradiction is a failure only if the same seed repeats it (see above)
+            kernels._CHOSEN.clear()
+            hit = kernels.choose({"shapes": "real", "seed": seed}, _stalled(real.timer, seed), products, cache=False,
+                                 candidates={rows: real.candidates(rows) for rows in kernels.ROW_CLASSES})
+            after = rounds()
+            bad = contradicted(hit, before, after)
+            before = after
+            if not bad:
+                break
+        assert not bad, (seed, bad)
 
 
 def test_constructors_time_nothing_and_prepare_records_the_plan_once(fresh, monkeypatch):
