@@ -421,9 +421,12 @@ def test_off_head_rejections_counts_emitted_tokens_off_the_head():
         "reached": [True, True, True, True, True, True, False, True, True],
         "accepted": [True, False, False, False, False, True, False, False, False],
         "next_token": [0, 7, 1, 9, 2, 5, 8, 9, 9],
+        "prompt_id": ["a"] * 9, "sample": [0] * 9, "step": [0, 1, 2, 3, 4, 5, 6, 7, 8],
     })
     t = dg.off_head_rejections(rows, {"fr": [0, 1, 2]}, by="draft")
     assert t[["draft", "head_size", "rejections", "off_head"]].values.tolist() == [["fr", 3, 4, 2]]
+    tree = pd.concat([rows, rows.iloc[[1]]])  # a second rejected sibling of step 1 (same next_token): counted once
+    assert dg.off_head_rejections(tree, {"fr": [0, 1, 2]})["rejections"].iloc[0] == 4
     assert t["off_head_share"].iloc[0] == pytest.approx(0.5)
     assert t["off_head_share_low"].iloc[0] < 0.5 < t["off_head_share_high"].iloc[0]
     for bad in ({}, [0, 1]):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from spade_lib.decoding.records import STEP_KEYS
 from spade_lib.diagnose.frame import By, Groups, TraceLike, as_trace, group_keys
 from spade_lib.rates import add_rate
 
@@ -118,17 +119,18 @@ def token_class_acceptance(trace: TraceLike, tokenizer: Any = None, by: By = Non
 def off_head_rejections(trace: TraceLike, heads: dict[str, Iterable[int]], by: str = "draft", *,
                         level: float = 0.95, method: str = "wilson") -> pd.DataFrame:
     """Per group of ``by`` named in ``heads`` (group -> the token ids its draft head scores): ``rejections`` (the
-    chain's reached, rejected positions), ``off_head`` (those whose emitted ``next_token`` lies off the head) and
+    steps that rejected: a chain's one reached, rejected position; a tree's siblings counted once), ``off_head`` (those whose emitted ``next_token`` lies off the head) and
     ``off_head_share = off_head / rejections`` with binomial bounds (module docstring); groups of ``by`` not in
     ``heads`` (a full-vocabulary draft: no token is off its head) are left out."""
     if not isinstance(heads, dict) or not heads:
         raise ValueError(f"heads: a non-empty dict of group -> head token ids, got {type(heads).__name__}")
-    df = as_trace(trace, (by, "reached", "accepted", "next_token"))
+    df = as_trace(trace, (by, *STEP_KEYS, "reached", "accepted", "next_token"))
     rows = []
     for name, ids in heads.items():
         head = np.unique(np.asarray(list(ids), dtype=np.int64))
         sub = df[(df[by] == name) & df["reached"].astype(bool) & ~df["accepted"].astype(bool)]
-        emitted = sub["next_token"].to_numpy(dtype=np.int64)
+        # one emitted token a step: a tree rejects several siblings of a step, which all share its next_token
+        emitted = sub.drop_duplicates(STEP_KEYS)["next_token"].to_numpy(dtype=np.int64)
         rows.append({by: name, "head_size": int(head.size), "rejections": int(emitted.size),
                      "off_head": int((~np.isin(emitted, head)).sum())})
     out = pd.DataFrame(rows)
