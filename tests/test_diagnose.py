@@ -11,6 +11,7 @@ from scipy import stats
 from spade_lib import diagnose as dg
 from spade_lib.diagnose.frame import Groups
 from spade_lib.diagnose.stats import digitize, grouped_mannwhitney, grouped_quantiles
+from spade_lib.runs import metrics
 from spade_lib.runs.trace import schema_for, write_shard
 
 ALPHA = (0.8, 0.7, 0.6, 0.5)
@@ -441,9 +442,10 @@ def test_category_summary_in_spec_bench_shape(trace):
     for cat, sub in list(steps.groupby("category")) + [("overall", steps)]:
         row = s.set_index("category").loc[cat]
         assert row["tau_drafting_steps"] == pytest.approx((sub["n_accepted"] + 1).mean())
+        toks = trace if cat == "overall" else trace[trace["category"] == cat]
+        assert row["tau_drafting_steps"] == pytest.approx(metrics.tau_drafting_steps(toks))
         assert row["tau_no_bonus_drafting_steps"] == pytest.approx(sub["n_accepted"].mean())
         assert row["generations"] == sub["prompt_id"].nunique()
-        toks = trace if cat == "overall" else trace[trace["category"] == cat]
         assert row["acceptance"] == pytest.approx(toks["accepted"].sum() / len(toks))
         assert row["alpha"] == pytest.approx(toks["accepted"].sum() / toks["reached"].sum())
         t = (sub["t_draft"] + sub["t_verify"] + sub["t_overhead"]).sum()

@@ -110,6 +110,7 @@ def test_run_crossvocab_on_two_tokenizers(tokenizers):
     """A real decode of two toy models with their own tokenizers: greedy equals AR for both rules, the
     tables hold every reached position and every committed token, the drafter's costs are there."""
     from spade_lib.diagnose import position_acceptance
+    from spade_lib.runs import metrics
     from spade_lib.runs.config import RunConfig
 
     ttok, dtok = tokenizers
@@ -134,6 +135,9 @@ def test_run_crossvocab_on_two_tokenizers(tokenizers):
     tok = token_acceptance(runs.steps, runs.alignment, by="rule").set_index("rule")
     assert (tok["draft_accepted"] <= tok["draft_tokens"]).all() and (tok["draft_tokens"] > 0).all()
     assert tok.loc["tli", "target_per_draft"] == 1.0  # one draft token per proposed target token
+    for rule in configs:  # the step table and the trace count the same drafted and accepted target tokens
+        assert tok.loc[rule, "alpha_target"] == pytest.approx(
+            metrics.acceptance_rate(runs.trace[runs.trace.rule == rule], over="drafted"))
     costs = step_costs(runs.steps, runs.t_target, by="rule").set_index("rule")
     assert (costs["forwards"] >= 1).all() and (costs["c"] > 0).all() and (costs["tokenizer_calls"] > 0).all()
     with pytest.raises(ValueError, match="^configs: 'x' must be a spade run of a cross-vocabulary draft"):
