@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     timing.fix_threads(args.threads)
     device = devices.resolve_device(args.device)
-    pair = load_pair(args.pair, device=device)
+    pair = load_pair(args.pair, device=device, prepare=[args.draft])  # the target's and this draft's plans
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))
     config = RunConfig(max_new_tokens=args.max_new_tokens)

@@ -60,7 +60,7 @@ def main(argv=None) -> None:
     threads = timing.fix_threads(args.threads or None)
     device = devices.resolve_device(args.device)
     t0 = devices.clock()
-    pair = load_pair(args.pair, device=device)
+    pair = load_pair(args.pair, device=device, prepare=[args.draft])  # the target's and this draft's plans
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
     cfg = RunConfig(max_new_tokens=args.max_new_tokens)
     prompts = [prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows]

@@ -311,8 +311,10 @@ def main(argv=None) -> None:
     clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
     clock = make_clock(clock_kind)
     t0 = devices.clock()
-    pair = load_pair(args.pair, device=device)
+    pair = load_pair(args.pair, device=device, prepare=False)
     draft_name = args.draft or pair.default_draft
+    # the target's and the timed draft's kernel plans (a model-free drafter has none)
+    pair.prepare(drafts=[draft_name] if isinstance(pair.drafts.get(draft_name), torch.nn.Module) else [])
     sampling = SamplingConfig(temperature=args.temperature)
     suite_name = args.suite or default_suite_name(args.pair)
     if suite_name == "embedded":

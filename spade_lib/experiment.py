@@ -38,6 +38,8 @@ CHAT_TEMPLATES = {"auto": "auto", "always": True, "never": False}
 PAIR_PARAMETERS = ("pair", "target_id", "draft_id", "device", "dtype", "suite")
 # notebook parameters that are RunConfig fields of every run of the notebook (where it declares them)
 RUN_PARAMETERS = ("max_new_tokens", "max_prompt_tokens", "n_samples", "chat_template", "seed")
+# notebook parameters that name drafts of the pair (one name or a list): the draft models among them are prepared
+DRAFT_PARAMETERS = ("main_draft", "compare_drafts", "cross_drafts", "drafts", "draft", "cost_draft", "crossvocab_draft")
 
 
 @dataclass
@@ -176,13 +178,15 @@ def resolve_suite(suite: str, tokenizer: Any = "default", n_per_category: int | 
 
 def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = "", device: str = "cpu",
                     dtype: str = "float32", suite: str = "embedded", *, n_per_category: int | None = None,
-                    threads: int = 0, heads: tuple[str, ...] | list[str] = (), head_profile: str = "make"
-                    ) -> Experiment:
+                    threads: int = 0, heads: tuple[str, ...] | list[str] = (), head_profile: str = "make",
+                    prepare_drafts: list[str] | None = None) -> Experiment:
     """Load the pair on ``device``/``dtype``, fix torch's threads (0: every CPU this process may use)
     and resolve the suite. ``target_id`` (with ``draft_id``) loads a real pair labelled ``pair``;
     ``heads`` (a named pair's feature-head kinds, e.g. ``["eagle3", "medusa"]``) are built if not cached
     by the ``head_profile`` recipe (``"make"`` or the opt-in ``"long"``, :mod:`spade_lib.zoo.heads`) and
-    attached, for the drafters ``"eagle"`` / ``"medusa"``."""
+    attached, for the drafters ``"eagle"`` / ``"medusa"``. ``prepare_drafts``: the names the notebook drafts
+    with; the target and the draft models among them are prepared (:meth:`spade_lib.zoo.loading.Pair.prepare`;
+    a head or a registered drafter is not a model and is skipped); ``None``: ``load_pair``'s default."""
     from spade_lib.zoo.pairs import load_pair
 
     for name, v in (("pair", pair), ("target_id", target_id), ("draft_id", draft_id), ("device", device),
@@ -197,6 +201,9 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
         raise ValueError(f"heads must be a list of head kinds such as ['eagle3', 'medusa'], got {heads!r}")
     if heads and target_id:
         raise ValueError("heads: only for a named pair; a real pair takes a head folder as draft_id")
+    if prepare_drafts is not None and (isinstance(prepare_drafts, str) or not all(
+            isinstance(d, str) and d for d in prepare_drafts)):
+        raise ValueError(f"prepare_drafts: None or a list of draft names, got {prepare_drafts!r}")
     from spade_lib.zoo.heads import PROFILES
 
     if head_profile not in PROFILES:
@@ -204,10 +211,16 @@ def load_experiment(pair: str = "default", target_id: str = "", draft_id: str = 
     dev = devices.resolve_device(device)
     torch_dtype = devices.resolve_dtype(dtype)
     n_threads = timing.fix_threads(threads or None)
+    prepare = prepare_drafts is None  # else prepared below, once the pair's draft models are known
     if target_id:
-        the_pair = load_pair(pair or None, target=target_id, draft=draft_id or None, device=dev, dtype=torch_dtype)
+        the_pair = load_pair(pair or None, target=target_id, draft=draft_id or None, device=dev, dtype=torch_dtype,
+                             prepare=prepare)
     else:
-        the_pair = load_pair(pair, device=dev, dtype=torch_dtype, heads=tuple(heads), head_profile=head_profile)
+        the_pair = load_pair(pair, device=dev, dtype=torch_dtype, heads=tuple(heads), head_profile=head_profile,
+                             prepare=prepare)
+    if not prepare:
+        models = {n for n, m in the_pair.drafts.items() if isinstance(m, torch.nn.Module)}
+        the_pair.prepare(drafts=[d for d in dict.fromkeys(prepare_drafts) if d in models])
     full, cut = resolve_suite(suite, tokenizer=the_pair.tokenizer, n_per_category=n_per_category)
     return Experiment(pair=the_pair, suite=cut, full_suite=full, device=dev, dtype=dtype, threads=n_threads,
                       fingerprint=timing.environment_fingerprint(dev))
@@ -227,9 +240,19 @@ def from_params(params: Any) -> Experiment:
         run_fields["chat_template"] = chat_template_value(run_fields["chat_template"])
     e = load_experiment(*(values[k] for k in PAIR_PARAMETERS), n_per_category=values.get("n_per_category"),
                         threads=values.get("threads", 0), heads=values.get("heads", ()),
-                        head_profile=values.get("head_profile", "make"))
+                        head_profile=values.get("head_profile", "make"), prepare_drafts=drafts_named(values))
     e.run_fields = run_fields
     return e
+
+
+def drafts_named(values: dict) -> list[str]:
+    """The draft names a notebook's parameters ``values`` give (:data:`DRAFT_PARAMETERS`, in that order, once
+    each; ``"draft"`` is a bring-your-own pair's draft when ``draft_id`` is given)."""
+    names: list[str] = ["draft"] if values.get("draft_id") else []
+    for key in DRAFT_PARAMETERS:
+        v = values.get(key)
+        names += [v] if isinstance(v, str) else list(v or [])
+    return [n for n in dict.fromkeys(names) if isinstance(n, str) and n]
 
 
 def cached_costs(pair: str, draft: str, *, threads: int = 0, progress: bool = False) -> tuple[dict, str]:
@@ -249,7 +272,7 @@ def cached_costs(pair: str, draft: str, *, threads: int = 0, progress: bool = Fa
     table = select_costs(cost_folder(pair), device="cpu", dtype="float32", threads=n_threads).get(draft)
     if table is not None:
         return table, "read from the cached table"
-    loaded = load_experiment(pair, threads=threads).pair
+    loaded = load_experiment(pair, threads=threads, prepare_drafts=[draft]).pair
     return pair_costs(loaded, [draft], MIN_GAMMA, progress=progress)[draft], "measured now (and cached)"
 
 

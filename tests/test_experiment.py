@@ -68,6 +68,14 @@ def test_from_params_loads_the_tiny_pair():
         torch.set_num_threads(before)
 
 
+def test_drafts_named_reads_every_draft_parameter_once():
+    values = dict(main_draft="a", compare_drafts=["b", "a"], cross_drafts=[], drafts=["c"], cost_draft="",
+                  crossvocab_draft="x", gammas=[1, 2], draft_id="")
+    assert experiment.drafts_named(values) == ["a", "b", "c", "x"]
+    assert experiment.drafts_named({"draft_id": "some/folder", "main_draft": "draft"}) == ["draft"]
+    assert experiment.drafts_named({"pair": "tiny"}) == []
+
+
 @pytest.mark.parametrize("declares_n_samples", [False, True])
 def test_run_config_equals_the_notebooks_common_fields(declares_n_samples):
     """E.run_config(...) against the ``common = dict(...)`` notebooks 03/04 (without n_samples) and 05
@@ -183,11 +191,14 @@ def test_cached_costs_reads_the_cached_table_else_measures_and_describes_it(monk
     assert got is table and how == "read from the cached table"
     measured = []
     monkeypatch.setattr(run_costs, "select_costs", lambda folder, **kw: {})
-    monkeypatch.setattr(experiment, "load_experiment", lambda name, threads=0: SimpleNamespace(pair=name))
+    prepared = []
+    monkeypatch.setattr(experiment, "load_experiment", lambda name, threads=0, prepare_drafts=None:
+                        prepared.append(prepare_drafts) or SimpleNamespace(pair=name))
     monkeypatch.setattr(run_costs, "pair_costs", lambda pair, drafts, g, progress=False:
                         measured.append((pair, list(drafts), g)) or {"distilled": table})
     got, how = experiment.cached_costs("tiny", "distilled", threads=1)
     assert how == "measured now (and cached)" and measured == [("tiny", ["distilled"], run_costs.MIN_GAMMA)]
+    assert prepared == [["distilled"]]  # only the draft whose costs are measured is prepared
     line = experiment.describe_costs(table, "tiny/distilled", how, max_gamma=5)
     assert line == ("cost table of tiny/distilled (measured now (and cached), cpu, 2 threads): c = 0.250, loop "
                     "overhead o = 0.500, r(g) for g = 1..3: 1.10 1.20 1.50; r(g) beyond g = 3 extended linearly "

@@ -129,7 +129,7 @@ def test_installed_parts_carry_their_record_hashes():
 # ------------------------------------------------------------------------------------------- the pair
 
 def test_the_tiny_pair_loads_like_the_real_one(pair):
-    assert pair.name == "qwen2.5-coder" and pair.default_draft == "coder-0.5b"
+    assert pair.name == "qwen2.5-coder" and pair.default_draft == "coder-0.5b-fr32k"  # the trimmed head: make run's
     assert type(pair.target).__name__ == "Qwen2ForCausalLM" and not pair.target.config.tie_word_embeddings
     assert list(pair.drafts) == ["coder-0.5b", "coder-0.5b-fr32k"] and pair.draft_tokenizers == {}
     assert pair.manifest["model_drafts"] == ["coder-0.5b", "coder-0.5b-fr32k"]

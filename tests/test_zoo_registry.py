@@ -68,3 +68,46 @@ def test_a_registered_pair_goes_through_every_tool(fake, tmp_path):
     run = run_suite(pair, suite, RunConfig(draft="small", gamma=3, max_new_tokens=8, temperature=0.0),
                     tmp_path / "run", progress=False)
     assert len(read_summary(run)) == 2
+
+
+def test_a_record_names_the_drafts_load_pair_prepares(tmp_path, monkeypatch):
+    """``RealPair.prepare``: ``load_pair(name)`` prepares the target and those drafts (plus a model named by
+    ``draft=``); ``prepare=[...]`` names them, ``False`` prepares nothing, anything else is refused."""
+    from spade_lib import paths
+    from spade_lib.experiment import load_experiment
+    from tests.test_zoo_qwen_coder import save_tiny, tiny_qwen2
+    from spade_lib.zoo.pairs import load_pair
+
+    monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")  # plans recorded in a fresh cache
+    save_tiny(tiny_qwen2(0), tmp_path / "target")
+    save_tiny(tiny_qwen2(1, layers=1, hidden=32), tmp_path / "draft")
+
+    def load(*, draft=None, placement=None, dtype=None, rebuild=False, heads=(), head_profile="make"):
+        refs = {"small": str(tmp_path / "draft"), "other": str(tmp_path / "draft")}
+        pair = load_models(str(tmp_path / "target"), refs, draft or "small", placement=placement, dtype=dtype,
+                           trust_remote_code=False, local_only=True)
+        pair.name, pair.manifest = "fake-two", {"kind": "fake-two"}
+        return pair
+
+    with pytest.raises(ValueError, match="^prepare: None or a tuple of draft names"):
+        RealPair(name="fake-two", load=load, entries=list, target_dir=print, label="x", source="y", prepare="small")
+    registry.register_pair(RealPair(name="fake-two", load=load, entries=lambda: [tmp_path], label="two drafts",
+                                    target_dir=lambda rebuild=False: tmp_path / "target", source="random weights",
+                                    prepare=("small",)))
+    try:
+        def roles(pair):
+            return [r["role"] for r in pair.prepared]
+
+        assert roles(load_pair("fake-two")) == ["target", "small"]
+        assert roles(load_pair("fake-two", draft="other")) == ["target", "small", "other"]
+        assert roles(load_pair("fake-two", prepare=["other"])) == ["target", "other"]
+        assert roles(load_pair("fake-two", prepare=False)) == []
+        with pytest.raises(ValueError, match="^prepare: True, False or a list of draft names"):
+            load_pair("fake-two", prepare="other")
+        # a notebook prepares the draft models its parameters name (a drafter such as ngram is no model)
+        e = load_experiment("fake-two", suite="embedded", n_per_category=1, prepare_drafts=["ngram", "other"])
+        assert roles(e.pair) == ["target", "other"]
+        with pytest.raises(ValueError, match="^prepare_drafts: "):
+            load_experiment("fake-two", prepare_drafts="other")
+    finally:
+        registry.unregister_pair("fake-two")

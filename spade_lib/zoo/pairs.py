@@ -25,6 +25,7 @@ whole onto the target's first device, where the decoder's inputs and the target'
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
               rebuild: bool = False, device_map: str | dict | None = None,
               max_memory: dict[int | str, int | str] | None = None,
               offload_folder: str | os.PathLike | None = None, heads: tuple[str, ...] = (),
-              head_profile: str = "make", prepare: bool = True) -> Pair:
+              head_profile: str = "make", prepare: bool | Sequence[str] = True) -> Pair:
     """Load an embedded pair by ``name`` or a real pair from ``target`` + ``draft``/``drafts``.
 
     Embedded (and ``"smollm2"``): ``draft`` optionally names which of the pair's drafts is the default
@@ -102,18 +103,25 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     bytes or "10GiB"}``) and ``offload_folder`` (where weights mapped to ``"disk"`` go); the drafts then
     go onto the target's first device (:func:`spade_lib.zoo.loading.first_device`).
 
-    ``prepare`` (default): :meth:`Pair.prepare` before returning, the step that times the kernel plan of the target
-    and of every draft model of its vocabulary (a cross-vocabulary draft: ``pair.prepare(drafts=[name])``) and
-    checks each lean forward against the HF one, once per model and machine (recorded on disk, so a second load
-    reads it); ``pair.prepared`` says what it found, and the runs record it. The decoders built on the pair then
-    time nothing.
+    ``prepare`` (default ``True``): :meth:`Pair.prepare` before returning, the step that times the kernel plan of
+    the target and of every draft model of its vocabulary (a real pair's record may name fewer,
+    :attr:`spade_lib.zoo.registry.RealPair.prepare`) and checks each lean forward against the HF one, once per
+    model and machine (recorded on disk, so a second load reads it); a list of draft names prepares the target
+    and those (a cross-vocabulary draft too); ``False`` nothing. ``pair.prepared`` says what it found, and the
+    runs record it. The decoders built on a prepared model then time nothing.
     """
-    if not isinstance(prepare, bool):
-        raise ValueError(f"prepare: True or False, got {prepare!r}")
+    if not isinstance(prepare, bool) and (isinstance(prepare, str) or not isinstance(prepare, (list, tuple))
+                                          or not all(isinstance(d, str) for d in prepare)):
+        raise ValueError(f"prepare: True, False or a list of draft names, got {prepare!r}")
     pair = _load(name, target, draft, drafts, device, dtype, trust_remote_code, rebuild, device_map, max_memory,
                  offload_folder, heads, head_profile)
-    if prepare:
+    if prepare is True and target is None and name in real_pairs() and real_pair(name).prepare is not None:
+        named = [draft] if draft and isinstance(pair.drafts.get(draft), torch.nn.Module) else []  # a model's name
+        prepare = list(dict.fromkeys([*real_pair(name).prepare, *named]))
+    if prepare is True:
         pair.prepare()
+    elif prepare is not False:
+        pair.prepare(drafts=list(prepare))
     return pair
 
 

@@ -16,7 +16,7 @@ The build (:func:`gguf_entry`, :func:`model_entry`), once per machine, into the 
    GGUF's tokenizer (:func:`spade_lib.zoo.loading.save_dequantised`: the weights held once while saving).
 
 ``load_pair("qwen2.5-coder")`` (:func:`load_qwen_coder`) then loads the target with its drafts: the 0.5B model
-(``"coder-0.5b"``, the default; ``"coder-0.5b-fr32k"``: the same body, its LM head trimmed to the 32,768 tokens most
+(``"coder-0.5b"``; ``"coder-0.5b-fr32k"``, the default: the same body, its LM head trimmed to the 32,768 tokens most
 frequent in Python's standard library, FR-Spec), the model-free drafters (prompt lookup ``"ngram"``, ``"suffix"``, the n-gram
 tree) and SmolLM2-135M-Instruct as a cross-vocabulary draft (``"smollm2"``, its own 49,152-token tokenizer).
 The prompts are completions (HumanEval's raw prompts): the Instruct models continue code without a chat turn.
@@ -270,8 +270,8 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
                     placement: dict | None = None, heads: tuple[str, ...] = (), head_profile: str = "make",
                     target_folder: Path | str | None = None, draft_folder: Path | str | None = None,
                     cross_drafts: dict[str, Path | str] | None = None):
-    """``load_pair("qwen2.5-coder")``: the 1.5B target, the 0.5B draft (``pair.drafts["coder-0.5b"]``, the default)
-    and SmolLM2-135M-Instruct as a cross-vocabulary draft (``pair.drafts["smollm2"]``), built if needed; the
+    """``load_pair("qwen2.5-coder")``: the 1.5B target, the 0.5B draft (``pair.drafts["coder-0.5b"]``; its
+    trimmed-head twin ``"coder-0.5b-fr32k"`` is the default) and SmolLM2-135M-Instruct as a cross-vocabulary draft (``pair.drafts["smollm2"]``), built if needed; the
     model-free drafters (:data:`DRAFTS`) run by name. ``target_folder`` / ``draft_folder`` load saved Qwen2
     folders instead (tests: tiny random ones), ``cross_drafts`` (``{name: folder}``) then replaces SmolLM2."""
     if heads:
@@ -290,12 +290,12 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
     else:
         target, model_draft, t_entry, tm, dm = Path(target_folder), Path(draft_folder), None, {}, {}
         cross = {name: str(f) for name, f in (cross_drafts or {}).items()}
-    default = draft if draft is not None else MODEL_DRAFT
+    default = draft if draft is not None else FR_DRAFT
     known = [MODEL_DRAFT, FR_DRAFT, *DRAFTS, *cross]
     if default not in known:
         raise ValueError(f"draft: pair {NAME!r} has drafts {known}, not {default!r}")
     placement = placement if placement is not None else {"device": device}
-    pair = load_models(str(target), {MODEL_DRAFT: str(model_draft), **cross}, default, placement=placement,
+    pair = load_models(str(target), {MODEL_DRAFT: str(model_draft), **cross}, MODEL_DRAFT, placement=placement,
                        dtype=dtype, trust_remote_code=False, local_only=True)
     for name, model in (("target", pair.target), (MODEL_DRAFT, pair.drafts[MODEL_DRAFT])):
         if type(model).__name__ != "Qwen2ForCausalLM":
@@ -307,6 +307,7 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
 
     head_ids, fr_facts = fr_vocabulary(pair.tokenizer, int(pair.drafts[MODEL_DRAFT].config.vocab_size))
     pair.drafts[FR_DRAFT] = trimmed_twin(pair.drafts[MODEL_DRAFT], head_ids)  # the 0.5B's body, held once
+    pair.default_draft = default
 
     def n_params(manifest: dict, model) -> int:
         return manifest.get("n_parameters") or sum(p.numel() for p in model.parameters())
@@ -337,12 +338,14 @@ def describe(m: dict) -> str:
         lines.append(f"{role}: {f['title']}, {f['n_parameters'] / 1e6:.0f} M params, {f['n_layers']} layers, hidden "
                      f"{f['hidden']}, heads {f['heads'][0]}/{f['heads'][1]}, vocabulary {f['vocab_size']}, untied head "
                      f"{not f['tie_word_embeddings']}; assembled and converted in {f['seconds']['total']:.0f} s")
-    lines.append(f"drafts: {MODEL_DRAFT} (default), {FR_DRAFT} (its head trimmed to {FR_VOCAB} tokens), "
+    lines.append(f"drafts: {MODEL_DRAFT}, {FR_DRAFT} (its head trimmed to {FR_VOCAB} tokens; the default), "
                  f"{', '.join(DRAFTS)}, cross-vocabulary {', '.join(CROSS_DRAFTS)}")
     return "\n".join(lines)
 
 
+# prepare: load_pair("qwen2.5-coder") times the plans of the target and its default draft, the trimmed head (the one
+# make run decodes with); load_pair(..., draft="coder-0.5b") or a notebook that names the full head prepares that.
 PAIR = RealPair(name=NAME, load=load_qwen_coder, entries=entries, target_dir=target_dir, describe=describe,
-                headline=True, chat_template=False, cross_draft="smollm2",
+                headline=True, chat_template=False, cross_draft="smollm2", prepare=(FR_DRAFT,),
                 label="Qwen2.5-Coder-1.5B-Instruct, drafted by Qwen2.5-Coder-0.5B-Instruct",
                 source=f"{TARGET.title} ({TARGET.pip_install()}); {DRAFT.title} ({DRAFT.pip_install()}); {LICENSE}")

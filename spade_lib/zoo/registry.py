@@ -34,7 +34,10 @@ class RealPair:
     ``label`` names the pair in summaries and figures; ``suite`` is the prompt suite its
     benchmarks default to; ``bos`` whether its prompts need the tokenizer's BOS prepended (a base model that
     expects it); ``chat_template`` how its prompts are rendered (``RunConfig.chat_template``: ``False`` for raw
-    completions); ``cross_draft`` its cross-vocabulary draft's name, if it has one; ``headline`` marks the pair the README's results block leads with; ``source`` says where the weights come from and under which licence."""
+    completions); ``cross_draft`` its cross-vocabulary draft's name, if it has one; ``headline`` marks the pair the README's results block leads with; ``source`` says where the weights come from and under which licence.
+    ``prepare``: the drafts ``load_pair(name)`` prepares beside the target when not told which (and the
+    ``draft=`` it is given; :meth:`spade_lib.zoo.loading.Pair.prepare`; ``None``: every draft model of the
+    target's vocabulary); a notebook prepares the drafts its parameters name (:func:`spade_lib.experiment.from_params`)."""
 
     name: str
     load: Callable
@@ -49,10 +52,14 @@ class RealPair:
     chat_template: bool | str = "auto"
     cross_draft: str | None = None
     headline: bool = False
+    prepare: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ValueError(f"name: a pair name is a non-empty string without '/', got {self.name!r}")
+        if self.prepare is not None and (not isinstance(self.prepare, tuple)
+                                         or not all(isinstance(d, str) and d for d in self.prepare)):
+            raise ValueError(f"prepare: None or a tuple of draft names, got {self.prepare!r}")
         for field in ("load", "entries", "target_dir"):
             if not callable(getattr(self, field)):
                 raise TypeError(f"{field}: must be callable, got {getattr(self, field)!r}")
