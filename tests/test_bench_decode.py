@@ -34,6 +34,11 @@ def test_runs_on_the_tiny_pair_and_prints_the_figures(bench, capsys):
     assert any(line.startswith("loop overhead o = ") and "E/(gamma c + r + o)" in line for line in out)
 
 
+def test_a_draft_that_is_no_model_of_the_targets_vocabulary_is_refused(bench):
+    with pytest.raises(SystemExit, match="^--draft: bench_decode times a draft model .* 'ngram' is not one of pair 'tiny'"):
+        bench.main(["--pair", "tiny", "--draft", "ngram", "--n-per-category", "1", "--max-new-tokens", "4"])
+
+
 def test_tree_flag_times_the_tree_beside_the_chain(bench, capsys):
     """--tree adds spade_tree (greedy: equal to AR), prints its tau, nodes, r(N) and paired speedups, and
     leaves the last line as it was."""
