@@ -38,7 +38,7 @@ from spade_lib.zoo.pairs import load_pair  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="tiny", help="embedded pair name")
-    ap.add_argument("--draft", default="distilled", help="draft of the pair")
+    ap.add_argument("--draft", default=None, help="draft model of the pair (default: the pair's default draft)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts taken from the embedded suite")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", type=int, default=4)
@@ -64,7 +64,12 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     timing.fix_threads(args.threads)
     device = devices.resolve_device(args.device)
-    pair = load_pair(args.pair, device=device, prepare=[args.draft])  # the target's and this draft's plans
+    pair = load_pair(args.pair, device=device, prepare=False)
+    try:
+        args.draft = pair.draft_model(args.draft)
+    except ValueError as e:
+        raise SystemExit(f"--{e}") from None
+    pair.prepare(drafts=[args.draft])  # the target's and this draft's kernel plans
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))
     config = RunConfig(max_new_tokens=args.max_new_tokens)

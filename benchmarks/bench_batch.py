@@ -34,7 +34,7 @@ from spade_lib.runs.config import RunConfig, prompt_ids  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", default="default", help="embedded pair name")
-    ap.add_argument("--draft", default="distilled", help="draft of the pair")
+    ap.add_argument("--draft", default=None, help="draft model of the pair (default: the pair's default draft)")
     ap.add_argument("--n-per-category", type=int, default=2, help="prompts per suite category")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens per row")
     ap.add_argument("--gamma", type=int, default=4)
@@ -60,7 +60,12 @@ def main(argv=None) -> None:
     threads = timing.fix_threads(args.threads or None)
     device = devices.resolve_device(args.device)
     t0 = devices.clock()
-    pair = load_pair(args.pair, device=device, prepare=[args.draft])  # the target's and this draft's plans
+    pair = load_pair(args.pair, device=device, prepare=False)
+    try:
+        args.draft = pair.draft_model(args.draft)
+    except ValueError as e:
+        raise SystemExit(f"--{e}") from None
+    pair.prepare(drafts=[args.draft])  # the target's and this draft's kernel plans
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
     cfg = RunConfig(max_new_tokens=args.max_new_tokens)
     prompts = [prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows]

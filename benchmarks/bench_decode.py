@@ -312,12 +312,10 @@ def main(argv=None) -> None:
     clock = make_clock(clock_kind)
     t0 = devices.clock()
     pair = load_pair(args.pair, device=device, prepare=False)
-    draft_name = args.draft or pair.default_draft
-    models = [n for n, m in pair.drafts.items() if isinstance(m, torch.nn.Module) and n not in pair.draft_tokenizers]
-    if draft_name not in models:  # c and HF assisted generation need a draft model that reads the target's tokens
-        raise SystemExit(f"--draft: bench_decode times a draft model of the target's vocabulary; {draft_name!r} is "
-                         f"not one of pair {pair.name!r}'s (those: {models or 'none'}). Model-free and "
-                         "cross-vocabulary drafts are timed by notebook 03 (prompt_lookup, cross_drafts).")
+    try:  # c and HF assisted generation need a draft model that reads the target's tokens
+        draft_name = pair.draft_model(args.draft)
+    except ValueError as e:
+        raise SystemExit(f"--{e}") from None
     pair.prepare(drafts=[draft_name])  # the target's and the timed draft's kernel plans
     sampling = SamplingConfig(temperature=args.temperature)
     suite_name = args.suite or default_suite_name(args.pair)

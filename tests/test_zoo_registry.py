@@ -101,7 +101,11 @@ def test_a_record_names_the_drafts_load_pair_prepares(tmp_path, monkeypatch):
         assert roles(load_pair("fake-two")) == ["target", "small"]
         assert roles(load_pair("fake-two", draft="other")) == ["target", "small", "other"]
         assert roles(load_pair("fake-two", prepare=["other"])) == ["target", "other"]
-        assert roles(load_pair("fake-two", prepare=False)) == []
+        bare = load_pair("fake-two", prepare=False)
+        assert roles(bare) == []
+        assert bare.draft_model() == "small" and bare.draft_model("other") == "other"
+        with pytest.raises(ValueError, match="^draft: 'ngram' is not a draft model of pair 'fake-two'.*'small', 'other'"):
+            bare.draft_model("ngram")  # a model-free drafter: nothing a benchmark can time as c
         with pytest.raises(ValueError, match="^prepare: True, False or a list of draft names"):
             load_pair("fake-two", prepare="other")
         # a notebook prepares the draft models its parameters name (a drafter such as ngram is no model)

@@ -60,6 +60,18 @@ class Pair:
                                                                                    capacity=capacity))]
         return self.prepared
 
+    def draft_model(self, name: str | None = None) -> str:
+        """``name`` (else the default draft) when it is a draft model of the target's vocabulary, the kind a
+        benchmark times as ``c`` and hands to HF assisted generation; a ``ValueError`` naming the pair's draft
+        models otherwise (a model-free drafter, a head, a cross-vocabulary draft)."""
+        name = name or self.default_draft
+        models = [n for n, m in self.drafts.items()
+                  if isinstance(m, torch.nn.Module) and n not in self.draft_tokenizers]
+        if name not in models:
+            raise ValueError(f"draft: {name!r} is not a draft model of pair {self.name!r}'s vocabulary (those: "
+                             f"{models or 'none'}; model-free and cross-vocabulary drafts: notebook 03)")
+        return name
+
     @property
     def draft(self):
         """The default draft (a draft model, or a head when the default names one)."""

@@ -37,7 +37,8 @@ class RealPair:
     completions); ``cross_draft`` its cross-vocabulary draft's name, if it has one; ``headline`` marks the pair the README's results block leads with; ``source`` says where the weights come from and under which licence.
     ``prepare``: the drafts ``load_pair(name)`` prepares beside the target when not told which (and the
     ``draft=`` it is given; :meth:`spade_lib.zoo.loading.Pair.prepare`; ``None``: every draft model of the
-    target's vocabulary); a notebook prepares the drafts its parameters name (:func:`spade_lib.experiment.from_params`)."""
+    target's vocabulary); a notebook prepares the drafts its parameters name
+    (:func:`spade_lib.experiment.from_params`)."""
 
     name: str
     load: Callable
