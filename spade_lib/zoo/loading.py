@@ -68,8 +68,8 @@ class Pair:
         models = [n for n, m in self.drafts.items()
                   if isinstance(m, torch.nn.Module) and n not in self.draft_tokenizers]
         if name not in models:
-            raise ValueError(f"draft: {name!r} is not a draft model of pair {self.name!r}'s vocabulary (those: "
-                             f"{models or 'none'}; model-free and cross-vocabulary drafts: notebook 03)")
+            raise ValueError(f"draft: {name!r} is not a draft model of pair {self.name!r} in its target's vocabulary "
+                             f"(those: {models or 'none'}; model-free and cross-vocabulary drafts: notebook 03)")
         return name
 
     @property
