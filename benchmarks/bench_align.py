@@ -32,7 +32,7 @@ from spade_lib.runs import timing  # noqa: E402
 from spade_lib.runs.config import RunConfig, prompt_ids  # noqa: E402
 from spade_lib.sampling import SamplingConfig  # noqa: E402
 from spade_lib.whatif import align  # noqa: E402
-from spade_lib.zoo.pairs import load_pair  # noqa: E402
+from spade_lib.zoo.pairs import load_for_timing  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,12 +64,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     timing.fix_threads(args.threads)
     device = devices.resolve_device(args.device)
-    pair = load_pair(args.pair, device=device, prepare=False)
-    try:
-        args.draft = pair.draft_model(args.draft)
+    try:  # the target and this draft model prepared (their kernel plans)
+        pair, args.draft = load_for_timing(args.pair, args.draft, device=device)
     except ValueError as e:
         raise SystemExit(f"--{e}") from None
-    pair.prepare(drafts=[args.draft])  # the target's and this draft's kernel plans
     draft = pair.drafts[args.draft]
     suite = default_suite(tokenizer=args.pair, n_per_category=max(1, -(-args.prompts // 4)))
     config = RunConfig(max_new_tokens=args.max_new_tokens)

@@ -54,18 +54,16 @@ def main(argv=None) -> None:
     from spade_lib.decoding.studies.batch_study import BatchStudyConfig, batch_study, stops_paying
     from spade_lib.runs.batch_speedup import ROUND_COLUMNS, with_intervals
     from spade_lib.sampling import SamplingConfig
-    from spade_lib.zoo.pairs import load_pair
+    from spade_lib.zoo.pairs import load_for_timing
 
     sizes = tuple(int(b) for b in args.batch_sizes.split(","))
     threads = timing.fix_threads(args.threads or None)
     device = devices.resolve_device(args.device)
     t0 = devices.clock()
-    pair = load_pair(args.pair, device=device, prepare=False)
-    try:
-        args.draft = pair.draft_model(args.draft)
+    try:  # the target and this draft model prepared (their kernel plans)
+        pair, args.draft = load_for_timing(args.pair, args.draft, device=device)
     except ValueError as e:
         raise SystemExit(f"--{e}") from None
-    pair.prepare(drafts=[args.draft])  # the target's and this draft's kernel plans
     suite = default_suite(tokenizer=args.pair, n_per_category=args.n_per_category, seed=args.seed)
     cfg = RunConfig(max_new_tokens=args.max_new_tokens)
     prompts = [prompt_ids(pair.tokenizer, r["turns"][0], cfg) for r in suite.rows]

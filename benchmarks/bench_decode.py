@@ -303,7 +303,7 @@ def base_of(m: str) -> str:
 def main(argv=None) -> None:
     args = parse_args(argv)
     from spade_lib.bench import default_suite, humaneval_suite, load_suite
-    from spade_lib.zoo.pairs import default_suite_name, load_pair
+    from spade_lib.zoo.pairs import default_suite_name, load_for_timing
     from spade_lib.zoo.registry import real_pair, real_pairs
 
     threads = timing.fix_threads(args.threads) if args.threads else torch.get_num_threads()
@@ -311,12 +311,10 @@ def main(argv=None) -> None:
     clock_kind = args.clock if args.clock != "auto" else ("cpu" if threads == 1 and device.type == "cpu" else "wall")
     clock = make_clock(clock_kind)
     t0 = devices.clock()
-    pair = load_pair(args.pair, device=device, prepare=False)
     try:  # c and HF assisted generation need a draft model that reads the target's tokens
-        draft_name = pair.draft_model(args.draft)
+        pair, draft_name = load_for_timing(args.pair, args.draft, device=device)
     except ValueError as e:
         raise SystemExit(f"--{e}") from None
-    pair.prepare(drafts=[draft_name])  # the target's and the timed draft's kernel plans
     sampling = SamplingConfig(temperature=args.temperature)
     suite_name = args.suite or default_suite_name(args.pair)
     if suite_name == "embedded":

@@ -76,7 +76,7 @@ def test_a_record_names_the_drafts_load_pair_prepares(tmp_path, monkeypatch):
     from spade_lib import paths
     from spade_lib.experiment import load_experiment
     from tests.test_zoo_qwen_coder import save_tiny, tiny_qwen2
-    from spade_lib.zoo.pairs import load_pair
+    from spade_lib.zoo.pairs import load_for_timing, load_pair
 
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path / "cache")  # plans recorded in a fresh cache
     save_tiny(tiny_qwen2(0), tmp_path / "target")
@@ -106,6 +106,10 @@ def test_a_record_names_the_drafts_load_pair_prepares(tmp_path, monkeypatch):
         assert bare.draft_model() == "small" and bare.draft_model("other") == "other"
         with pytest.raises(ValueError, match="^draft: 'ngram' is not a draft model of pair 'fake-two'.*'small', 'other'"):
             bare.draft_model("ngram")  # a model-free drafter: nothing a benchmark can time as c
+        timed, name = load_for_timing("fake-two", "other")  # what bench_decode / align / batch load
+        assert name == "other" and roles(timed) == ["target", "other"]
+        with pytest.raises(ValueError, match="^draft: 'ngram'"):
+            load_for_timing("fake-two", "ngram")
         with pytest.raises(ValueError, match="^prepare: True, False or a list of draft names"):
             load_pair("fake-two", prepare="other")
         # a notebook prepares the draft models its parameters name (a drafter such as ngram is no model)

@@ -125,6 +125,17 @@ def load_pair(name: str | None = "default", *, target: str | None = None, draft:
     return pair
 
 
+def load_for_timing(name: str, draft: str | None = None, *, device: str | torch.device | None = None
+                    ) -> tuple[Pair, str]:
+    """``(pair, draft_name)``: pair ``name`` loaded with the target and ``draft`` prepared, ``draft`` (default: the
+    pair's default draft) being a draft model of the target's vocabulary (:meth:`Pair.draft_model`, whose
+    ``ValueError`` names the draft models otherwise): what a benchmark that times ``c`` needs, and nothing more."""
+    pair = load_pair(name, device=device, prepare=False)
+    draft_name = pair.draft_model(draft)
+    pair.prepare(drafts=[draft_name])
+    return pair, draft_name
+
+
 def _load(name, target, draft, drafts, device, dtype, trust_remote_code, rebuild, device_map, max_memory,
           offload_folder, heads, head_profile) -> Pair:
     """:func:`load_pair` without the prepare step."""
