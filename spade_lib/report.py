@@ -406,7 +406,11 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
     warnings = [w for r in rows for w in r["warnings"]]
     for pair, by_draft in costs.items():
         warnings += controls.cost_warnings(by_draft, pair=pair)
-    warnings += [w for w in nb_warnings if not any(w.startswith(c) for c in warnings)]
+    seen = {_warning_key(w) for w in warnings}  # a notebook's printed copy of a check listed above counts once
+    for w in nb_warnings:
+        if _warning_key(w) not in seen:
+            seen.add(_warning_key(w))
+            warnings.append(w)
     # passed: the physics (<= 1x); matches_prediction: the cost model's prediction (1 / (r(g) + o) per decode
     # step, the prompts' prefills added as measured) inside the interval
     control_rows = [{k: r.get(k) for k in ("pair", "suite", "label", "T", "speedup", "speedup_low", "speedup_high",
@@ -794,23 +798,30 @@ def _x(row: dict, key: str = "speedup") -> str:
     return _with_interval(row, key, suffix="×")
 
 
+def _warning_key(warning: str) -> tuple[str, str, str]:
+    """``(kind, pair, run label)`` of a warning: the summary's own checks name the run as ``"<kind>: <pair>/<run
+    label> ..."``, a notebook's printed copy as ``"<kind>: <run label> ... (printed by <pair>/<notebook>)"``; both
+    are one check. A warning that names no run keys on its whole text."""
+    m = re.search(r" \(printed by ([^/)]+)/[^)]*\)$", warning)
+    body = warning[:m.start()] if m else warning
+    kind, _, rest = body.partition(": ")
+    label = rest.split(" ", 1)[0]
+    owner, _, run = label.rpartition("/")
+    if not owner and m is None:
+        return kind, "", rest  # nothing says whose run it is: only an identical text is the same warning
+    return kind, owner or (m.group(1) if m else ""), run if (owner or " at T=" in rest) else rest
+
+
 def _pair_warnings(warnings: list[str], pair: str) -> list[str]:
-    """The warnings of ``pair``, each check of one run counted once: the summary's own checks name the run as
-    ``"<kind>: <pair>/<run label> ..."``, a notebook's printed copy as ``"<kind>: <run label> ... (printed by
-    <pair>/<notebook>)"``; both are the same (kind, pair, run label), and the first one listed is kept."""
+    """The warnings of ``pair``, each check of one run counted once (:func:`_warning_key`; the first one listed
+    is kept)."""
     seen, out = set(), []
     for w in warnings:
-        m = re.search(r" \(printed by ([^/)]+)/[^)]*\)$", w)
-        body = w[:m.start()] if m else w
-        kind, _, rest = body.partition(": ")
-        label = rest.split(" ", 1)[0]
-        owner, _, run = label.rpartition("/")
-        owner = owner or (m.group(1) if m else "")
-        if owner != pair:
+        key = _warning_key(w)
+        if key[1] != pair or key in seen:
             continue
-        if (kind, run) not in seen:
-            seen.add((kind, run))
-            out.append(w)
+        seen.add(key)
+        out.append(w)
     return out
 
 

@@ -422,6 +422,11 @@ def test_a_warning_the_summary_found_and_a_notebook_printed_counts_once():
          "physical control: printed by the notebook itself (printed by smollm2/03_m2_x)"]
     assert report._pair_warnings(w, "smollm2") == [w[0], w[3]]
     assert report._pair_warnings(w, "default") == [w[1]]
+    assert report._warning_key(w[0]) == report._warning_key(w[2]) == (
+        "cost-model control", "smollm2", "spade-ngram-g4-T0")
+    assert report._warning_key(w[3]) == ("physical control", "smollm2", "printed by the notebook itself")
+    other = "physical control: printed by another notebook (printed by smollm2/04_m3_x)"
+    assert report._warning_key(other) != report._warning_key(w[3])  # another check, not a copy
 
 
 def fake_papermill(input_path, output_path, **kw):
