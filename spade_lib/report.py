@@ -408,8 +408,9 @@ def summarize(run_dirs, *, runs_dir: str | Path | None = None,
         warnings += controls.cost_warnings(by_draft, pair=pair)
     seen = {_warning_key(w) for w in warnings}  # a notebook's printed copy of a check listed above counts once
     for w in nb_warnings:
-        if _warning_key(w) not in seen:
-            seen.add(_warning_key(w))
+        key = _warning_key(w)
+        if key not in seen:
+            seen.add(key)
             warnings.append(w)
     # passed: the physics (<= 1x); matches_prediction: the cost model's prediction (1 / (r(g) + o) per decode
     # step, the prompts' prefills added as measured) inside the interval

@@ -119,7 +119,8 @@ def token_class_acceptance(trace: TraceLike, tokenizer: Any = None, by: By = Non
 def off_head_rejections(trace: TraceLike, heads: dict[str, Iterable[int]], by: str = "draft", *,
                         level: float = 0.95, method: str = "wilson") -> pd.DataFrame:
     """Per group of ``by`` named in ``heads`` (group -> the token ids its draft head scores): ``rejections`` (the
-    steps that rejected: a chain's one reached, rejected position; a tree's siblings counted once), ``off_head`` (those whose emitted ``next_token`` lies off the head) and
+    steps that rejected: a chain's one reached, rejected position; a tree's siblings counted once), ``off_head``
+    (those whose emitted ``next_token`` lies off the head) and
     ``off_head_share = off_head / rejections`` with binomial bounds (module docstring); groups of ``by`` not in
     ``heads`` (a full-vocabulary draft: no token is off its head) are left out."""
     if not isinstance(heads, dict) or not heads:

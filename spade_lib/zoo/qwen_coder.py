@@ -271,7 +271,8 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
                     target_folder: Path | str | None = None, draft_folder: Path | str | None = None,
                     cross_drafts: dict[str, Path | str] | None = None):
     """``load_pair("qwen2.5-coder")``: the 1.5B target, the 0.5B draft (``pair.drafts["coder-0.5b"]``; its
-    trimmed-head twin ``"coder-0.5b-fr32k"`` is the default) and SmolLM2-135M-Instruct as a cross-vocabulary draft (``pair.drafts["smollm2"]``), built if needed; the
+    trimmed-head twin ``"coder-0.5b-fr32k"`` is the default) and SmolLM2-135M-Instruct as a cross-vocabulary draft
+    (``pair.drafts["smollm2"]``), built if needed; the
     model-free drafters (:data:`DRAFTS`) run by name. ``target_folder`` / ``draft_folder`` load saved Qwen2
     folders instead (tests: tiny random ones), ``cross_drafts`` (``{name: folder}``) then replaces SmolLM2."""
     if heads:
