@@ -132,16 +132,21 @@ def test_rollback_across_the_window_equals_a_fresh_forward(pair):
     torch.testing.assert_close(rolled.reshape(ref.shape), ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kernels", ["auto", "legacy"])  # the native kernels (where they build) and torch's
-def test_the_lean_forward_equals_hf_across_the_window_and_its_blocks_equal_its_steps(pair, kernels):
+@pytest.mark.parametrize("kernels,in_place", [("auto", False), ("legacy", False), ("native_rows", True)])
+def test_the_lean_forward_equals_hf_across_the_window_and_its_blocks_equal_its_steps(pair, kernels, in_place):
     """Gemma-3's lean forward (scaled embedding, (1 + w) norms, four norms a layer, QK-norm, GELU gate, two
-    rotary tables, sliding windows) gives HF's logits for a block and for single tokens past the window; on
-    the native kernels a verification block's rows are its single steps' logits bit for bit."""
+    rotary tables, sliding windows), on folded copies or holding the weights in place, gives HF's logits for a
+    block and for single tokens past the window; on the native kernels a verification block's rows are its
+    single steps' logits bit for bit."""
+    from spade_lib.decoding.model import native
     from spade_lib.decoding.model.lean import LeanForward, lean_forward
 
+    if kernels == "native_rows" and not native.available():
+        pytest.skip("SPADE's native kernels do not build here")
     t = pair.target
     assert lean_forward(t, 64) is not None and CausalLMAdapter(t).backend == "lean"
-    lean = LeanForward(t, 64, kernels=kernels)
+    lean = LeanForward(t, 64, kernels=kernels, in_place=in_place)
+    assert lean.folded == (not in_place)
     ids = torch.tensor(periodic_prompt(3 * WINDOW + 4))
     with torch.inference_mode():
         ref = t(ids[None], use_cache=False).logits[0]

@@ -186,11 +186,17 @@ def test_the_lean_forward_equals_hf_on_qwen2(pair, in_place, kernels):
         pytest.skip("SPADE's native kernels do not build here")
     t = pair.target
     lean = LeanForward(t, 128, in_place=in_place, kernels=kernels)
-    assert lean.in_place == in_place and lean.fused == (not in_place)
-    if in_place:  # nothing copied: every product reads the module's own tensor
-        weights = {p.data_ptr() for p in t.parameters()}
-        assert all(k.w.data_ptr() in weights for layer in lean.layers for name, pair_ in layer.items()
-                   if name in ("q", "k", "v", "o", "gate", "up", "down") for k in pair_)
+    assert lean.in_place == in_place and lean.fused and lean.folded == (not in_place)
+    if in_place:  # nothing copied: every product reads the module's own tensors (q/k/v and gate/up joined)
+        storages = {p.untyped_storage().data_ptr() for p in t.parameters()}
+        products = [k.w for layer in lean.layers for name, pair_ in layer.items()
+                    if name in ("qkv", "o", "gate_up", "down") for k in pair_]
+        assert len(products) == 3 * 4 * len(lean.layers)
+        assert all(w.untyped_storage().data_ptr() in storages for w in products)
+        held = sum(p.numel() for p in t.parameters())
+        again = LeanForward(t, 128, in_place=True, kernels=kernels)  # a second forward joins nothing again
+        assert sum(p.numel() for p in t.parameters()) == held
+        assert again.layers[0]["qkv"][0].w.data_ptr() == lean.layers[0]["qkv"][0].w.data_ptr()
     ids = torch.tensor(prompt(40))
     with torch.inference_mode():
         ref = t(ids[None], use_cache=False).logits[0]

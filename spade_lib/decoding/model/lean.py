@@ -4,8 +4,9 @@ A small draft's Hugging Face forward is dominated by per-call work (dispatch, da
 ``torch.cat`` / ``crop``). :class:`LeanForward` computes the same function with the model's own weights, nothing else:
 
 - per layer ``h = x + W_o attn(rope(W_q n), rope(W_k n), W_v n)``, ``n = rmsnorm(x)``, then ``x' = h + W_down
-  (silu(W_gate m) * W_up m)``, ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` fused into one matrix, ``W_gate, W_up`` into one;
-  norm gains and attention scale folded into them; rotary ``cos``/``sin`` computed once per position and indexed;
+  (silu(W_gate m) * W_up m)``, ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` fused into one matrix, ``W_gate, W_up`` into one:
+  copies with the norm gains and attention scale folded in, or (in place) the module's weights made row blocks of
+  one tensor, the gains applied by the products; rotary ``cos``/``sin`` computed once per position and indexed;
 - KV cache: one buffer per layer ``[2, kv_heads, capacity, head_dim]``, written in place; rollback to ``n`` tokens sets
   an integer; capacity doubles up to the context limit;
 - attention ``softmax(q K^T / sqrt(d) + mask) V``, two batched matmuls over the first ``length + k`` positions: no
@@ -118,9 +119,11 @@ class LeanForward:
     ``self.native_attention`` whether the forward runs on SPADE's native kernels' attention
     (:meth:`_forward_native`, every row count: the products on whatever the plan chose).
 
-    ``in_place`` (default: whether the layers hold more than 200 M parameters) holds the weights once: no fused
-    or packed copies, every product on a kernel that reads the module's own tensors (``kernels.IN_PLACE``), a
-    block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging Face module stays whole.
+    ``in_place`` (default: whether the layers hold more than 200 M parameters) holds the weights once: no
+    copies (q/k/v and gate/up joined by making the module's weights row blocks of one tensor, the norm gains
+    applied by the products, nothing folded), every product on a kernel that reads those tensors
+    (``kernels.IN_PLACE``), a block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging
+    Face module keeps working on the same tensors.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
@@ -142,10 +145,8 @@ class LeanForward:
         if in_place is None:  # a large model's weights are held once: the products read the module's tensors
             in_place = sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
         self.in_place = bool(in_place)
-        if fuse is None:  # fusing copies the layers' weights (never the embedding or the head)
-            fuse = not self.in_place
-        if fuse and self.in_place:
-            raise ValueError("fuse: fused projections are copies of the weights; in_place=True holds them once")
+        if fuse is None:  # q/k/v into one product, gate/up into one: copies, or (in place) the module's own rows
+            fuse = True
         self.family = _family(model)
         gemma = self.family == "gemma3"
         self.embed = inner.embed_tokens.weight
@@ -166,9 +167,8 @@ class LeanForward:
             for layer in inner.layers:
                 a, m = layer.self_attn, layer.mlp
                 if fuse:
-                    qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
-                           None if a.q_proj.bias is None else torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
-                    proj = {"qkv": qkv, "gate_up": (torch.cat([m.gate_proj.weight, m.up_proj.weight]), None)}
+                    join = _join_in_place if self.in_place else _join
+                    proj = {"qkv": join([a.q_proj, a.k_proj, a.v_proj]), "gate_up": join([m.gate_proj, m.up_proj])}
                 else:
                     proj = {"q": (a.q_proj.weight, a.q_proj.bias), "k": (a.k_proj.weight, a.k_proj.bias),
                             "v": (a.v_proj.weight, a.v_proj.bias), "gate": (m.gate_proj.weight, None),
@@ -189,11 +189,11 @@ class LeanForward:
                     self.layers.append({"ln1": norm(layer.input_layernorm), "ln2": norm(layer.post_attention_layernorm),
                                         "rope": kind, "window": None})
         self.fused = fuse
-        # fused weights are copies, so fold into them what would be a per-call multiply: the RMSNorm gains
+        # fused copies (not in place) also fold in what would be a per-call multiply: the RMSNorm gains
         # (W diag(g) x = W (g * x)) and the attention scale 1/sqrt(d) (into the query rows). Same function,
-        # one rounding apart; the norms then run without a weight.
-        self.folded = fuse
-        if fuse:
+        # one rounding apart; the norms then run without a weight. In place the gains are the products' prologue.
+        self.folded = fuse and not self.in_place
+        if self.folded:
             with torch.inference_mode():
                 for proj, norms in zip(raw, self.layers):
                     (wq, bq), (wg, _) = proj["qkv"], proj["gate_up"]
@@ -226,7 +226,7 @@ class LeanForward:
             raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
         packable = _kernels.packing_available(self.device, self.dtype)
         # the one-token path's attention in one native call (spade_lib.decoding.model.native), except for "legacy"
-        self.native_attention = (policy != "legacy" and self.folded and self.device.type == "cpu"
+        self.native_attention = (policy != "legacy" and self.device.type == "cpu"
                                   and self.dtype == torch.float32 and _native.available())
         self._prepared: dict[str, list[dict]] = {}
         self._plan_facts: dict | None = None  # what keys this model's timed plan ("auto" only): prepare() times it
@@ -508,7 +508,8 @@ class LeanForward:
                         tree_from: int, ancestors: torch.Tensor | None, last_only: bool,
                         hidden_layers: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """:meth:`forward` of ``k >= 1`` tokens on SPADE's native kernels (:mod:`spade_lib.decoding.model.native`), in
-        four calls a layer: the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
+        four calls a layer (in place: the products' norm gain as their prologue, the queries then scaled by
+        ``1 / sqrt(hd)``): the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
         attention under the causal or the tree's ancestor mask); the output projection with the residual
         added; the normed gate/up product and the gated down projection with the residual added. The final
         norm (its gain as the product's prologue) and the LM head are one more call. On the native product
@@ -519,22 +520,25 @@ class LeanForward:
         call, the two post-norms are torch's fused RMSNorm on the products' outputs, and the GELU gate is
         applied before a plain down projection."""
         k = int(ids.shape[0])
-        sel = 0 if k == 1 else 1
+        sel = self._row_class(k)
         H = self.n_heads
         x = self._embed(ids)  # [k, d]
         states = [x] if hidden_layers else None
         for layer, kv in zip(self.layers, self._kv):
             cos, sin = rot[layer["rope"]]
-            qkv = layer["qkv"][sel].normed(x, layer["ln1"][1])
+            qkv = self._normed(layer, ("qkv",) if self.fused else ("q", "k", "v"), "ln1", x, sel)
+            if not self.folded and self.family != "gemma3":  # the queries scaled as attend expects (Gemma: QK-norm's gain)
+                qkv[:, :self.q_size] *= self.head_dim ** -0.5
             att = _native.attend(qkv, kv, start, cos, sin, H, tree_from, ancestors, window=layer["window"],
                                  qk_norm=layer.get("qk_norm"))
+            gate_up = self._normed(layer, ("gate_up",) if self.fused else ("gate", "up"), "ln2", None, sel)
             if self.family == "gemma3":
                 x = x + self._rms(layer["o"][sel](att), layer["post_attn"])
-                gate, up = layer["gate_up"][sel].normed(x, layer["ln2"][1]).chunk(2, dim=-1)
+                gate, up = gate_up(x).chunk(2, dim=-1)
                 x = x + self._rms(layer["down"][sel](self._act(gate) * up), layer["post_mlp"])
             else:
                 x = layer["o"][sel].add_to(x, att)
-                x = layer["down"][sel].add_to(x, layer["gate_up"][sel].normed(x, layer["ln2"][1]), gated=True)
+                x = layer["down"][sel].add_to(x, gate_up(x), gated=True)
             if states is not None:
                 states.append(x)
         self.length = start + k
@@ -544,6 +548,17 @@ class LeanForward:
             states[-1] = self._rms(x, self.norm)
             return logits, {i: states[i] for i in hidden_layers}
         return logits
+
+    def _normed(self, layer: dict, names: tuple[str, ...], norm: str, x: torch.Tensor | None, sel: int):
+        """``rmsnorm(x)`` (the layer's ``norm``, its gain folded into the weights or passed) times the products
+        ``names``, concatenated ``[k, sum of their outputs]``: one call on fused weights, else one a product.
+        With ``x`` None, the function of ``x`` that computes it."""
+        gain, eps = layer[norm]
+        def run(x: torch.Tensor) -> torch.Tensor:
+            if len(names) == 1:
+                return layer[names[0]][sel].normed(x, eps, gain)
+            return torch.cat([layer[n][sel].normed(x, eps, gain) for n in names], dim=-1)
+        return run if x is None else run(x)
 
     def _forward_one(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """:meth:`forward` of one token on folded weights where SPADE's native kernels do not run (the AR step
@@ -577,6 +592,39 @@ class LeanForward:
         if self.head_token_ids is None:
             return logits
         return scatter_vocab(logits, self.head_token_ids, self.vocab_size)
+
+
+def _join(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The products of ``linears`` (one input) as one: their weights stacked ``[sum N_i, K]`` (a copy) and
+    biases (``None`` if they have none)."""
+    bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
+    return torch.cat([m.weight for m in linears]), bias
+
+
+def _join_in_place(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`_join` holding the weights once: the modules' weights (and biases) become consecutive row blocks
+    of one tensor, which is returned; the modules keep working on their blocks (views), and a second call
+    finds them joined and copies nothing."""
+    with torch.inference_mode(False), torch.no_grad():  # normal tensors: the modules may run under autograd
+        return tuple(_join_param(linears, name) for name in ("weight", "bias"))
+
+
+def _join_param(linears: list[torch.nn.Linear], name: str) -> torch.Tensor | None:
+    """:func:`_join_in_place` of one parameter (``"weight"`` or ``"bias"``)."""
+    ts = [getattr(m, name) for m in linears]
+    if ts[0] is None:
+        return None
+    size = (sum(int(t.shape[0]) for t in ts), *ts[0].shape[1:])
+    if all(t.is_contiguous() and t.untyped_storage().data_ptr() == ts[0].untyped_storage().data_ptr() for t in ts) \
+            and all(b.data_ptr() == a.data_ptr() + a.numel() * a.element_size() for a, b in zip(ts, ts[1:])):
+        return ts[0].detach().as_strided(size, ts[0].stride(), ts[0].storage_offset())
+    joined = torch.cat([t.detach() for t in ts])
+    row = 0
+    for m, t in zip(linears, ts):
+        n = int(t.shape[0])
+        setattr(m, name, torch.nn.Parameter(joined[row:row + n], requires_grad=t.requires_grad))
+        row += n
+    return joined
 
 
 def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -> LeanForward | None:
