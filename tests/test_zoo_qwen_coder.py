@@ -236,3 +236,17 @@ def test_greedy_spade_equals_greedy_ar(pair, draft):
         dec = SpeculativeDecoder(t, make_drafter(draft, pair), gamma=4, sampling=GREEDY, tokenizer=pair.tokenizer,
                                  eos_token_id=[])
         assert dec.generate(ids, 30).tokens == want, (draft, seed)
+
+
+def test_weights_once_holds_a_small_model_in_place_and_refuses_other_values(pair, monkeypatch):
+    """``SPADE_WEIGHTS_ONCE=1`` puts a model under the size threshold in place (no copies); ``0`` (the default)
+    leaves it to the threshold; anything else is refused by name."""
+    from spade_lib.decoding.model.lean import LeanForward
+
+    monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "0")
+    assert not LeanForward(pair.target, 32).in_place
+    monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "1")
+    assert LeanForward(pair.target, 32).in_place
+    monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "yes")
+    with pytest.raises(ValueError, match="SPADE_WEIGHTS_ONCE"):
+        LeanForward(pair.target, 32)

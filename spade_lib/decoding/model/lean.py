@@ -119,7 +119,8 @@ class LeanForward:
     ``self.native_attention`` whether the forward runs on SPADE's native kernels' attention
     (:meth:`_forward_native`, every row count: the products on whatever the plan chose).
 
-    ``in_place`` (default: whether the layers hold more than 200 M parameters) holds the weights once: no
+    ``in_place`` (default: whether the layers hold more than 200 M parameters, or every model where the
+    environment sets ``SPADE_WEIGHTS_ONCE=1``) holds the weights once: no
     copies (q/k/v and gate/up joined by making the module's weights row blocks of one tensor, the norm gains
     applied by the products, nothing folded), every product on a kernel that reads those tensors
     (``kernels.IN_PLACE``), a block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging
@@ -143,7 +144,10 @@ class LeanForward:
         self.gqa = self.n_kv != self.n_heads
         inner = model.model
         if in_place is None:  # a large model's weights are held once: the products read the module's tensors
-            in_place = sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
+            once = os.environ.get("SPADE_WEIGHTS_ONCE", "0")
+            if once not in ("0", "1"):
+                raise ValueError(f"SPADE_WEIGHTS_ONCE: must be '0' or '1', got {once!r}")
+            in_place = once == "1" or sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
         self.in_place = bool(in_place)
         if fuse is None:  # q/k/v into one product, gate/up into one: copies, or (in place) the module's own rows
             fuse = True
