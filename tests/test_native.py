@@ -196,6 +196,32 @@ def test_attend_with_a_sliding_window_and_qk_norm_equals_its_torch_formulation(s
 
 
 @needs_native
+@pytest.mark.parametrize("tree", [False, True])
+def test_q_scale_equals_queries_scaled_before_and_leaves_the_cache_alone(tree):
+    """``q_scale`` (queries of weights held in place, not folded) gives the attention of queries scaled
+    before the call; keys and values are cached unscaled either way."""
+    g = torch.Generator().manual_seed(11)
+    heads, kv_heads, hd, start, k, s = 6, 2, 32, 20, 4, 32 ** -0.5
+    qkv = torch.randn(k, (heads + 2 * kv_heads) * hd, generator=g)
+    kv = torch.randn(2, kv_heads, 64, hd, generator=g)
+    ang = torch.rand(k, hd // 2, generator=g) * 6
+    cos, sin = torch.cat([ang.cos(), ang.cos()], -1), torch.cat([ang.sin(), ang.sin()], -1)
+    ancestors = None
+    if tree:
+        ancestors = torch.rand(k, k, generator=g) < 0.5
+        ancestors[torch.arange(k), torch.arange(k)] = True
+    scaled = qkv.clone()
+    scaled[:, :heads * hd] *= s
+    kv_a, kv_b = kv.clone(), kv.clone()
+    want = native.attend(scaled, kv_a, start, cos, sin, heads, start, ancestors)
+    got = native.attend(qkv, kv_b, start, cos, sin, heads, start, ancestors, q_scale=s)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(kv_a, kv_b)
+    plain = native.attend(qkv, kv.clone(), start, cos, sin, heads, start, ancestors)
+    assert not torch.allclose(plain, want, atol=1e-3)  # the scale changes the softmax: the test can fail
+
+
+@needs_native
 def test_a_causal_rows_attention_is_the_one_token_attention_bit_for_bit():
     g = torch.Generator().manual_seed(5)
     heads, kv_heads, hd, start, k = 9, 3, 64, 40, 6

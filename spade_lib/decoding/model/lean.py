@@ -512,8 +512,8 @@ class LeanForward:
                         tree_from: int, ancestors: torch.Tensor | None, last_only: bool,
                         hidden_layers: tuple[int, ...]) -> torch.Tensor | tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """:meth:`forward` of ``k >= 1`` tokens on SPADE's native kernels (:mod:`spade_lib.decoding.model.native`), in
-        four calls a layer (in place: the products' norm gain as their prologue, the queries then scaled by
-        ``1 / sqrt(hd)``): the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
+        four calls a layer (in place: the products' norm gain as their prologue, the attention scaling the
+        queries): the normed fused QKV product; one :func:`native.attend` (rotation, cache write and
         attention under the causal or the tree's ancestor mask); the output projection with the residual
         added; the normed gate/up product and the gated down projection with the residual added. The final
         norm (its gain as the product's prologue) and the LM head are one more call. On the native product
@@ -531,10 +531,8 @@ class LeanForward:
         for layer, kv in zip(self.layers, self._kv):
             cos, sin = rot[layer["rope"]]
             qkv = self._normed(layer, ("qkv",) if self.fused else ("q", "k", "v"), "ln1", x, sel)
-            if not self.folded and self.family != "gemma3":  # the queries scaled as attend expects (Gemma: QK-norm's gain)
-                qkv[:, :self.q_size] *= self.head_dim ** -0.5
             att = _native.attend(qkv, kv, start, cos, sin, H, tree_from, ancestors, window=layer["window"],
-                                 qk_norm=layer.get("qk_norm"))
+                                 qk_norm=layer.get("qk_norm"), q_scale=self.scaling)
             gate_up = self._normed(layer, ("gate_up",) if self.fused else ("gate", "up"), "ln2", None, sel)
             if self.family == "gemma3":
                 x = x + self._rms(layer["o"][sel](att), layer["post_attn"])

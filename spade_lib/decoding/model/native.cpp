@@ -213,7 +213,14 @@ struct Rows {
   bool prefetch;  // packed: whether the tile prefetches its stream (PREFETCH_ROWS input rows or more)
 };
 
-constexpr int GROUP = 4;  // rows per packed group (the widest tile); rows past the last whole group stay row-major
+constexpr int GROUP = 4;
+// One input row on row-major weights (held in place) with rows shorter than SHORT_ROW floats: one weight row a
+// tile, so a thread's block is read as one sequential stream, as a packed group is (four rows a tile read four
+// short streams). One row over the 120 matrices of a SmolLM2-shaped forward (0.42 GB, K = 576 / 1536), 2-core Zen 3
+// EPYC (AVX2): four rows a tile 16-21 % slower than packed, one row a tile within the host's noise of it; over
+// Qwen2.5-Coder-1.5B-shaped matrices (K = 1536 / 8960) one row a tile was 7-10 % slower than four. Each output is
+// summed in the canonical order either way: the same results.
+constexpr int64_t SHORT_ROW = 1024;  // rows per packed group (the widest tile); rows past the last whole group stay row-major
 
 // Rows n .. of W [N, K] (packed or not); a tile of packed rows stays within one group (the callers' tiles start
 // at multiples of their width, which divides GROUP).
@@ -456,6 +463,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     float out[NW_MANY > 4 ? NW_MANY * RB_MAX : 4 * RB_MAX];
     const int64_t begin = g0 * GROUP, end = std::min(N, g1 * GROUP);
     int64_t n = begin;
+    if (rows == 1 && !packed && K < SHORT_ROW) {
+      for (; n < end; ++n) {
+        tile<1, 1>(rows_at(wp, N, K, packed, n, prefetch), K, xs.data(), out);
+        emit(n, 0, out[0]);
+      }
+      return;
+    }
     if (rows == 1) {
       for (; n + 4 <= end; n += 4) {
         tile<4, 1>(rows_at(wp, N, K, packed, n, prefetch), K, xs.data(), out);
@@ -535,9 +549,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
 // window > 0 (a sliding-window layer): row i at position p_i (start + i, or tree_from - 1 + its depth) sees
 // only the cached slots t > p_i - window (its own tree rows are nearer than the window: checked by the caller).
 // q_gain, k_gain [hd] (QK-norm): every query and key head x becomes x g / sqrt(mean(x^2) + eps) before rotation.
+// q_scale: each rotated query head is multiplied by it (1: the queries come scaled).
 torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::Tensor cos, torch::Tensor sin,
                      int64_t n_heads, int64_t tree_from, c10::optional<torch::Tensor> ancestors, int64_t window,
-                     c10::optional<torch::Tensor> q_gain, c10::optional<torch::Tensor> k_gain, double eps) {
+                     c10::optional<torch::Tensor> q_gain, c10::optional<torch::Tensor> k_gain, double eps,
+                     double q_scale) {
   check(qkv, "qkv");
   check(kv, "kv");
   check(cos, "cos");
@@ -619,6 +635,8 @@ torch::Tensor attend(torch::Tensor qkv, torch::Tensor kv, int64_t start, torch::
           if (anc[i * M + m]) seen[n++] = tree_from + m;
       }
       rope(q + i * width + h * hd, qg, i, tmp.data(), qr.data());
+      if (q_scale != 1.0)
+        for (int64_t d = 0; d < hd; ++d) qr[d] *= static_cast<float>(q_scale);
       const float* Kj = keys + j * cap * hd;
       const float* Vj = vals + j * cap * hd;
       int64_t t = 0;  // the scores, eight keys at a time (each in the canonical order of the build)

@@ -158,7 +158,7 @@ def module_weights(module: torch.nn.Module, build: Callable[[], dict]) -> dict:
 
 def attend(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor, n_heads: int,
            tree_from: int | None = None, ancestors: torch.Tensor | None = None, *, window: int | None = None,
-           qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
+           qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None, q_scale: float = 1.0) -> torch.Tensor:
     """``k`` new tokens' attention, ``[k, H hd]``. ``qkv [k, (H + 2 KV) hd]``: their fused projections (queries
     already scaled by ``1 / sqrt(hd)``); ``kv [2, KV, capacity, hd]``: the cache, written in place at slots
     ``start .. start + k - 1`` with the rotated keys and the values; ``cos, sin [k, hd]``: each token's rotation.
@@ -169,14 +169,17 @@ def attend(qkv: torch.Tensor, kv: torch.Tensor, start: int, cos: torch.Tensor, s
     ``window`` (a sliding-window layer): row ``i`` at position ``p_i`` sees only the cached slots ``t > p_i -
     window`` (``p_i = start + i``, or ``tree_from - 1 +`` its depth in a tree, which must be below ``window``).
     ``qk_norm = (q_gain [hd], k_gain [hd], eps)``: each query and key head ``x`` is first
-    ``x * gain / sqrt(mean(x^2) + eps)`` (Gemma-3's QK-norm; the query scale may be folded into ``q_gain``)."""
+    ``x * gain / sqrt(mean(x^2) + eps)`` (Gemma-3's QK-norm; the query scale may be folded into ``q_gain``).
+    ``q_scale``: each rotated query head is multiplied by it (for queries not scaled before, e.g. ``1 / sqrt(hd)``
+    where the weights are held in place)."""
     if window is not None and window < 1:
         raise ValueError(f"window: must be >= 1 positions, got {window}")
     q_gain, k_gain, eps = qk_norm if qk_norm is not None else (None, None, 0.0)
     if ancestors is None:
-        return _module().attend(qkv, kv, start, cos, sin, n_heads, -1, None, window or 0, q_gain, k_gain, eps)
+        return _module().attend(qkv, kv, start, cos, sin, n_heads, -1, None, window or 0, q_gain, k_gain, eps,
+                                float(q_scale))
     return _module().attend(qkv, kv, start, cos, sin, n_heads, start if tree_from is None else tree_from,
-                            ancestors.contiguous(), window or 0, q_gain, k_gain, eps)
+                            ancestors.contiguous(), window or 0, q_gain, k_gain, eps, float(q_scale))
 
 
 def _module():
