@@ -1,7 +1,6 @@
 """A lean decoding forward for Llama-family and Gemma-3 models, with a preallocated KV cache.
 
-A small draft's Hugging Face forward is dominated by per-call work (dispatch, dataclasses, masks, the dynamic cache's
-``torch.cat`` / ``crop``). :class:`LeanForward` computes the same function with the model's own weights, nothing else:
+:class:`LeanForward` computes a Hugging Face model's function with its own weights and none of its per-call work:
 
 - per layer ``h = x + W_o attn(rope(W_q n), rope(W_k n), W_v n)``, ``n = rmsnorm(x)``, then ``x' = h + W_down
   (silu(W_gate m) * W_up m)``, ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` fused into one matrix, ``W_gate, W_up`` into one:
