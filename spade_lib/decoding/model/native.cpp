@@ -213,14 +213,14 @@ struct Rows {
   bool prefetch;  // packed: whether the tile prefetches its stream (PREFETCH_ROWS input rows or more)
 };
 
-constexpr int GROUP = 4;
+constexpr int GROUP = 4;  // rows per packed group (the widest tile); rows past the last whole group stay row-major
 // One input row on row-major weights (held in place) with rows shorter than SHORT_ROW floats: one weight row a
 // tile, so a thread's block is read as one sequential stream, as a packed group is (four rows a tile read four
 // short streams). One row over the 120 matrices of a SmolLM2-shaped forward (0.42 GB, K = 576 / 1536), 2-core Zen 3
 // EPYC (AVX2): four rows a tile 16-21 % slower than packed, one row a tile within the host's noise of it; over
 // Qwen2.5-Coder-1.5B-shaped matrices (K = 1536 / 8960) one row a tile was 7-10 % slower than four. Each output is
 // summed in the canonical order either way: the same results.
-constexpr int64_t SHORT_ROW = 1024;  // rows per packed group (the widest tile); rows past the last whole group stay row-major
+constexpr int64_t SHORT_ROW = 1024;  // floats
 
 // Rows n .. of W [N, K] (packed or not); a tile of packed rows stays within one group (the callers' tiles start
 // at multiples of their width, which divides GROUP).
