@@ -250,3 +250,29 @@ def test_weights_once_holds_a_small_model_in_place_and_refuses_other_values(pair
     monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "yes")
     with pytest.raises(ValueError, match="SPADE_WEIGHTS_ONCE"):
         LeanForward(pair.target, 32)
+
+
+def test_joining_in_place_keeps_the_hf_module_trainable_and_saveable(tmp_path):
+    """After an in-place lean forward joins q/k/v and gate/up, the Hugging Face module still back-propagates
+    into each projection's own block and saves and reloads to the same logits."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from spade_lib.decoding.model.lean import LeanForward
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).eval()
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        ref = model(ids).logits
+    LeanForward(model, 32, in_place=True)
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.v_proj.weight.untyped_storage().data_ptr()
+    model(ids).logits.sum().backward()
+    assert attn.k_proj.weight.grad is not None and attn.k_proj.weight.grad.shape == attn.k_proj.weight.shape
+    assert float(attn.k_proj.weight.grad.abs().sum()) > 0
+    model.save_pretrained(tmp_path)
+    again = Qwen2ForCausalLM.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, ref, atol=1e-5, rtol=1e-5)
