@@ -192,6 +192,8 @@ class LeanForward:
                     self.layers.append({"ln1": norm(layer.input_layernorm), "ln2": norm(layer.post_attention_layernorm),
                                         "rope": kind, "window": None})
         self.fused = fuse
+        self._qkv_names = ("qkv",) if fuse else ("q", "k", "v")  # the products after each norm
+        self._mlp_names = ("gate_up",) if fuse else ("gate", "up")
         # fused copies (not in place) also fold in what would be a per-call multiply: the RMSNorm gains
         # (W diag(g) x = W (g * x)) and the attention scale 1/sqrt(d) (into the query rows). Same function,
         # one rounding apart; the norms then run without a weight. In place the gains are the products' prologue.
@@ -529,17 +531,16 @@ class LeanForward:
         states = [x] if hidden_layers else None
         for layer, kv in zip(self.layers, self._kv):
             cos, sin = rot[layer["rope"]]
-            qkv = self._normed(layer, ("qkv",) if self.fused else ("q", "k", "v"), "ln1", x, sel)
+            qkv = self._normed(layer, self._qkv_names, "ln1", x, sel)
             att = _native.attend(qkv, kv, start, cos, sin, H, tree_from, ancestors, window=layer["window"],
                                  qk_norm=layer.get("qk_norm"), q_scale=self.scaling)
-            gate_up = self._normed(layer, ("gate_up",) if self.fused else ("gate", "up"), "ln2", None, sel)
             if self.family == "gemma3":
                 x = x + self._rms(layer["o"][sel](att), layer["post_attn"])
-                gate, up = gate_up(x).chunk(2, dim=-1)
+                gate, up = self._normed(layer, self._mlp_names, "ln2", x, sel).chunk(2, dim=-1)
                 x = x + self._rms(layer["down"][sel](self._act(gate) * up), layer["post_mlp"])
             else:
                 x = layer["o"][sel].add_to(x, att)
-                x = layer["down"][sel].add_to(x, gate_up(x), gated=True)
+                x = layer["down"][sel].add_to(x, self._normed(layer, self._mlp_names, "ln2", x, sel), gated=True)
             if states is not None:
                 states.append(x)
         self.length = start + k
@@ -550,16 +551,13 @@ class LeanForward:
             return logits, {i: states[i] for i in hidden_layers}
         return logits
 
-    def _normed(self, layer: dict, names: tuple[str, ...], norm: str, x: torch.Tensor | None, sel: int):
+    def _normed(self, layer: dict, names: tuple[str, ...], norm: str, x: torch.Tensor, sel: int) -> torch.Tensor:
         """``rmsnorm(x)`` (the layer's ``norm``, its gain folded into the weights or passed) times the products
-        ``names``, concatenated ``[k, sum of their outputs]``: one call on fused weights, else one a product.
-        With ``x`` None, the function of ``x`` that computes it."""
+        ``names``, concatenated ``[k, sum of their outputs]``: one call on fused weights, else one a product."""
         gain, eps = layer[norm]
-        def run(x: torch.Tensor) -> torch.Tensor:
-            if len(names) == 1:
-                return layer[names[0]][sel].normed(x, eps, gain)
-            return torch.cat([layer[n][sel].normed(x, eps, gain) for n in names], dim=-1)
-        return run if x is None else run(x)
+        if len(names) == 1:
+            return layer[names[0]][sel].normed(x, eps, gain)
+        return torch.cat([layer[n][sel].normed(x, eps, gain) for n in names], dim=-1)
 
     def _forward_one(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         """:meth:`forward` of one token on folded weights where SPADE's native kernels do not run (the AR step
