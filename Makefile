@@ -65,10 +65,15 @@ run: venv
 	$(BIN)/python -m spade_lib.report $(RUN_DIR) || status=$$?; \
 	exit $$status
 
+# tests/ runs in TEST_WORKERS processes (pytest-xdist, one test file a process: most tests keep one core busy),
+# then the notebooks run alone, one after another (they time decoding; cells of a notebook run in order).
+TEST_WORKERS ?= 2
+TEST_ENV := SPADE_PROFILE=smoke SPADE_FIGURES_DIR=$(TEST_OUT)/figures SPADE_RUNS_DIR=$(TEST_OUT) SPADE_NATIVE_REQUIRED=1 SPADE_TEST_PROCESSES=1
+
 test: venv
 	$(BIN)/python tests/speculators_pkg.py  # vLLM's speculators 0.9.0 for the format tests, --no-deps into .cache/
-	SPADE_PROFILE=smoke SPADE_FIGURES_DIR=$(TEST_OUT)/figures SPADE_RUNS_DIR=$(TEST_OUT) SPADE_NATIVE_REQUIRED=1 SPADE_TEST_PROCESSES=1 \
-	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env \
+	$(TEST_ENV) $(BIN)/python -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15 -p no:cacheprovider
+	$(TEST_ENV) $(BIN)/python -m pytest notebooks --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 
 unit: venv

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from spade_lib import measures
 from spade_lib.devices import clock
 
 
@@ -343,6 +344,6 @@ def heldout_alpha(target, draft, data: TeacherData, ids: list[int], temperatures
         q_logits = draft(input_ids=s, use_cache=False).logits[0, start:end].float()
         top1 += (p_logits.argmax(-1) == q_logits.argmax(-1)).sum().item()
         for t in temperatures:
-            acc[t] += torch.minimum(torch.softmax(p_logits / t, -1), torch.softmax(q_logits / t, -1)).sum().item()
+            acc[t] += measures.alpha(torch.softmax(p_logits / t, -1), torch.softmax(q_logits / t, -1)).sum().item()
         n += end - start
     return {"alpha_by_temperature": {"0": top1 / n, **{str(t): v / n for t, v in acc.items()}}, "n_positions": n}

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from spade_lib import theory
+from spade_lib import measures, theory
 
 
 @torch.no_grad()
@@ -68,8 +68,8 @@ def early_exit_alpha(pair, texts: Sequence[str] | Sequence[Sequence[int]], layer
             q_logits = p_logits if k == n_layers else head(norm(out.hidden_states[k]))[0].float()
             agree[k] += (q_logits.argmax(-1) == p_logits.argmax(-1)).sum().item()
             for t in temperatures:
-                acc[(k, t)] += torch.minimum(torch.softmax(p_logits / t, -1),
-                                             torch.softmax(q_logits / t, -1)).sum().item()
+                acc[(k, t)] += measures.alpha(torch.softmax(p_logits / t, -1),
+                                              torch.softmax(q_logits / t, -1)).sum().item()
         n += ids.shape[1]
     if n == 0:
         raise ValueError("texts: every text is shorter than 2 tokens")
