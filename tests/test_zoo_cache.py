@@ -1,4 +1,5 @@
-"""Cache entries of the zoo: build once, verify by sha256, rebuild corrupted entries, one build under concurrency."""
+"""Cache entries of the zoo: build once, verify by sha256 (re-hashed only when a file's stats moved since the last
+check), rebuild corrupted entries, one build under concurrency."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spade_lib.paths import REPO_ROOT
+from spade_lib.zoo import cache
 from spade_lib.zoo.cache import cache_key, get_or_build, read_manifest, verify_entry
 
 
@@ -32,6 +34,26 @@ def test_build_once_then_reuse(tmp_path):
     m = read_manifest(entry)
     assert m["answer"] == 42 and set(m["files"]) == {"sub/weights.bin"} and verify_entry(entry) is None
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folders left
+
+
+def test_an_unchanged_entry_is_not_rehashed_and_a_same_size_rewrite_is(tmp_path, monkeypatch):
+    """The build records its files' stats; a load that finds them unchanged hashes nothing. Rewriting a file with
+    other bytes of the same size moves its times: the next load re-hashes, finds the mismatch and rebuilds."""
+    calls, hashed = [], []
+    real = cache.sha256_file
+    monkeypatch.setattr(cache, "sha256_file", lambda path: hashed.append(path) or real(path))
+    entry = get_or_build(tmp_path / "e", _builder(calls))
+    assert (tmp_path / "e.verified").is_file() and len(hashed) == 1  # the build hashed its one file
+    hashed.clear()
+    assert get_or_build(tmp_path / "e", _builder(calls)) == entry and hashed == [] and len(calls) == 1
+    (tmp_path / "e.verified").unlink()  # no record (e.g. an entry built before records): re-hashed once, recorded
+    get_or_build(tmp_path / "e", _builder(calls))
+    assert len(hashed) == 1 and (tmp_path / "e.verified").is_file() and len(calls) == 1
+    hashed.clear()
+    (entry / "sub" / "weights.bin").write_bytes(b"\x01\x02\x04")  # same size, other bytes
+    with pytest.warns(UserWarning, match="corrupted.*sha256 mismatch"):
+        get_or_build(tmp_path / "e", _builder(calls))
+    assert len(calls) == 2 and hashed and verify_entry(entry) is None
 
 
 def test_rebuild_forces_a_new_build(tmp_path):
@@ -131,6 +153,6 @@ def test_two_processes_load_tiny_once(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     assert len({out.strip() for out, _ in outs}) == 1
-    entries = sorted(p.name for p in (tmp_path / "zoo").iterdir() if not p.name.endswith(".lock"))
+    entries = sorted(p.name for p in (tmp_path / "zoo").iterdir() if not p.name.endswith((".lock", ".verified")))
     assert len(entries) == 2 and all(not n.startswith(".") for n in entries)  # pair + tokenizer, no temp dirs
     assert json.loads((tmp_path / "zoo" / entries[0] / "manifest.json").read_text())["kind"] in ("pair", "tokenizer")
