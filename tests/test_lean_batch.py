@@ -41,12 +41,16 @@ def _prompts(vocab: int, lengths=(5, 1, 12, 8)) -> list[torch.Tensor]:
     return [torch.randint(0, vocab - 4, (n,), generator=g) for n in lengths]
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["packed", "in_place"])
 @pytest.mark.parametrize("make", [lambda: llama(layers=2), lambda: lively_gemma3(0), lambda: lively_qwen2(0)],
                          ids=["llama", "gemma3", "qwen2"])
-def test_logits_equal_the_hf_batched_forward_on_padded_prompts_and_steps(make):
+def test_logits_equal_the_hf_batched_forward_on_padded_prompts_and_steps(make, in_place, monkeypatch):
+    """Packed copies (a small model's default) or the module's own tensors (``SPADE_WEIGHTS_ONCE=1``, a large
+    model's default): the batch on the lean weights gives the Hugging Face batched forward's logits."""
+    monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "1" if in_place else "0")
     model = make()
     adapter = CausalLMAdapter(model, max_length=64)
-    assert adapter.lean is not None
+    assert adapter.lean is not None and adapter.lean.in_place == in_place
     prompts = _prompts(int(model.config.vocab_size))
     ids, valid = left_pad(prompts, adapter.device)
     hf, lean = BatchLM(CausalLMAdapter(model, max_length=64, backend="hf"), len(prompts), "t"), \
@@ -66,15 +70,21 @@ def test_logits_equal_the_hf_batched_forward_on_padded_prompts_and_steps(make):
     assert lean.length.tolist() == [int(p.numel()) + 20 for p in prompts]
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["packed", "in_place"])
 @pytest.mark.parametrize("make", [lambda: lively_gemma3(1), lambda: lively_qwen2(1)], ids=["gemma3", "qwen2"])
-def test_batched_greedy_on_the_lean_weights_equals_single_decoding(make):
-    """Three ragged rows and a fourth (lengths 5, 1, 12, 8) decoded as one batch equal each row decoded alone."""
+def test_batched_greedy_on_the_lean_weights_equals_single_decoding(make, in_place, monkeypatch):
+    """Three ragged rows and a fourth (lengths 5, 1, 12, 8) decoded as one batch equal each row decoded alone,
+    on packed copies and in place (the batch runs :class:`LeanBatch` either way, not the Hugging Face batch)."""
+    monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "1" if in_place else "0")
     model = make()
     dec = AutoregressiveDecoder(CausalLMAdapter(model, max_length=64), sampling=SamplingConfig(temperature=0),
                                 eos_token_id=[])
-    assert dec.target.lean is not None
+    assert dec.target.lean is not None and dec.target.lean.in_place == in_place
+    ran, forward = [], LeanBatch.forward
+    monkeypatch.setattr(LeanBatch, "forward", lambda self, *a, **k: ran.append(1) or forward(self, *a, **k))
     prompts = [p.tolist() for p in _prompts(int(model.config.vocab_size))]
     batch = dec.generate_batch(prompts, 16, seed=0)
+    assert ran  # the batch ran on the lean weights
     for r, p in zip(batch, prompts):
         assert r.tokens == dec.generate(p, 16, seed=0).tokens
 

@@ -576,7 +576,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
         rows.stop[b] = "max_new_tokens" if budget0[b] == max_new_tokens else "context_limit"
 
     t_start = clock(dev)
-    on_lean = lean and dec.target.lean is not None and not dec.target.lean.in_place  # in place: HF's forward
+    on_lean = lean and dec.target.lean is not None
     T = LeanBatch(dec.target.lean, B) if on_lean else BatchLM(dec.target, B, "target")
     active = list(range(B))
     logits = None

@@ -6,8 +6,9 @@ product per projection, compute-bound once ``B`` reaches a few dozen, so the ker
 on SmolLM2 (2-core AMD EPYC, torch 2.13) the Hugging Face decode step ran at ~45 GFLOP/s while its prefill
 ran at ~165 and the lean forward's fused products reach ~95-115 at 32 rows (``F.linear`` on its
 49,152-row LM head: ~45). :class:`LeanBatch` computes the same function as the model with the weights a
-:class:`~spade_lib.decoding.model.lean.LeanForward` already holds (q/k/v and gate/up fused, the norm gains and the
-attention scale folded in, the kernel plan its timing chose for ``k > 1`` rows; ``F.linear`` on the raw
+:class:`~spade_lib.decoding.model.lean.LeanForward` already holds (q/k/v and gate/up fused; packed copies with the
+norm gains and attention scale folded in, or the module's own tensors in place with both applied on the fly;
+the kernel plan its timing chose for ``k > 1`` rows; ``F.linear`` on the raw
 fused weights for more than :data:`BIG_ROWS` rows, a prefill, where MKL's GEMM is the fastest here) and
 its rotary tables, for Llama-family and Gemma-3 layers alike.
 

@@ -99,7 +99,7 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
                 lm.tidy()
 
             forwards[name] = step
-        if ta.lean is not None and not ta.lean.in_place:  # as AutoregressiveDecoder.generate_batch runs it
+        if ta.lean is not None:  # as AutoregressiveDecoder.generate_batch runs it
             ar = LeanBatch(ta.lean, len(rows))
             ar.forward(ids, valid, keep=1)
 
