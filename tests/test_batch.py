@@ -191,15 +191,22 @@ def test_greedy_rows_equal_single_decoding_on_gpt2_absolute_positions(rand_pair)
     assert sum(s.n_accepted for r in out for s in r.steps) > 0
 
 
-def test_compaction_at_every_step_keeps_rows_exact(rand_pair, monkeypatch):
-    """Force the holes-dominate compaction after every step: rows still equal single decoding."""
+@pytest.mark.parametrize("backend", ["lean", "hf"])
+def test_compaction_at_every_step_keeps_rows_exact(rand_pair, monkeypatch, backend):
+    """Force the holes-dominate compaction after every step: rows still equal single decoding, on the lean
+    weights (LeanBatch) and through HF's forward (BatchLM)."""
     from spade_lib.decoding import batch
+    from spade_lib.decoding.model import lean_batch
 
     calls = []
-    original = batch.BatchLM._compact
+    cls = lean_batch.LeanBatch if backend == "lean" else batch.BatchLM
+    original = cls._compact
     monkeypatch.setattr(batch, "COMPACT_SLACK", -10 ** 6)
-    monkeypatch.setattr(batch.BatchLM, "_compact", lambda self, w: (calls.append(w), original(self, w)))
+    monkeypatch.setattr(lean_batch, "COMPACT_SLACK", -10 ** 6)
+    monkeypatch.setattr(cls, "_compact", lambda self, w: (calls.append(w), original(self, w)))
     target, draft, prompts = rand_pair
+    if backend == "hf":
+        target, draft = CausalLMAdapter(target, backend="hf"), CausalLMAdapter(draft, backend="hf")
     dec = SpeculativeDecoder(target, draft, gamma=4, sampling=GREEDY, eos_token_id=[])
     out = dec.generate_batch(prompts[:5], 16)
     assert_rows_match(out, [dec.generate(p, 16).tokens for p in prompts[:5]], target, prompts[:5], "compaction")
@@ -553,21 +560,20 @@ def test_batched_greedy_check_is_the_notebooks_former_loop(tiny, prompts):
         batched_greedy_check(tiny.target, tiny.draft, [], gamma=3, max_new_tokens=4)
 
 
-def test_the_batch_studys_baseline_is_spades_lean_batched_ar(tiny, prompts, monkeypatch):
+def test_the_batch_studys_forwards_all_run_on_spades_lean_batch(tiny, prompts, monkeypatch):
     """Issue 56: the study's AR rounds and the AR step its prediction is priced at run on SPADE's batched lean
-    forward (LeanBatch), the fastest batched AR the stack offers, not on the HF batched forward."""
+    forward (LeanBatch), the fastest batched AR the stack offers, not on the HF batched forward; so do its
+    speculative rounds and their cost ratios (issue 53: the batch is a configuration of the one forward)."""
+    from spade_lib.decoding import batch
     from spade_lib.decoding.model import lean_batch
     from spade_lib.decoding.studies.batch_study import BatchStudyConfig, batch_study
 
-    made = []
-    real = lean_batch.LeanBatch.__init__
-
-    def spy(self, lean, n_rows):
-        made.append(n_rows)
-        real(self, lean, n_rows)
-
-    monkeypatch.setattr(lean_batch.LeanBatch, "__init__", spy)
+    made, hf = [], []
+    real, real_hf = lean_batch.LeanBatch.__init__, batch.BatchLM.__init__
+    monkeypatch.setattr(lean_batch.LeanBatch, "__init__", lambda self, lean, n: made.append(n) or real(self, lean, n))
+    monkeypatch.setattr(batch.BatchLM, "__init__", lambda self, *a: hf.append(a[-1]) or real_hf(self, *a))
     df = batch_study(tiny.target, tiny.draft, prompts[:2], BatchStudyConfig(
         batch_sizes=(2,), temperatures=(0.0,), max_new_tokens=3, warmup=0, repeats=1, cost_repeats=1, gamma=2))
-    assert made == [2, 2]  # the timed AR round, then the AR step of the cost ratios
+    # the AR round, the speculative round (target, draft), the cost ratios' target, verify, draft and AR forwards
+    assert made == [2] * 7 and hf == []
     assert 0 < df["ar_level"].iloc[0] < 10

@@ -6,7 +6,7 @@ residual / bonus token) with every model forward batched over the running rows; 
 :mod:`spade_lib.decoding.step`'s, once per group of rows with equal ``gamma_b``. Model drafts only; a tree config runs
 :mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`BatchLM.forward_tree`, :meth:`BatchLM.keep`: tree masks).
 
-**Masked holes** (:class:`BatchLM`; ``DynamicCache.crop`` cuts every row at once): each model has ``S`` cache slots,
+**Masked holes** (:func:`batch_lm`: ``LeanBatch`` on lean weights, else :class:`BatchLM`): a model has ``S`` cache slots,
 a mask ``[B, S]`` (1 = a committed token of the row) and row lengths ``l_b``. A forward appends as many slots to every
 row; a row with fewer tokens (shorter draft, left padding) fills *holes* (mask 0); after verification row ``b`` keeps
 its first ``l_b + n_b + 1`` valid slots (:meth:`BatchLM.rollback`). Position ids are explicit, ``l_b`` + rank among the
@@ -41,7 +41,7 @@ from spade_lib.decoding.drafts.drafters import ModelDrafter, _match_vocab, sampl
 from spade_lib.decoding.drafts.policies import step_cap
 from spade_lib.decoding.model import masks
 from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.model.lean_batch import LeanBatch
+from spade_lib.decoding.model.lean_batch import COMPACT_SLACK, LeanBatch
 from spade_lib.decoding.step import Step, commit, sample_next
 from spade_lib.devices import clock
 from spade_lib.sampling import adjust
@@ -50,7 +50,6 @@ __all__ = ["BatchStepInfo", "BatchGenerationResult", "BATCH_COLUMNS", "speculati
            "autoregressive_generate_batch", "batch_metrics", "row_seeds"]
 
 BATCH_COLUMNS: tuple[str, ...] = ("row", "batch_size", "batch_step", "batch_rows")
-COMPACT_SLACK = 16  # a cache is compacted when its slots exceed 2 x (longest row) + this
 
 
 @dataclass
@@ -306,6 +305,14 @@ def timing_totals() -> dict[str, float]:
 
 
 
+def batch_lm(adapter: CausalLMAdapter, n_rows: int, what: str) -> LeanBatch | BatchLM:
+    """The batched cache of ``adapter``'s model for ``n_rows`` rows: :class:`LeanBatch` on its lean weights (the
+    forward its single-sequence decoding runs, packed or in place) where it has them, else :class:`BatchLM`
+    (HF's forward; ``what`` names the model in its errors)."""
+    lean = adapter.lean
+    return LeanBatch(lean, n_rows) if lean is not None and lean.fused else BatchLM(adapter, n_rows, what)
+
+
 class RowBook:
     """Per-row bookkeeping of a batch (indexed by the prompt's row)."""
 
@@ -392,8 +399,8 @@ def speculative_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Se
                for n in lens]
 
     t_start = clock(dev)
-    T = BatchLM(dec.target, B, "target")
-    D = BatchLM(dec.drafter.adapter, B, "draft")
+    T = batch_lm(dec.target, B, "target")
+    D = batch_lm(dec.drafter.adapter, B, "draft")
     head = [p[:-1] for p in prompts_t]
     if max(lens) > 1:
         ids, valid = left_pad(head, dev)
@@ -561,7 +568,8 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
     ``dec.generate(prompt_b, seed=seed_b)`` does. ``lean``: on the target's lean weights where it has them
     (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`: SmolLM2's answers for head data at B = 32, 2.45x one
     sequence at a time against the Hugging Face batch's 1.45x, ``benchmarks/bench_head_data.py``), else (or
-    ``False``) through the Hugging Face forward (:class:`BatchLM`, as the speculative batch runs)."""
+    ``False``) through the Hugging Face forward (:class:`BatchLM`); :func:`batch_lm` chooses, as for the speculative
+    batch."""
     _check_budget(max_new_tokens)
     dev, sampling = dec.device, dec.sampling
     prompts_t = prompt_tensors(prompts, dev, dec.max_length)
@@ -576,8 +584,7 @@ def autoregressive_generate_batch(dec, prompts, max_new_tokens: int, seed: int |
         rows.stop[b] = "max_new_tokens" if budget0[b] == max_new_tokens else "context_limit"
 
     t_start = clock(dev)
-    on_lean = lean and dec.target.lean is not None
-    T = LeanBatch(dec.target.lean, B) if on_lean else BatchLM(dec.target, B, "target")
+    T = batch_lm(dec.target, B, "target") if lean else BatchLM(dec.target, B, "target")
     active = list(range(B))
     logits = None
     if any(n > 0 for n in budget0):

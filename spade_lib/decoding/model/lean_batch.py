@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from spade_lib.decoding.model import masks
 from spade_lib.decoding.model.lean import LeanForward
 
-__all__ = ["BIG_ROWS", "LeanBatch"]
+__all__ = ["BIG_ROWS", "COMPACT_SLACK", "LeanBatch"]
 
 BIG_ROWS = 64  # products over more rows than this (a prefill) run F.linear on the raw fused weights
+COMPACT_SLACK = 16  # a batched cache is compacted when its slots exceed 2 x (longest row) + this
 
 
 class LeanBatch:
@@ -179,6 +180,11 @@ class LeanBatch:
         self._kv = [kv[:, rows] for kv in self._kv]
         self.mask, self.pos, self.length = self.mask[rows], self.pos[rows], self.length[rows]
 
+    def rollback(self, length: torch.Tensor) -> None:
+        """Keep each row's first ``length[r]`` valid slots (``length [R]``); the later ones become holes."""
+        self.mask = self.mask * (self.mask.cumsum(dim=-1) <= length[:, None])
+        self.length = length.clone()
+
     def truncate(self, slots: int) -> None:
         """Forget every slot after the first ``slots`` (a timing loop's rollback; the KV buffer keeps its capacity,
         the next :meth:`forward` overwrites the forgotten slots)."""
@@ -188,4 +194,24 @@ class LeanBatch:
         self.length = self.mask.sum(dim=1)
 
     def tidy(self) -> None:
-        """Nothing to tidy: autoregressive rows append valid slots only (the interface of ``BatchLM``)."""
+        """Crop the slots that are holes in every row at the end; when the slots exceed ``2 x`` the longest row
+        ``+`` :data:`COMPACT_SLACK`, gather every row's valid slots, in order, right-aligned into that many slots
+        (keys, values, positions and mask alike; the buffer keeps its capacity)."""
+        used = self.mask.any(dim=0)
+        last = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
+        if last < self.slots:
+            self.mask, self.pos = self.mask[:, :last], self.pos[:, :last]
+        width = int(self.length.max()) if self.length.numel() else 0
+        if self.slots > 2 * width + COMPACT_SLACK:
+            self._compact(width)
+
+    def _compact(self, width: int) -> None:
+        """Gather every row's valid slots, in order, right-aligned into ``width`` slots."""
+        R, S = self.mask.shape
+        order = torch.arange(S, device=self.device).expand(R, S)
+        key = torch.where(self.mask.bool(), order, order - S)  # holes sort first, valid slots keep their order
+        idx = key.argsort(dim=-1, stable=True)[:, S - width:]   # [R, width]
+        self.mask, self.pos = self.mask.gather(1, idx), self.pos.gather(1, idx)
+        for kv in self._kv:
+            gi = idx[None, :, None, :, None].expand(2, R, kv.shape[2], width, kv.shape[4])
+            kv[:, :, :, :width] = kv[:, :, :, :S].gather(3, gi)

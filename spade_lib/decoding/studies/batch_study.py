@@ -14,12 +14,12 @@ prompts within a batch while ``B <= n``; the rounds walk through the suite). Per
   speculative steps, ``c(B)``, ``r(B)`` the batched forwards' cost ratios (:func:`forward_costs`), ``o(B) = o t(1 x 1) /
   t(B x 1)`` the single-sequence loop overhead ``o`` (in one-token target forwards) as the same seconds per batched
   step; ``a(B)`` (``ar_level``) the AR baseline's step over that ``B x 1`` forward: the baseline is SPADE's own batched
-  AR on the lean weights (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`, the fastest batched AR here), the
-  speculative batch runs the HF batched forward; ``predicted_forwards`` is the same with ``o = 0``.
+  AR on the lean weights (:class:`~spade_lib.decoding.model.lean_batch.LeanBatch`, the fastest batched AR here), as the
+  speculative batch's forwards are (:func:`spade_lib.decoding.batch.batch_lm`: HF's ``BatchLM`` only for a model
+  without lean weights); ``predicted_forwards`` is the same with ``o = 0``.
 
-The speculative batch's forwards (:class:`spade_lib.decoding.batch.BatchLM`: HF's, with padding mask and a
-``DynamicCache``) are not the cost table's (single sequence, lean, 128-token cache): each prediction uses its own
-loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose measured interval lies below 1.
+The speculative batch's forwards (ragged rows, holes, a growing batched cache) are not the cost table's (single
+sequence, 128-token cache): each prediction uses its own loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose measured interval lies below 1.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from spade_lib import devices, measures, rates, theory
-from spade_lib.decoding.batch import BatchLM, left_pad
+from spade_lib.decoding.batch import batch_lm, left_pad
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
 from spade_lib.decoding.model.lean_batch import LeanBatch
@@ -89,7 +89,7 @@ def forward_costs(target, draft, prompts: Sequence[Sequence[int]], gamma: int, r
     forwards = {}
     with torch.inference_mode():
         for name, adapter, width in (("t_target_1", ta, 1), ("t_target_g", ta, gamma + 1), ("t_draft_1", da, 1)):
-            lm = BatchLM(adapter, len(rows), name)
+            lm = batch_lm(adapter, len(rows), name)
             lm.forward(ids, valid, keep=1)
             new = ids[:, -1:].expand(-1, width).contiguous()
 
