@@ -14,6 +14,7 @@ from spade_lib.decoding.batch import BATCH_COLUMNS, BatchLM
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.drafts.drafters import ModelDrafter
 from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.model.lean_batch import LeanBatch
 from spade_lib.decoding.model.masks import ancestor_mask
 from spade_lib.sampling import SamplingConfig
 from tests.test_decode import llama, perturbed
@@ -102,17 +103,23 @@ def test_rows_finish_at_eos_and_context_limit_with_compaction(pair, monkeypatch)
     assert [r.tokens for r in dec.generate_batch(prompts, 0)] == [[], [], []]
 
 
-def test_tree_forward_equals_the_single_adapter_and_keep_equals_fresh_prefill(pair):
+@pytest.mark.parametrize("cache", ["hf", "lean", "lean_in_place"])
+def test_tree_forward_equals_the_single_adapter_and_keep_equals_fresh_prefill(pair, cache, monkeypatch):
     """Two rows with different cache lengths (holes from left padding): the batched tree forward's logits
     equal CausalLMAdapter.extend with parents per row; after keep(root + path) the next token's logits
-    equal a fresh prefill of the committed text."""
+    equal a fresh prefill of the committed text. On HF's forward (BatchLM) and on the lean weights (LeanBatch,
+    packed copies and in place: the cache ``batch_lm`` gives a model with lean weights)."""
     target, _, _ = pair
+    monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "1" if cache == "lean_in_place" else "0")
     g = torch.Generator().manual_seed(1)
     heads = [torch.randint(0, 128, (n,), generator=g) for n in (5, 2)]
     trees = [(torch.randint(0, 128, (5,), generator=g), [-1, 0, 0, 1, -1]),
              (torch.randint(0, 128, (3,), generator=g), [-1, -1, 1])]
     paths = [[1, 2, 4], [2, 3]]  # block slots (root 0 and the accepted path's nodes + 1)
-    T = BatchLM(CausalLMAdapter(target, backend="hf"), 2, "target")
+    T = BatchLM(CausalLMAdapter(target, backend="hf"), 2, "target") if cache == "hf" else \
+        batch.batch_lm(CausalLMAdapter(target, max_length=64), 2, "target")
+    assert isinstance(T, BatchLM if cache == "hf" else LeanBatch)
+    assert cache == "hf" or T.lean.in_place == (cache == "lean_in_place")
     ids, valid = batch.left_pad(heads, "cpu")
     T.forward(ids, valid, keep=1)
     K = 1 + max(len(t) for t, _ in trees)

@@ -11,11 +11,11 @@ target's cache). One batched step of ``R`` running rows:
    drafting costs ``R`` times a row's.
 2. **score** (batched): one target forward over the padded blocks ``[t_b, x_0 .. x_{N_b - 1}]``, width
    ``K = 1 + max_b N_b`` (holes past ``N_b``), each row's tree mask over its own valid cache slots
-   (:meth:`spade_lib.decoding.batch.BatchLM.forward_tree`, positions ``l_b + depth``): block row ``i + 1`` of row
+   (``forward_tree`` of :func:`spade_lib.decoding.batch.batch_lm`'s cache, positions ``l_b + depth``): block row ``i + 1`` of row
    ``b`` gives the target's logits after the path of node ``i``.
 3. **verify and commit** (per row): :meth:`spade_lib.decoding.step.Step.verify_tree` on row ``b``'s
    ``logits_p [N_b + 1, V]``, the step single decoding runs (a row without a tree: ``Step.plain``).
-4. **keep**: the target's cache keeps each row's root and accepted path (:meth:`~spade_lib.decoding.batch.BatchLM.keep`;
+4. **keep**: the target's cache keeps each row's root and accepted path (``keep``;
    other block slots become holes); each row's drafter keeps its accepted path (``accept_path``).
 
 Row ``b`` draws exactly what ``generate(prompt_b, seed=seed_b)`` draws, from its own
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from spade_lib.decoding.model.adapter import CausalLMAdapter
-from spade_lib.decoding.batch import (BatchGenerationResult, BatchLM, BatchStepInfo, RowBook, batch_results, close_step,
+from spade_lib.decoding.batch import (BatchGenerationResult, BatchStepInfo, RowBook, batch_lm, batch_results, close_step,
                                       left_pad, prompt_tensors, row_seeds, timing_totals)
 from spade_lib.decoding.common import _check_budget, _truncate, seed_streams
 from spade_lib.decoding.drafts.drafters import ModelDrafter
@@ -76,7 +76,7 @@ def tree_generate_batch(dec, prompts, max_new_tokens: int, seed: int | Sequence[
     context = dec.target.max_length  # the single loop's cut of a tree to the target's context
 
     t_start = clock(dev)
-    T = BatchLM(dec.target, B, "target")
+    T = batch_lm(dec.target, B, "target")
     if max(lens) > 1:
         ids, valid = left_pad([p[:-1] for p in prompts_t], dev)
         T.forward(ids, valid, keep=1)

@@ -1,4 +1,5 @@
-"""The lean forward for ``B`` sequences at once: batched autoregressive decoding on the lean weights.
+"""The lean forward for ``B`` sequences at once: batched decoding (autoregressive, speculative chains and trees,
+:func:`spade_lib.decoding.batch.batch_lm`) on the lean weights.
 
 :class:`~spade_lib.decoding.batch.BatchLM` runs a batch through the Hugging Face forward (``DynamicCache``,
 4-D masks, separate q/k/v and gate/up products). On a CPU a batch of ``B`` one-token rows is a ``B``-row
@@ -13,7 +14,8 @@ fused weights for more than :data:`BIG_ROWS` rows, a prefill, where MKL's GEMM i
 its rotary tables, for Llama-family and Gemma-3 layers alike.
 
 The cache follows :class:`~spade_lib.decoding.batch.BatchLM`'s contract so the batched decoders can use
-either: slots appended for every row at once, ``valid [R, k]`` marking holes (a left-padded prompt's pads);
+either (``forward``, ``forward_tree``, ``keep``, ``rollback``, ``select``, ``tidy``): slots appended for every row at
+once, ``valid [R, k]`` marking holes (a left-padded prompt's pads, a shorter draft, a rejected tail);
 a row's ``i``-th valid token sits at position ``i``; a query attends to its row's valid slots at
 positions ``<=`` its own (and, in a sliding-window layer, ``> p - window``), and always to its own slot (a
 hole sees only itself, so no row of the softmax is empty). Per layer the keys/values are one preallocated
@@ -86,15 +88,18 @@ class LeanBatch:
         return kernel[0 if x.shape[0] == 1 else 1](x)
 
     def _masks(self, q_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor, windows,
-               boolean: bool) -> dict:
+               boolean: bool, block: torch.Tensor | None = None) -> dict:
         """The masks per sliding window (``None``: a global layer): ``boolean`` ``[R, 1, k, S']`` (True = seen,
         for ``F.scaled_dot_product_attention``), else additive ``[R, 1, G k, S']`` with the rows stacked as the
-        grouped query heads are."""
+        grouped query heads are. ``block [R, k, k]`` (a tree): which new slots each query sees, in place of the
+        causal order of positions."""
         R, k = q_pos.shape
         S = key_pos.shape[1]
         own = torch.zeros(R, k, S, dtype=torch.bool, device=self.device)
         own[:, :, S - k:] = torch.eye(k, dtype=torch.bool, device=self.device)
         seen = key_valid.bool()[:, None, :] & masks.causal(q_pos, key_pos)
+        if block is not None:
+            seen[:, :, S - k:] = block
         groups = self.lean.n_heads // self.lean.n_kv
         out = {}
         for w in windows:
@@ -113,18 +118,53 @@ class LeanBatch:
         tokens only (a left-padded prefill of ragged prompts pays for its tokens, not for ``R`` times the
         longest); a block of ``k > 1`` attends through ``F.scaled_dot_product_attention``, one token a row
         through two batched matmuls."""
+        self._check(ids, valid)
+        rank = valid.to(torch.long).cumsum(dim=-1)
+        return self._run(ids, valid, (self.length[:, None] + rank - 1).clamp(min=0), keep)
+
+    @torch.inference_mode()
+    def forward_tree(self, ids: torch.Tensor, valid: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+        """Append every row's tree block ``ids [R, k]`` (``valid [R, k]``: False = hole) under ``ancestors [R, k,
+        k]`` (``[r, i, j]`` iff block slot ``j`` is slot ``i`` or one of its ancestors); logits of every slot,
+        ``[R, k, V]``: slot ``i`` sees its row's valid cache slots and its own path, at position ``l_r + depth_i``
+        (as :meth:`spade_lib.decoding.batch.BatchLM.forward_tree`); a hole sees only itself."""
+        self._check(ids, valid)
+        R, k = ids.shape
+        if tuple(ancestors.shape) != (R, k, k) or ancestors.dtype != torch.bool:
+            raise ValueError(f"ancestors: a boolean [{R}, {k}, {k}] tensor, got {ancestors.dtype} "
+                             f"{tuple(ancestors.shape)}")
+        see = ancestors & valid[:, None, :]
+        positions = self.length[:, None] + (see.sum(dim=-1) - 1).clamp(min=0)
+        return self._run(ids, valid, positions, 0, see)
+
+    def keep(self, slots: Sequence[Sequence[int]], *, start: int) -> None:
+        """Keep each row's slots before ``start`` and its block slots ``start + slots[r]`` (increasing; after a
+        tree: the root and the accepted path, at consecutive positions); every other block slot becomes a hole."""
+        R = self.mask.shape[0]
+        if len(slots) != R:
+            raise ValueError(f"slots: {len(slots)} lists for {R} rows")
+        block = torch.zeros(R, self.slots - start, dtype=torch.long, device=self.device)
+        rows = torch.tensor([r for r, s in enumerate(slots) for _ in s], dtype=torch.long, device=self.device)
+        cols = torch.tensor([j for s in slots for j in s], dtype=torch.long, device=self.device)
+        block[rows, cols] = 1
+        self.mask = torch.cat([self.mask[:, :start], self.mask[:, start:] * block], dim=1)
+        self.length = self.mask.sum(dim=-1)
+
+    def _check(self, ids: torch.Tensor, valid: torch.Tensor) -> None:
+        R = self.mask.shape[0]
+        if ids.dim() != 2 or ids.shape[0] != R or tuple(valid.shape) != tuple(ids.shape):
+            raise ValueError(f"ids, valid: [{R}, k] each, got {tuple(ids.shape)} and {tuple(valid.shape)}")
+
+    def _run(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor, keep: int,
+             block: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`forward`'s body at the given ``positions [R, k]`` (``block``: a tree's visibility, :meth:`_masks`)."""
         lean = self.lean
         R, k = ids.shape
-        if R != self.mask.shape[0] or tuple(valid.shape) != (R, k):
-            raise ValueError(f"ids, valid: [{self.mask.shape[0]}, k] each, got {tuple(ids.shape)} and "
-                             f"{tuple(valid.shape)}")
         valid_l = valid.to(torch.long)
-        rank = valid_l.cumsum(dim=-1)
-        positions = (self.length[:, None] + rank - 1).clamp(min=0)          # [R, k]
         S0, S1 = self.slots, self.slots + k
         self._reserve(S1, int(positions.max()) + 1)
         key_pos, key_valid = torch.cat([self.pos, positions], dim=1), torch.cat([self.mask, valid_l], dim=1)
-        masks = self._masks(positions, key_pos, key_valid, {layer["window"] for layer in lean.layers}, k > 1)
+        masks = self._masks(positions, key_pos, key_valid, {layer["window"] for layer in lean.layers}, k > 1, block)
         H, KV, hd = lean.n_heads, lean.n_kv, lean.head_dim
         G = H // KV
         flat = valid.reshape(-1)
@@ -167,7 +207,7 @@ class LeanBatch:
             y = self._linear(i, "down", lean._act(gate) * up)
             x = x + (lean._rms(y, layer["post_mlp"]) if "post_mlp" in layer else y)
         self.mask, self.pos = key_valid, key_pos
-        self.length = self.length + rank[:, -1]
+        self.length = self.length + valid_l.sum(dim=-1)
         x = spread(x).view(R, k, -1)
         if keep:
             x = x[:, -keep:]
