@@ -196,13 +196,12 @@ def test_compaction_at_every_step_keeps_rows_exact(rand_pair, monkeypatch, backe
     """Force the holes-dominate compaction after every step: rows still equal single decoding, on the lean
     weights (LeanBatch) and through HF's forward (BatchLM)."""
     from spade_lib.decoding import batch
-    from spade_lib.decoding.model import lean_batch
+    from spade_lib.decoding.model import lean_batch, slots
 
     calls = []
     cls = lean_batch.LeanBatch if backend == "lean" else batch.BatchLM
     original = cls._compact
-    monkeypatch.setattr(batch, "COMPACT_SLACK", -10 ** 6)
-    monkeypatch.setattr(lean_batch, "COMPACT_SLACK", -10 ** 6)
+    monkeypatch.setattr(slots, "COMPACT_SLACK", -10 ** 6)
     monkeypatch.setattr(cls, "_compact", lambda self, w: (calls.append(w), original(self, w)))
     target, draft, prompts = rand_pair
     if backend == "hf":

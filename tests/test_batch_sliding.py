@@ -7,7 +7,7 @@ every row the autoregressive tokens."""
 import pytest
 import torch
 
-from spade_lib.decoding import batch as batch_mod
+from spade_lib.decoding.model import slots
 from spade_lib.decoding.batch import BatchLM, left_pad
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.model.adapter import CausalLMAdapter
@@ -69,7 +69,7 @@ def test_batched_greedy_equals_hf_generate_row_by_row(target, prompts):
 def test_a_speculative_batch_with_a_gemma_draft_equals_autoregressive(target, prompts, monkeypatch):
     """Ragged acceptance leaves holes mid-cache, rollbacks mask them, and (slack 0) the caches compact:
     every row still equals the single autoregressive decode."""
-    monkeypatch.setattr(batch_mod, "COMPACT_SLACK", 0)
+    monkeypatch.setattr(slots, "COMPACT_SLACK", 0)
     draft = lively_gemma3(seed=0)
     torch.manual_seed(1)
     with torch.no_grad():

@@ -14,6 +14,7 @@ from spade_lib.decoding.batch import BATCH_COLUMNS, BatchLM
 from spade_lib.decoding.decode import AutoregressiveDecoder, SpeculativeDecoder
 from spade_lib.decoding.drafts.drafters import ModelDrafter
 from spade_lib.decoding.model.adapter import CausalLMAdapter
+from spade_lib.decoding.model import slots
 from spade_lib.decoding.model.lean_batch import LeanBatch
 from spade_lib.decoding.model.masks import ancestor_mask
 from spade_lib.sampling import SamplingConfig
@@ -90,7 +91,7 @@ def test_records_match_single_records(pair):
 def test_rows_finish_at_eos_and_context_limit_with_compaction(pair, monkeypatch):
     """EOS, the context limit (a tree cut to fit) and a compaction after every step, as single decoding."""
     target, draft, prompts = pair
-    monkeypatch.setattr(batch, "COMPACT_SLACK", -10 ** 6)
+    monkeypatch.setattr(slots, "COMPACT_SLACK", -10 ** 6)
     first = decoder(pair, TREES[0], GREEDY).generate(prompts[0], N_NEW).tokens
     limit = len(prompts[2]) + 7
     dec = SpeculativeDecoder(target, ModelDrafter(draft, tree=TREES[0]), gamma=4, sampling=GREEDY,

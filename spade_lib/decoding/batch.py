@@ -11,7 +11,7 @@ a mask ``[B, S]`` (1 = a committed token of the row) and row lengths ``l_b``. A 
 row; a row with fewer tokens (shorter draft, left padding) fills *holes* (mask 0); after verification row ``b`` keeps
 its first ``l_b + n_b + 1`` valid slots (:meth:`BatchLM.rollback`). Position ids are explicit, ``l_b`` + rank among the
 new valid slots, so row ``b`` attends to exactly what its single-sequence decode would: logits equal up to float
-rounding. All-hole trailing slots are cropped, finished rows leave, ``S > 2 x longest row + COMPACT_SLACK`` compacts
+rounding. All-hole trailing slots are cropped, finished rows leave, ``S > 2 x longest row + slack`` compacts
 the cache (order kept). **Sliding windows** (Gemma-3: keys at positions ``> p - window``): every slot is kept, with its
 position ``BatchLM.pos [R, S]`` and masks per layer type; query ``i`` of row ``r`` sees the row's valid slots up to its
 own (a sliding layer: only those ``> p_{r,i} - window``) and its own slot (a hole's junk state no valid query reads).
@@ -41,7 +41,8 @@ from spade_lib.decoding.drafts.drafters import ModelDrafter, _match_vocab, sampl
 from spade_lib.decoding.drafts.policies import step_cap
 from spade_lib.decoding.model import masks
 from spade_lib.decoding.model.adapter import CausalLMAdapter, as_token_tensor
-from spade_lib.decoding.model.lean_batch import COMPACT_SLACK, LeanBatch
+from spade_lib.decoding.model.lean_batch import LeanBatch
+from spade_lib.decoding.model.slots import Slots
 from spade_lib.decoding.step import Step, commit, sample_next
 from spade_lib.devices import clock
 from spade_lib.sampling import adjust
@@ -138,7 +139,7 @@ def left_pad(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Tens
     return ids, valid
 
 
-class BatchLM:
+class BatchLM(Slots):
     """One model's batched KV cache with per-row masked holes (see the module docstring)."""
 
     def __init__(self, adapter: CausalLMAdapter, n_rows: int, what: str):
@@ -148,12 +149,10 @@ class BatchLM:
         if not adapter._has_position_ids or "attention_mask" not in params:
             raise ValueError(f"{what}: {type(adapter.model).__name__}.forward must take position_ids and "
                              "attention_mask for batched decoding")
+        super().__init__(n_rows, adapter.device)
         self.adapter = adapter
         self.model = adapter.model
         self.cache = DynamicCache(config=self.model.config)
-        self.device = adapter.device
-        self.mask = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)   # [R, S] 1 = valid slot
-        self.length = torch.zeros(n_rows, dtype=torch.long, device=self.device)    # [R] valid slots per row
         # sliding-window layers (module docstring): every slot kept, the masks per layer type built here
         self.window: int | None = None
         if any(getattr(layer, "is_sliding", False) for layer in self.cache.layers):
@@ -167,11 +166,6 @@ class BatchLM:
             if getattr(text, "use_bidirectional_attention", False):
                 raise ValueError(f"{what}: bidirectional attention is not causal decoding")
             self.cache = DynamicCache()  # no config: every layer a full one, keeping every slot
-        self.pos = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)     # [R, S] position of each slot
-
-    @property
-    def slots(self) -> int:
-        return int(self.mask.shape[1])
 
     def forward(self, ids: torch.Tensor, valid: torch.Tensor, keep: int) -> torch.Tensor:
         """Append ``ids [R, k]`` (``valid [R, k]``: False = hole); logits of the last ``keep`` columns
@@ -241,68 +235,25 @@ class BatchLM:
         near = masks.in_window(q_pos, k_pos, self.window)
         return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & near | own)}
 
-    def keep(self, slots: Sequence[Sequence[int]], *, start: int) -> None:
-        """Keep each row's slots before ``start`` and its block slots ``start + slots[r]`` (increasing;
-        after a tree: the root and the accepted path); every other block slot becomes a hole. The kept
-        slots sit at consecutive positions ``l_r, l_r + 1, ..``, so the next forward continues them."""
-        R = self.mask.shape[0]
-        if len(slots) != R:
-            raise ValueError(f"slots: {len(slots)} lists for {R} rows")
-        block = torch.zeros(R, self.slots - start, dtype=torch.long, device=self.device)
-        rows = torch.tensor([r for r, s in enumerate(slots) for _ in s], dtype=torch.long, device=self.device)
-        cols = torch.tensor([j for s in slots for j in s], dtype=torch.long, device=self.device)
-        block[rows, cols] = 1
-        self.mask = torch.cat([self.mask[:, :start], self.mask[:, start:] * block], dim=1)
-        self.length = self.mask.sum(dim=-1)
-
-    def rollback(self, length: torch.Tensor) -> None:
-        """Keep each row's first ``length[b]`` valid slots; mask the rest (they become holes)."""
-        self.mask = self.mask * (self.mask.cumsum(dim=-1) <= length[:, None])
-        self.length = length.clone()
-
-    def select(self, rows: torch.Tensor) -> None:
-        """Keep only these rows of the batch."""
+    def _select_kv(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows)
-        self.mask = self.mask[rows]
-        self.pos = self.pos[rows]
-        self.length = self.length[rows]
 
-    def tidy(self) -> None:
-        """Crop the slots that are holes in every row at the end; compact when holes dominate."""
-        S = self.slots
-        used = self.mask.any(dim=0)
-        last = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
-        if last < S:
-            self.cache.crop(last - S)
-            self.mask = self.mask[:, :last]
-            self.pos = self.pos[:, :last]
-        width = int(self.length.max()) if self.length.numel() else 0
-        if self.slots > 2 * width + COMPACT_SLACK:
-            self._compact(width)
+    def _crop_kv(self, last: int) -> None:
+        self.cache.crop(last - self.slots)
 
-    def _compact(self, width: int) -> None:
-        """Gather every row's valid slots, in order, right-aligned into ``width`` slots."""
-        R, S = self.mask.shape
-        order = torch.arange(S, device=self.device).expand(R, S)
-        key = torch.where(self.mask.bool(), order, order - S)  # holes sort first, valid slots keep their order
-        idx = key.argsort(dim=-1, stable=True)[:, S - width:]   # [R, width]
-        new_mask = self.mask.gather(1, idx)
-        self.pos = self.pos.gather(1, idx)
+    def _gather_kv(self, idx: torch.Tensor) -> None:
+        R, width = idx.shape
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
                 continue
             H, D = layer.keys.shape[1], layer.keys.shape[-1]
-            gi = idx[:, None, :, None].expand(R, H, width, D)
-            layer.keys = layer.keys.gather(2, gi)
+            layer.keys = layer.keys.gather(2, idx[:, None, :, None].expand(R, H, width, D))
             Dv = layer.values.shape[-1]
             layer.values = layer.values.gather(2, idx[:, None, :, None].expand(R, H, width, Dv))
-        self.mask = new_mask
 
 
 def timing_totals() -> dict[str, float]:
     return {"draft": 0.0, "verify": 0.0, "overhead": 0.0}
-
-
 
 
 def batch_lm(adapter: CausalLMAdapter, n_rows: int, what: str) -> LeanBatch | BatchLM:

@@ -27,21 +27,20 @@ float rounding (tests/test_lean_batch.py); greedy rows equal single-sequence dec
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from spade_lib.decoding.model import masks
 from spade_lib.decoding.model.lean import LeanForward
+from spade_lib.decoding.model.slots import Slots
 
-__all__ = ["BIG_ROWS", "COMPACT_SLACK", "LeanBatch"]
+__all__ = ["BIG_ROWS", "LeanBatch"]
 
 BIG_ROWS = 64  # products over more rows than this (a prefill) run F.linear on the raw fused weights
-COMPACT_SLACK = 16  # a batched cache is compacted when its slots exceed 2 x (longest row) + this
 
 
-class LeanBatch:
+class LeanBatch(Slots):
     """``n_rows`` sequences decoded together on ``lean``'s weights (module docstring)."""
 
     def __init__(self, lean: LeanForward, n_rows: int):
@@ -51,17 +50,10 @@ class LeanBatch:
             raise ValueError("lean: batched decoding needs the fused projections (a model small enough to fuse)")
         if isinstance(n_rows, bool) or not isinstance(n_rows, int) or n_rows < 1:
             raise ValueError(f"n_rows: must be an integer >= 1, got {n_rows!r}")
-        self.lean = lean
-        self.device, self.dtype = lean.device, lean.dtype
-        self.mask = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)   # [R, S] 1 = valid slot
-        self.pos = torch.zeros(n_rows, 0, dtype=torch.long, device=self.device)    # [R, S] position of a slot
-        self.length = torch.zeros(n_rows, dtype=torch.long, device=self.device)    # [R] valid slots per row
+        super().__init__(n_rows, lean.device)
+        self.lean, self.dtype = lean, lean.dtype
         self._kv = [torch.zeros(2, n_rows, lean.n_kv, 0, lean.head_dim, device=self.device, dtype=self.dtype)
                     for _ in lean.layers]
-
-    @property
-    def slots(self) -> int:
-        return int(self.mask.shape[1])
 
     def _reserve(self, slots: int, positions: int) -> None:
         """Room for ``slots`` cache slots per row and rotary tables for ``positions`` positions."""
@@ -137,19 +129,6 @@ class LeanBatch:
         positions = self.length[:, None] + (see.sum(dim=-1) - 1).clamp(min=0)
         return self._run(ids, valid, positions, 0, see)
 
-    def keep(self, slots: Sequence[Sequence[int]], *, start: int) -> None:
-        """Keep each row's slots before ``start`` and its block slots ``start + slots[r]`` (increasing; after a
-        tree: the root and the accepted path, at consecutive positions); every other block slot becomes a hole."""
-        R = self.mask.shape[0]
-        if len(slots) != R:
-            raise ValueError(f"slots: {len(slots)} lists for {R} rows")
-        block = torch.zeros(R, self.slots - start, dtype=torch.long, device=self.device)
-        rows = torch.tensor([r for r, s in enumerate(slots) for _ in s], dtype=torch.long, device=self.device)
-        cols = torch.tensor([j for s in slots for j in s], dtype=torch.long, device=self.device)
-        block[rows, cols] = 1
-        self.mask = torch.cat([self.mask[:, :start], self.mask[:, start:] * block], dim=1)
-        self.length = self.mask.sum(dim=-1)
-
     def _check(self, ids: torch.Tensor, valid: torch.Tensor) -> None:
         R = self.mask.shape[0]
         if ids.dim() != 2 or ids.shape[0] != R or tuple(valid.shape) != tuple(ids.shape):
@@ -214,17 +193,6 @@ class LeanBatch:
         out = self._linear(len(lean.layers), "lm_head", lean._rms(x.reshape(-1, x.shape[-1]), lean.norm))
         return lean._logits(out).view(R, x.shape[1], -1)
 
-    def select(self, rows: torch.Tensor | Sequence[int]) -> None:
-        """Keep only these rows of the batch."""
-        rows = torch.as_tensor(rows, dtype=torch.long, device=self.device)
-        self._kv = [kv[:, rows] for kv in self._kv]
-        self.mask, self.pos, self.length = self.mask[rows], self.pos[rows], self.length[rows]
-
-    def rollback(self, length: torch.Tensor) -> None:
-        """Keep each row's first ``length[r]`` valid slots (``length [R]``); the later ones become holes."""
-        self.mask = self.mask * (self.mask.cumsum(dim=-1) <= length[:, None])
-        self.length = length.clone()
-
     def truncate(self, slots: int) -> None:
         """Forget every slot after the first ``slots`` (a timing loop's rollback; the KV buffer keeps its capacity,
         the next :meth:`forward` overwrites the forgotten slots)."""
@@ -233,25 +201,14 @@ class LeanBatch:
         self.mask, self.pos = self.mask[:, :slots], self.pos[:, :slots]
         self.length = self.mask.sum(dim=1)
 
-    def tidy(self) -> None:
-        """Crop the slots that are holes in every row at the end; when the slots exceed ``2 x`` the longest row
-        ``+`` :data:`COMPACT_SLACK`, gather every row's valid slots, in order, right-aligned into that many slots
-        (keys, values, positions and mask alike; the buffer keeps its capacity)."""
-        used = self.mask.any(dim=0)
-        last = int(used.nonzero().max()) + 1 if bool(used.any()) else 0
-        if last < self.slots:
-            self.mask, self.pos = self.mask[:, :last], self.pos[:, :last]
-        width = int(self.length.max()) if self.length.numel() else 0
-        if self.slots > 2 * width + COMPACT_SLACK:
-            self._compact(width)
+    def _select_kv(self, rows: torch.Tensor) -> None:
+        self._kv = [kv[:, rows] for kv in self._kv]
 
-    def _compact(self, width: int) -> None:
-        """Gather every row's valid slots, in order, right-aligned into ``width`` slots."""
-        R, S = self.mask.shape
-        order = torch.arange(S, device=self.device).expand(R, S)
-        key = torch.where(self.mask.bool(), order, order - S)  # holes sort first, valid slots keep their order
-        idx = key.argsort(dim=-1, stable=True)[:, S - width:]   # [R, width]
-        self.mask, self.pos = self.mask.gather(1, idx), self.pos.gather(1, idx)
+    def _crop_kv(self, last: int) -> None:
+        """Nothing to move: the buffer keeps its capacity and the next forward overwrites the cropped slots."""
+
+    def _gather_kv(self, idx: torch.Tensor) -> None:
+        R, width = idx.shape
         for kv in self._kv:
             gi = idx[None, :, None, :, None].expand(2, R, kv.shape[2], width, kv.shape[4])
-            kv[:, :, :, :width] = kv[:, :, :, :S].gather(3, gi)
+            kv[:, :, :, :width] = kv[:, :, :, :self.slots].gather(3, gi)
