@@ -27,7 +27,6 @@ float rounding (tests/test_lean_batch.py); greedy rows equal single-sequence dec
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
