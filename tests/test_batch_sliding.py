@@ -2,7 +2,8 @@
 tokens beside a global layer), against Hugging Face: ragged prompts (left holes) decoded well past the window
 give each row HF ``generate``'s greedy tokens, the batched logits are HF's own forward's on each row's
 sequence, and a speculative batch with a Gemma draft (holes in the middle, rollbacks, compaction) gives
-every row the autoregressive tokens."""
+every row the autoregressive tokens; tree blocks past the window, batched on HF and on the lean weights, give
+each row the single-sequence tree forward's logits."""
 
 import pytest
 import torch
@@ -83,3 +84,47 @@ def test_a_speculative_batch_with_a_gemma_draft_equals_autoregressive(target, pr
     steps = [s for r in res for s in r.steps]
     assert sum(s.n_accepted for s in steps) > 0
     assert sum(s.n_accepted < s.gamma for s in steps) > 0  # rejections: holes rolled back
+
+
+@pytest.mark.parametrize("cache", ["hf", "lean"])
+def test_batched_tree_blocks_past_the_window_equal_the_single_lean_tree_forward(target, prompts, cache):
+    """A tree block per row (holes past each row's nodes) after ragged prompts longer than the window: each
+    row's tree logits equal the single-sequence lean forward of that row with ``parents`` (which honours the
+    window by position and is checked against HF in test_zoo_gemma3), on HF's batch and on ``LeanBatch``;
+    ``keep`` of each row's root and path then gives the next token's logits of the committed text."""
+    from spade_lib.decoding import batch
+    from spade_lib.decoding.model.lean_batch import LeanBatch
+    from spade_lib.decoding.model.masks import ancestor_mask
+
+    rows = [prompts[2], prompts[4], prompts[1]]
+    trees = [([-1, 0, 0, 1, 3], [0, 1, 3]), ([-1, -1, 1], [1, 2]), ([-1, 0], [])]  # (parents, an accepted path)
+    T = BatchLM(CausalLMAdapter(target), len(rows), "target") if cache == "hf" else \
+        batch.batch_lm(CausalLMAdapter(target, max_length=128), len(rows), "target")
+    assert isinstance(T, BatchLM if cache == "hf" else LeanBatch)
+    g = torch.Generator().manual_seed(5)
+    K = 1 + max(len(ps) for ps, _ in trees)
+    bids = torch.randint(0, VOCAB - 3, (len(rows), K), generator=g)
+    bvalid = torch.zeros(len(rows), K, dtype=torch.bool)
+    anc = torch.zeros(len(rows), K, K, dtype=torch.bool)
+    for r, (ps, _) in enumerate(trees):
+        n = len(ps) + 1
+        bvalid[r, :n] = True
+        anc[r, :n, :n] = ancestor_mask(torch.tensor([-1] + [j + 1 for j in ps]))
+    with torch.no_grad():
+        ids, valid = left_pad([torch.tensor(p[:-1]) for p in rows], "cpu")
+        T.forward(ids, valid, keep=1)
+        bids[:, 0] = torch.tensor([p[-1] for p in rows])
+        start = T.slots
+        logits = T.forward_tree(bids, bvalid, anc)
+        T.keep([[0] + [j + 1 for j in acc] for _, acc in trees], start=start)
+        nxt = torch.tensor([[7], [9], [11]])
+        after = T.forward(nxt, torch.ones(len(rows), 1, dtype=torch.bool), keep=1)[:, -1]
+        for r, (p, (ps, acc)) in enumerate(zip(rows, trees)):
+            single = CausalLMAdapter(target, max_length=128)
+            assert single.lean is not None
+            single.extend(torch.tensor(p[:-1]))
+            ref = single.extend(bids[r, :len(ps) + 1], parents=[-1] + [j + 1 for j in ps])
+            torch.testing.assert_close(logits[r, :len(ps) + 1], ref, rtol=1e-4, atol=1e-4)
+            text = torch.tensor(p[:-1] + [int(bids[r, 0])] + [int(bids[r, j + 1]) for j in acc] + [int(nxt[r])])
+            fresh = target(text[None], use_cache=False).logits[0, -1]
+            torch.testing.assert_close(after[r], fresh, rtol=1e-4, atol=1e-4)
