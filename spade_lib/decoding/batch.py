@@ -4,7 +4,7 @@ Notation (Leviathan et al. 2023): ``p`` target, ``q`` draft, ``gamma`` draft len
 :mod:`spade_lib.decoding.decode` (draft ``gamma_b`` tokens from ``q``, one target forward, keep ``n_b`` plus the
 residual / bonus token) with every model forward batched over the running rows; verification and commit are
 :mod:`spade_lib.decoding.step`'s, once per group of rows with equal ``gamma_b``. Model drafts only; a tree config runs
-:mod:`spade_lib.decoding.batch_tree` on these caches (:meth:`BatchLM.forward_tree`, :meth:`BatchLM.keep`: tree masks).
+:mod:`spade_lib.decoding.batch_tree` on these caches (``forward_tree``, ``keep``: tree masks).
 
 **Masked holes** (:func:`batch_lm`: ``LeanBatch`` on lean weights, else :class:`BatchLM`): a model has ``S`` cache slots,
 a mask ``[B, S]`` (1 = a committed token of the row) and row lengths ``l_b``. A forward appends as many slots to every

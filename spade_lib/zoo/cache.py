@@ -92,21 +92,22 @@ def _stamp(entry: Path) -> Path:
     return entry.with_name(entry.name + ".verified")
 
 
-def _verified(entry: Path) -> bool:
-    """Whether ``entry`` matches its manifest: its files' stats equal the stamp written when its hashes were
-    last checked, or else a full :func:`verify_entry` passes (and the stamp is rewritten)."""
+def _problem(entry: Path) -> str | None:
+    """:func:`verify_entry`'s answer, without hashing when every file's stats equal the stamp written when the
+    entry's hashes were last checked; a full check that passes rewrites the stamp."""
+    stats = _stats(entry)
     try:
-        if json.loads(_stamp(entry).read_text(encoding="utf-8")) == _stats(entry):
-            return True
+        if json.loads(_stamp(entry).read_text(encoding="utf-8")) == stats:
+            return None
     except (OSError, ValueError):
         pass
-    if verify_entry(entry) is not None:
-        return False
-    try:
-        write_json(_stamp(entry), _stats(entry))
-    except OSError:  # a read-only cache still loads; it is re-hashed next time
-        pass
-    return True
+    problem = verify_entry(entry)
+    if problem is None:
+        try:
+            write_json(_stamp(entry), stats)
+        except OSError:  # a read-only cache still loads; it is re-hashed next time
+            pass
+    return problem
 
 
 def _discard(entry: Path) -> None:
@@ -121,12 +122,12 @@ def get_or_build(entry: Path, build: Callable[[Path], dict], *, rebuild: bool = 
     ``build(tmp_dir)`` writes the entry's files into ``tmp_dir`` and returns the manifest body; the
     ``files`` hashes and a fresh ``build_id`` are added here.
     """
-    if not rebuild and entry.is_dir() and _verified(entry):
+    if not rebuild and entry.is_dir() and _problem(entry) is None:
         return entry
     entry.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(entry) + ".lock"):
         if entry.is_dir():
-            problem = None if _verified(entry) else verify_entry(entry)
+            problem = _problem(entry)
             if problem is None and not rebuild:
                 return entry  # built by another process while we waited
             if problem is not None:

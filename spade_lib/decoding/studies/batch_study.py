@@ -19,7 +19,8 @@ prompts within a batch while ``B <= n``; the rounds walk through the suite). Per
   without lean weights); ``predicted_forwards`` is the same with ``o = 0``.
 
 The speculative batch's forwards (ragged rows, holes, a growing batched cache) are not the cost table's (single
-sequence, 128-token cache): each prediction uses its own loop's costs. :func:`stops_paying`: per temperature, the smallest ``B`` whose measured interval lies below 1.
+sequence, 128-token cache): each prediction uses its own loop's costs. :func:`stops_paying`: per temperature, the
+smallest ``B`` whose measured interval lies below 1.
 """
 
 from __future__ import annotations
