@@ -237,10 +237,16 @@ def test_greedy_spade_equals_greedy_ar(pair, draft):
 
 
 def test_weights_once_holds_a_small_model_in_place_and_refuses_other_values(pair, monkeypatch):
-    """``SPADE_WEIGHTS_ONCE=1`` puts a model under the size threshold in place (no copies); ``0`` (the default)
-    leaves it to the threshold; anything else is refused by name."""
+    """By default (``SPADE_WEIGHTS_ONCE`` unset or ``1``) a model under the size threshold is held in place (no
+    copies), unless a forced kernel reads a copy; ``0`` packs its copies; anything else is refused by name."""
     from spade_lib.decoding.model.lean import LeanForward
 
+    monkeypatch.delenv("SPADE_WEIGHTS_ONCE", raising=False)
+    monkeypatch.delenv("SPADE_LINEAR_KERNELS", raising=False)
+    default = LeanForward(pair.target, 32)
+    assert default.in_place and not default.folded
+    assert not LeanForward(pair.target, 32, kernels="legacy").in_place  # legacy's oneDNN products read a packed copy
+    assert LeanForward(pair.target, 32, kernels="native_rows").in_place
     monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "0")
     assert not LeanForward(pair.target, 32).in_place
     monkeypatch.setenv("SPADE_WEIGHTS_ONCE", "1")

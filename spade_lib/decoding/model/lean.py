@@ -51,7 +51,7 @@ SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "FRSp
 _LAYER_TYPES = {"llama": ("full_attention",), "gemma3": ("full_attention", "sliding_attention")}
 _ACTIVATIONS = {"llama": "silu", "gemma3": "gelu_pytorch_tanh"}
 _STATIC_ROPE = ("default", "linear", "llama3")
-_COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once: no fused or packed copies
+_COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once whatever SPADE_WEIGHTS_ONCE says
 BULK_ROWS = 32  # an in-place forward of this many rows or more (a prompt's prefill) runs on MKL's SGEMM
 
 
@@ -118,8 +118,8 @@ class LeanForward:
     ``self.native_attention`` whether the forward runs on SPADE's native kernels' attention
     (:meth:`_forward_native`, every row count: the products on whatever the plan chose).
 
-    ``in_place`` (default: whether the layers hold more than 200 M parameters, or every model where the
-    environment sets ``SPADE_WEIGHTS_ONCE=1``) holds the weights once: no
+    ``in_place`` (default: yes, unless ``SPADE_WEIGHTS_ONCE=0`` or ``kernels`` forces a copying kernel, for
+    layers of at most 200 M parameters; larger ones always) holds the weights once: no
     copies (q/k/v and gate/up joined by making the module's weights row blocks of one tensor, the norm gains
     applied by the products, nothing folded), every product on a kernel that reads those tensors
     (``kernels.IN_PLACE``), a block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging
@@ -142,11 +142,17 @@ class LeanForward:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.gqa = self.n_kv != self.n_heads
         inner = model.model
-        if in_place is None:  # a large model's weights are held once: the products read the module's tensors
-            once = os.environ.get("SPADE_WEIGHTS_ONCE", "0")
+        # the linear kernels (spade_lib.decoding.model.kernels): timed on the whole forward, or as forced
+        policy = kernels if kernels is not None else os.environ.get("SPADE_LINEAR_KERNELS", "auto")
+        if policy not in _kernels.POLICIES:
+            raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
+        if in_place is None:  # weights held once (the products read the module's tensors) unless asked otherwise
+            once = os.environ.get("SPADE_WEIGHTS_ONCE", "1")
             if once not in ("0", "1"):
                 raise ValueError(f"SPADE_WEIGHTS_ONCE: must be '0' or '1', got {once!r}")
-            in_place = once == "1" or sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
+            copies = policy not in ("auto", *_kernels.IN_PLACE)  # a forced kernel that reads a copy of the weights
+            large = sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
+            in_place = large or (once == "1" and not copies)
         self.in_place = bool(in_place)
         if fuse is None:  # q/k/v into one product, gate/up into one: copies, or (in place) the module's own rows
             fuse = True
@@ -225,10 +231,6 @@ class LeanForward:
         self._sin: dict[str, torch.Tensor] = {}
         self._alloc(min(self.capacity, 256))
         self.length = 0
-        # the linear kernels (spade_lib.decoding.model.kernels): timed on the whole forward, or as forced
-        policy = kernels if kernels is not None else os.environ.get("SPADE_LINEAR_KERNELS", "auto")
-        if policy not in _kernels.POLICIES:
-            raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
         packable = _kernels.packing_available(self.device, self.dtype)
         # the one-token path's attention in one native call (spade_lib.decoding.model.native), except for "legacy"
         self.native_attention = (policy != "legacy" and self.device.type == "cpu"
