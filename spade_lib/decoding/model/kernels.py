@@ -13,8 +13,8 @@ unless another uniform plan beats it by more than :data:`NATIVE_MARGIN`, so one 
 Candidates: ``"mkl"`` (``F.linear``), ``"onednn"`` (oneDNN on weights packed once), ``"onednn_pad2"`` (one
 row padded to two), ``"native"`` (on its own packed copy, RMSNorm and residual fused; a row's result does not
 depend on its neighbours, so verification reproduces the AR logits bit for bit) and ``"native_rows"`` (the
-same kernel on the weights in place). A model too large to hold its weights twice is timed on
-:data:`IN_PLACE` only. ``policy="legacy"`` is SPADE's rule before timing (MKL one row, oneDNN more);
+same kernel on the weights in place). A model held in place (every model by default: ``LeanForward``'s
+``in_place``) is timed on :data:`IN_PLACE` only. ``policy="legacy"`` is SPADE's rule before timing (MKL one row, oneDNN more);
 ``SPADE_LINEAR_KERNELS`` sets every lean forward's policy (default ``"auto"``).
 
 All compute one product up to summation order (fp32: ~1e-6 relative). A choice is cached per process and on
