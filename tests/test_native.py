@@ -53,6 +53,37 @@ def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads):
 
 
 @needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (333, 576)])
+def test_bf16_weights_are_widened_exactly_and_a_row_does_not_depend_on_its_neighbours(n, k, threads):
+    """bf16 weights (a draft held in half the bytes): the product of the widened (fp32) weights, with every
+    prologue and epilogue, for every row count; a row's result alone or among the others bit for bit."""
+    g = torch.Generator().manual_seed(n * k)
+    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
+    wf, b, gain = w.float(), torch.randn(n, generator=g), torch.randn(k, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        close = lambda got, ref: torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)  # noqa: E731
+        for rows in ROWS:
+            x, xx, r = (torch.randn(rows, k, generator=g), torch.randn(rows, 2 * k, generator=g),
+                        torch.randn(rows, n, generator=g))
+            u = F.silu(xx[:, :k]) * xx[:, k:]
+            close(native.linear(x, w), F.linear(x, wf))
+            close(native.linear(x, w, b, r), r + F.linear(x, wf, b))
+            close(native.linear(x, w, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), wf, b))
+            close(native.linear(xx, w, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), wf, b))
+            alone = torch.cat([native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5) for i in range(rows)])
+            assert torch.equal(native.linear(x, w, b, r, eps=1e-5), alone), rows
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RuntimeError, match="w: bfloat16 weights must be a contiguous row-major"):
+        native.linear(x, w, packed=True)
+    with pytest.raises(RuntimeError, match="w: bfloat16 weights must be a contiguous row-major"):
+        native.linear(x[:, :(k + 1) // 2].contiguous(), w[:, ::2])
+
+
+@needs_native
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
     g = torch.Generator().manual_seed(3)
     w, b = torch.randn(333, 576, generator=g), torch.randn(333, generator=g)

@@ -37,7 +37,7 @@ from spade_lib import devices, paths
 from spade_lib.decoding.model import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NATIVE", "POLICIES", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NATIVE", "POLICIES", "TIMED", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -69,6 +69,10 @@ def _native_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> to
     return native.linear(x, w, b, packed=False)
 
 
+def _mkl_widened(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, w.to(x.dtype), b)
+
+
 # name -> (how its weights are prepared: "raw", "packed" (oneDNN's layout) or "tiles" (the
 # native kernel's, native.pack), apply to x [k, in], row classes it serves)
 CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
@@ -77,11 +81,15 @@ CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
     "native": ("tiles", _native, ("one", "many")),
     "native_rows": ("raw", _native_rows, ("one", "many")),
+    # weights stored in bf16 (a draft's, ``LeanForward``'s ``weight_dtype``): widened per call for a prefill's
+    # SGEMM (never timed: no row class; one and many rows run on "native_rows", which reads bf16 directly)
+    "mkl_widened": ("raw", _mkl_widened, ()),
 }
 NATIVE = ("native", "native_rows")  # SPADE's own kernel, on its packed copy or on the weights in place
-IN_PLACE = tuple(n for n, (family, _, _) in CANDIDATES.items() if family == "raw")  # candidates that copy nothing
-COPYING = tuple(n for n in CANDIDATES if n != "native_rows")  # the default set: the packed native kernel, not its in-place twin
-POLICIES = ("auto", "legacy", *CANDIDATES)
+TIMED = tuple(n for n, (_, _, rows) in CANDIDATES.items() if rows)  # the candidates a plan may choose or force
+IN_PLACE = tuple(n for n in TIMED if CANDIDATES[n][0] == "raw")  # candidates that copy nothing
+COPYING = tuple(n for n in TIMED if n != "native_rows")  # the default set: the packed native kernel, not its in-place twin
+POLICIES = ("auto", "legacy", *TIMED)
 
 
 class Kernel:

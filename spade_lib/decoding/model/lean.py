@@ -6,15 +6,15 @@
   (silu(W_gate m) * W_up m)``, ``m = rmsnorm(h)``; ``W_q, W_k, W_v`` fused into one matrix, ``W_gate, W_up`` into one:
   copies with the norm gains and attention scale folded in, or (in place) the module's weights made row blocks of
   one tensor, the gains applied by the products; rotary ``cos``/``sin`` computed once per position and indexed;
-- KV cache: one buffer per layer ``[2, kv_heads, capacity, head_dim]``, written in place; rollback to ``n`` tokens sets
-  an integer; capacity doubles up to the context limit;
+- KV cache: one buffer per layer ``[2, kv_heads, capacity, head_dim]``, written in place; rollback sets an integer;
 - attention ``softmax(q K^T / sqrt(d) + mask) V``, two batched matmuls over the first ``length + k`` positions: no
   mask for one token, causal ``j <= length + i`` for ``k > 1``, or a draft tree's (row ``i``: the cache and its path, at
   position ``length + depth[i]``; :mod:`spade_lib.decoding.drafts.tree`); ``keep`` copies an accepted path's keys/values down;
   one new token takes as few kernel calls as the math allows (rotation, cache write and attention one call where
   :mod:`spade_lib.decoding.model.native` builds); final norm and LM head on the last position only when that suffices;
-- projections on the linear kernel (MKL GEMV, oneDNN packed, SPADE AVX2, ...) :mod:`spade_lib.decoding.model.kernels` timed
-  fastest here, for one row and ``k > 1`` rows apart (``kernels=`` forces one); an FR-Spec draft scatters its
+- projections on the linear kernel :mod:`spade_lib.decoding.model.kernels` timed fastest here, for one row and
+  ``k > 1`` rows apart (``kernels=`` forces one); bf16 weights (a draft in half the bytes, :mod:`spade_lib.zoo.bf16`;
+  activations and sums fp32) on the native kernel, which widens them exactly; an FR-Spec draft scatters its
   ``head_vocab`` logits into ``-inf`` full-vocabulary rows (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`).
 
 Gemma-3: embedding times ``sqrt(d)``; RMSNorm gain ``1 + w``; ``h = x + norm_2(W_o attn(..))``, ``x' = h +
@@ -103,7 +103,22 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     attn = model.model.layers[0].self_attn
     if family == "llama" and any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
         return "QK-norm"
+    stored, dtype = _weight_dtype(model), model.model.embed_tokens.weight.dtype
+    if stored != dtype and not (stored == torch.bfloat16 and dtype == torch.float32 and family == "llama"
+                                and model.model.embed_tokens.weight.device.type == "cpu" and _native.available()):
+        return (f"{stored} weights with {dtype} activations (bf16 weights run on SPADE's native kernels only: "
+                "fp32 activations, Llama family, CPU)")
     return None
+
+
+def _weight_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the layers' and head's weights are stored in: the activations' (the embedding's), or bf16 for a
+    draft held in half the bytes (:func:`spade_lib.zoo.bf16.bf16_twin`: every product widens them exactly)."""
+    found = {m.weight.dtype for m in (*model.model.layers.modules(), model.lm_head)
+             if isinstance(m, torch.nn.Linear)}
+    if len(found) != 1:
+        return torch.float64 if len(found) > 1 else model.model.embed_tokens.weight.dtype  # mixed: not covered
+    return found.pop()
 
 
 class LeanForward:
@@ -123,7 +138,9 @@ class LeanForward:
     copies (q/k/v and gate/up joined by making the module's weights row blocks of one tensor, the norm gains
     applied by the products, nothing folded), every product on a kernel that reads those tensors
     (``kernels.IN_PLACE``), a block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging
-    Face module keeps working on the same tensors.
+    Face module keeps working on the same tensors. A model whose matrices are stored in bf16 (``weight_dtype``,
+    :mod:`spade_lib.zoo.bf16`) always runs so, on ``"native_rows"`` (one and many rows) and widened SGEMM (a
+    prefill): ``kernels`` other than ``"auto"``/``"native_rows"`` or ``in_place=False`` are refused.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
@@ -134,8 +151,10 @@ class LeanForward:
         if capacity < 1:
             raise ValueError(f"capacity: must be >= 1, got {capacity}")
         cfg = model.config
-        first = next(model.parameters())
+        first = model.model.embed_tokens.weight
         self.device, self.dtype = first.device, first.dtype
+        self.weight_dtype = _weight_dtype(model)  # the activations' dtype, or bf16 (a draft in half the bytes)
+        widened = self.weight_dtype != self.dtype
         self.capacity = int(capacity)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
@@ -146,6 +165,10 @@ class LeanForward:
         policy = kernels if kernels is not None else os.environ.get("SPADE_LINEAR_KERNELS", "auto")
         if policy not in _kernels.POLICIES:
             raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
+        if widened:  # bf16 weights: read in place by the native kernel, a prefill widened for SGEMM
+            if in_place is False or kernels not in (None, "auto", "native_rows"):
+                raise ValueError(f"kernels, in_place: {self.weight_dtype} weights run in place on 'native_rows' only")
+            policy, in_place = "native_rows", True
         if in_place is None:  # weights held once (the products read the module's tensors) unless asked otherwise
             once = os.environ.get("SPADE_WEIGHTS_ONCE", "1")
             if once not in ("0", "1"):
@@ -291,7 +314,8 @@ class LeanForward:
                 pair = tuple(_kernels.Kernel(plan[rows][name], *self._weights(
                     _kernels.CANDIDATES[plan[rows][name]][0])[i][name]) for rows in ("one", "many"))
                 if self.in_place:  # a prefill's block: SGEMM on the same tensors (compute-bound, no copy)
-                    pair = (*pair, _kernels.Kernel("mkl", *self._raw[i][name]))
+                    bulk = "mkl_widened" if self.weight_dtype != self.dtype else "mkl"
+                    pair = (*pair, _kernels.Kernel(bulk, *self._raw[i][name]))
                 if layer is None:
                     self.head = pair
                 else:

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -109,6 +110,7 @@ inline __m256 exp8(__m256 x) {
 // the header holds within it (chunks of L floats, one FMA chain, a fixed horizontal sum, the K % L tail);
 // the two builds differ in summation order only (fp32 rounding, ~1e-7 relative).
 #ifdef __AVX512F__
+#define BF16_RB_MAX 4
 using vec = __m512;
 constexpr int L = 16;
 constexpr int REGS = 32;
@@ -126,12 +128,17 @@ constexpr bool BLOCK_PACKED = false;  // packed groups: whole passes
 constexpr bool NEAR_EVERY_ROW = true;  // a row-major block's first tile prefetches all NW weight rows' streams
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
+// L bf16 values widened to fp32 exactly (a bf16 is the high half of an fp32): zero-extend, shift left 16
+inline vec vload_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
 inline float vsum(vec v) {  // fixed order: the two 8-lane halves added, then hsum
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
 #else
+#define BF16_RB_MAX 2
 using vec = __m256;
 constexpr int L = 8;
 constexpr int REGS = 16;
@@ -154,6 +161,9 @@ constexpr bool BLOCK_PACKED = true;
 constexpr bool NEAR_EVERY_ROW = false;  // as measured: the first weight row's stream only (row-major blocks)
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vec vload_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
 inline float vsum(vec v) { return hsum(v); }
@@ -402,6 +412,59 @@ inline void tile_two(const Rows& w, int64_t K, const float* const* xs, int rb, f
 }
 #endif
 
+// bf16 weights (a draft's weights stored in half the bytes: spade_lib.decoding.model.lean, "weights in bf16"):
+// out[i * RB + j] = (weight row i, widened to fp32 exactly) . xs[j] for NW row-major weight rows, in the
+// canonical order of the header (one FMA chain over the L-float chunks, vsum, the K % L tail), so a row's result
+// does not depend on the rows beside it here either. The hardware prefetcher streams the rows.
+constexpr int BF16_NW = 4;
+#ifndef PREFETCH_BF16_AHEAD
+#define PREFETCH_BF16_AHEAD 8192
+#endif
+constexpr int64_t PREFETCH_BF16 = PREFETCH_BF16_AHEAD;  // bf16 values (16 KiB) ahead in each weight row's stream (into L1)
+constexpr int BF16_RB = BF16_RB_MAX;  // input rows a tile takes: 4 x 4 (AVX-512) or 4 x 2 (AVX2) accumulators
+inline float bf16_value(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+template <int NW, int RB>
+inline void tile_bf16(const uint16_t* w, int64_t K, const float* const* xs, float* out) {
+  vec acc[NW][RB];
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < RB; ++j) acc[i][j] = vzero();
+  int64_t k = 0;
+  for (; k + L <= K; k += L) {
+    if (k % (64 / sizeof(uint16_t)) < L)  // once a cache line of each row's stream
+      for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + PREFETCH_BF16), _MM_HINT_T0);
+    vec wv[NW];
+    for (int i = 0; i < NW; ++i) wv[i] = vload_bf16(w + i * K + k);
+    for (int j = 0; j < RB; ++j) {
+      const vec xv = vload(xs[j] + k);
+      for (int i = 0; i < NW; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int j = 0; j < RB; ++j) {
+      float r = vsum(acc[i][j]);
+      for (int64_t t = k; t < K; ++t) r += bf16_value(w[i * K + t]) * xs[j][t];
+      out[i * RB + j] = r;
+    }
+}
+
+template <int NW>
+inline void tile_bf16_any(int rb, const uint16_t* w, int64_t K, const float* const* xs, float* out) {
+  switch (rb) {
+    case 1: tile_bf16<NW, 1>(w, K, xs, out); break;
+#if BF16_RB_MAX >= 4
+    case 3: tile_bf16<NW, 3>(w, K, xs, out); break;
+    case 4: tile_bf16<NW, 4>(w, K, xs, out); break;
+#endif
+    default: tile_bf16<NW, 2>(w, K, xs, out); break;
+  }
+}
+
 void check(const torch::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous(),
               name, ": must be a contiguous float32 CPU tensor");
@@ -413,7 +476,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
                      c10::optional<torch::Tensor> residual, c10::optional<torch::Tensor> gain, double eps, bool gated,
                      int64_t grain, bool packed) {
   check(x, "x");
-  check(w, "w");
+  const bool bf16 = w.scalar_type() == torch::kBFloat16;
+  if (bf16) {
+    TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && !packed,
+                "w: bfloat16 weights must be a contiguous row-major (not packed) CPU tensor");
+  } else {
+    check(w, "w");
+  }
   TORCH_CHECK(w.dim() == 2, "w: must be [N, K], got ", w.dim(), " dims");
   const int64_t N = w.size(0), K = w.size(1), width = gated ? 2 * K : K;
   TORCH_CHECK(x.numel() > 0 && x.numel() % width == 0, "x: must hold rows of ", width, " values, got ", x.numel(),
@@ -475,13 +544,33 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
   for (int64_t r = 0; r < rows; ++r) xs[r] = up + r * K;
   auto y = torch::empty({rows, N}, x.options());
   float* yp = y.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
   auto emit = [&](int64_t n, int64_t r, float d) {
     float v = d * s[r];
     if (bp) v += bp[n];
     if (rp) v += rp[r * N + n];
     yp[r * N + n] = v;
   };
+  if (bf16) {  // each thread a block of weight rows, BF16_NW at a time, the input rows BF16_RB at a time
+    const uint16_t* wb = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+    at::parallel_for(0, N, std::max<int64_t>(1, grain), [&](int64_t n0, int64_t n1) {
+      float out[BF16_NW * BF16_RB];
+      for (int64_t r0 = 0; r0 < rows; r0 += BF16_RB) {
+        const int rb = static_cast<int>(std::min<int64_t>(BF16_RB, rows - r0));
+        int64_t n = n0;
+        for (; n + BF16_NW <= n1; n += BF16_NW) {
+          tile_bf16_any<BF16_NW>(rb, wb + n * K, K, xs.data() + r0, out);
+          for (int i = 0; i < BF16_NW; ++i)
+            for (int j = 0; j < rb; ++j) emit(n + i, r0 + j, out[i * rb + j]);
+        }
+        for (; n < n1; ++n) {
+          tile_bf16_any<1>(rb, wb + n * K, K, xs.data() + r0, out);
+          for (int j = 0; j < rb; ++j) emit(n, r0 + j, out[j]);
+        }
+      }
+    });
+    return y;
+  }
+  const float* wp = w.data_ptr<float>();
   const bool prefetch = rows >= PREFETCH_ROWS;
   // blocks of whole groups (GROUP rows), so every tile of a packed W lies within one group
   const int64_t groups = (N + GROUP - 1) / GROUP;

@@ -123,7 +123,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     (over ``u_r`` when gated) if ``eps`` is given, else 1: with a gain, an RMSNorm with that gain before the
     product. Every output is summed in one order whatever ``k`` is, so a row's result does not depend on
     the rows beside it. ``packed``: ``w`` is :func:`pack`'s layout of the weights (the same result, bit for
-    bit, read as one stream per core)."""
+    bit, read as one stream per core). ``w`` may also be bf16 (row-major, not packed: a draft held in half the
+    bytes, :mod:`spade_lib.zoo.bf16`): each weight widened to fp32 exactly, the sums as for fp32 weights."""
     return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN, packed)
 
 
