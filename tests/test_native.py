@@ -30,11 +30,14 @@ def rope(x, cos, sin):
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: a draft in half the bytes, widened exactly
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (576, 576), (1001, 37)])  # K % 32, % 16, % 8 tails; odd N
-def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads):
+def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads, dtype):
     g = torch.Generator().manual_seed(n + k)
-    w, b, gain = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(k, generator=g)
+    w, b, gain = torch.randn(n, k, generator=g).to(dtype), torch.randn(n, generator=g), torch.randn(k, generator=g)
+    wq = w  # the weights as the kernel reads them; the references multiply their exact fp32 values
+    w = w.float()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -43,50 +46,20 @@ def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads):
             x, xx, r = (torch.randn(rows, k, generator=g), torch.randn(rows, 2 * k, generator=g),
                         torch.randn(rows, n, generator=g))
             u = F.silu(xx[:, :k]) * xx[:, k:]
-            close(native.linear(x, w), F.linear(x, w))
-            close(native.linear(x, w, b, r), r + F.linear(x, w, b))
-            close(native.linear(x, w, eps=1e-5), F.linear(F.rms_norm(x, (k,), None, 1e-5), w))
-            close(native.linear(x, w, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), w, b))
-            close(native.linear(xx, w, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), w, b))
+            close(native.linear(x, wq), F.linear(x, w))
+            close(native.linear(x, wq, b, r), r + F.linear(x, w, b))
+            close(native.linear(x, wq, eps=1e-5), F.linear(F.rms_norm(x, (k,), None, 1e-5), w))
+            close(native.linear(x, wq, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), w, b))
+            close(native.linear(xx, wq, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), w, b))
     finally:
         torch.set_num_threads(before)
 
 
 @needs_native
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (333, 576)])
-def test_bf16_weights_are_widened_exactly_and_a_row_does_not_depend_on_its_neighbours(n, k, threads):
-    """bf16 weights (a draft held in half the bytes): the product of the widened (fp32) weights, with every
-    prologue and epilogue, for every row count; a row's result alone or among the others bit for bit."""
-    g = torch.Generator().manual_seed(n * k)
-    w = torch.randn(n, k, generator=g).to(torch.bfloat16)
-    wf, b, gain = w.float(), torch.randn(n, generator=g), torch.randn(k, generator=g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        close = lambda got, ref: torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)  # noqa: E731
-        for rows in ROWS:
-            x, xx, r = (torch.randn(rows, k, generator=g), torch.randn(rows, 2 * k, generator=g),
-                        torch.randn(rows, n, generator=g))
-            u = F.silu(xx[:, :k]) * xx[:, k:]
-            close(native.linear(x, w), F.linear(x, wf))
-            close(native.linear(x, w, b, r), r + F.linear(x, wf, b))
-            close(native.linear(x, w, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), wf, b))
-            close(native.linear(xx, w, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), wf, b))
-            alone = torch.cat([native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5) for i in range(rows)])
-            assert torch.equal(native.linear(x, w, b, r, eps=1e-5), alone), rows
-    finally:
-        torch.set_num_threads(before)
-    with pytest.raises(RuntimeError, match="w: bfloat16 weights must be a contiguous row-major"):
-        native.linear(x, w, packed=True)
-    with pytest.raises(RuntimeError, match="w: bfloat16 weights must be a contiguous row-major"):
-        native.linear(x[:, :(k + 1) // 2].contiguous(), w[:, ::2])
-
-
-@needs_native
-def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype):
     g = torch.Generator().manual_seed(3)
-    w, b = torch.randn(333, 576, generator=g), torch.randn(333, generator=g)
+    w, b = torch.randn(333, 576, generator=g).to(dtype), torch.randn(333, generator=g)
     for rows in ROWS:
         x, r = torch.randn(rows, 1152, generator=g), torch.randn(rows, 333, generator=g)
         block = native.linear(x, w, b, r, eps=1e-5, gated=True)
@@ -278,6 +251,9 @@ def test_bad_input_is_refused_by_name():
         native.linear(torch.randn(1, 16), w, gated=True)
     with pytest.raises(RuntimeError, match="w: must be a contiguous float32"):
         native.linear(torch.randn(1, 8), w.t())
+    for bad in (w.to(torch.bfloat16).t(), w.to(torch.bfloat16)):  # bf16: row-major and contiguous, never packed
+        with pytest.raises(RuntimeError, match="w: bfloat16 weights must be a contiguous row-major \\(not packed\\)"):
+            native.linear(torch.randn(1, bad.shape[1]), bad, packed=bad.is_contiguous())
     with pytest.raises(RuntimeError, match="residual: must hold 2 x 8"):
         native.linear(torch.randn(2, 16), w, residual=torch.randn(1, 8))
     with pytest.raises(RuntimeError, match="gain: must hold 16"):
