@@ -108,11 +108,10 @@ def test_the_headline_holds_in_the_results_block():
         assert any(n.startswith("spade-coder-0.5b") for n in row), f"T = {t}: no row of the 0.5B draft in {sorted(row)}"
         nulls = {n: v for n, v in row.items() if n.startswith("spade-null")}
         assert nulls and all(v[0] < 1.0 for v in nulls.values()), f"T = {t}: the null-draft control {nulls}"
-    # what the head says of the two drafts holds in the block: the bf16 draft at 1.9x at both temperatures, the
-    # fp32 draft at the figures it quotes, each beyond 1x by its interval
-    assert "running 1.9x faster than autoregressive decoding at T = 0 and at T = 1" in flat
+    # what the head says of the two drafts is the block's: the figures it quotes, each beyond 1x by its interval
     bf16 = [table[("spade-coder-0.5b-fr32k-bf16-g4", t)] for t in ("0", "1")]
-    assert all(f"{v[0]:.1f}" == "1.9" and v[1] > 1.0 for v in bf16), bf16
+    assert (f"running **{bf16[0][0]:.2f}x faster than autoregressive decoding at T = 0 and {bf16[1][0]:.2f}x at "
+            "T = 1**") in flat and all(v[1] > 1.0 for v in bf16), bf16
     fp32 = [table[("spade-coder-0.5b-fr32k-g4", t)] for t in ("0", "1")]
     assert f"(the fp32 draft: {fp32[0][0]:.2f}x and {fp32[1][0]:.2f}x)" in flat and all(v[1] > 1.0 for v in fp32)
     coder0 = table[("spade-coder-0.5b-fr32k-g4", "0")]
