@@ -21,7 +21,7 @@ needs_native = pytest.mark.skipif(not native.available(),
 
 @pytest.fixture(scope="module")
 def models():
-    model = tiny_qwen2(2, layers=2, hidden=80)  # K = 80: a 16-float chunk tail on AVX2 (8) none, on AVX-512 a 0 tail
+    model = tiny_qwen2(2, layers=2, hidden=80)  # head_dim 20 (rotation over 10-float halves); K-tails: test_native
     return model, bf16_twin(model)
 
 

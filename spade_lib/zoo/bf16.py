@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spade_lib.zoo.loading import shared_copy
+
 __all__ = ["WidenedLinear", "bf16_twin"]
 
 
@@ -46,28 +48,19 @@ def _widened(linear: nn.Linear) -> nn.Linear:
     cls = type(linear)
     if cls not in _CLASSES:
         _CLASSES[cls] = type(f"Widened{cls.__name__}", (cls, WidenedLinear), {"__module__": __name__})
-    out = _shallow(linear)
+    out = shared_copy(linear)
     out.__class__ = _CLASSES[cls]
     with torch.no_grad():
         out.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
     return out
 
 
-def _shallow(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with its own module/parameter/buffer/hook tables, the entries shared."""
-    twin = copy.copy(module)
-    for key, value in vars(module).items():
-        if isinstance(value, (dict, set)):
-            twin.__dict__[key] = copy.copy(value)
-    return twin
-
-
 def _twin(module: nn.Module) -> nn.Module:
     """``module`` with every ``nn.Linear`` below it replaced by a :func:`_widened` copy; every other module a
-    :func:`_shallow` copy, its parameters and buffers shared."""
+    :func:`spade_lib.zoo.loading.shared_copy`, its parameters and buffers shared."""
     if isinstance(module, nn.Linear):
         return _widened(module)
-    twin = _shallow(module)
+    twin = shared_copy(module)
     for name, child in module._modules.items():
         if child is not None:
             twin._modules[name] = _twin(child)

@@ -35,6 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from spade_lib.decoding.model.heads import scatter_vocab
+from spade_lib.zoo.loading import shared_copy
 
 __all__ = ["FRSpecLlamaConfig", "FRSpecLlamaForCausalLM", "SubsetLMHead", "trim_head", "trimmed_twin"]
 
@@ -107,10 +108,7 @@ def trimmed_twin(model, token_ids) -> nn.Module:
     other module, parameter and buffer with ``model`` (the body's weights held once: only the ``|token_ids| x d``
     head rows are new); ``model`` is left as it was. Its own configuration (a deep copy) and module tables mean a
     change of one model's head never reaches the other."""
-    twin = copy.copy(model)
-    for key, value in vars(model).items():  # its own module/parameter/buffer/hook tables, the entries shared
-        if isinstance(value, (dict, set)):
-            twin.__dict__[key] = copy.copy(value)
+    twin = shared_copy(model)
     twin.config = copy.deepcopy(model.config)
     return trim_head(twin, token_ids)
 

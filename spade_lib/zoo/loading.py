@@ -9,6 +9,7 @@ target's keeps its own tokenizer, ``Pair.draft_tokenizers``), placed whole on a 
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import os
 from dataclasses import dataclass, field
@@ -182,6 +183,17 @@ def _in_memory(model, folder: str | None = None):
                 t.data = t.data.clone()
                 done.add(id(t))
     return model
+
+
+def shared_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``module`` with its own module/parameter/buffer/hook tables, their entries shared: what a pair's
+    twin drafts are made of (``frspec.trimmed_twin``, ``bf16.bf16_twin``), so replacing one of the copy's
+    submodules or parameters never reaches ``module``, while the tensors they do not replace are held once."""
+    twin = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, (dict, set)):
+            twin.__dict__[key] = copy.copy(value)
+    return twin
 
 
 def first_device(model) -> torch.device:

@@ -104,6 +104,8 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     if family == "llama" and any(hasattr(attn, n) for n in ("q_norm", "k_norm")):
         return "QK-norm"
     stored, dtype = _weight_dtype(model), model.model.embed_tokens.weight.dtype
+    if stored is None:
+        return "linear weights of more than one dtype"
     if stored != dtype and not (stored == torch.bfloat16 and dtype == torch.float32 and family == "llama"
                                 and model.model.embed_tokens.weight.device.type == "cpu" and _native.available()):
         return (f"{stored} weights with {dtype} activations (bf16 weights run on SPADE's native kernels only: "
@@ -111,14 +113,12 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _weight_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the layers' and head's weights are stored in: the activations' (the embedding's), or bf16 for a
-    draft held in half the bytes (:func:`spade_lib.zoo.bf16.bf16_twin`: every product widens them exactly)."""
-    found = {m.weight.dtype for m in (*model.model.layers.modules(), model.lm_head)
-             if isinstance(m, torch.nn.Linear)}
-    if len(found) != 1:
-        return torch.float64 if len(found) > 1 else model.model.embed_tokens.weight.dtype  # mixed: not covered
-    return found.pop()
+def _weight_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The one dtype the layers' and head's linear weights are stored in (``None`` if they mix dtypes): the
+    activations' (the embedding's), or bf16 for a draft held in half the bytes (:func:`spade_lib.zoo.bf16.bf16_twin`:
+    every product widens them exactly)."""
+    found = {m.weight.dtype for m in (*model.model.layers.modules(), model.lm_head) if isinstance(m, torch.nn.Linear)}
+    return found.pop() if len(found) == 1 else None
 
 
 class LeanForward:
@@ -309,12 +309,12 @@ class LeanForward:
         """Build every layer's ``(one-row kernel, many-row kernel)`` per product, and the head's; ``plan[row
         class]`` is one candidate for every product or ``{product: candidate}``."""
         plan = {rows: p if isinstance(p, dict) else {n: p for n in self._products()} for rows, p in plan.items()}
+        bulk = "mkl_widened" if self.weight_dtype != self.dtype else "mkl"  # a prefill's SGEMM (bf16: widened)
         for i, layer in enumerate(self.layers + [None]):
             for name in self._raw[i]:
                 pair = tuple(_kernels.Kernel(plan[rows][name], *self._weights(
                     _kernels.CANDIDATES[plan[rows][name]][0])[i][name]) for rows in ("one", "many"))
                 if self.in_place:  # a prefill's block: SGEMM on the same tensors (compute-bound, no copy)
-                    bulk = "mkl_widened" if self.weight_dtype != self.dtype else "mkl"
                     pair = (*pair, _kernels.Kernel(bulk, *self._raw[i][name]))
                 if layer is None:
                     self.head = pair
