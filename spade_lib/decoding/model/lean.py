@@ -13,7 +13,7 @@
   one new token takes as few kernel calls as the math allows (rotation, cache write and attention one call where
   :mod:`spade_lib.decoding.model.native` builds); final norm and LM head on the last position only when that suffices;
 - projections on the linear kernel :mod:`spade_lib.decoding.model.kernels` timed fastest here, for one row and
-  ``k > 1`` rows apart (``kernels=`` forces one); bf16 weights (a draft in half the bytes, :mod:`spade_lib.zoo.bf16`;
+  ``k > 1`` rows apart (``kernels=`` forces one); bf16 or int8 weights (a draft in fewer bytes, :mod:`spade_lib.zoo.narrow`;
   activations and sums fp32) on the native kernel, which widens them exactly; an FR-Spec draft scatters its
   ``head_vocab`` logits into ``-inf`` full-vocabulary rows (:class:`spade_lib.zoo.frspec.FRSpecLlamaForCausalLM`).
 
@@ -52,6 +52,7 @@ _LAYER_TYPES = {"llama": ("full_attention",), "gemma3": ("full_attention", "slid
 _ACTIVATIONS = {"llama": "silu", "gemma3": "gelu_pytorch_tanh"}
 _STATIC_ROPE = ("default", "linear", "llama3")
 _COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once whatever SPADE_WEIGHTS_ONCE says
+NARROW_DTYPES = (torch.bfloat16, torch.int8)  # weight dtypes read by the native kernel beside fp32 activations
 BULK_ROWS = 32  # an in-place forward of this many rows or more (a prompt's prefill) runs on MKL's SGEMM
 
 
@@ -106,17 +107,17 @@ def _unsupported(model: torch.nn.Module) -> str | None:
     stored, dtype = _weight_dtype(model), model.model.embed_tokens.weight.dtype
     if stored is None:
         return "linear weights of more than one dtype"
-    if stored != dtype and not (stored == torch.bfloat16 and dtype == torch.float32 and family == "llama"
+    if stored != dtype and not (stored in NARROW_DTYPES and dtype == torch.float32 and family == "llama"
                                 and model.model.embed_tokens.weight.device.type == "cpu" and _native.available()):
-        return (f"{stored} weights with {dtype} activations (bf16 weights run on SPADE's native kernels only: "
-                "fp32 activations, Llama family, CPU)")
+        return (f"{stored} weights with {dtype} activations (bf16 and int8 weights run on SPADE's native kernels "
+                "only: fp32 activations, Llama family, CPU)")
     return None
 
 
 def _weight_dtype(model: torch.nn.Module) -> torch.dtype | None:
     """The one dtype the layers' and head's linear weights are stored in (``None`` if they mix dtypes): the
-    activations' (the embedding's), or bf16 for a draft held in half the bytes (:func:`spade_lib.zoo.bf16.bf16_twin`:
-    every product widens them exactly)."""
+    activations' (the embedding's), or one of :data:`NARROW_DTYPES` for a draft held in fewer bytes
+    (:func:`spade_lib.zoo.narrow.narrow_twin`: every product widens them exactly, int8 with a scale per row)."""
     found = {m.weight.dtype for m in (*model.model.layers.modules(), model.lm_head) if isinstance(m, torch.nn.Linear)}
     return found.pop() if len(found) == 1 else None
 
@@ -138,8 +139,8 @@ class LeanForward:
     copies (q/k/v and gate/up joined by making the module's weights row blocks of one tensor, the norm gains
     applied by the products, nothing folded), every product on a kernel that reads those tensors
     (``kernels.IN_PLACE``), a block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging
-    Face module keeps working on the same tensors. A model whose matrices are stored in bf16 (``weight_dtype``,
-    :mod:`spade_lib.zoo.bf16`) always runs so, on ``"native_rows"`` (one and many rows) and widened SGEMM (a
+    Face module keeps working on the same tensors. A model whose matrices are stored narrow (``weight_dtype`` bf16
+    or int8 with a scale per row, :mod:`spade_lib.zoo.narrow`) always runs so, on ``"native_rows"`` (one and many rows) and widened SGEMM (a
     prefill): ``kernels`` other than ``"auto"``/``"native_rows"`` or ``in_place=False`` are refused.
     """
 
@@ -153,7 +154,7 @@ class LeanForward:
         cfg = model.config
         first = model.model.embed_tokens.weight
         self.device, self.dtype = first.device, first.dtype
-        self.weight_dtype = _weight_dtype(model)  # the activations' dtype, or bf16 (a draft in half the bytes)
+        self.weight_dtype = _weight_dtype(model)  # the activations' dtype, or bf16 / int8 (a draft in fewer bytes)
         widened = self.weight_dtype != self.dtype
         self.capacity = int(capacity)
         self.n_heads = int(cfg.num_attention_heads)
@@ -165,7 +166,7 @@ class LeanForward:
         policy = kernels if kernels is not None else os.environ.get("SPADE_LINEAR_KERNELS", "auto")
         if policy not in _kernels.POLICIES:
             raise ValueError(f"kernels: must be one of {list(_kernels.POLICIES)}, got {policy!r}")
-        if widened:  # bf16 weights: read in place by the native kernel, a prefill widened for SGEMM
+        if widened:  # narrow weights: read in place by the native kernel, a prefill widened for SGEMM
             if in_place is False or kernels not in (None, "auto", "native_rows"):
                 raise ValueError(f"kernels, in_place: {self.weight_dtype} weights run in place on 'native_rows' only")
             policy, in_place = "native_rows", True
@@ -202,10 +203,9 @@ class LeanForward:
                     join = _join_in_place if self.in_place else _join
                     proj = {"qkv": join([a.q_proj, a.k_proj, a.v_proj]), "gate_up": join([m.gate_proj, m.up_proj])}
                 else:
-                    proj = {"q": (a.q_proj.weight, a.q_proj.bias), "k": (a.k_proj.weight, a.k_proj.bias),
-                            "v": (a.v_proj.weight, a.v_proj.bias), "gate": (m.gate_proj.weight, None),
-                            "up": (m.up_proj.weight, None)}
-                raw.append({**proj, "o": (a.o_proj.weight, a.o_proj.bias), "down": (m.down_proj.weight, None)})
+                    proj = {"q": _parts(a.q_proj), "k": _parts(a.k_proj), "v": _parts(a.v_proj),
+                            "gate": _parts(m.gate_proj, bias=False), "up": _parts(m.up_proj, bias=False)}
+                raw.append({**proj, "o": _parts(a.o_proj), "down": _parts(m.down_proj, bias=False)})
                 kind = layer_types[len(self.layers)]
                 if gemma:  # ln1, ln2: the norms before attention and the MLP (folded below); post_*: after them
                     q_gain, eps = norm(a.q_norm)
@@ -230,22 +230,22 @@ class LeanForward:
         if self.folded:
             with torch.inference_mode():
                 for proj, norms in zip(raw, self.layers):
-                    (wq, bq), (wg, _) = proj["qkv"], proj["gate_up"]
+                    (wq, bq, _), (wg, _, _) = proj["qkv"], proj["gate_up"]
                     wq = wq * norms["ln1"][0][None, :]
                     if not gemma:  # (Gemma's query scale is in its QK-norm gain)
                         wq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
                     if bq is not None and not gemma:
                         bq = bq.clone()
                         bq[: self.n_heads * self.head_dim] *= self.head_dim ** -0.5
-                    proj["qkv"] = (wq, bq)
-                    proj["gate_up"] = (wg * norms["ln2"][0][None, :], None)
+                    proj["qkv"] = (wq, bq, None)
+                    proj["gate_up"] = (wg * norms["ln2"][0][None, :], None, None)
                     norms["ln1"] = (None, norms["ln1"][1])
                     norms["ln2"] = (None, norms["ln2"][1])
         self.norm = norm(inner.norm)
         # FR-Spec drafts score a subset of the vocabulary and scatter it into -inf-filled full rows
         self.head_token_ids = getattr(model, "head_token_ids", None)
         self.vocab_size = int(cfg.vocab_size) if self.head_token_ids is not None else int(model.lm_head.weight.shape[0])
-        self._raw = raw + [{"lm_head": (model.lm_head.weight, None)}]  # the head: a last pseudo-layer
+        self._raw = raw + [{"lm_head": _parts(model.lm_head, bias=False)}]  # the head: a last pseudo-layer
         self.scaling = 1.0 if self.folded or gemma else self.head_dim ** -0.5
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self._rotary = inner.rotary_emb
@@ -262,7 +262,7 @@ class LeanForward:
         self._plan_facts: dict | None = None  # what keys this model's timed plan ("auto" only): prepare() times it
         if policy == "auto" and packable:
             self._plan_facts = {"dtype": str(self.dtype), "layers": len(raw), "fused": fuse, "in_place": self.in_place,
-                                "shapes": {n: list(w.shape) for n, (w, _) in {**raw[0], **self._raw[-1]}.items()}}
+                                "shapes": {n: list(w.shape) for n, (w, *_) in {**raw[0], **self._raw[-1]}.items()}}
             # a constructor times nothing: the plan prepare() recorded on this machine, else an untimed default
             hit = _kernels.recorded(self._plan_facts, self._products())
             plan = hit["plan"] if hit is not None else _kernels.untimed(self.in_place)
@@ -294,14 +294,14 @@ class LeanForward:
 
     def _products(self) -> list[str]:
         """The products of one forward, largest weight first (the order :func:`kernels.choose` refines them)."""
-        sizes = {n: w.numel() for n, (w, _) in {**self._raw[0], **self._raw[-1]}.items()}
+        sizes = {n: w.numel() for n, (w, *_) in {**self._raw[0], **self._raw[-1]}.items()}
         return sorted(sizes, key=lambda n: -sizes[n])
 
     def _weights(self, family: str) -> list[dict]:
-        """Every layer's ``{name: (weight as the family reads it, bias)}`` (copies made once per family; an
-        ``in_place`` forward reads the raw family only: the module's own tensors)."""
+        """Every layer's ``{name: (weight as the family reads it, bias, int8 scale or None)}`` (copies made once per
+        family; an ``in_place`` forward reads the raw family only: the module's own tensors)."""
         if family not in self._prepared:
-            self._prepared[family] = [{n: (_kernels.prepare(family, w), b) for n, (w, b) in layer.items()}
+            self._prepared[family] = [{n: (_kernels.prepare(family, w), b, sc) for n, (w, b, sc) in layer.items()}
                                       for layer in self._raw]
         return self._prepared[family]
 
@@ -309,7 +309,7 @@ class LeanForward:
         """Build every layer's ``(one-row kernel, many-row kernel)`` per product, and the head's; ``plan[row
         class]`` is one candidate for every product or ``{product: candidate}``."""
         plan = {rows: p if isinstance(p, dict) else {n: p for n in self._products()} for rows, p in plan.items()}
-        bulk = "mkl_widened" if self.weight_dtype != self.dtype else "mkl"  # a prefill's SGEMM (bf16: widened)
+        bulk = "mkl_widened" if self.weight_dtype != self.dtype else "mkl"  # a prefill's SGEMM (narrow: widened)
         for i, layer in enumerate(self.layers + [None]):
             for name in self._raw[i]:
                 pair = tuple(_kernels.Kernel(plan[rows][name], *self._weights(
@@ -619,24 +619,33 @@ class LeanForward:
         return scatter_vocab(logits, self.head_token_ids, self.vocab_size)
 
 
-def _join(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The products of ``linears`` (one input) as one: their weights stacked ``[sum N_i, K]`` (a copy) and
-    biases (``None`` if they have none)."""
+Parts = tuple[torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"]  # (weight, bias, int8 scale per row)
+
+
+def _parts(linear: torch.nn.Linear, *, bias: bool = True) -> Parts:
+    """``linear``'s ``(weight, bias, scale)``: its bias (``None`` if it has none or ``bias`` is false) and, for an
+    int8 weight, its fp32 scale per weight row (``kernels.SCALE``; ``None`` otherwise)."""
+    return linear.weight, linear.bias if bias else None, getattr(linear, _kernels.SCALE, None)
+
+
+def _join(linears: list[torch.nn.Linear]) -> Parts:
+    """The products of ``linears`` (one input, fp32 or bf16 weights) as one: their weights stacked ``[sum N_i, K]``
+    (a copy) and biases (``None`` if they have none)."""
     bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
-    return torch.cat([m.weight for m in linears]), bias
+    return torch.cat([m.weight for m in linears]), bias, None
 
 
-def _join_in_place(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_join` holding the weights once: the modules' weights (and biases) become consecutive row blocks
-    of one tensor, which is returned; the modules keep working on their blocks (views), and a second call
-    finds them joined and copies nothing."""
+def _join_in_place(linears: list[torch.nn.Linear]) -> Parts:
+    """:func:`_join` holding the weights once: the modules' weights (and biases, and an int8 weight's scales)
+    become consecutive row blocks of one tensor, which is returned; the modules keep working on their blocks
+    (views), and a second call finds them joined and copies nothing."""
     with torch.inference_mode(False), torch.no_grad():  # normal tensors: the modules may run under autograd
-        return tuple(_join_param(linears, name) for name in ("weight", "bias"))
+        return tuple(_join_param(linears, name) for name in ("weight", "bias", _kernels.SCALE))
 
 
 def _join_param(linears: list[torch.nn.Linear], name: str) -> torch.Tensor | None:
-    """:func:`_join_in_place` of one parameter (``"weight"`` or ``"bias"``)."""
-    ts = [getattr(m, name) for m in linears]
+    """:func:`_join_in_place` of one parameter or buffer (``"weight"``, ``"bias"`` or ``kernels.SCALE``)."""
+    ts = [getattr(m, name, None) for m in linears]
     if ts[0] is None:
         return None
     size = (sum(int(t.shape[0]) for t in ts), *ts[0].shape[1:])
@@ -647,7 +656,10 @@ def _join_param(linears: list[torch.nn.Linear], name: str) -> torch.Tensor | Non
     row = 0
     for m, t in zip(linears, ts):
         n = int(t.shape[0])
-        setattr(m, name, torch.nn.Parameter(joined[row:row + n], requires_grad=t.requires_grad))
+        if name in m._buffers:
+            m._buffers[name] = joined[row:row + n]
+        else:
+            setattr(m, name, torch.nn.Parameter(joined[row:row + n], requires_grad=t.requires_grad))
         row += n
     return joined
 
@@ -704,7 +716,7 @@ def _agreement_key(model: torch.nn.Module, lean: LeanForward) -> str:
     another checkpoint or a trimmed head of the same configuration gets its own verdict), the lean forward's
     dtype, placement, kernel plan and attention path, torch, the native build and the CPU."""
     config = {k: v for k, v in model.config.to_dict().items() if k not in ("_name_or_path", "transformers_version")}
-    named = {**{n: w for n, (w, _) in {**lean._raw[0], **lean._raw[-1]}.items()}, "embed": lean.embed}
+    named = {**{n: w for n, (w, *_) in {**lean._raw[0], **lean._raw[-1]}.items()}, "embed": lean.embed}
     weights = {n: [list(w.shape), repr(float(w.detach().flatten()[:: max(1, w.numel() // 4096)].double().sum()))]
                for n, w in sorted(named.items())}
     facts = {"class": type(model).__name__, "config": config, "weights": weights, "dtype": str(lean.dtype),

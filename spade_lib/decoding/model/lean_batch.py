@@ -72,10 +72,12 @@ class LeanBatch(Slots):
     def _linear(self, layer: int, name: str, x: torch.Tensor) -> torch.Tensor:
         """Product ``name`` of ``layer`` (``len(layers)``: the LM head) on ``x [M, d]``."""
         lean = self.lean
-        if x.shape[0] > BIG_ROWS:
-            w, b = lean._raw[layer][name]
-            return F.linear(x, w, b)
         kernel = lean.head if layer == len(lean.layers) else lean.layers[layer][name]
+        if x.shape[0] > BIG_ROWS:  # the in-place forward's bulk kernel (SGEMM; narrow weights widened), else F.linear
+            if lean.in_place:
+                return kernel[2](x)
+            w, b, _ = lean._raw[layer][name]
+            return F.linear(x, w, b)
         return kernel[0 if x.shape[0] == 1 else 1](x)
 
     def _masks(self, q_pos: torch.Tensor, key_pos: torch.Tensor, key_valid: torch.Tensor, windows,

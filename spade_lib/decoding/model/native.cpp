@@ -15,6 +15,9 @@
 // greedy decoding exactly. The attention's scores follow the same rule (per key: one chain of L-float chunks, a
 // fixed tree over its lanes, the tail; scores, below), its normaliser too (L-lane partial sums, then the tail).
 //
+// Narrow weights (a draft held in fewer bytes, spade_lib.zoo.narrow): W in bf16, or int8 with one fp32 scale per
+// weight row (W[n] = scale[n] * W8[n]: Y[r][n] = s_r * (scale[n] * (W8[n] u_r)) + ...), row-major; each weight is
+// widened to fp32 exactly and summed in the same canonical order.
 // W is [N, K] fp32 and contiguous, row-major or packed (pack(): each group of four rows interleaved chunk by
 // chunk, so a tile reads one sequential stream); each thread of torch's pool (at::parallel_for) reads one
 // contiguous block of whole groups front to back.
@@ -128,8 +131,12 @@ constexpr bool NEAR_EVERY_ROW = true;  // a row-major block's first tile prefetc
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 // L bf16 values widened to fp32 exactly (a bf16 is the high half of an fp32): zero-extend, shift left 16
-inline vec vload_bf16(const uint16_t* p) {
+inline vec vload_w(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+// L int8 values widened to fp32 exactly: sign-extend to int32, convert
+inline vec vload_w(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 inline vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
@@ -159,8 +166,11 @@ constexpr bool BLOCK_PACKED = true;
 constexpr bool NEAR_EVERY_ROW = false;  // as measured: the first weight row's stream only (row-major blocks)
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vec vload_bf16(const uint16_t* p) {
+inline vec vload_w(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline vec vload_w(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 inline vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
@@ -401,34 +411,36 @@ inline void tile_two(const Rows& w, int64_t K, const float* const* xs, int rb, f
 }
 #endif
 
-// bf16 weights (a draft's weights stored in half the bytes: spade_lib.decoding.model.lean, "weights in bf16"):
+// Narrow weights (bf16 as uint16_t, or int8; a draft's weights in fewer bytes, spade_lib.zoo.narrow):
 // out[i * RB + j] = (weight row i, widened to fp32 exactly) . xs[j] for NW row-major weight rows, in the
 // canonical order of the header (one FMA chain over the L-float chunks, vsum, the K % L tail), so a row's result
-// does not depend on the rows beside it here either. The hardware prefetcher streams the rows.
-constexpr int BF16_NW = 4;
-constexpr int BF16_RB = REGS >= 32 ? 4 : 2;  // input rows a tile takes: 4 x 4 (AVX-512) or 4 x 2 (AVX2) accumulators
-// bf16 values (16 KiB) ahead in each weight row's stream, into L1: the products of Qwen2.5-Coder-0.5B-shaped
+// does not depend on the rows beside it here either (an int8 row's scale is applied to the sum, by the caller).
+constexpr int NARROW_NW = 4;
+constexpr int NARROW_RB = REGS >= 32 ? 4 : 2;  // input rows a tile takes: 4 x 4 (AVX-512) or 4 x 2 (AVX2) accumulators
+// bytes (16 KiB) ahead in each weight row's stream, into L1: the products of Qwen2.5-Coder-0.5B-shaped bf16
 // matrices, one row, on a 2-core Xeon (family 6 model 207): 21.9 GB/s without, 28.6 / 29.5 / 30.3 / 29.8 GB/s at
-// 2048 / 4096 / 8192 / 16384 values ahead
-constexpr int64_t PREFETCH_BF16 = 8192;
-inline float bf16_value(uint16_t b) {
+// 4 / 8 / 16 / 32 KiB ahead
+constexpr int64_t PREFETCH_NARROW = 16384;
+inline float narrow_value(uint16_t b) {  // a bf16 is the high half of an fp32
   uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+inline float narrow_value(int8_t b) { return static_cast<float>(b); }
 
-template <int NW, int RB>
-inline void tile_bf16(const uint16_t* w, int64_t K, const float* const* xs, float* out) {
+template <typename T, int NW, int RB>
+inline void tile_narrow(const T* w, int64_t K, const float* const* xs, float* out) {
+  constexpr int64_t ahead = PREFETCH_NARROW / sizeof(T), line = 64 / sizeof(T);
   vec acc[NW][RB];
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = vzero();
   int64_t k = 0;
   for (; k + L <= K; k += L) {
-    if (k % (64 / sizeof(uint16_t)) < L)  // once a cache line of each row's stream
-      for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + PREFETCH_BF16), _MM_HINT_T0);
+    if (k % line < L)  // once a cache line of each row's stream
+      for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + i * K + k + ahead), _MM_HINT_T0);
     vec wv[NW];
-    for (int i = 0; i < NW; ++i) wv[i] = vload_bf16(w + i * K + k);
+    for (int i = 0; i < NW; ++i) wv[i] = vload_w(w + i * K + k);
     for (int j = 0; j < RB; ++j) {
       const vec xv = vload(xs[j] + k);
       for (int i = 0; i < NW; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
@@ -437,19 +449,41 @@ inline void tile_bf16(const uint16_t* w, int64_t K, const float* const* xs, floa
   for (int i = 0; i < NW; ++i)
     for (int j = 0; j < RB; ++j) {
       float r = vsum(acc[i][j]);
-      for (int64_t t = k; t < K; ++t) r += bf16_value(w[i * K + t]) * xs[j][t];
+      for (int64_t t = k; t < K; ++t) r += narrow_value(w[i * K + t]) * xs[j][t];
       out[i * RB + j] = r;
     }
 }
 
-template <int NW>
-inline void tile_bf16_any(int rb, const uint16_t* w, int64_t K, const float* const* xs, float* out) {
+template <typename T, int NW>
+inline void tile_narrow_any(int rb, const T* w, int64_t K, const float* const* xs, float* out) {
   switch (rb) {
-    case 1: tile_bf16<NW, 1>(w, K, xs, out); break;
-    case 2: tile_bf16<NW, 2>(w, K, xs, out); break;
-    case 3: tile_bf16<NW, std::min(3, BF16_RB)>(w, K, xs, out); break;
-    default: tile_bf16<NW, BF16_RB>(w, K, xs, out); break;
+    case 1: tile_narrow<T, NW, 1>(w, K, xs, out); break;
+    case 2: tile_narrow<T, NW, 2>(w, K, xs, out); break;
+    case 3: tile_narrow<T, NW, std::min(3, NARROW_RB)>(w, K, xs, out); break;
+    default: tile_narrow<T, NW, NARROW_RB>(w, K, xs, out); break;
   }
+}
+
+// Each thread a block of weight rows, NARROW_NW at a time, the input rows NARROW_RB at a time; emit(n, r, sum).
+template <typename T, typename Emit>
+void narrow_product(const T* wb, int64_t N, int64_t K, int64_t rows, const std::vector<const float*>& xs,
+                    int64_t grain, const Emit& emit) {
+  at::parallel_for(0, N, std::max<int64_t>(1, grain), [&](int64_t n0, int64_t n1) {
+    float out[NARROW_NW * NARROW_RB];
+    for (int64_t r0 = 0; r0 < rows; r0 += NARROW_RB) {
+      const int rb = static_cast<int>(std::min<int64_t>(NARROW_RB, rows - r0));
+      int64_t n = n0;
+      for (; n + NARROW_NW <= n1; n += NARROW_NW) {
+        tile_narrow_any<T, NARROW_NW>(rb, wb + n * K, K, xs.data() + r0, out);
+        for (int i = 0; i < NARROW_NW; ++i)
+          for (int j = 0; j < rb; ++j) emit(n + i, r0 + j, out[i * rb + j]);
+      }
+      for (; n < n1; ++n) {
+        tile_narrow_any<T, 1>(rb, wb + n * K, K, xs.data() + r0, out);
+        for (int j = 0; j < rb; ++j) emit(n, r0 + j, out[j]);
+      }
+    }
+  });
 }
 
 void check(const torch::Tensor& t, const char* name) {
@@ -461,15 +495,16 @@ void check(const torch::Tensor& t, const char* name) {
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
                      c10::optional<torch::Tensor> residual, c10::optional<torch::Tensor> gain, double eps, bool gated,
-                     int64_t grain, bool packed) {
+                     int64_t grain, bool packed, c10::optional<torch::Tensor> scale) {
   check(x, "x");
-  const bool bf16 = w.scalar_type() == torch::kBFloat16;
-  if (bf16) {
+  const bool bf16 = w.scalar_type() == torch::kBFloat16, int8 = w.scalar_type() == torch::kInt8;
+  if (bf16 || int8) {
     TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && !packed,
-                "w: bfloat16 weights must be a contiguous row-major (not packed) CPU tensor");
+                "w: ", bf16 ? "bfloat16" : "int8", " weights must be a contiguous row-major (not packed) CPU tensor");
   } else {
     check(w, "w");
   }
+  TORCH_CHECK(int8 == scale.has_value(), "scale: int8 weights take one fp32 scale per weight row, other weights none");
   TORCH_CHECK(w.dim() == 2, "w: must be [N, K], got ", w.dim(), " dims");
   const int64_t N = w.size(0), K = w.size(1), width = gated ? 2 * K : K;
   TORCH_CHECK(x.numel() > 0 && x.numel() % width == 0, "x: must hold rows of ", width, " values, got ", x.numel(),
@@ -478,6 +513,12 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
   const float* bp = nullptr;
   const float* rp = nullptr;
   const float* gp = nullptr;
+  const float* wsp = nullptr;
+  if (int8) {
+    check(*scale, "scale");
+    TORCH_CHECK(scale->numel() == N, "scale: must hold ", N, " values (one per weight row), got ", scale->numel());
+    wsp = scale->data_ptr<float>();
+  }
   if (bias.has_value()) {
     check(*bias, "bias");
     TORCH_CHECK(bias->numel() == N, "bias: must hold ", N, " values, got ", bias->numel());
@@ -537,24 +578,13 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     if (rp) v += rp[r * N + n];
     yp[r * N + n] = v;
   };
-  if (bf16) {  // each thread a block of weight rows, BF16_NW at a time, the input rows BF16_RB at a time
-    const uint16_t* wb = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    at::parallel_for(0, N, std::max<int64_t>(1, grain), [&](int64_t n0, int64_t n1) {
-      float out[BF16_NW * BF16_RB];
-      for (int64_t r0 = 0; r0 < rows; r0 += BF16_RB) {
-        const int rb = static_cast<int>(std::min<int64_t>(BF16_RB, rows - r0));
-        int64_t n = n0;
-        for (; n + BF16_NW <= n1; n += BF16_NW) {
-          tile_bf16_any<BF16_NW>(rb, wb + n * K, K, xs.data() + r0, out);
-          for (int i = 0; i < BF16_NW; ++i)
-            for (int j = 0; j < rb; ++j) emit(n + i, r0 + j, out[i * rb + j]);
-        }
-        for (; n < n1; ++n) {
-          tile_bf16_any<1>(rb, wb + n * K, K, xs.data() + r0, out);
-          for (int j = 0; j < rb; ++j) emit(n, r0 + j, out[j]);
-        }
-      }
-    });
+  if (bf16) {
+    narrow_product(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N, K, rows, xs, grain, emit);
+    return y;
+  }
+  if (int8) {
+    narrow_product(w.data_ptr<int8_t>(), N, K, rows, xs, grain,
+                   [&](int64_t n, int64_t r, float d) { emit(n, r, d * wsp[n]); });
     return y;
   }
   const float* wp = w.data_ptr<float>();

@@ -116,16 +116,18 @@ def available() -> bool:
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, eps: float | None = None, gated: bool = False,
-           gain: torch.Tensor | None = None, packed: bool = False) -> torch.Tensor:
+           gain: torch.Tensor | None = None, packed: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
     """``[k, N]``: row ``r`` is ``s_r (W u_r) + bias + residual_r`` for ``k`` rows of ``x`` and ``w [N, K]``, all
     contiguous fp32 on the CPU; ``u_r = x_r`` (``K`` values a row; ``gain * x_r`` with a ``gain [K]``) or, if
     ``gated``, ``u_r = silu(x_r[:K]) * x_r[K:]`` (``2K`` values a row); ``s_r = 1 / sqrt(mean(x_r^2) + eps)``
     (over ``u_r`` when gated) if ``eps`` is given, else 1: with a gain, an RMSNorm with that gain before the
     product. Every output is summed in one order whatever ``k`` is, so a row's result does not depend on
     the rows beside it. ``packed``: ``w`` is :func:`pack`'s layout of the weights (the same result, bit for
-    bit, read as one stream per core). ``w`` may also be bf16 (row-major, not packed: a draft held in half the
-    bytes, :mod:`spade_lib.zoo.bf16`): each weight widened to fp32 exactly, the sums as for fp32 weights."""
-    return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN, packed)
+    bit, read as one stream per core). ``w`` may also be narrow (row-major, not packed: a draft held in fewer
+    bytes, :mod:`spade_lib.zoo.narrow`): bf16, or int8 with ``scale [N]`` (fp32, one per weight row: ``W[n] =
+    scale[n] W8[n]``, applied to each sum, ``s_r (scale[n] (W8[n] u_r))``); each weight widened to fp32 exactly,
+    the sums as for fp32 weights."""
+    return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN, packed, scale)
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
