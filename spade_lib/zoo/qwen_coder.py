@@ -17,9 +17,9 @@ The build (:func:`gguf_entry`, :func:`model_entry`), once per machine, into the 
 
 ``load_pair("qwen2.5-coder")`` (:func:`load_qwen_coder`) then loads the target with its drafts: the 0.5B model
 (``"coder-0.5b"``; ``"coder-0.5b-fr32k"``, the default: the same body, its LM head trimmed to the 32,768 tokens most
-frequent in Python's standard library, FR-Spec; ``"coder-0.5b-fr32k-bf16"`` / ``"-int8"``: that draft with its matrices
-in bf16 / int8 with a scale per row, half / a quarter of the bytes a step, :mod:`spade_lib.zoo.narrow`), the model-free drafters (prompt lookup ``"ngram"``, ``"suffix"``, the n-gram
-tree) and SmolLM2-135M-Instruct as a cross-vocabulary draft (``"smollm2"``, its own 49,152-token tokenizer).
+frequent in Python's standard library, FR-Spec; ``"coder-0.5b-fr32k-bf16"`` / ``"-int8"``: that draft, its matrices in
+bf16 / int8 with a scale per row, half / a quarter of the bytes a step, :mod:`spade_lib.zoo.narrow`), the model-free
+drafters (``"ngram"``, ``"suffix"``, the n-gram tree) and SmolLM2-135M-Instruct (``"smollm2"``, another vocabulary).
 The prompts are completions (HumanEval's raw prompts): the Instruct models continue code without a chat turn.
 
 Licence: upstream Qwen2.5-Coder-0.5B/1.5B-Instruct are Apache-2.0; the wheels state no licence (``data/README.md``).

@@ -140,8 +140,9 @@ class LeanForward:
     applied by the products, nothing folded), every product on a kernel that reads those tensors
     (``kernels.IN_PLACE``), a block of :data:`BULK_ROWS` rows or more (a prefill) on MKL's SGEMM; the Hugging
     Face module keeps working on the same tensors. A model whose matrices are stored narrow (``weight_dtype`` bf16
-    or int8 with a scale per row, :mod:`spade_lib.zoo.narrow`) always runs so, on ``"native_rows"`` (one and many rows) and widened SGEMM (a
-    prefill): ``kernels`` other than ``"auto"``/``"native_rows"`` or ``in_place=False`` are refused.
+    or int8 with a scale per row, :mod:`spade_lib.zoo.narrow`) always runs so, on ``"native_rows"`` (one and many
+    rows) and widened SGEMM (a prefill): ``kernels`` other than ``"auto"``/``"native_rows"`` or ``in_place=False``
+    are refused.
     """
 
     def __init__(self, model: torch.nn.Module, capacity: int, *, fuse: bool | None = None,
