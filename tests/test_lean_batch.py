@@ -1,7 +1,7 @@
 """The lean forward for B sequences (spade_lib.decoding.model.lean_batch) against the Hugging Face batched forward
 (BatchLM): the same logits on left-padded prompts and on decode steps, for a Llama and a Gemma-3 with sliding
-windows and a Qwen2 with q/k/v biases and an untied head; batched greedy AR on it equals single-sequence decoding
-row by row."""
+windows and a Qwen2 with q/k/v biases and an untied head, and a Qwen2 draft held in bf16 / int8 through a prefill
+beyond BIG_ROWS; batched greedy AR on it equals single-sequence decoding row by row."""
 
 from __future__ import annotations
 
@@ -119,3 +119,29 @@ def test_truncate_forgets_the_last_slots_as_if_they_never_ran():
     torch.testing.assert_close(a.forward(nxt, ones, keep=1), b.forward(nxt, ones, keep=1))
     with pytest.raises(ValueError, match="slots"):
         a.truncate(a.slots + 1)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_a_narrow_draft_batches_prefills_beyond_big_rows_on_its_bulk_kernel(fmt):
+    """A draft held in bf16 / int8 (:mod:`spade_lib.zoo.narrow`) in a batch: a prefill block of more than ``BIG_ROWS``
+    rows runs on the in-place forward's bulk kernel (the weights widened, int8 scaled), not on ``F.linear`` over the
+    raw narrow weights; its logits are the HF batched forward's, and so are the steps after it."""
+    from spade_lib.decoding.model import native
+    from spade_lib.decoding.model.lean_batch import BIG_ROWS
+    from spade_lib.zoo.narrow import narrow_twin
+
+    if not native.available():
+        pytest.skip("SPADE's native kernels do not build here: narrow weights run on the HF forward")
+    twin = narrow_twin(lively_qwen2(2), fmt)
+    adapter = CausalLMAdapter(twin, max_length=64)
+    assert adapter.lean is not None and adapter.lean.in_place
+    prompts = _prompts(int(twin.config.vocab_size), lengths=(20, 30, 25))
+    ids, valid = left_pad(prompts, adapter.device)
+    assert ids.numel() > BIG_ROWS
+    hf, lean = BatchLM(CausalLMAdapter(twin, max_length=64, backend="hf"), len(prompts), "t"), \
+        LeanBatch(adapter.lean, len(prompts))
+    a, b = hf.forward(ids, valid, keep=0), lean.forward(ids, valid, keep=0)
+    assert torch.allclose(a[valid], b[valid], atol=1e-4, rtol=1e-4)
+    nxt = torch.tensor([[3], [5], [7]])
+    ones = torch.ones_like(nxt, dtype=torch.bool)
+    assert torch.allclose(hf.forward(nxt, ones, keep=1), lean.forward(nxt, ones, keep=1), atol=1e-4, rtol=1e-4)
