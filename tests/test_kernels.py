@@ -431,3 +431,19 @@ def test_a_decoder_on_a_prepared_pair_times_and_checks_nothing(fresh, monkeypatc
         ar = target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=12, do_sample=False,
                              attention_mask=torch.ones(1, 3, dtype=torch.long), pad_token_id=0)[0, 3:].tolist()
     assert out.tokens == ar[:len(out.tokens)] and len(out.tokens) == 12
+
+
+def test_an_int8_weights_scale_is_read_by_the_narrow_candidates_only():
+    """``Kernel(..., scale)``: the widened SGEMM gives ``x (s W8)^T + b`` (no fp32 weight kept); a candidate that
+    cannot read an int8 weight's scales is refused by name."""
+    from spade_lib.zoo.narrow import quantize_int8
+
+    g = torch.Generator().manual_seed(0)
+    w8, scale = quantize_int8(torch.randn(6, 10, generator=g))
+    b, x = torch.randn(6, generator=g), torch.randn(40, 10, generator=g)
+    want = F.linear(x, w8.float() * scale[:, None], b)
+    for bias in (b, None):
+        got = kernels.Kernel("mkl_widened", w8, bias, scale)(x)
+        torch.testing.assert_close(got, want if bias is not None else want - b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="scale: int8 weights run on \\['native_rows', 'mkl_widened'\\], not 'mkl'"):
+        kernels.Kernel("mkl", w8, None, scale)

@@ -21,10 +21,7 @@ needs_native = pytest.mark.skipif(not native.available(),
                                   reason="SPADE's native kernels do not build here (no AVX2/FMA, compiler or ninja)")
 
 
-DTYPES = {"bf16": torch.bfloat16, "int8": torch.int8}
-
-
-@pytest.fixture(scope="module", params=FORMATS)
+@pytest.fixture(scope="module", params=list(FORMATS))
 def models(request):
     model = tiny_qwen2(2, layers=2, hidden=80)  # head_dim 20 (rotation over 10-float halves); K-tails: test_native
     return model, narrow_twin(model, request.param), request.param
@@ -44,6 +41,12 @@ def rounded(model, fmt):
     return ref
 
 
+def test_every_format_is_a_dtype_the_lean_forward_reads():
+    from spade_lib.decoding.model.lean import NARROW_DTYPES
+
+    assert set(FORMATS.values()) == set(NARROW_DTYPES)
+
+
 def test_int8_rounds_each_row_within_half_its_scale():
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(7, 33, generator=gen) * torch.logspace(-3, 1, 7)[:, None]
@@ -59,7 +62,7 @@ def test_the_twin_rounds_the_matrices_and_shares_the_rest(models):
     model, twin, fmt = models
     before = {n: p.clone() for n, p in model.named_parameters()}
     linears = [m for m in twin.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(isinstance(m, WidenedLinear) and m.weight.dtype == DTYPES[fmt] for m in linears)
+    assert linears and all(isinstance(m, WidenedLinear) and m.weight.dtype == FORMATS[fmt] for m in linears)
     assert all((getattr(m, SCALE, None) is not None) == (fmt == "int8") for m in linears)
     assert all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32
                for m in model.modules() if isinstance(m, torch.nn.Linear))  # the fp32 model untouched
@@ -90,12 +93,12 @@ def test_the_lean_forward_reads_the_narrow_weights_in_place_and_agrees_with_hf(m
 
     _, twin, fmt = models
     lean = LeanForward(twin, 128)
-    assert lean.weight_dtype == DTYPES[fmt] and lean.dtype == torch.float32 and lean.in_place
+    assert lean.weight_dtype == FORMATS[fmt] and lean.dtype == torch.float32 and lean.in_place
     assert lean.kernel_names == {"one": "native_rows", "many": "native_rows"} and lean.plan_source == "fixed"
     storages = {p.untyped_storage().data_ptr() for p in twin.parameters()}
     kernels = [k for layer in lean.layers for name, ks in layer.items() if name in ("qkv", "o", "gate_up", "down")
                for k in ks] + list(lean.head)
-    assert all(k.w.dtype == DTYPES[fmt] and k.w.untyped_storage().data_ptr() in storages for k in kernels)
+    assert all(k.w.dtype == FORMATS[fmt] and k.w.untyped_storage().data_ptr() in storages for k in kernels)
     buffers = {b.untyped_storage().data_ptr() for b in twin.buffers()}  # int8: the modules' scales, joined in place
     assert all((k.s is not None and k.s.untyped_storage().data_ptr() in buffers) if fmt == "int8" else k.s is None
                for k in kernels)
@@ -124,7 +127,7 @@ def test_the_lean_forward_reads_the_narrow_weights_in_place_and_agrees_with_hf(m
 def test_the_lean_forward_refuses_what_narrow_weights_cannot_run(models, monkeypatch):
     _, twin, fmt = models
     for kwargs in ({"kernels": "mkl"}, {"in_place": False}, {"kernels": "native"}):
-        with pytest.raises(ValueError, match=f"{DTYPES[fmt]} weights run in place on 'native_rows' only"):
+        with pytest.raises(ValueError, match=f"{FORMATS[fmt]} weights run in place on 'native_rows' only"):
             LeanForward(twin, 64, **kwargs)
     monkeypatch.setenv("SPADE_NATIVE", "0")
     assert "bf16 and int8 weights run on SPADE's native kernels only" in _unsupported(twin)
@@ -132,7 +135,7 @@ def test_the_lean_forward_refuses_what_narrow_weights_cannot_run(models, monkeyp
 
 
 @needs_native
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", list(FORMATS))
 def test_greedy_spade_with_a_narrow_draft_gives_the_targets_tokens(fmt):
     from spade_lib.decoding.decode import SpeculativeDecoder
     from spade_lib.decoding.drafts.drafters import ModelDrafter

@@ -30,7 +30,7 @@ from spade_lib.zoo.loading import shared_copy
 
 __all__ = ["FORMATS", "WidenedLinear", "narrow_twin", "quantize_int8"]
 
-FORMATS = ("bf16", "int8")  # the narrow weight formats, two bytes and one a weight
+FORMATS = {"bf16": torch.bfloat16, "int8": torch.int8}  # the narrow weight formats (two bytes and one a weight)
 
 
 class WidenedLinear(nn.Linear):
@@ -68,7 +68,7 @@ def _widened(linear: nn.Linear, fmt: str) -> nn.Linear:
     out.__class__ = _CLASSES[cls]
     with torch.no_grad():
         if fmt == "bf16":
-            out.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+            out.weight = nn.Parameter(linear.weight.detach().to(FORMATS[fmt]), requires_grad=False)
         else:
             w8, scale = quantize_int8(linear.weight)
             out.weight = nn.Parameter(w8, requires_grad=False)

@@ -26,6 +26,7 @@ else the :func:`untimed` default. Only fp32 on CPU is timed. Measured history: `
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -72,8 +73,10 @@ def _native_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
 
 def _mkl_widened(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
                  scale: torch.Tensor | None = None) -> torch.Tensor:
-    w = w.to(x.dtype)
-    return F.linear(x, w if scale is None else w * scale[:, None], b)
+    if scale is None:
+        return F.linear(x, w.to(x.dtype), b)
+    y = F.linear(x, w.to(x.dtype)) * scale  # an int8 row's scale on its outputs: no second [N, K] temporary
+    return y if b is None else y + b
 
 
 # name -> (how its weights are prepared: "raw", "packed" (oneDNN's layout) or "tiles" (the
@@ -105,12 +108,15 @@ class Kernel:
     __slots__ = ("name", "fn", "w", "b", "s")
 
     def __init__(self, name: str, w: torch.Tensor, b: torch.Tensor | None, scale: torch.Tensor | None = None):
-        if scale is not None and name not in NARROW:
-            raise ValueError(f"scale: int8 weights run on {list(NARROW)}, not {name!r}")
-        self.name, self.fn, self.w, self.b, self.s = name, CANDIDATES[name][1], w, b, scale
+        fn = CANDIDATES[name][1]
+        if scale is not None:  # bound once: the call path stays one call
+            if name not in NARROW:
+                raise ValueError(f"scale: int8 weights run on {list(NARROW)}, not {name!r}")
+            fn = functools.partial(fn, scale=scale)
+        self.name, self.fn, self.w, self.b, self.s = name, fn, w, b, scale
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x, self.w, self.b) if self.s is None else self.fn(x, self.w, self.b, self.s)
+        return self.fn(x, self.w, self.b)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor, *, gated: bool = False) -> torch.Tensor:
         """``residual + u W^T + b`` with ``u = x``, or ``u = silu(x_1) * x_2`` for the halves of ``x`` if

@@ -630,8 +630,8 @@ def _parts(linear: torch.nn.Linear, *, bias: bool = True) -> Parts:
 
 
 def _join(linears: list[torch.nn.Linear]) -> Parts:
-    """The products of ``linears`` (one input, fp32 or bf16 weights) as one: their weights stacked ``[sum N_i, K]``
-    (a copy) and biases (``None`` if they have none)."""
+    """The products of ``linears`` (one input) as one: their weights stacked ``[sum N_i, K]`` (a copy) and biases
+    (``None`` if they have none); never narrow weights, which run in place (:func:`_join_in_place`)."""
     bias = None if linears[0].bias is None else torch.cat([m.bias for m in linears])
     return torch.cat([m.weight for m in linears]), bias, None
 
