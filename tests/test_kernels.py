@@ -229,6 +229,24 @@ def test_the_native_plan_holds_under_noise_and_leaves_only_for_a_clear_win(fresh
     assert hit["one"] == "onednn" and hit["many"] == "onednn"
 
 
+def test_the_fastest_of_spades_own_kernels_is_kept_and_the_in_place_ones_copy_nothing(fresh, monkeypatch):
+    """In place, the plan times both in-place layouts of SPADE's kernel and keeps the faster one (either may win:
+    one row over short weight rows reads one stream or four, a host's matter) unless a library kernel is clearly
+    faster; neither is in the copying default set, and forcing the one-row-only wide layout runs many rows on
+    the in-place kernel, not on a library one."""
+    monkeypatch.setattr(kernels, "usable", lambda name: True)
+    assert {"native_rows", "native_rows_wide"} <= set(kernels.IN_PLACE)
+    assert not {"native_rows", "native_rows_wide"} & set(kernels.COPYING) and "native" in kernels.COPYING
+    for fast, slow in (("native_rows_wide", "native_rows"), ("native_rows", "native_rows_wide")):
+        speeds = {"mkl": 1.02, fast: 0.98, slow: 1.0}
+        kernels._CHOSEN.clear()
+        hit = kernels.choose({"shapes": [fast]}, lambda rows, plan: sum(speeds[n] for n in plan.values()),
+                             ["big", "small"], cache=False,
+                             candidates={"one": list(speeds), "many": ["mkl", "native_rows"]})
+        assert hit["one"] == fast and hit["many"] == "native_rows", hit["seconds"]
+    assert kernels.fixed("native_rows_wide", True) == {"one": "native_rows_wide", "many": "native_rows"}
+
+
 def test_the_plan_file_is_written_under_a_lock_and_merged(fresh, library_only):
     """Two models chosen one after the other (as two processes would) both stay in the file; the lock file
     sits beside it."""

@@ -110,6 +110,30 @@ def test_packed_weights_give_the_unpacked_products_bit_for_bit(n, k, threads):
         torch.set_num_threads(before)
 
 
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", [(7, 20), (70, 150), (576, 576), (96, 1100)])
+def test_one_row_gives_the_same_products_read_one_or_four_weight_rows_a_tile(n, k, threads):
+    """``short_row`` only says how one row reads row-major weights (rows shorter than it: one weight row a tile,
+    else four): every output is summed in the canonical order either way, so the results are equal, not merely
+    close, with every option; a negative ``short_row`` is refused by name."""
+    g = torch.Generator().manual_seed(n + k)
+    w, b, gain = torch.randn(n, k, generator=g), torch.randn(n, generator=g), torch.randn(k, generator=g)
+    x, xx, r = torch.randn(1, k, generator=g), torch.randn(1, 2 * k, generator=g), torch.randn(1, n, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for args, kw in (((x,), {}), ((x, b, r), {}), ((x, b), {"eps": 1e-5, "gain": gain}),
+                         ((xx, b, r), {"eps": 1e-6, "gated": True})):
+            one, four = (native.linear(*args[:1], w, *args[1:], short_row=s, **kw) for s in (k + 1, 0))
+            assert torch.equal(one, four), kw
+            assert torch.equal(native.linear(*args[:1], w, *args[1:], **kw), one if k < native.SHORT_ROW else four)
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RuntimeError, match="short_row: must be >= 0 floats, got -1"):
+        native.linear(x, w, short_row=-1)
+
+
 def test_module_weights_are_kept_until_a_parameter_changes():
     """A head's prepared weights are built once, rebuilt after an in-place edit (an optimiser step, a
     ``load_state_dict``) or a new tensor, and never kept for a module made under inference mode."""

@@ -12,8 +12,9 @@ only if it still wins when timed again in rounds. ``"native"`` (SPADE's kernel, 
 unless another uniform plan beats it by more than :data:`NATIVE_MARGIN`, so one host keeps one plan.
 Candidates: ``"mkl"`` (``F.linear``), ``"onednn"`` (oneDNN on weights packed once), ``"onednn_pad2"`` (one
 row padded to two), ``"native"`` (on its own packed copy, RMSNorm and residual fused; a row's result does not
-depend on its neighbours, so verification reproduces the AR logits bit for bit) and ``"native_rows"`` (the
-same kernel on the weights in place). A model held in place (every model by default: ``LeanForward``'s
+depend on its neighbours, so verification reproduces the AR logits bit for bit), ``"native_rows"`` (the
+same kernel on the weights in place) and ``"native_rows_wide"`` (in place; one row over short weight rows
+read four a tile). A model held in place (every model by default: ``LeanForward``'s
 ``in_place``) is timed on :data:`IN_PLACE` only. ``policy="legacy"`` is SPADE's rule before timing (MKL one row, oneDNN more);
 ``SPADE_LINEAR_KERNELS`` sets every lean forward's policy (default ``"auto"``).
 
@@ -38,7 +39,7 @@ from spade_lib import devices, paths
 from spade_lib.decoding.model import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "SCALE", "POLICIES", "TIMED", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "NATIVE_LAYOUTS", "SCALE", "POLICIES", "TIMED", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -46,7 +47,7 @@ MIN_GAIN = 0.02  # a product moves to another kernel only if the whole forward g
 PRUNE = 1.25  # the per-product pass tries only candidates whose uniform plan was within this of the best
 ROUNDS = 3  # the uniform plans, and the kept plan against the best of them, are timed in this many interleaved rounds
 NATIVE_MARGIN = 0.05  # the native plan is kept unless another uniform plan is faster by more than this
-PLAN_VERSION = 8  # part of the cache key: 8 "native_rows" (in place); 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
+PLAN_VERSION = 9  # part of the cache key: 9 "native_rows_wide"; 8 "native_rows" (in place); 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
 
 
@@ -62,13 +63,19 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, 8)
 
 
-def _native(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return native.linear(x, w, b, packed=True)
+# SPADE's own kernel (:func:`native.linear`) as candidates, name -> its layout arguments: "native" on its packed copy,
+# "native_rows" on the weights in place, "native_rows_wide" in place with one row over short weight rows read four
+# rows a tile (four streams) where "native_rows" reads one (one stream per thread): which is faster depends on the host
+# (native.SHORT_ROW); the results are the same
+NATIVE_LAYOUTS: dict[str, dict] = {"native": {"packed": True}, "native_rows": {}, "native_rows_wide": {"short_row": 0}}
 
 
-def _native_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                 scale: torch.Tensor | None = None) -> torch.Tensor:
-    return native.linear(x, w, b, packed=False, scale=scale)
+def _on_native(layout: dict) -> Callable:
+    def apply(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+              scale: torch.Tensor | None = None) -> torch.Tensor:
+        return native.linear(x, w, b, scale=scale, **layout)
+
+    return apply
 
 
 def _mkl_widened(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
@@ -85,19 +92,20 @@ CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     "mkl": ("raw", F.linear, ("one", "many")),
     "onednn": ("packed", _lp, ("one", "many")),
     "onednn_pad2": ("packed", _lp_pad2, ("one",)),
-    "native": ("tiles", _native, ("one", "many")),
-    "native_rows": ("raw", _native_rows, ("one", "many")),
+    "native": ("tiles", _on_native(NATIVE_LAYOUTS["native"]), ("one", "many")),
+    "native_rows": ("raw", _on_native(NATIVE_LAYOUTS["native_rows"]), ("one", "many")),
+    "native_rows_wide": ("raw", _on_native(NATIVE_LAYOUTS["native_rows_wide"]), ("one",)),  # differs at one row only
     # narrow weights (bf16, or int8 with per-row scales: a draft's, ``LeanForward``'s ``weight_dtype``): widened
     # per call for a prefill's SGEMM (never timed: no row class; one and many rows run on "native_rows", which
     # reads them directly)
     "mkl_widened": ("raw", _mkl_widened, ()),
 }
-NATIVE = ("native", "native_rows")  # SPADE's own kernel, on its packed copy or on the weights in place
+NATIVE = tuple(NATIVE_LAYOUTS)  # SPADE's own kernel, on its packed copy or on the weights in place
 NARROW = ("native_rows", "mkl_widened")  # the candidates that read narrow weights (and an int8 weight's scales)
 SCALE = "weight_scale"  # an int8 weight's module holds its fp32 scale per weight row as this buffer (zoo.narrow)
 TIMED = tuple(n for n, (_, _, rows) in CANDIDATES.items() if rows)  # the candidates a plan may choose or force
 IN_PLACE = tuple(n for n in TIMED if CANDIDATES[n][0] == "raw")  # candidates that copy nothing
-COPYING = tuple(n for n in TIMED if n != "native_rows")  # the default set: the packed native kernel, not its in-place twin
+COPYING = tuple(n for n in TIMED if n not in NATIVE or n not in IN_PLACE)  # the default: the packed native kernel
 POLICIES = ("auto", "legacy", *TIMED)
 
 
@@ -123,7 +131,7 @@ class Kernel:
         ``gated`` (a gated MLP's down projection); one call on the MKL kernel (``addmm``, beta = 1) and on
         ``"native"``, which also applies the gate."""
         if self.name in NATIVE:
-            return native.linear(x, self.w, self.b, residual, gated=gated, packed=self.name == "native", scale=self.s)
+            return native.linear(x, self.w, self.b, residual, gated=gated, scale=self.s, **NATIVE_LAYOUTS[self.name])
         if gated:
             half = x.shape[-1] // 2
             x = F.silu(x[..., :half]) * x[..., half:]
@@ -136,7 +144,7 @@ class Kernel:
         where the lean forward folds it into ``W``); one call on ``"native"``, which scales the product instead
         of ``x``."""
         if self.name in NATIVE:
-            return native.linear(x, self.w, self.b, eps=eps, gain=gain, packed=self.name == "native", scale=self.s)
+            return native.linear(x, self.w, self.b, eps=eps, gain=gain, scale=self.s, **NATIVE_LAYOUTS[self.name])
         return self(F.rms_norm(x, (x.shape[-1],), gain, eps))
 
 
@@ -178,7 +186,8 @@ def fixed(policy: str, packable: bool) -> dict[str, str]:
         return {"one": "mkl", "many": "onednn" if packable else "mkl"}
     if policy.startswith("onednn") and not packable:
         raise ValueError(f"policy: {policy!r} needs oneDNN on a CPU in float32")
-    many = policy if "many" in CANDIDATES[policy][2] else ("onednn" if packable else "mkl")
+    many = policy if "many" in CANDIDATES[policy][2] else (
+        "native_rows" if policy in NATIVE else "onednn" if packable else "mkl")
     return {"one": policy, "many": many}
 
 
@@ -268,7 +277,7 @@ def _time_plans(facts: dict, timer: Callable[[str, dict[str, str]], float], prod
         uniform = {n: {p: n for p in products} for n in names}
         sec = _rounds(timer, rows, uniform)
         best = min(sec, key=sec.get)
-        mine = next((n for n in NATIVE if n in sec), None)
+        mine = min((n for n in NATIVE if n in sec), key=sec.get, default=None)  # the fastest of SPADE's own
         if mine is not None and sec[mine] <= sec[best] * (1 + NATIVE_MARGIN):
             best = mine  # kept within the margin: one stable plan, and rows that do not depend on k
         plan, t_best = uniform[best], sec[best]

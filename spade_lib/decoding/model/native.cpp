@@ -252,13 +252,16 @@ struct Rows {
 };
 
 constexpr int GROUP = 4;  // rows per packed group (the widest tile); rows past the last whole group stay row-major
-// One input row on row-major weights (held in place) with rows shorter than SHORT_ROW floats: one weight row a
-// tile, so a thread's block is read as one sequential stream, as a packed group is (four rows a tile read four
-// short streams). One row over the 120 matrices of a SmolLM2-shaped forward (0.42 GB, K = 576 / 1536), 2-core Zen 3
-// EPYC (AVX2): four rows a tile 16-21 % slower than packed, one row a tile within the host's noise of it; over
-// Qwen2.5-Coder-1.5B-shaped matrices (K = 1536 / 8960) one row a tile was 7-10 % slower than four. Each output is
-// summed in the canonical order either way: the same results.
-constexpr int64_t SHORT_ROW = 1024;  // floats
+// One input row on row-major weights (held in place) with rows shorter than short_row floats (linear's argument;
+// native.SHORT_ROW for the "native_rows" kernel, 0 for "native_rows_wide"): one weight row a tile, so a thread's
+// block is read as one sequential stream, as a packed group is (four rows a tile read four short streams). Which
+// is faster depends on the host, so the kernel plan times both (spade_lib.decoding.model.kernels). One row over the
+// 120 matrices of a SmolLM2-shaped forward (0.42 GB, K = 576 / 1536), 2-core Zen 3 EPYC (AVX2): four rows a tile
+// 16-21 % slower than packed, one row a tile within the host's noise of it; over Qwen2.5-Coder-1.5B-shaped matrices
+// (K = 1536 / 8960) one row a tile was 7-10 % slower than four. Over the 97 matrices of Qwen2.5-Coder-0.5B with a
+// 32 k-token head (1.55 GB, K = 896 / 4864) on a 2-core Xeon (family 6 model 207, AVX-512), 7 rounds in turns:
+// 48.1 ms one row a tile, 45.4 ms four (32.2 and 34.1 GB/s). Each output is summed in the canonical order either
+// way: the same results.
 
 // Rows n .. of W [N, K] (packed or not); a tile of packed rows stays within one group (the callers' tiles start
 // at multiples of their width, which divides GROUP).
@@ -511,8 +514,9 @@ void check(const torch::Tensor& t, const char* name) {
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias,
                      c10::optional<torch::Tensor> residual, c10::optional<torch::Tensor> gain, double eps, bool gated,
-                     int64_t grain, bool packed, c10::optional<torch::Tensor> scale) {
+                     int64_t grain, bool packed, c10::optional<torch::Tensor> scale, int64_t short_row) {
   check(x, "x");
+  TORCH_CHECK(short_row >= 0, "short_row: must be >= 0 floats, got ", short_row);
   const bool bf16 = w.scalar_type() == torch::kBFloat16, int8 = w.scalar_type() == torch::kInt8;
   if (bf16 || int8) {
     TORCH_CHECK(w.device().is_cpu() && w.is_contiguous() && !packed,
@@ -611,7 +615,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     float out[NW_MANY > 4 ? NW_MANY * RB_MAX : 4 * RB_MAX];
     const int64_t begin = g0 * GROUP, end = std::min(N, g1 * GROUP);
     int64_t n = begin;
-    if (rows == 1 && !packed && K < SHORT_ROW) {
+    if (rows == 1 && !packed && K < short_row) {
       for (; n < end; ++n) {
         tile<1, 1>(rows_at(wp, N, K, packed, n, prefetch), K, xs.data(), out);
         emit(n, 0, out[0]);

@@ -49,6 +49,9 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off")
 # The products' vector width: AVX-512 where the CPU has it (``native.cpp`` then sums in 16-float chunks), else AVX2.
 ISA_FLAGS = {"avx512": ("-mavx512f",), "avx2": ()}
 GRAIN = 64  # rows per task of torch's pool: a 576-row product still splits over two threads
+# One input row over row-major weights with rows shorter than this (floats): one weight row a tile, one sequential
+# stream per thread; longer rows, four a tile (linear's ``short_row``; which is faster depends on the host: native.cpp)
+SHORT_ROW = 1024
 _MODULE: list = []  # [] before the first try; then [module] or [None]
 
 
@@ -116,7 +119,8 @@ def available() -> bool:
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            residual: torch.Tensor | None = None, eps: float | None = None, gated: bool = False,
-           gain: torch.Tensor | None = None, packed: bool = False, scale: torch.Tensor | None = None) -> torch.Tensor:
+           gain: torch.Tensor | None = None, packed: bool = False, scale: torch.Tensor | None = None,
+           short_row: int = SHORT_ROW) -> torch.Tensor:
     """``[k, N]``: row ``r`` is ``s_r (W u_r) + bias + residual_r`` for ``k`` rows of ``x`` and ``w [N, K]``, all
     contiguous fp32 on the CPU; ``u_r = x_r`` (``K`` values a row; ``gain * x_r`` with a ``gain [K]``) or, if
     ``gated``, ``u_r = silu(x_r[:K]) * x_r[K:]`` (``2K`` values a row); ``s_r = 1 / sqrt(mean(x_r^2) + eps)``
@@ -126,8 +130,11 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     bit, read as one stream per core). ``w`` may also be narrow (row-major, not packed: a draft held in fewer
     bytes, :mod:`spade_lib.zoo.narrow`): bf16, or int8 with ``scale [N]`` (fp32, one per weight row: ``W[n] =
     scale[n] W8[n]``, applied to each sum, ``s_r (scale[n] (W8[n] u_r))``); each weight widened to fp32 exactly,
-    the sums as for fp32 weights."""
-    return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN, packed, scale)
+    the sums as for fp32 weights. ``short_row``: one row over fp32 row-major weights with rows shorter than this
+    is read one weight row a tile (one stream per thread), else four rows a tile (four streams; ``0``: always);
+    the results are the same either way."""
+    return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN, packed, scale,
+                            short_row)
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
