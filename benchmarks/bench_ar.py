@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
+from spade_lib.validate import check_options  # noqa: E402
 from spade_lib.bench import default_suite, humaneval_suite  # noqa: E402
 from spade_lib.decoding.baselines import hf_generate  # noqa: E402
 from spade_lib.decoding.decode import AutoregressiveDecoder  # noqa: E402
@@ -38,9 +39,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the machine's default)")
     args = ap.parse_args(argv)
-    for name in ("n", "max_new_tokens", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    check_options(ap, args, {"n": 1, "max_new_tokens": 1, "rounds": 1})
     return args
 
 

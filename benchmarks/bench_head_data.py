@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spade_lib import devices  # noqa: E402
+from spade_lib.validate import check_options  # noqa: E402
 
 
 def _needs_bos(pair: str) -> bool:
@@ -45,9 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--gen-tokens", type=int, default=128, help="new tokens per answer (the long recipe's 128)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the machine's default)")
     args = ap.parse_args(argv)
-    for name in ("n_prompts", "batch", "gen_tokens"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
+    check_options(ap, args, {"n_prompts": 1, "batch": 1, "gen_tokens": 1})
     return args
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spade_lib import paths  # noqa: E402
+from spade_lib.validate import check_options  # noqa: E402
 
 VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp is built
 PROGRAMS = ("llama-completion", "llama-speculative-simple", "llama-bench")
@@ -58,11 +59,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--build", type=Path, default=None,
                     help="where llama.cpp is built (default <cache>/llamacpp/VERSION)")
     args = ap.parse_args(argv)
-    for name in ("prompts", "tokens", "gamma", "rounds"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: must be >= 1, got {getattr(args, name)}")
-    if args.threads < 0:
-        ap.error(f"--threads: must be >= 0, got {args.threads}")
+    check_options(ap, args, {"prompts": 1, "tokens": 1, "gamma": 1, "rounds": 1, "threads": 0})
     return args
 
 

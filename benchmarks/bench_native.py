@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
+from spade_lib.validate import check_options  # noqa: E402
 from spade_lib.decoding.model import native  # noqa: E402
 from spade_lib.decoding.model.lean import LeanForward  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
@@ -48,11 +49,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the machine's default)")
     ap.add_argument("--copy-mib", type=int, default=timing.COPY_BYTES >> 20, help="size of the copy")
     args = ap.parse_args(argv)
-    for name in ("rounds", "steps", "context", "copy_mib"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(args, name)}")
-    if args.threads < 0:
-        ap.error(f"--threads: must be >= 0, got {args.threads}")
+    check_options(ap, args, {"rounds": 1, "steps": 1, "context": 1, "copy_mib": 1, "threads": 0})
     return args
 
 

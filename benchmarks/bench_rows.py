@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from spade_lib import devices  # noqa: E402
+from spade_lib.validate import check_options  # noqa: E402
 from spade_lib.decoding.model import kernels, native  # noqa: E402
 from spade_lib.decoding.model.lean import LeanForward  # noqa: E402
 from spade_lib.runs import timing  # noqa: E402
@@ -51,13 +52,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: the machine's default)")
     ap.add_argument("--no-torch", action="store_true", help="skip the generic torch formulation")
     args = ap.parse_args(argv)
-    for name in ("rounds", "reps", "context"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: must be >= 1, got {getattr(args, name)}")
+    check_options(ap, args, {"rounds": 1, "reps": 1, "context": 1, "threads": 0})
     if any(k < 1 for k in args.rows):
         ap.error(f"--rows: every row count must be >= 1, got {args.rows}")
-    if args.threads < 0:
-        ap.error(f"--threads: must be >= 0, got {args.threads}")
     return args
 
 

@@ -27,7 +27,7 @@ import numpy as np
 __all__ = [
     "ArgumentTypeError", "check_int", "check_float", "check_choice", "check_bool", "check_str",
     "check_prob_tensor", "check_token_ids", "check_identifier", "check_gamma", "check_costs", "check_finite_columns",
-    "check_dtype", "MAX_GAMMA", "safe_name",
+    "check_dtype", "check_options", "MAX_GAMMA", "safe_name",
 ]
 
 
@@ -226,6 +226,16 @@ def check_gamma(name: str, value: Any) -> int:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 120
+
+
+def check_options(parser: Any, args: Any, minimums: dict[str, int]) -> None:
+    """A command line's integer options at their minimums (``minimums``: option's attribute name -> least value):
+    each one below is refused through ``parser.error`` (argparse's usage message, exit status 2) as
+    ``"--<name>: must be >= <least>, got <value>"``, the name's ``_`` written ``-`` as on the command line."""
+    for name, least in minimums.items():
+        value = getattr(args, name)
+        if value < least:
+            parser.error(f"--{name.replace('_', '-')}: must be >= {least}, got {value}")
 
 
 def safe_name(text: Any) -> str:

@@ -573,3 +573,20 @@ def test_runbook_accepts_the_shipped_profiles(profile, sandbox):
     notebooks = runbook.numbered_notebooks(REPO / "notebooks")
     out = runbook.check_parameters(notebooks, profile, REPO / "params" / profile, {})
     assert set(out) == set(notebooks) and _snapshot(sandbox) == set()
+
+
+def test_command_line_options_below_their_minimum_are_refused_by_name(capsys):
+    """validate.check_options: the first option under its least value stops the command line through argparse (exit
+    status 2) with "--<name>: must be >= <least>, got <value>", the attribute's _ written - as typed; values at the
+    minimum pass."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-new-tokens", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0)
+    validate.check_options(ap, ap.parse_args([]), {"max_new_tokens": 1, "threads": 0})
+    for argv, message in ((["--max-new-tokens", "0"], "--max-new-tokens: must be >= 1, got 0"),
+                          (["--threads", "-2"], "--threads: must be >= 0, got -2")):
+        with pytest.raises(SystemExit) as stop:
+            validate.check_options(ap, ap.parse_args(argv), {"max_new_tokens": 1, "threads": 0})
+        assert stop.value.code == 2 and message in capsys.readouterr().err
