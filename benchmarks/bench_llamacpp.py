@@ -36,12 +36,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spade_lib import paths  # noqa: E402
+from spade_lib import devices, paths  # noqa: E402
 from spade_lib.validate import check_options  # noqa: E402
 
 VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp is built
@@ -72,7 +71,7 @@ def build(folder: Path, version: str = VERSION) -> Path:
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake: not found (llama.cpp builds with cmake; `apt-get install cmake`)")
     folder.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
+    t0 = devices.clock()
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         subprocess.run([sys.executable, "-m", "pip", "download", f"llama-cpp-python=={version}", "--no-deps",
                         "--no-binary", ":all:", "-d", tmp], check=True,
@@ -93,7 +92,7 @@ def build(folder: Path, version: str = VERSION) -> Path:
                    stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", folder / "build", "--target", *PROGRAMS, "-j", str(os.cpu_count() or 1)],
                    check=True, stdout=subprocess.DEVNULL)
-    print(f"built llama.cpp (llama-cpp-python {version}'s) in {time.perf_counter() - t0:.0f} s: {bin_dir}")
+    print(f"built llama.cpp (llama-cpp-python {version}'s) in {devices.clock() - t0:.0f} s: {bin_dir}")
     return bin_dir
 
 
