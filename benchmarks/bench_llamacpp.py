@@ -14,7 +14,7 @@ into ``--build`` (default ``<cache>/llamacpp/<version>``); only its two programs
   16-token generations) and ``r(gamma)`` (a ``gamma + 1``-token batch over a target token), 3 repetitions each.
 
 For each of the HumanEval prompts notebook 03 runs on the pair (``--prompts`` of them, seed 0, raw completions), both
-programs generate up to ``--tokens`` tokens at ``--threads`` threads (default: the machine's cores), in turns,
+programs generate up to ``--tokens`` tokens at ``--threads`` threads (default: torch's, as the notebooks), in turns,
 ``--rounds`` times. Each reports its own clocks: the prompt's processing (the target's, and the draft's where it
 drafts) and the generation. The speedup is the ratio of tokens per second end to end (prompt + generation, as
 notebook 03 times SPADE) and of the generation alone, over all prompts; the acceptance is llama.cpp's
@@ -54,7 +54,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=48, help="new tokens a generation")
     ap.add_argument("--gamma", type=int, default=4, help="most drafted tokens a step")
     ap.add_argument("--rounds", type=int, default=1, help="rounds over the prompts, both programs in turns")
-    ap.add_argument("--threads", type=int, default=0, help="threads (0: the machine's cores)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads (0: torch's default, the thread count the notebooks time SPADE at)")
     ap.add_argument("--build", type=Path, default=None,
                     help="where llama.cpp is built (default <cache>/llamacpp/VERSION)")
     args = ap.parse_args(argv)
@@ -64,7 +65,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def build(folder: Path, version: str = VERSION) -> Path:
     """The folder of the built programs (:data:`PROGRAMS`): built now from the ``llama-cpp-python==version`` sdist's
-    vendored llama.cpp unless both are there. Needs pip (PyPI), cmake and a C++ compiler; an error names what failed."""
+    vendored llama.cpp unless all are there. Needs pip (PyPI), cmake and a C++ compiler; an error names what failed."""
     bin_dir = folder / "build" / "bin"
     if all((bin_dir / p).is_file() for p in PROGRAMS):
         return bin_dir
@@ -162,7 +163,9 @@ def main(argv=None) -> dict:
     args = parse(argv)
     from spade_lib.zoo import qwen_coder
 
-    threads = str(args.threads or os.cpu_count() or 1)
+    import torch
+
+    threads = str(args.threads or torch.get_num_threads())  # as notebook 03 times SPADE (physical cores, not SMT)
     ggufs = {}
     for role, spec in (("target", qwen_coder.TARGET), ("draft", qwen_coder.DRAFT)):
         ggufs[role] = qwen_coder.gguf_entry(spec, create=False) / spec.filename

@@ -74,10 +74,11 @@ def test_a_missing_cmake_is_named_before_anything_is_downloaded(bench, tmp_path,
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: pytest.fail("nothing may run without cmake"))
     with pytest.raises(RuntimeError, match="cmake: not found"):
         bench.build(tmp_path / "llamacpp")
-    for program in bench.PROGRAMS:  # built before: found, nothing built
-        (tmp_path / "built" / "build" / "bin").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "built" / "build" / "bin" / program).write_text("")
-    assert bench.build(tmp_path / "built") == tmp_path / "built" / "build" / "bin"
+    bin_dir = tmp_path / "built" / "build" / "bin"  # built before: found, nothing built
+    bin_dir.mkdir(parents=True)
+    for program in bench.PROGRAMS:
+        (bin_dir / program).write_text("")
+    assert bench.build(tmp_path / "built") == bin_dir
 
 
 def test_bad_arguments_are_refused_by_name(bench, capsys):
