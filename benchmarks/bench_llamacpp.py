@@ -16,9 +16,9 @@ into ``--build`` (default ``<cache>/llamacpp/<version>``); only its two programs
 For each of the HumanEval prompts notebook 03 runs on the pair (``--prompts`` of them, seed 0, raw completions), both
 programs generate up to ``--tokens`` tokens at ``--threads`` threads (default: torch's, as the notebooks), in turns,
 ``--rounds`` times. Each reports its own clocks: the prompt's processing (the target's, and the draft's where it
-drafts) and the generation. The speedup is the ratio of tokens per second end to end (prompt + generation, as
-notebook 03 times SPADE) and of the generation alone, over all prompts; the acceptance is llama.cpp's
-``n_accept / n_drafted``; the prediction of the generation's speedup, ``tau / (gamma c + r(gamma))`` with
+drafts) and the generation. The speedup is the ratio of tokens per second end to end (prompt + generation as
+notebook 03 times SPADE, for the AR run's tokens: :func:`end_to_end`) and of the generation alone; the acceptance is
+llama.cpp's ``n_accept / n_drafted``; the prediction of the generation's speedup, ``tau / (gamma c + r(gamma))`` with
 ``tau = (n_accept + steps) / steps`` and ``steps = n_drafted / gamma`` (a constant gamma), says what the two models
 would allow a loop that cost nothing else.
 
@@ -147,6 +147,14 @@ def costs(bin_dir: Path, ggufs: dict[str, Path], gamma: int, threads: str) -> di
     return {"t_target": t1, "t_draft": d1, "t_verify": tk, "c": d1 / t1, "r": tk / t1}
 
 
+def end_to_end(total: dict, tokens: int) -> dict:
+    """Tokens per second of a program's ``total`` (``prompt_s``, ``gen_s``, ``tokens`` summed over its runs) for the
+    generation alone and end to end, the latter for ``tokens`` new tokens (the AR run's count): the speculative
+    loop overshoots ``-n`` by up to gamma a generation, and its extra tokens must not spread its prompt's cost."""
+    per_token = total["gen_s"] / total["tokens"]
+    return {"end_to_end": tokens / (total["prompt_s"] + tokens * per_token), "generation": 1 / per_token}
+
+
 def prompts(n: int) -> list[str]:
     """The first turns of notebook 03's HumanEval prompts on the pair (``n_per_category = n``, seed 0), raw."""
     from transformers import AutoTokenizer
@@ -192,8 +200,7 @@ def main(argv=None) -> dict:
                     raise RuntimeError(f"{Path(cmd[0]).name} exited {out.returncode}:\n{log[-2000:]}")
                 runs[kind].append(read_ar(log) if kind == "ar" else read_spec(log))
     tot = {k: {f: sum(r[f] for r in rs) for f in ("prompt_s", "gen_s", "tokens")} for k, rs in runs.items()}
-    rate = {k: {"end_to_end": t["tokens"] / (t["prompt_s"] + t["gen_s"]), "generation": t["tokens"] / t["gen_s"]}
-            for k, t in tot.items()}
+    rate = {k: end_to_end(t, tot["ar"]["tokens"]) for k, t in tot.items()}
     drafted, accepted = (sum(r[f] for r in runs["spec"]) for f in ("drafted", "accepted"))
     cost = costs(bin_dir, ggufs, args.gamma, threads)
     steps = drafted / args.gamma

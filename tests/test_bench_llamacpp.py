@@ -89,3 +89,12 @@ def test_bad_arguments_are_refused_by_name(bench, capsys):
         with pytest.raises(SystemExit):
             bench.parse(argv)
         assert message in capsys.readouterr().err
+
+
+def test_end_to_end_rates_are_for_the_same_number_of_tokens(bench):
+    """The speculative loop's extra tokens (it overshoots -n) speed up its generation rate but do not spread its
+    prompt's cost: end to end, both programs are priced for the AR run's token count."""
+    ar = {"prompt_s": 1.0, "gen_s": 3.0, "tokens": 30}
+    spec = {"prompt_s": 1.0, "gen_s": 4.0, "tokens": 40}  # the same rate, 10 tokens more
+    assert bench.end_to_end(ar, 30) == pytest.approx({"end_to_end": 30 / 4.0, "generation": 10.0})
+    assert bench.end_to_end(spec, 30) == pytest.approx(bench.end_to_end(ar, 30))  # not 40 / 5 = 8 tok/s
