@@ -207,3 +207,18 @@ def test_cached_costs_reads_the_cached_table_else_measures_and_describes_it(monk
     with pytest.raises(ValueError, match=r"^draft: a draft name"):
         experiment.cached_costs("tiny", "")
 
+
+
+def test_prepared_lines_name_each_models_plan_its_agreement_and_a_drafts_bf16_prefill():
+    records = [
+        {"role": "target", "model": "Qwen2ForCausalLM", "covered": True, "plan": {"one": "native_rows"},
+         "plan_source": "recorded", "agrees": True, "prefill": "fp32", "prefill_seconds": {}},
+        {"role": "d", "model": "Qwen2ForCausalLM", "covered": True, "plan": {"one": "native_rows"},
+         "plan_source": "recorded", "agrees": True, "prefill": "bf16", "prefill_seconds": {"fp32": 0.2, "bf16": 0.05}},
+        {"role": "h", "model": "Linear", "covered": False, "why": "architecture Linear"},
+    ]
+    lines = experiment.prepared_lines(records)
+    assert lines[0] == ("target: Qwen2ForCausalLM on the lean forward (one rows native_rows; plan recorded); "
+                        "agrees with its HF forward")
+    assert "one rows native_rows; prefill in bf16 (50 ms against 200 ms in fp32); plan recorded" in lines[1]
+    assert lines[2] == "h: Linear on the Hugging Face forward (architecture Linear)"

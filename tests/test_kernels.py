@@ -48,18 +48,23 @@ def test_every_candidate_computes_the_same_product(name):
     w, b = torch.randn(48, 32, generator=g), torch.randn(48, generator=g)
     k = kernels.Kernel(name, kernels.prepare(kernels.CANDIDATES[name][0], w), b)
     rows = (1, 5) if "many" in kernels.CANDIDATES[name][2] else (1,)
+    tol = 3e-2 if name == "mkl_bf16" else 1e-5  # a draft's prefill in bf16: x and W rounded to 8 bits of mantissa
     with torch.inference_mode():
         for n in rows:
             x = torch.randn(n, 32, generator=g)
-            torch.testing.assert_close(k(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(k(x), F.linear(x, w, b), rtol=tol, atol=tol)
         x, r = torch.randn(1, 32, generator=g), torch.randn(1, 48, generator=g)
-        torch.testing.assert_close(k.add_to(r, x), r + F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k.add_to(r, x), r + F.linear(x, w, b), rtol=tol, atol=tol)
         torch.testing.assert_close(k.normed(x, 1e-5), F.linear(F.rms_norm(x, (32,), None, 1e-5), w, b),
-                                   rtol=1e-5, atol=1e-5)
+                                   rtol=tol, atol=tol)
         w2 = torch.randn(48, 16, generator=g)  # a gated MLP's down projection: u = silu(x[:16]) * x[16:]
         k2 = kernels.Kernel(name, kernels.prepare(kernels.CANDIDATES[name][0], w2), None)
         torch.testing.assert_close(k2.add_to(r, x, gated=True), r + F.linear(F.silu(x[:, :16]) * x[:, 16:], w2),
-                                   rtol=1e-5, atol=1e-5)
+                                   rtol=tol, atol=tol)
+        if name == "mkl_bf16":  # the rounded operands' product (summed in fp32), rounded to bf16, then the bias
+            want = F.linear(x.bfloat16(), w.bfloat16()).float() + b
+            torch.testing.assert_close(k(x), want, rtol=1e-5, atol=1e-5)
+            assert not torch.equal(k(x), F.linear(x, w, b))
 
 
 def test_choose_keeps_the_fastest_plan_per_row_class_and_caches_it(fresh, library_only):
@@ -463,5 +468,90 @@ def test_an_int8_weights_scale_is_read_by_the_narrow_candidates_only():
     for bias in (b, None):
         got = kernels.Kernel("mkl_widened", w8, bias, scale)(x)
         torch.testing.assert_close(got, want if bias is not None else want - b, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="scale: int8 weights run on \\['native_rows', 'mkl_widened'\\], not 'mkl'"):
+    got = kernels.Kernel("mkl_bf16", w8, b, scale)(x)  # a draft's prefill in bf16: int8 is exact in bf16
+    torch.testing.assert_close(got, F.linear(x.bfloat16(), w8.bfloat16()).float() * scale + b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="scale: int8 weights run on \\['native_rows', 'mkl_widened', 'mkl_bf16'\\], "
+                                         "not 'mkl'"):
         kernels.Kernel("mkl", w8, None, scale)
+
+
+def test_a_drafts_prefill_moves_to_bf16_only_for_a_clear_gain_where_bf16_is_native(fresh, monkeypatch):
+    """``choose_prefill``: bf16 where the timer says it is faster than fp32 by more than PREFILL_GAIN, fp32 within
+    it; nothing timed where the CPU has no native bf16 matmul; the choice recorded on disk for other processes."""
+    monkeypatch.setattr(kernels, "_PREFILL", {})
+    monkeypatch.setattr(kernels, "bf16_matmul", lambda: True)
+    fast, close = {"fp32": 1.0, "bf16": 0.5}, {"fp32": 1.0, "bf16": 1.0 / (kernels.PREFILL_GAIN * 0.99)}
+    hit = kernels.choose_prefill({"shapes": [1]}, fast.get, cache=False)
+    assert hit["prefill"] == "bf16" and hit["seconds"] == fast and "2.00x" in hit["why"]
+    assert kernels.choose_prefill({"shapes": [2]}, close.get, cache=False)["prefill"] == "fp32"
+    assert kernels.choose_prefill({"shapes": [3]}, {"fp32": 0.5, "bf16": 1.0}.get, cache=False)["prefill"] == "fp32"
+    recorded = kernels.choose_prefill({"shapes": [4]}, fast.get)
+    monkeypatch.setattr(kernels, "_PREFILL", {})  # another process: the disk record, nothing timed
+
+    def refuse(precision):
+        raise AssertionError("timed again")
+
+    assert kernels.choose_prefill({"shapes": [4]}, refuse) == recorded
+    monkeypatch.setattr(kernels, "bf16_matmul", lambda: False)
+    hit = kernels.choose_prefill({"shapes": [5]}, refuse, cache=False)
+    assert hit["prefill"] == "fp32" and hit["seconds"] == {} and "no native bf16" in hit["why"]
+
+
+def test_a_bf16_prefill_rounds_a_prompts_block_only_and_only_on_a_model_marked_so(fresh):
+    """A model marked ``spade_prefill = "bf16"`` runs a prefill's block (BULK_ROWS rows or more) on ``mkl_bf16``:
+    its logits within bf16 rounding of the fp32 ones and not equal to them; fewer rows run exactly as unmarked;
+    a precision that is not one of PREFILLS is refused by name."""
+    from spade_lib.decoding.model.lean import BULK_ROWS, PREFILL_ATTR
+
+    model = llama()
+    ids = torch.randint(0, 96, (BULK_ROWS + 8,), generator=torch.Generator().manual_seed(3))
+    fp = LeanForward(model, 64)
+    setattr(model, PREFILL_ATTR, "bf16")
+    try:
+        bf = LeanForward(model, 64)
+        assert (fp.prefill, bf.prefill) == ("fp32", "bf16") and fp.in_place and bf.in_place
+        bulk = {ks[2].name for layer in bf.layers + [{"head": bf.head}] for ks in layer.values()
+                if isinstance(ks, tuple) and ks and isinstance(ks[0], kernels.Kernel)}
+        assert bulk == {"mkl_bf16"}
+        with torch.inference_mode():
+            a, b = fp.forward(ids), bf.forward(ids)
+            assert not torch.equal(a, b)
+            assert float((b - a).abs().max()) <= 0.02 * float(a.abs().max())  # bf16: 8 bits of mantissa
+            fp.reset(), bf.reset()
+            assert torch.equal(fp.forward(ids[:5]), bf.forward(ids[:5]))
+        setattr(model, PREFILL_ATTR, "fp16")
+        with pytest.raises(ValueError, match="model.spade_prefill: must be one of \\['fp32', 'bf16'\\], got 'fp16'"):
+            LeanForward(model, 64)
+    finally:
+        delattr(model, PREFILL_ATTR)
+
+
+def test_prepare_marks_drafts_only_and_greedy_decoding_stays_the_targets(fresh, monkeypatch):
+    """``lean.prepare(draft=True)`` sets each draft's prefill choice on the model; ``Pair.prepare`` never on the
+    target, nor on a draft that is the target model itself; with the draft's prefill in bf16, greedy speculative
+    decoding over a prompt of a prefill's length gives the target's greedy tokens."""
+    from spade_lib.decoding.decode import SpeculativeDecoder
+    from spade_lib.decoding.model.lean import BULK_ROWS, PREFILL_ATTR
+    from spade_lib.sampling import SamplingConfig
+    from spade_lib.zoo.loading import Pair
+
+    monkeypatch.setattr(kernels, "choose_prefill", lambda facts, timer, cache=True: {
+        "prefill": "bf16", "seconds": {"fp32": 2.0, "bf16": 1.0}, "why": "forced"})
+    target = llama()
+    torch.manual_seed(1)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                         initializer_range=0.2)).eval()
+    pair = Pair(name="tiny", target=target, drafts={"d": draft, "self": target}, default_draft="d", tokenizer=None,
+                manifest={})
+    records = pair.prepare()
+    assert [(r["role"], r["prefill"]) for r in records] == [("target", "fp32"), ("d", "bf16")]
+    assert getattr(draft, PREFILL_ATTR) == "bf16" and not hasattr(target, PREFILL_ATTR)
+    ids = torch.randint(0, 96, (BULK_ROWS + 4,), generator=torch.Generator().manual_seed(5)).tolist()
+    dec = SpeculativeDecoder(target, draft, gamma=3, sampling=SamplingConfig(temperature=0))
+    assert dec.drafter.adapter.lean.prefill == "bf16" and dec.target.lean.prefill == "fp32"
+    out = dec.generate(ids, 16)
+    with torch.inference_mode():
+        ar = target.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                             attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)[0, len(ids):]
+    assert out.tokens == ar.tolist()[:len(out.tokens)] and len(out.tokens) == 16

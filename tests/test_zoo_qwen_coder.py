@@ -161,13 +161,23 @@ def test_prepare_takes_the_same_vocabulary_drafts_by_default_and_named_ones_only
     names them (an unknown name refused, naming the draft models)."""
     from spade_lib import paths
 
+    from spade_lib.decoding.model.lean import PREFILL_ATTR
+
     monkeypatch.setattr(paths, "CACHE_DIR", tmp_path)  # plans and verdicts recorded in a fresh cache
-    roles = [r["role"] for r in pair.prepare()]
-    assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16", "coder-0.5b-fr32k-int8"]
-    assert [r["role"] for r in pair.prepare(drafts=["coder-0.5b-fr32k"])] == ["target", "coder-0.5b-fr32k"]
-    with pytest.raises(ValueError, match="drafts: \\['ngram'\\] are not draft models"):
-        pair.prepare(drafts=["ngram"])
-    assert (tmp_path / "kernels").is_dir()  # the records went to the patched cache
+    try:
+        records = pair.prepare()
+        roles = [r["role"] for r in records]
+        assert roles == ["target", "coder-0.5b", "coder-0.5b-fr32k", "coder-0.5b-fr32k-bf16", "coder-0.5b-fr32k-int8"]
+        assert records[0]["prefill"] == "fp32" and not hasattr(pair.target, PREFILL_ATTR)  # drafts: timed, marked
+        assert all(getattr(pair.drafts[r["role"]], PREFILL_ATTR) == r["prefill"] for r in records[1:])
+        assert [r["role"] for r in pair.prepare(drafts=["coder-0.5b-fr32k"])] == ["target", "coder-0.5b-fr32k"]
+        with pytest.raises(ValueError, match="drafts: \\['ngram'\\] are not draft models"):
+            pair.prepare(drafts=["ngram"])
+        assert (tmp_path / "kernels").is_dir()  # the records went to the patched cache
+    finally:  # the module's pair goes on with fp32 prefills (other tests compare them with HF at 1e-4)
+        for model in pair.drafts.values():
+            if hasattr(model, PREFILL_ATTR):
+                delattr(model, PREFILL_ATTR)
 
 
 def test_bad_arguments_are_refused(tmp_path):

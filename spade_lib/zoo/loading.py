@@ -46,8 +46,9 @@ class Pair:
         shares the target's tokenizer; a cross-vocabulary draft is prepared when named, else its decoder checks it
         once when first built), and check each lean forward against its HF forward
         (:func:`spade_lib.decoding.model.lean.prepare`: once per model and machine, recorded on disk), so the decoders
-        built on them time and check nothing. Returns (and keeps in ``prepared``) one record per model,
-        ``"role"`` ``"target"`` or the draft's name first."""
+        built on them time and check nothing; a draft's prefill runs in bf16 where that is faster here (its proposals
+        change, never the target's output). Returns (and keeps in ``prepared``) one record per model, ``"role"``
+        ``"target"`` or the draft's name first."""
         from spade_lib.decoding.model.lean import prepare
 
         models = {n: m for n, m in self.drafts.items() if isinstance(m, torch.nn.Module)}
@@ -56,9 +57,12 @@ class Pair:
         unknown = [n for n in drafts if n not in models]
         if unknown:
             raise ValueError(f"drafts: {unknown} are not draft models of this pair (those: {list(models)})")
-        roles = {"target": self.target, **{n: models[n] for n in drafts}}
-        self.prepared = [{"role": role, **rec} for role, rec in zip(roles, prepare(*roles.values(),
-                                                                                   capacity=capacity))]
+        # a draft's prefill may run in bf16 (lean.prepare(draft=True)); a draft that is the target model itself
+        # is prepared as the target, whose prefill stays fp32
+        own = [n for n in drafts if models[n] is not self.target]
+        records = prepare(self.target, capacity=capacity) + prepare(*(models[n] for n in own), capacity=capacity,
+                                                                    draft=True)
+        self.prepared = [{"role": role, **rec} for role, rec in zip(["target", *own], records)]
         return self.prepared
 
     def draft_model(self, name: str | None = None) -> str:

@@ -22,7 +22,9 @@ All compute one product up to summation order (fp32: ~1e-6 relative). A choice i
 disk (``<CACHE_DIR>/kernels/choices.json``, keyed by CPU, torch, threads, dtype and weight shapes);
 :func:`choices` lists this process's (the runs record it). Timing is an explicit step (``LeanForward.prepare``,
 ``lean.prepare``, ``Pair.prepare``, run by ``load_pair``): a constructor takes the :func:`recorded` plan,
-else the :func:`untimed` default. Only fp32 on CPU is timed. Measured history: ``docs/measurements.md``.
+else the :func:`untimed` default. Only fp32 on CPU is timed. A prompt's prefill runs on MKL's SGEMM (compute-bound);
+a **draft's** may run in bf16 (``"mkl_bf16"``) where :func:`choose_prefill` times it faster on the host, never a
+target's. Measured history: ``docs/measurements.md``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from spade_lib import devices, paths
 from spade_lib.decoding.model import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "NATIVE_LAYOUTS", "SCALE", "POLICIES", "TIMED", "Kernel", "choose", "choices", "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "NATIVE_LAYOUTS", "PREFILLS", "SCALE", "POLICIES", "TIMED", "Kernel", "bf16_matmul", "choose", "choose_prefill", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -49,6 +51,10 @@ ROUNDS = 3  # the uniform plans, and the kept plan against the best of them, are
 NATIVE_MARGIN = 0.05  # the native plan is kept unless another uniform plan is faster by more than this
 PLAN_VERSION = 9  # part of the cache key: 9 "native_rows_wide"; 8 "native_rows" (in place); 7 native weights packed (native.pack); 6 "native" renamed "native" (AVX-512 builds); 5 native for many rows + its margin; 4 rounds; 3 added it (2: per product)
 _CHOSEN: dict[str, dict] = {}  # this process: cache key -> {"one", "many", "seconds", facts...}
+PREFILL_ROWS = 64  # a prompt's prefill, as :func:`choose_prefill` times it (a HumanEval prompt: 100-200 tokens)
+PREFILL_GAIN = 1.2  # a draft's prefill moves to bf16 only where its forward gets this much faster
+PREFILLS = ("fp32", "bf16")  # the precisions of a prefill's products (bf16: a draft's only, where it pays)
+_PREFILL: dict[str, dict] = {}  # this process: cache key -> choose_prefill's record
 
 
 def _lp(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -86,6 +92,17 @@ def _mkl_widened(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
     return y if b is None else y + b
 
 
+def _mkl_bf16(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+              scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b`` with ``x`` and ``W`` rounded to bf16 (``W`` per call: fp32, or int8 exactly), the products summed
+    in fp32 by oneDNN's bf16 GEMM (AMX / AVX-512-BF16) and rounded to bf16 (torch's CPU GEMM returns its inputs'
+    dtype), then widened to ``x``'s dtype for the scale and bias: a draft's prefill only."""
+    y = F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).to(x.dtype)
+    if scale is not None:
+        y = y * scale
+    return y if b is None else y + b
+
+
 # name -> (how its weights are prepared: "raw", "packed" (oneDNN's layout) or "tiles" (the
 # native kernel's, native.pack), apply to x [k, in], row classes it serves)
 CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
@@ -99,9 +116,11 @@ CANDIDATES: dict[str, tuple[str, Callable, tuple[str, ...]]] = {
     # per call for a prefill's SGEMM (never timed: no row class; one and many rows run on "native_rows", which
     # reads them directly)
     "mkl_widened": ("raw", _mkl_widened, ()),
+    # a draft's prefill in bf16 (never timed as a row class: :func:`choose_prefill` decides it per model and host)
+    "mkl_bf16": ("raw", _mkl_bf16, ()),
 }
 NATIVE = tuple(NATIVE_LAYOUTS)  # SPADE's own kernel, on its packed copy or on the weights in place
-NARROW = ("native_rows", "mkl_widened")  # the candidates that read narrow weights (and an int8 weight's scales)
+NARROW = ("native_rows", "mkl_widened", "mkl_bf16")  # the candidates that read narrow weights (and an int8 weight's scales)
 SCALE = "weight_scale"  # an int8 weight's module holds its fp32 scale per weight row as this buffer (zoo.narrow)
 TIMED = tuple(n for n, (_, _, rows) in CANDIDATES.items() if rows)  # the candidates a plan may choose or force
 IN_PLACE = tuple(n for n in TIMED if CANDIDATES[n][0] == "raw")  # candidates that copy nothing
@@ -216,26 +235,70 @@ def choose(model_facts: dict, timer: Callable[[str, dict[str, str]], float], pro
     it). ``model_facts`` (weight shapes, dtype, ...) plus the CPU model, torch version, thread count and
     whether the native kernels run (``SPADE_NATIVE``) key the cache."""
     facts, key = _keyed(model_facts)
-    hit = _CHOSEN.get(key)
-    if hit is None and cache:  # one process at a time times a model and writes the file; the others read it
+    return _cached(_CHOSEN, key, lambda: _time_plans(facts, timer, products, candidates),
+                   lambda hit: _valid(hit, products), cache)
+
+
+def _cached(memo: dict[str, dict], key: str, make: Callable[[], dict], valid: Callable[[dict], bool],
+            cache: bool) -> dict:
+    """``memo[key]``, else the disk cache's record (when ``valid``), else ``make()`` written to both: one process at a
+    time times a model and writes the file, the others read it (``cache`` False: the disk is neither read nor
+    written)."""
+    hit = memo.get(key)
+    if hit is None and cache:
         from filelock import FileLock
 
         path = _disk_path()
         paths.ensure_dir(path.parent)
         with FileLock(str(path) + ".lock"):
             hit = _read_disk().get(key)
-            if hit is not None and not _valid(hit, products):  # written by another SPADE version: time again
+            if hit is not None and not valid(hit):  # written by another SPADE version: time again
                 hit = None
             if hit is None:
-                hit = _time_plans(facts, timer, products, candidates)
+                hit = make()
                 try:
                     write_json(path, {**_read_disk(), key: hit})
                 except OSError:
                     pass
     elif hit is None:
-        hit = _time_plans(facts, timer, products, candidates)
-    _CHOSEN[key] = hit
+        hit = make()
+    memo[key] = hit
     return hit
+
+
+def bf16_matmul() -> bool:
+    """Whether oneDNN multiplies bf16 matrices natively here (AVX-512-BF16 or AMX); elsewhere a bf16 GEMM is
+    emulated and never timed as a prefill candidate."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def choose_prefill(model_facts: dict, timer: Callable[[str], float], *, cache: bool = True) -> dict:
+    """Whether a **draft's** prefill runs its products in bf16: ``{"prefill": "fp32" | "bf16", "seconds": {precision:
+    median seconds of one prefill forward of PREFILL_ROWS rows}, "why": ..., ...facts}``.
+
+    A prefill is compute-bound (``2 N k`` flops over ``N`` weights for ``k`` rows); where the CPU multiplies bf16
+    natively (:func:`bf16_matmul`; AMX: ~2.2 TFLOP/s against ~0.4 for fp32 SGEMM on the 2-core Xeon of
+    ``docs/measurements.md``) the draft's prompt costs a fraction. It rounds the draft's activations and weights
+    to bf16 for the prompt's keys and values, so it changes the draft's proposals, never the target's output
+    (the rejection rule judges whatever ``q`` the draft proposes from); a target's prefill stays fp32, because its
+    logits are the output distribution. ``timer(precision)`` returns the median seconds of one prefill (its setup
+    left out); bf16 is kept where it is faster by :data:`PREFILL_GAIN`. Cached like :func:`choose`."""
+    facts, key = _keyed({**model_facts, "prefill_rows": PREFILL_ROWS, "choice": "prefill"})
+
+    def make() -> dict:
+        if not bf16_matmul():
+            return {**facts, "prefill": "fp32", "seconds": {}, "why": "no native bf16 matmul on this CPU"}
+        times = devices.time_in_turns({p: (lambda p=p: timer(p)) for p in PREFILLS}, reps=ROUNDS, warmup=0,
+                                      self_timed=True)
+        sec = {p: float(sorted(t)[len(t) // 2]) for p, t in times.items()}
+        fast = sec["bf16"] * PREFILL_GAIN < sec["fp32"]
+        return {**facts, "prefill": "bf16" if fast else "fp32", "seconds": sec,
+                "why": f"bf16 {sec['fp32'] / sec['bf16']:.2f}x as fast as fp32 (kept above {PREFILL_GAIN}x)"}
+
+    return _cached(_PREFILL, key, make, lambda hit: hit.get("prefill") in PREFILLS, cache)
 
 
 def _keyed(model_facts: dict) -> tuple[dict, str]:

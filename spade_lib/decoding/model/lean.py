@@ -54,6 +54,7 @@ _STATIC_ROPE = ("default", "linear", "llama3")
 _COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once whatever SPADE_WEIGHTS_ONCE says
 NARROW_DTYPES = (torch.bfloat16, torch.int8)  # weight dtypes read by the native kernel beside fp32 activations
 BULK_ROWS = 32  # an in-place forward of this many rows or more (a prompt's prefill) runs on MKL's SGEMM
+PREFILL_ATTR = "spade_prefill"  # a draft model's prefill precision ("bf16" where prepare(draft=True) found it faster)
 
 
 def _family(model: torch.nn.Module) -> str:
@@ -179,6 +180,14 @@ class LeanForward:
             large = sum(p.numel() for p in inner.layers.parameters()) > _COPY_MAX_PARAMS
             in_place = large or (once == "1" and not copies)
         self.in_place = bool(in_place)
+        # a prefill's precision: "bf16" only on a draft that prepare(draft=True) timed faster so (never a target's:
+        # its logits are the output distribution); read by the bulk kernel of an in-place forward
+        self.prefill = getattr(model, PREFILL_ATTR, "fp32")
+        if self.prefill not in _kernels.PREFILLS:
+            raise ValueError(f"model.{PREFILL_ATTR}: must be one of {list(_kernels.PREFILLS)}, got {self.prefill!r}")
+        if self.prefill == "bf16" and (self.dtype != torch.float32 or self.device.type != "cpu"):
+            raise ValueError(f"model.{PREFILL_ATTR}: 'bf16' rounds an fp32 model's prefill on CPU, not a "
+                             f"{self.dtype} model on {self.device}")
         if fuse is None:  # q/k/v into one product, gate/up into one: copies, or (in place) the module's own rows
             fuse = True
         self.family = _family(model)
@@ -293,6 +302,37 @@ class LeanForward:
         self.plan_source = "recorded"
         return self.plan_source
 
+    def prepare_prefill(self) -> dict:
+        """Time this **draft**'s prefill with its products in fp32 against bf16 and take the faster
+        (:func:`spade_lib.decoding.model.kernels.choose_prefill`: recorded per model and machine); returns that
+        record. Only an in-place forward on CPU in fp32 has a prefill kernel of its own; others stay fp32."""
+        if not (self.in_place and self.device.type == "cpu" and self.dtype == torch.float32
+                and self.capacity >= BULK_ROWS):
+            return {"prefill": "fp32", "seconds": {}, "why": "only an in-place fp32 forward on CPU has a prefill kernel"}
+        facts = {"dtype": str(self.dtype), "weight_dtype": str(self.weight_dtype), "layers": len(self.layers),
+                 "shapes": {n: list(w.shape) for n, (w, *_) in {**self._raw[0], **self._raw[-1]}.items()}}
+        hit = _kernels.choose_prefill(facts, self._time_prefill)
+        self.prefill = hit["prefill"]
+        self._install(self.kernel_plan)
+        return hit
+
+    @torch.inference_mode()
+    def _time_prefill(self, prefill: str, reps: int = 3) -> float:
+        """Median seconds of a prefill of ``kernels.PREFILL_ROWS`` rows (capacity permitting) with its products in
+        ``prefill`` precision, after one untimed."""
+        self.prefill = prefill
+        self._install(self.kernel_plan)
+        k = max(BULK_ROWS, min(_kernels.PREFILL_ROWS, self.capacity))
+        ids = torch.randint(0, int(self.embed.shape[0]), (k,), generator=torch.Generator().manual_seed(0)).to(self.device)
+
+        def run() -> None:  # a prompt's prefill on an empty cache
+            self.reset()
+            self.forward(ids, last_only=True)
+
+        times = devices.time_in_turns({"prefill": run}, reps=reps, warmup=1, device=self.device)["prefill"]
+        self.reset()
+        return float(sorted(times)[reps // 2])
+
     def _products(self) -> list[str]:
         """The products of one forward, largest weight first (the order :func:`kernels.choose` refines them)."""
         sizes = {n: w.numel() for n, (w, *_) in {**self._raw[0], **self._raw[-1]}.items()}
@@ -310,7 +350,8 @@ class LeanForward:
         """Build every layer's ``(one-row kernel, many-row kernel)`` per product, and the head's; ``plan[row
         class]`` is one candidate for every product or ``{product: candidate}``."""
         plan = {rows: p if isinstance(p, dict) else {n: p for n in self._products()} for rows, p in plan.items()}
-        bulk = "mkl_widened" if self.weight_dtype != self.dtype else "mkl"  # a prefill's SGEMM (narrow: widened)
+        # a prefill's SGEMM (narrow weights widened), or a draft's in bf16 (prepare_prefill)
+        bulk = "mkl_bf16" if self.prefill == "bf16" else "mkl_widened" if self.weight_dtype != self.dtype else "mkl"
         for i, layer in enumerate(self.layers + [None]):
             for name in self._raw[i]:
                 pair = tuple(_kernels.Kernel(plan[rows][name], *self._weights(
@@ -683,12 +724,16 @@ def lean_forward(model: torch.nn.Module, capacity: int, *, check: bool = True) -
     return lean
 
 
-def prepare(*models: torch.nn.Module, capacity: int = 256) -> list[dict]:
+def prepare(*models: torch.nn.Module, capacity: int = 256, draft: bool = False) -> list[dict]:
     """The explicit step before decoding on a machine: for each model the lean forward covers, time its kernel
     plan (:meth:`LeanForward.prepare`) and check it against the Hugging Face forward, both recorded on disk
     (``CACHE_DIR/kernels/``), so every decoder built afterwards on this machine takes that plan and that
     verdict without timing or checking. One record per model: ``{"model", "covered", "plan" ({row class:
-    kernel}), "plan_source", "agrees"}`` (``covered`` False: the HF forward runs it; ``agrees`` None then)."""
+    kernel}), "plan_source", "agrees", "prefill"}`` (``covered`` False: the HF forward runs it; ``agrees`` None then).
+
+    ``draft``: the models are drafts, so their prefill may run in bf16 where that is faster here
+    (:meth:`LeanForward.prepare_prefill`; the choice is set on the model as ``spade_prefill``, which every lean
+    forward built on it reads); a target's prefill is always fp32 (its logits are the output distribution)."""
     out = []
     for model in models:
         why = _unsupported(model)
@@ -698,8 +743,13 @@ def prepare(*models: torch.nn.Module, capacity: int = 256) -> list[dict]:
             continue
         lean = LeanForward(model, max(int(capacity), 2))
         source = lean.prepare()
+        prefill = {"prefill": lean.prefill}
+        if draft:
+            prefill = lean.prepare_prefill()
+            setattr(model, PREFILL_ATTR, prefill["prefill"])
         out.append({"model": type(model).__name__, "covered": True, "plan": dict(lean.kernel_names),
-                    "plan_source": source, "agrees": _checked_agreement(model, lean)})
+                    "plan_source": source, "agrees": _checked_agreement(model, lean),
+                    "prefill": prefill["prefill"], "prefill_seconds": prefill.get("seconds", {})})
         del lean
     return out
 
