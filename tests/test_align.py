@@ -289,3 +289,16 @@ def test_greedy_trace_positions_are_the_walk_over_its_own_text(gamma):
     measured = position_acceptance(pd.DataFrame(rows))
     assert measured["reached"].tolist() == walk["reached"].tolist()[:len(measured)]
     assert measured["accepted"].tolist() == walk["accepted"].tolist()[:len(measured)]
+
+
+def test_the_reached_gap_tolerance_is_float_rounding_unless_the_draft_prefilled_in_bf16():
+    """``reached_tolerance``: 1e-3 for a draft that decodes as it is scored (fp32 prefill, the default), 2e-2 for one
+    whose prefill ran in bf16 (``SPADE_DRAFT_PREFILL=auto``); both far below a position defect's gap."""
+    from spade_lib.decoding.model.lean import PREFILL_ATTR
+
+    draft = torch.nn.Linear(2, 2)
+    assert align.reached_tolerance(draft) == 1e-3
+    setattr(draft, PREFILL_ATTR, "fp32")
+    assert align.reached_tolerance(draft) == 1e-3
+    setattr(draft, PREFILL_ATTR, "bf16")
+    assert align.reached_tolerance(draft) == 2e-2

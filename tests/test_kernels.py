@@ -527,16 +527,28 @@ def test_a_bf16_prefill_rounds_a_prompts_block_only_and_only_on_a_model_marked_s
 
 
 def test_prepare_marks_drafts_only_and_greedy_decoding_stays_the_targets(fresh, monkeypatch):
-    """``lean.prepare(draft=True)`` sets each draft's prefill choice on the model; ``Pair.prepare`` never on the
-    target, nor on a draft that is the target model itself; with the draft's prefill in bf16, greedy speculative
-    decoding over a prompt of a prefill's length gives the target's greedy tokens."""
+    """``lean.prepare(draft=True)`` sets each draft's prefill choice on the model (fp32 unless
+    ``SPADE_DRAFT_PREFILL=auto``; another value refused by name); ``Pair.prepare`` never on the target, nor on a
+    draft that is the target model itself; with the draft's prefill in bf16, greedy speculative decoding over a
+    prompt of a prefill's length gives the target's greedy tokens."""
     from spade_lib.decoding.decode import SpeculativeDecoder
     from spade_lib.decoding.model.lean import BULK_ROWS, PREFILL_ATTR
     from spade_lib.sampling import SamplingConfig
     from spade_lib.zoo.loading import Pair
 
-    monkeypatch.setattr(kernels, "choose_prefill", lambda facts, timer, cache=True: {
+    from spade_lib.decoding.model import lean as lean_module
+
+    timed = []
+    monkeypatch.setattr(kernels, "choose_prefill", lambda facts, timer, cache=True: timed.append(1) or {
         "prefill": "bf16", "seconds": {"fp32": 2.0, "bf16": 1.0}, "why": "forced"})
+    monkeypatch.delenv("SPADE_DRAFT_PREFILL", raising=False)
+    opt_out = llama()  # by default a draft's prefill stays fp32 and nothing is timed
+    assert lean_module.prepare(opt_out, draft=True)[0]["prefill"] == "fp32" and timed == []
+    assert getattr(opt_out, PREFILL_ATTR) == "fp32"
+    monkeypatch.setenv("SPADE_DRAFT_PREFILL", "bf16")
+    with pytest.raises(ValueError, match="SPADE_DRAFT_PREFILL: must be one of \\['fp32', 'auto'\\], got 'bf16'"):
+        lean_module.prepare(opt_out, draft=True)
+    monkeypatch.setenv("SPADE_DRAFT_PREFILL", "auto")  # opted in: timed (here: forced bf16)
     target = llama()
     torch.manual_seed(1)
     draft = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

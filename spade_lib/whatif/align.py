@@ -463,6 +463,17 @@ def reached_gap(scores: pd.DataFrame, keys: pd.DataFrame, trace: pd.DataFrame) -
     return len(reached), float(np.abs(reached["alpha"] - (1.0 - reached["tv"])).max())
 
 
+def reached_tolerance(draft) -> float:
+    """The tolerance of :func:`reached_gap` for runs decoded with ``draft`` (a model): 1e-3 (float rounding between a
+    batched forward and the decoder's KV-cached one), or 2e-2 for a draft whose prefill ran in bf16
+    (``SPADE_DRAFT_PREFILL=auto``, :func:`spade_lib.decoding.model.lean.prepare`): it proposed from a prompt whose
+    keys and values were rounded to bf16, where this module scores the fp32 draft (a gap of 0.006 measured on the
+    Qwen2.5-Coder pair). An index or position defect moves alpha by far more than either."""
+    from spade_lib.decoding.model.lean import PREFILL_ATTR
+
+    return 2e-2 if getattr(draft, PREFILL_ATTR, "fp32") == "bf16" else 1e-3
+
+
 def tau_table(traces: Mapping[int, pd.DataFrame], scores: Mapping[int, pd.DataFrame], sweep: pd.DataFrame,
               c: float, verify_cost: float | Callable[[int], float] = 1.0) -> pd.DataFrame:
     """Predicted vs measured ``tau`` and speedup per ``gamma`` of a fixed-``gamma`` sweep, one row per key of

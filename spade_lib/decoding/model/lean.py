@@ -55,6 +55,7 @@ _COPY_MAX_PARAMS = 200_000_000  # layers above this hold their weights once what
 NARROW_DTYPES = (torch.bfloat16, torch.int8)  # weight dtypes read by the native kernel beside fp32 activations
 BULK_ROWS = 32  # an in-place forward of this many rows or more (a prompt's prefill) runs on MKL's SGEMM
 PREFILL_ATTR = "spade_prefill"  # a draft model's prefill precision ("bf16" where prepare(draft=True) found it faster)
+DRAFT_PREFILL = ("fp32", "auto")  # SPADE_DRAFT_PREFILL: drafts prefill in fp32 (default), or bf16 where timed faster
 
 
 def _family(model: torch.nn.Module) -> str:
@@ -731,9 +732,15 @@ def prepare(*models: torch.nn.Module, capacity: int = 256, draft: bool = False) 
     verdict without timing or checking. One record per model: ``{"model", "covered", "plan" ({row class:
     kernel}), "plan_source", "agrees", "prefill"}`` (``covered`` False: the HF forward runs it; ``agrees`` None then).
 
-    ``draft``: the models are drafts, so their prefill may run in bf16 where that is faster here
-    (:meth:`LeanForward.prepare_prefill`; the choice is set on the model as ``spade_prefill``, which every lean
-    forward built on it reads); a target's prefill is always fp32 (its logits are the output distribution)."""
+    ``draft``: the models are drafts; with ``SPADE_DRAFT_PREFILL=auto`` (opt-in; default ``fp32``) their prefill
+    runs in bf16 where that is faster here (:meth:`LeanForward.prepare_prefill`). The choice is set on the model as
+    ``spade_prefill``, which every lean forward built on it reads. It changes the draft's proposals, never the output,
+    but the draft then decodes from a prompt rounded to bf16, so teacher-forced scores of the fp32 draft
+    (:mod:`spade_lib.whatif.align`) match its traces to ~1e-2 instead of float rounding: hence opt-in. A target's
+    prefill is always fp32 (its logits are the output distribution)."""
+    mode = os.environ.get("SPADE_DRAFT_PREFILL", "fp32")
+    if draft and mode not in DRAFT_PREFILL:
+        raise ValueError(f"SPADE_DRAFT_PREFILL: must be one of {list(DRAFT_PREFILL)}, got {mode!r}")
     out = []
     for model in models:
         why = _unsupported(model)
@@ -745,7 +752,7 @@ def prepare(*models: torch.nn.Module, capacity: int = 256, draft: bool = False) 
         source = lean.prepare()
         prefill = {"prefill": lean.prefill}
         if draft:
-            prefill = lean.prepare_prefill()
+            prefill = lean.prepare_prefill() if mode == "auto" else {"prefill": "fp32"}
             setattr(model, PREFILL_ATTR, prefill["prefill"])
         out.append({"model": type(model).__name__, "covered": True, "plan": dict(lean.kernel_names),
                     "plan_source": source, "agrees": _checked_agreement(model, lean),
