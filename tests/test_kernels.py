@@ -567,3 +567,5 @@ def test_prepare_marks_drafts_only_and_greedy_decoding_stays_the_targets(fresh, 
         ar = target.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
                              attention_mask=torch.ones(1, len(ids), dtype=torch.long), pad_token_id=0)[0, len(ids):]
     assert out.tokens == ar.tolist()[:len(out.tokens)] and len(out.tokens) == 16
+    with pytest.raises(ValueError, match="target: its lean forward prefills in bf16 \\(model.spade_prefill"):
+        SpeculativeDecoder(draft, target, gamma=3, sampling=SamplingConfig(temperature=0))  # the draft as a target

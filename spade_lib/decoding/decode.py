@@ -93,6 +93,10 @@ class _Base:
         if not isinstance(sampling, SamplingConfig):
             raise ValueError(f"sampling: expected a SamplingConfig, got {type(sampling).__name__}")
         self.target = target if isinstance(target, CausalLMAdapter) else CausalLMAdapter(target, max_length=max_length)
+        lean = getattr(self.target, "lean", None)
+        if lean is not None and lean.prefill != "fp32":  # a draft's setting (lean.prepare(draft=True)) on the target
+            raise ValueError(f"target: its lean forward prefills in {lean.prefill} (model.spade_prefill, a draft's "
+                             "setting); a target's logits are the output distribution, so its prefill stays fp32")
         self._sampling = sampling
         self.tokenizer = tokenizer
         self.eos = _eos_set(self.target.model, eos_token_id)
