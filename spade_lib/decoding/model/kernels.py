@@ -14,17 +14,15 @@ Candidates: ``"mkl"`` (``F.linear``), ``"onednn"`` (oneDNN on weights packed onc
 row padded to two), ``"native"`` (on its own packed copy, RMSNorm and residual fused; a row's result does not
 depend on its neighbours, so verification reproduces the AR logits bit for bit), ``"native_rows"`` (the
 same kernel on the weights in place) and ``"native_rows_wide"`` (in place; one row over short weight rows
-read four a tile). A model held in place (every model by default: ``LeanForward``'s
-``in_place``) is timed on :data:`IN_PLACE` only. ``policy="legacy"`` is SPADE's rule before timing (MKL one row, oneDNN more);
-``SPADE_LINEAR_KERNELS`` sets every lean forward's policy (default ``"auto"``).
+read four a tile). A model held in place (every model by default) is timed on :data:`IN_PLACE` only.
+``policy="legacy"``: MKL one row, oneDNN more; ``SPADE_LINEAR_KERNELS`` sets the policy (default ``"auto"``).
 
 All compute one product up to summation order (fp32: ~1e-6 relative). A choice is cached per process and on
 disk (``<CACHE_DIR>/kernels/choices.json``, keyed by CPU, torch, threads, dtype and weight shapes);
-:func:`choices` lists this process's (the runs record it). Timing is an explicit step (``LeanForward.prepare``,
-``lean.prepare``, ``Pair.prepare``, run by ``load_pair``): a constructor takes the :func:`recorded` plan,
-else the :func:`untimed` default. Only fp32 on CPU is timed. A prompt's prefill runs on MKL's SGEMM (compute-bound);
-a **draft's** may run in bf16 (``"mkl_bf16"``) where :func:`choose_prefill` times it faster on the host, never a
-target's. Measured history: ``docs/measurements.md``.
+:func:`choices` lists this process's. Timing is an explicit step (``LeanForward.prepare``, ``lean.prepare``,
+``Pair.prepare``): a constructor takes the :func:`recorded` plan, else the :func:`untimed` default; only fp32 on CPU
+is timed. A prefill runs on MKL's SGEMM; a **draft's** (opt-in) in bf16 where :func:`choose_prefill` times it faster,
+never a target's. Measured history: ``docs/measurements.md``.
 """
 
 from __future__ import annotations
