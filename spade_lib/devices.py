@@ -200,3 +200,12 @@ def cpu() -> CpuInfo:
             continue
     return parse_cpuinfo(text, l3)
 
+
+def bf16_matmul() -> bool:
+    """Whether oneDNN runs bf16 matrix products on this CPU (torch's check: an AVX-512 core; natively fast with
+    AVX-512-BF16 or AMX, emulated on plain AVX-512; never on AVX2). Where it does not, bf16 training autocast and a
+    draft's bf16 prefill are not used; where it does, the prefill is still timed against fp32 before it is taken."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

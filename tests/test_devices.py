@@ -94,3 +94,19 @@ def test_time_in_turns_rotates_warms_up_and_bursts():
     for bad in ({"reps": 0}, {"reps": 1, "burst": 0}, {"reps": 1, "warmup": -1}):
         with pytest.raises(ValueError, match=r"^(reps|burst|warmup): must be an integer"):
             devices.time_in_turns({"z": lambda: None}, **bad)
+
+
+def test_bf16_matmul_is_offered_where_the_cpu_has_bf16_or_avx512_and_never_on_avx2():
+    """``devices.bf16_matmul``: True where the CPU has AVX-512-BF16 or AMX-BF16 (native bf16 GEMM), False where it
+    has no AVX-512 at all (AVX2 hosts: a bf16 GEMM there would not run on oneDNN's bf16 path); a bool either way."""
+    from spade_lib import devices
+
+    flags = devices.cpu().flags
+    if not flags:
+        pytest.skip("no /proc/cpuinfo flags here")
+    got = devices.bf16_matmul()
+    assert isinstance(got, bool)
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        assert got, flags
+    if not any(f.startswith("avx512") or f.startswith("amx") for f in flags):
+        assert not got, flags

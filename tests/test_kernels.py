@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spade_lib import paths
+from spade_lib import devices, paths
 from spade_lib.decoding.model import kernels, native
 from spade_lib.decoding.model.lean import LeanForward
 
@@ -477,9 +477,9 @@ def test_an_int8_weights_scale_is_read_by_the_narrow_candidates_only():
 
 def test_a_drafts_prefill_moves_to_bf16_only_for_a_clear_gain_where_bf16_is_native(fresh, monkeypatch):
     """``choose_prefill``: bf16 where the timer says it is faster than fp32 by more than PREFILL_GAIN, fp32 within
-    it; nothing timed where the CPU has no native bf16 matmul; the choice recorded on disk for other processes."""
+    it; nothing timed where oneDNN has no bf16 matmul on the CPU; the choice recorded on disk for other processes."""
     monkeypatch.setattr(kernels, "_PREFILL", {})
-    monkeypatch.setattr(kernels, "bf16_matmul", lambda: True)
+    monkeypatch.setattr(devices, "bf16_matmul", lambda: True)
     fast, close = {"fp32": 1.0, "bf16": 0.5}, {"fp32": 1.0, "bf16": 1.0 / (kernels.PREFILL_GAIN * 0.99)}
     hit = kernels.choose_prefill({"shapes": [1]}, fast.get, cache=False)
     assert hit["prefill"] == "bf16" and hit["seconds"] == fast and "2.00x" in hit["why"]
@@ -492,9 +492,9 @@ def test_a_drafts_prefill_moves_to_bf16_only_for_a_clear_gain_where_bf16_is_nati
         raise AssertionError("timed again")
 
     assert kernels.choose_prefill({"shapes": [4]}, refuse) == recorded
-    monkeypatch.setattr(kernels, "bf16_matmul", lambda: False)
+    monkeypatch.setattr(devices, "bf16_matmul", lambda: False)
     hit = kernels.choose_prefill({"shapes": [5]}, refuse, cache=False)
-    assert hit["prefill"] == "fp32" and hit["seconds"] == {} and "no native bf16" in hit["why"]
+    assert hit["prefill"] == "fp32" and hit["seconds"] == {} and "no bf16 matmul on this CPU" in hit["why"]
 
 
 def test_a_bf16_prefill_rounds_a_prompts_block_only_and_only_on_a_model_marked_so(fresh):

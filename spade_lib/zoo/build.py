@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from spade_lib import paths
-from spade_lib.devices import clock
+from spade_lib.devices import bf16_matmul, clock
 from spade_lib.zoo.cache import cache_key, get_or_build
 from spade_lib.zoo.configs import BUILD_FORMAT_VERSION, PairConfig
 from spade_lib.zoo.corpus import Corpus, CorpusConfig, build_corpus
@@ -43,14 +43,6 @@ def zoo_dir() -> Path:
 @functools.lru_cache(maxsize=4)
 def cached_corpus(config: CorpusConfig) -> Corpus:
     return build_corpus(config)
-
-
-def bf16_supported() -> bool:
-    """Whether this CPU has native bf16 matmuls (avx512_bf16 / AMX), where bf16 autocast pays."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def _environment() -> dict:
@@ -123,7 +115,7 @@ def _build_pair_body(config: PairConfig, corpus: Corpus, recipe: dict, out: Path
     stream = encode_documents(tokenizer, train_docs)
     heldout = encode_documents(tokenizer, corpus.heldout)
     windows = eval_windows(heldout, config.eval.n_windows, config.eval.seq_len)
-    bf16 = {"auto": bf16_supported(), "bf16": True, "off": False}[config.autocast]
+    bf16 = {"auto": bf16_matmul(), "bf16": True, "off": False}[config.autocast]
     vocab = len(tokenizer)
     t_data = clock() - t0
 

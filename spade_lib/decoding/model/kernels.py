@@ -39,7 +39,7 @@ from spade_lib import devices, paths
 from spade_lib.decoding.model import native
 from spade_lib.io import write_json
 
-__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "NATIVE_LAYOUTS", "PREFILLS", "SCALE", "POLICIES", "TIMED", "Kernel", "bf16_matmul", "choose", "choose_prefill", "choices", "packing_available", "prepare", "summary", "usable"]
+__all__ = ["CANDIDATES", "COPYING", "IN_PLACE", "MANY_ROWS", "NARROW", "NATIVE", "NATIVE_LAYOUTS", "PREFILLS", "SCALE", "POLICIES", "TIMED", "Kernel", "choose", "choose_prefill", "choices", "packing_available", "prepare", "summary", "usable"]
 
 MANY_ROWS = 5  # rows at which the k > 1 class is timed (a verification forward of gamma = 4)
 ROW_CLASSES = ("one", "many")
@@ -264,31 +264,23 @@ def _cached(memo: dict[str, dict], key: str, make: Callable[[], dict], valid: Ca
     return hit
 
 
-def bf16_matmul() -> bool:
-    """Whether oneDNN multiplies bf16 matrices natively here (AVX-512-BF16 or AMX); elsewhere a bf16 GEMM is
-    emulated and never timed as a prefill candidate."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def choose_prefill(model_facts: dict, timer: Callable[[str], float], *, cache: bool = True) -> dict:
     """Whether a **draft's** prefill runs its products in bf16: ``{"prefill": "fp32" | "bf16", "seconds": {precision:
     median seconds of one prefill forward of PREFILL_ROWS rows}, "why": ..., ...facts}``.
 
     A prefill is compute-bound (``2 N k`` flops over ``N`` weights for ``k`` rows); where the CPU multiplies bf16
-    natively (:func:`bf16_matmul`; AMX: ~2.2 TFLOP/s against ~0.4 for fp32 SGEMM on the 2-core Xeon of
+    natively (AMX: ~2.2 TFLOP/s against ~0.4 for fp32 SGEMM on the 2-core Xeon of
     ``docs/measurements.md``) the draft's prompt costs a fraction. It rounds the draft's activations and weights
     to bf16 for the prompt's keys and values, so it changes the draft's proposals, never the target's output
     (the rejection rule judges whatever ``q`` the draft proposes from); a target's prefill stays fp32, because its
     logits are the output distribution. ``timer(precision)`` returns the median seconds of one prefill (its setup
-    left out); bf16 is kept where it is faster by :data:`PREFILL_GAIN`. Cached like :func:`choose`."""
+    left out); bf16 is timed only where oneDNN runs it (:func:`spade_lib.devices.bf16_matmul`) and kept where it is
+    faster by :data:`PREFILL_GAIN` (an emulated bf16 GEMM is not). Cached like :func:`choose`."""
     facts, key = _keyed({**model_facts, "prefill_rows": PREFILL_ROWS, "choice": "prefill"})
 
     def make() -> dict:
-        if not bf16_matmul():
-            return {**facts, "prefill": "fp32", "seconds": {}, "why": "no native bf16 matmul on this CPU"}
+        if not devices.bf16_matmul():
+            return {**facts, "prefill": "fp32", "seconds": {}, "why": "no bf16 matmul on this CPU (oneDNN)"}
         times = devices.time_in_turns({p: (lambda p=p: timer(p)) for p in PREFILLS}, reps=ROUNDS, warmup=0,
                                       self_timed=True)
         sec = {p: float(sorted(t)[len(t) // 2]) for p, t in times.items()}
