@@ -119,10 +119,9 @@ def prepared_lines(records: list[dict]) -> list[str]:
             out.append(f"{r['role']}: {r['model']} on the Hugging Face forward ({r.get('why')})")
             continue
         plan = ", ".join(f"{rows} rows {name}" for rows, name in (r.get("plan") or {}).items())
-        if r.get("prefill") == "bf16":
-            sec = r.get("prefill_seconds") or {}
-            plan += (f"; prefill in bf16 ({1e3 * sec['bf16']:.0f} ms against {1e3 * sec['fp32']:.0f} ms in fp32)"
-                     if {"bf16", "fp32"} <= set(sec) else "; prefill in bf16")
+        if r.get("prefill") == "bf16":  # chosen by timing both (kernels.choose_prefill)
+            sec = r["prefill_seconds"]
+            plan += f"; prefill in bf16 ({1e3 * sec['bf16']:.0f} ms against {1e3 * sec['fp32']:.0f} ms in fp32)"
         out.append(f"{r['role']}: {r['model']} on the lean forward ({plan}; plan {r['plan_source']}); "
                    + ("agrees with its HF forward" if r["agrees"] else "DISAGREES with its HF forward: the HF forward runs it"))
     return out

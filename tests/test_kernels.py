@@ -557,7 +557,8 @@ def test_prepare_marks_drafts_only_and_greedy_decoding_stays_the_targets(fresh, 
     pair = Pair(name="tiny", target=target, drafts={"d": draft, "self": target}, default_draft="d", tokenizer=None,
                 manifest={})
     records = pair.prepare()
-    assert [(r["role"], r["prefill"]) for r in records] == [("target", "fp32"), ("d", "bf16")]
+    assert [(r["role"], r["prefill"]) for r in records] == [("target", "fp32"), ("d", "bf16"), ("self", "fp32")]
+    assert timed == [1]  # the target, and the draft that is the target, never timed for a bf16 prefill
     assert getattr(draft, PREFILL_ATTR) == "bf16" and not hasattr(target, PREFILL_ATTR)
     ids = torch.randint(0, 96, (BULK_ROWS + 4,), generator=torch.Generator().manual_seed(5)).tolist()
     dec = SpeculativeDecoder(target, draft, gamma=3, sampling=SamplingConfig(temperature=0))
@@ -569,3 +570,19 @@ def test_prepare_marks_drafts_only_and_greedy_decoding_stays_the_targets(fresh, 
     assert out.tokens == ar.tolist()[:len(out.tokens)] and len(out.tokens) == 16
     with pytest.raises(ValueError, match="target: its lean forward prefills in bf16 \\(model.spade_prefill"):
         SpeculativeDecoder(draft, target, gamma=3, sampling=SamplingConfig(temperature=0))  # the draft as a target
+
+
+def test_prepare_prefill_times_both_precisions_on_the_forward_and_installs_the_choice(fresh, monkeypatch):
+    """``LeanForward.prepare_prefill`` with the real timer: both precisions timed (a positive median each), the
+    choice installed as the bulk kernel of every product, and a forward too short for a prefill left in fp32."""
+    monkeypatch.setattr(kernels, "_PREFILL", {})
+    monkeypatch.setattr(devices, "bf16_matmul", lambda: True)
+    lean = LeanForward(llama(), 64)
+    hit = lean.prepare_prefill()
+    assert set(hit["seconds"]) == {"fp32", "bf16"} and all(t > 0 for t in hit["seconds"].values())
+    assert lean.prefill == hit["prefill"] and lean.length == 0
+    want = "mkl_bf16" if hit["prefill"] == "bf16" else "mkl"
+    assert {ks[2].name for layer in lean.layers for ks in layer.values()
+            if isinstance(ks, tuple) and ks and isinstance(ks[0], kernels.Kernel)} == {want}
+    short = LeanForward(llama(), 16)  # capacity below a prefill's block: never timed
+    assert short.prepare_prefill()["prefill"] == "fp32" and short.prefill == "fp32"

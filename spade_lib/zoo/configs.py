@@ -96,7 +96,7 @@ class PairConfig:
     train_chars: int | None = None      # train the models on at most this many characters (None: all)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    autocast: str = "auto"              # training precision: "bf16", "off", or "auto" (bf16 if the CPU has avx512_bf16/amx)
+    autocast: str = "auto"              # training precision: "bf16", "off", or "auto" (bf16 where devices.bf16_matmul)
     seed: int = 0                       # seed of the training-slice document order
     threads: int | None = None          # torch threads while building (None: torch's default); weights
                                         # are bit-identical for the same seed *and* thread count

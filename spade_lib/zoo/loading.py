@@ -46,9 +46,10 @@ class Pair:
         shares the target's tokenizer; a cross-vocabulary draft is prepared when named, else its decoder checks it
         once when first built), and check each lean forward against its HF forward
         (:func:`spade_lib.decoding.model.lean.prepare`: once per model and machine, recorded on disk), so the decoders
-        built on them time and check nothing; a draft's prefill runs in bf16 where that is faster here (its proposals
-        change, never the target's output). Returns (and keeps in ``prepared``) one record per model, ``"role"``
-        ``"target"`` or the draft's name first."""
+        built on them time and check nothing; with ``SPADE_DRAFT_PREFILL=auto`` a draft's prefill runs in bf16 where
+        that is faster here (its proposals change, never the target's output). Returns (and keeps in ``prepared``) one
+        record per model, ``"role"`` ``"target"`` or the draft's name first (a draft that is the target model itself:
+        prepared once, as the target)."""
         from spade_lib.decoding.model.lean import prepare
 
         models = {n: m for n, m in self.drafts.items() if isinstance(m, torch.nn.Module)}
@@ -57,12 +58,10 @@ class Pair:
         unknown = [n for n in drafts if n not in models]
         if unknown:
             raise ValueError(f"drafts: {unknown} are not draft models of this pair (those: {list(models)})")
-        # a draft's prefill may run in bf16 (lean.prepare(draft=True)); a draft that is the target model itself
-        # is prepared as the target, whose prefill stays fp32
-        own = [n for n in drafts if models[n] is not self.target]
-        records = prepare(self.target, capacity=capacity) + prepare(*(models[n] for n in own), capacity=capacity,
-                                                                    draft=True)
-        self.prepared = [{"role": role, **rec} for role, rec in zip(["target", *own], records)]
+        own = [n for n in drafts if models[n] is not self.target]  # the target as a draft keeps a target's fp32 prefill
+        target = prepare(self.target, capacity=capacity)[0]
+        records = dict(zip(own, prepare(*(models[n] for n in own), capacity=capacity, draft=True)))
+        self.prepared = [{"role": "target", **target}] + [{"role": n, **records.get(n, target)} for n in drafts]
         return self.prepared
 
     def draft_model(self, name: str | None = None) -> str:

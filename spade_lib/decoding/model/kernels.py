@@ -281,9 +281,7 @@ def choose_prefill(model_facts: dict, timer: Callable[[str], float], *, cache: b
     def make() -> dict:
         if not devices.bf16_matmul():
             return {**facts, "prefill": "fp32", "seconds": {}, "why": "no bf16 matmul on this CPU (oneDNN)"}
-        times = devices.time_in_turns({p: (lambda p=p: timer(p)) for p in PREFILLS}, reps=ROUNDS, warmup=0,
-                                      self_timed=True)
-        sec = {p: float(sorted(t)[len(t) // 2]) for p, t in times.items()}
+        sec = _rounds(lambda _, precision: timer(precision), "prefill", {p: p for p in PREFILLS})
         fast = sec["bf16"] * PREFILL_GAIN < sec["fp32"]
         return {**facts, "prefill": "bf16" if fast else "fp32", "seconds": sec,
                 "why": f"bf16 {sec['fp32'] / sec['bf16']:.2f}x as fast as fp32 (kept above {PREFILL_GAIN}x)"}
@@ -353,7 +351,7 @@ def _time_plans(facts: dict, timer: Callable[[str, dict[str, str]], float], prod
             **{rows: summary(plans[rows]) for rows in ROW_CLASSES}}
 
 
-def _rounds(timer: Callable[[str, dict[str, str]], float], rows: str, plans: dict[str, dict[str, str]]) -> dict[str, float]:
+def _rounds(timer: Callable[[str, object], float], rows: str, plans: dict[str, object]) -> dict[str, float]:
     """``{label: median over ROUNDS}`` of ``timer(rows, plan)`` (seconds it reads itself, its setup left out), the
     plans taken in turn in every round (:func:`spade_lib.devices.time_in_turns`), so a drift of the host's speed or
     a slow first call weighs on every plan alike instead of on one."""
