@@ -40,7 +40,8 @@ TEASER = "m2_speedup_runs-{pair}"  # the teaser figure's stem, {pair} the block'
 REPORT_DIR = "report"
 COLUMNS = ["pair", "suite", "run", "baseline", "label", "method", "draft", "policy", "gamma", "T", "tokens_per_s",
            "alpha", "alpha_low", "alpha_high", "tau", "tau_low", "tau_high", "speedup", "speedup_low",
-           "speedup_high", "predicted", "r", "overhead", "r_source", "loop_level", "stalls", "costs_file", "vs_hf",
+           "speedup_high", "predicted", "speedup_decode", "speedup_decode_low", "speedup_decode_high",
+           "predicted_steady", "r", "overhead", "r_source", "loop_level", "stalls", "costs_file", "vs_hf",
            "vs_hf_low", "vs_hf_high", "repetition", "degenerate"]
 METHOD_ORDER = {"ar": 0, "hf": 1, "spade": 2, "hf_assisted": 3}
 _RUN_REF = re.compile(r"traces/([^/\s'\"]+)/([^/\s'\"]+)/([^/\s'\"]+)")
@@ -501,9 +502,11 @@ def table_rows(summary: dict) -> list[dict[str, str]]:
         row = {"pair": r["pair"], "suite": r["suite"], "configuration": r["configuration"], "T": f"{r['T']:g}",
                "alpha": _with_interval(r, "alpha"), "tau": _with_interval(r, "tau"),
                "speedup": _with_interval(r, "speedup", suffix="x"), "predicted": _fmt(r.get("predicted")),
-               "note": _note(r)}
+               "decode phase": _with_interval(r, "speedup_decode", suffix="x"),
+               "predicted (decode)": _fmt(r.get("predicted_steady")), "note": _note(r)}
         if not claimed(r):
-            row.update(alpha=NOT_CLAIMED, tau=NOT_CLAIMED, speedup=NOT_CLAIMED, predicted=NOT_CLAIMED,
+            row.update({k: NOT_CLAIMED for k in ("alpha", "tau", "speedup", "predicted", "decode phase",
+                                                 "predicted (decode)")},
                        note=f"degenerate text: {r['degenerate']:.0%} of generations are loops")
         out.append(row)
     return out
@@ -551,12 +554,15 @@ def render_markdown(summary: dict) -> str:
     lines += ["## Speedup over autoregressive decoding", "",
               "Per pair, configuration and temperature: alpha, tau and the speedup over the autoregressive run "
               "of the same interleaved session (ratio of totals), with 95 % bootstrap intervals where measured; "
-              "`predicted` from the measured alpha, c and r(g). "
+              "`predicted` from the measured alpha, c and r(g); `decode phase`: the same ratio with each side's "
+              "prompt prefill taken out (the speculative side's holds its draft's too), against the cost model per "
+              "decode step, `predicted (decode)`. "
               + ("Runs: those the executed notebooks name." if summary["selection"] == "referenced" else
                  f"Runs: every finished run under `{summary['runs_dir']}`."), ""]
     rows = table_rows(summary)
     if rows:
-        header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
+        header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "decode phase",
+                  "predicted (decode)", "note"]
         lines += _md_table(header, [[r[h] for h in header] for r in rows])
     else:
         lines.append("No speedups: no finished run with an autoregressive baseline.")
@@ -604,8 +610,10 @@ def render_text(summary: dict) -> str:
     """What the command prints: the summary table, the controls, costs, times and warnings."""
     lines = [f"SPADE run summary: {summary['run_dir']}", _run_line(summary), ""]
     rows = table_rows(summary)
-    header = ["pair", "configuration", "T", "alpha", "tau", "speedup over AR [95 %]", "predicted", "note"]
-    keys = ["pair", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
+    header = ["pair", "configuration", "T", "alpha", "tau", "speedup over AR [95 %]", "predicted", "decode phase",
+              "predicted (decode)", "note"]
+    keys = ["pair", "configuration", "T", "alpha", "tau", "speedup", "predicted", "decode phase", "predicted (decode)",
+            "note"]
     lines += _text_table(header, [[r[k] for k in keys] for r in rows]) if rows else ["(no speedups)"]
     if summary["costs"]:
         lines += ["", *_text_table(COST_HEADER, _cost_lines(summary))]
@@ -679,7 +687,8 @@ def render_index(summary: dict, figures: list[str]) -> str:
     """``report/index.html``: links relative to ``report/``; the figures as :func:`_render_gallery`."""
     e = html.escape
     rows = table_rows(summary)
-    header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "note"]
+    header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "decode phase",
+                  "predicted (decode)", "note"]
     def link(n):
         name = e((n["part"] + "/" if n["part"] else "") + n["name"])
         return f"<a href=\"{e(n['html'].removeprefix(REPORT_DIR + '/'))}\">{name}</a>" if n["html"] else name
@@ -842,8 +851,10 @@ def readme_block(summary: dict, *, pair: str | None = None, teaser: str = TEASER
         at = [r for r in spec if r["T"] == T]
         if at:
             best = max(at, key=lambda r: r["speedup"])
+            decode = ("" if best.get("speedup_decode") is None else
+                      f" ({_x(best, 'speedup_decode')} in the decode phase, both sides' prompt prefills out)")
             sentences.append(f"at T = {T:g} the fastest configuration is `{best['configuration']}`, "
-                             f"{_x(best)} over autoregressive decoding")
+                             f"{_x(best)} over autoregressive decoding" + decode)
     # one sentence per draft and variant (its label without the draft length: a rule, a tree) over its lengths
     def variant(r: dict) -> str:
         extra = r["configuration"].replace(f"{r['method']}-{r['draft']}-g{r['gamma']}", "", 1).strip("-")

@@ -47,6 +47,17 @@ def test_null_control_faster_than_ar():
     assert controls.speedup_warnings(table(r4=dict(speedup_low=1.0))) == []  # not beyond 1
 
 
+def test_the_decode_phase_is_held_to_the_same_physics():
+    """A decode-phase speedup (prefills out) above tau, or a null draft's above 1, is as impossible as a whole
+    generation's: flagged, naming the decode phase; one inside the bounds is not."""
+    w = controls.speedup_warnings(table(r2=dict(speedup_decode=2.5, speedup_decode_low=2.2, speedup_decode_high=2.8)))
+    assert len(w) == 1 and "decode phase" in w[0] and "2.200" in w[0] and "tau = 2.000" in w[0]
+    w = controls.speedup_warnings(table(r4=dict(speedup_decode=1.2, speedup_decode_low=1.1, speedup_decode_high=1.3)))
+    assert len(w) == 1 and "null-draft control" in w[0] and "decode phase" in w[0]
+    assert controls.speedup_warnings(table(r2=dict(speedup_decode=1.9, speedup_decode_low=1.7,
+                                                   speedup_decode_high=2.1))) == []
+
+
 def test_missing_columns_are_tolerated():
     t = table().drop(columns=["pair", "suite", "label"])
     t.loc[2, ["speedup_low", "tau"]] = [3.0, 2.0]

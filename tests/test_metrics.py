@@ -230,6 +230,33 @@ def test_the_prediction_pays_the_prompts_prefill_on_both_sides():
         metrics.predicted_speedup(0.5, [3, 3], 0.1, prefill=(float("nan"), 1.0))
 
 
+def test_decode_phase_takes_each_sides_prefill_out():
+    """AR: 48 tokens in 10 s after a 1 s prefill; the run: 48 in 5.5 s after 1.5 s (its draft's too). Whole
+    generations 10 / 5.5; the decode phase (48 / 4) / (48 / 9) = 2.25, each round less the same prefill."""
+    t = trace_from_blocks([("a", 3, 4)] * 12 + [("b", 3, 4)] * 12)
+    ar = summary(["a", "b"], [48, 48], [10.0, 10.0]).assign(
+        prefill_time=[1.0, 1.0], wall_times=[[9.9, 10.0, 10.1], [9.8, 10.0, 10.3]])
+    s = summary(["a", "b"], [48, 48], [5.5, 5.5], [[4] * 12, [4] * 12]).assign(
+        prefill_time=[1.5, 1.5], wall_times=[[5.4, 5.5, 5.6], [5.5, 5.5, 5.7]])
+    d = metrics.decode_phase(s)
+    assert d["wall_time"].tolist() == pytest.approx([4.0, 4.0])
+    assert d["wall_times"].iloc[1] == pytest.approx([4.0, 4.0, 4.2])
+    assert s["wall_time"].tolist() == [5.5, 5.5]  # the input frame is not changed
+    m = metrics.run_metrics(t, s, ar, gamma=4)
+    assert m["speedup"] == pytest.approx(10 / 5.5) and m["speedup_decode"] == pytest.approx(2.25)
+    assert m["speedup_decode_low"] <= m["speedup_decode"] <= m["speedup_decode_high"]
+    assert m["speedup_decode_low"] < m["speedup_decode_high"]  # the rounds' spread is resampled
+    # a side without prefills (HF generate hides them): no decode phase
+    assert metrics.decode_phase(s.drop(columns="prefill_time")) is None
+    assert metrics.decode_phase(ar.assign(prefill_time=[None, 1.0])) is None
+    bare = metrics.run_metrics(t, s, ar.drop(columns="prefill_time"), gamma=4)
+    assert math.isnan(bare["speedup_decode"]) and math.isnan(bare["speedup_decode_low"])
+    # a round that would not stay positive: the rounds are left out, the prompts alone resampled
+    short = metrics.decode_phase(s.assign(wall_times=[[1.2, 5.5, 5.6], [5.5, 5.5, 5.7]]))
+    assert "wall_times" not in short.columns and short["wall_time"].tolist() == pytest.approx([4.0, 4.0])
+    assert metrics.decode_phase(s.assign(prefill_time=[5.5, 1.5])) is None  # a prefill as long as its generation
+
+
 def test_drafted_per_step_counts_steps_without_drafts():
     t = trace_from_blocks([("a", 2, 3), ("b", 0, 2)])
     s = summary(["a", "b"], [4, 3], [1.0, 1.0], [[3, 1], [1, 1]])  # two of the four steps drafted nothing

@@ -78,7 +78,8 @@ def fake_table() -> pd.DataFrame:
             speedup_low=0.35, speedup_high=0.45, vs_hf=0.54, vs_hf_low=0.5, vs_hf_high=0.6),
         row("smollm2", "ar-T1", "ar", T=1.0),
         row("smollm2", "spade-ngram-g4-T1", "spade", "ngram", 4, T=1.0, alpha=0.3, tau=1.7, speedup=1.32,
-            speedup_low=1.2, speedup_high=1.45, predicted=1.4),
+            speedup_low=1.2, speedup_high=1.45, predicted=1.4, speedup_decode=1.5, speedup_decode_low=1.4,
+            speedup_decode_high=1.6, predicted_steady=1.55),  # the decode phase, prefills out
         row("smollm2", "spade-null-g4-T1", "spade", "null", 4, T=1.0, alpha=0.0, tau=1.0, speedup=1.2,
             speedup_low=1.1, speedup_high=1.3),  # the control faster than AR: flagged
         # two runs with one label (notebook 03's and 05's gamma 12 at T = 1, of other lengths)
@@ -247,7 +248,9 @@ def test_summary_files(run, capsys):
     assert captions["m9_orphan-smollm2"] == ""
     assert sorted(g["figure"] for g in saved["gallery"]) == sorted(saved["figures"])
     md = (run / "summary.md").read_text()
-    assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] |" in md
+    assert "| smollm2 | humaneval-89abcdef | spade-ngram-g4 | 0 | 0.40 | 1.90 | 2.55x [2.31, 2.80] | 1.80 | – | – |" in md
+    assert "| spade-ngram-g4 | 1 | 0.30 | 1.70 | 1.32x [1.20, 1.45] | 1.40 | 1.50x [1.40, 1.60] | 1.55 |" in md
+    assert "| speedup | predicted | decode phase | predicted (decode) | note |" in md
     assert "0.40x [0.35, 0.45]" in md and "0.54x [0.50, 0.60] vs HF generate" in md
     assert "control (null draft" in md and "FAILS" in md and "Test CPU 9000" in md
     assert "- smollm2 `ar-T0`: repetition 0.38, 50% of generations degenerate" in md
@@ -360,6 +363,8 @@ def test_readme_block(run, tmp_path):
     block = after.split(report.RESULTS_BEGIN)[1].split(report.RESULTS_END)[0]
     assert "`spade-ngram-g4`, 2.55× [2.31, 2.80] over autoregressive" in block
     assert "0.54× [0.50, 0.60] of plain HF generate" in block
+    assert ("`spade-ngram-g4`, 1.32× [1.20, 1.45] over autoregressive decoding (1.50× [1.40, 1.60] in the decode "
+            "phase, both sides' prompt prefills out)") in block
     assert "the `distilled` draft at T = 0 (alpha 0.12–0.13) is faster than autoregressive beyond its interval " \
            "at 0 of 2 draft lengths and slower at 2" in block
     assert "commit `0123456`" in block and "Test CPU 9000" in block and "tiny" not in block
@@ -408,6 +413,7 @@ def test_configurations_on_degenerate_text_make_no_claim():
     table = report.table_rows(summary)
     assert [t["speedup"] for t in table] == [report.NOT_CLAIMED, "1.07x [0.97, 1.17]"]
     assert table[0]["alpha"] == table[0]["tau"] == report.NOT_CLAIMED and "90% of generations" in table[0]["note"]
+    assert table[0]["decode phase"] == table[0]["predicted (decode)"] == report.NOT_CLAIMED
     block = report.readme_block(summary)
     assert "1.43" not in block and "1.07" in block
     assert "at T = 0 the generations are loops" in block and "fastest configuration is `spade-d-g4`, 1.07" in block

@@ -7,8 +7,8 @@ such lines from executed notebooks); an empty list: every control passed. ``t_1`
 (a) **A speculative speedup cannot exceed tau.** An AR step costs one forward for one token; a speculative step (SPADE
     or HF assisted) emits ``tau`` tokens on average (:func:`spade_lib.runs.metrics.mean_accepted_length`) for at
     least ``r(g) t_1 >= t_1`` (``g + 1`` tokens read the same weights as one) plus drafting ``>= 0``, so ``speedup =
-    tau t_AR / t_step <= tau``. ``speedup_low > tau`` (95 % interval wholly above) is a defect of the **baseline**
-    (slower than its forwards: extra work, cold cache, other thread count). Plain HF (``hf``) and AR are not checked.
+    tau t_AR / t_step <= tau`` (``speedup_decode`` too). ``speedup_low > tau`` (95 % interval wholly above) is a defect
+    of the **baseline** (slower than its forwards: extra work, cold cache, other thread count); not checked: HF, AR.
 (b) **The null draft is the control**: always rejected, ``tau = 1``, so ``speedup_low > 1`` means a slow baseline.
 (c) **Verification cannot be cheaper than one token**: ``r(g) = t(target, g + 1 tokens) / t_1 >= 1``; ``r(g) < 1 -
     tol`` is a defective micro-benchmark (frequency scaling, load between paired forwards, unequal caches).
@@ -73,9 +73,9 @@ def _name(row: Mapping[str, Any]) -> str:
     return f"{where}{label}{on}{at}"
 
 
-def _interval(row: Mapping[str, Any]) -> str:
-    return (f"{_num(row.get('speedup')):.3f}x [{_num(row.get('speedup_low')):.3f}, "
-            f"{_num(row.get('speedup_high')):.3f}]")
+def _interval(row: Mapping[str, Any], key: str = "speedup") -> str:
+    return (f"{_num(row.get(key)):.3f}x [{_num(row.get(f'{key}_low')):.3f}, "
+            f"{_num(row.get(f'{key}_high')):.3f}]")
 
 
 def speedup_warnings(table, *, model: bool = True) -> list[str]:
@@ -167,16 +167,19 @@ def _physics_warnings(table) -> list[str]:
         method = row.get("method", "spade")
         if method in NON_SPECULATIVE:
             continue
-        low, tau = _num(row.get("speedup_low")), _num(row.get("tau"))
-        if row.get("draft") == NULL_DRAFT and low > 1.0:
-            out.append(f"{PREFIX}: {_name(row)}: the null-draft control is faster than autoregressive "
-                       f"beyond its interval ({_interval(row)} > 1): its drafts are always rejected, so each "
-                       f"step costs at least one target forward and emits one token; the autoregressive "
-                       f"baseline is slower than it should be")
-        elif math.isfinite(tau) and low > tau:
-            out.append(f"{PREFIX}: {_name(row)}: speedup {_interval(row)} lies above tau = {tau:.3f}: each "
-                       f"speculative step costs at least one target forward and emits tau tokens on average, "
-                       f"so speedup <= tau; the autoregressive baseline is slower than its target forwards")
+        tau = _num(row.get("tau"))
+        for key, what in (("speedup", ""), ("speedup_decode", " (decode phase, prefills out)")):
+            low = _num(row.get(f"{key}_low"))
+            if row.get("draft") == NULL_DRAFT and low > 1.0:
+                out.append(f"{PREFIX}: {_name(row)}: the null-draft control is faster than autoregressive "
+                           f"beyond its interval{what} ({_interval(row, key)} > 1): its drafts are always rejected, "
+                           f"so each step costs at least one target forward and emits one token; the "
+                           f"autoregressive baseline is slower than it should be")
+            elif math.isfinite(tau) and low > tau:
+                out.append(f"{PREFIX}: {_name(row)}: speedup{what} {_interval(row, key)} lies above tau = "
+                           f"{tau:.3f}: each speculative step costs at least one target forward and emits tau "
+                           f"tokens on average, so speedup <= tau; the autoregressive baseline is slower than its "
+                           f"target forwards")
     return out
 
 

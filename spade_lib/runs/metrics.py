@@ -15,7 +15,7 @@ one row per generation ``question_id, category, sample``; ``new_tokens`` emitted
 - ``tokens_per_second`` ``sum(new_tokens) / sum(wall_time)``; ``speedup_ratio_of_totals`` ``tps(method) /
   tps(baseline)``; ``speedup_mean_of_ratios`` ``mean_g [tps_g(method) / tps_g(baseline)]`` over generations ``g``;
   ``bootstrap_speedup``, ``bootstrap_acceptance``: percentile bootstrap intervals, prompts (and timed rounds)
-  resampled; ``paired_alpha_difference`` ``alpha_a - alpha_b`` of two runs, prompts resampled jointly;
+  resampled; ``decode_phase``: the generations less their prompts' prefills (the decode phase's speedup); ``paired_alpha_difference`` ``alpha_a - alpha_b`` of two runs, prompts resampled jointly;
 - ``cost_ratio`` ``c_trace = (sum t_draft / n_drafted) / s_AR``, ``verify_cost_ratio`` ``r_trace = mean t_verify /
   s_AR`` (``trace_costs``: both; run-timing estimates, the measurement is :mod:`spade_lib.decoding.studies.costs`);
   ``predicted_speedup`` Thm. 3.8 with verify and loop cost, ``(1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + r + o))``
@@ -257,6 +257,37 @@ def bootstrap_speedup(method: pd.DataFrame, baseline: pd.DataFrame, *, n_boot: i
     return out
 
 
+def decode_phase(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """The generations after their prompts' prefills: ``frame`` with ``wall_time`` less ``prefill_time`` (and
+    every round of ``wall_times`` less the same ``prefill_time``, the median of the readings' own prefills,
+    :mod:`spade_lib.runs.protocol`), so :func:`bootstrap_speedup` of two such frames is the speedup of the
+    decode phase, ``(N_m / (t_m - P_m)) / (N_b / (t_b - P_b))``: what a per-step model such as
+    ``tau / (gamma c + r + o)`` predicts, and what llama.cpp's own timings report. A speculative run's
+    ``P`` holds its draft's prefill too, so that cost leaves its side with the target's. ``None`` where a
+    generation recorded no prefill (HF generate hides it); rounds that would not stay positive are left out
+    (the prompts alone are then resampled), a generation that would not is ``None``."""
+    if not {"prefill_time", "wall_time"} <= set(frame.columns):
+        return None
+    pre = pd.to_numeric(frame["prefill_time"], errors="coerce")
+    if pre.isna().any() or len(frame) == 0:
+        return None
+    wall = frame["wall_time"].astype(float) - pre.astype(float)
+    if not (wall > 0).all():
+        return None
+    out = frame.assign(wall_time=wall)
+    if "wall_times" in frame.columns:
+        try:
+            rounds = [[float(t) - p for t in np.asarray(ts, dtype=np.float64).ravel()]
+                      for ts, p in zip(frame["wall_times"], pre.astype(float))]
+        except (TypeError, ValueError):
+            rounds = None
+        if rounds is None or not all(t > 0 for r in rounds for t in r):
+            out = out.drop(columns="wall_times")
+        else:
+            out["wall_times"] = pd.Series(rounds, index=frame.index, dtype=object)
+    return out
+
+
 def _cluster_sums(frame: pd.DataFrame, key: str, num: pd.Series, den: pd.Series) -> pd.DataFrame:
     return pd.DataFrame({"num": num.to_numpy(np.float64), "den": den.to_numpy(np.float64),
                          "unit": frame[key].astype(str).to_numpy()}).groupby("unit", sort=True).sum()
@@ -494,6 +525,9 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
     bootstrap intervals, the numbers of prompts and of rounds resampled, ``speedup_prompts`` and
     ``speedup_rounds``, and the ``disagree`` flag of :func:`bootstrap_speedup`), the cost ratios, and two
     predictions from the measured ``alpha``:
+    ``speedup_decode`` (with ``_low`` / ``_high``): the same estimator over the decode phase, each side's
+    prompt prefill taken out (:func:`decode_phase`; NaN where a side recorded none), the measurement
+    ``predicted_steady`` predicts;
     ``predicted_thm38`` (Theorem 3.8 at the run's ``gamma``, ``r = 1``: what the paper's formula says),
     ``predicted_steady`` (every step with what it actually drafted, :func:`drafted_per_step`, at cost
     ``g c + r + o``: decode steps alone) and ``predicted`` (the same with the prompts' prefills both sides
@@ -549,6 +583,11 @@ def run_metrics(trace: pd.DataFrame, summary: pd.DataFrame, baseline: pd.DataFra
         out["speedup_mean_of_ratios_high"] = boot["mean_of_ratios_high"]
         out["estimators_disagree"] = float(boot["disagree"])
         out["speedup_prompts"], out["speedup_rounds"] = boot["units"], boot["rounds"]
+        dm, db = decode_phase(summary), decode_phase(baseline)
+        boot_d = bootstrap_speedup(dm, db, seed=0) if dm is not None and db is not None else None
+        for key, name in (("speedup_decode", "ratio_of_totals"), ("speedup_decode_low", "ratio_of_totals_low"),
+                          ("speedup_decode_high", "ratio_of_totals_high")):
+            out[key] = float(boot_d[name]) if boot_d is not None else nan
         out.update(trace_costs(trace, baseline) if drafted else {"c_trace": nan, "r_trace": nan})
         out["c"] = out["r"] = nan  # the cost measurement's, from a costs table only
         r_fn, overhead = None, 0.0
