@@ -11,14 +11,19 @@ round alike), on a ``--context``-token cache:
   torch attention; ``--no-torch`` skips it);
 - its products alone (the forward's weight matrices times ``k`` rows on the same kernels);
 - its attention calls alone (``native.attend`` per layer with the same ``k``, cache and mask);
+- the same weights streamed with ``k`` register FMAs per vector chunk and no operand loads
+  (:func:`spade_lib.decoding.model.native.stream_fma`): the arithmetic of ``k`` rows beside the weight stream, the
+  overlap the roofline floor assumes, as this host delivers it;
 - a ``dst.copy_(src)`` of 256 MiB (the copy bandwidth, read + write);
 - an fp32 ``[2048, 2048]`` GEMM (the host's arithmetic peak as torch reaches it, :func:`timing.gemm_peak`).
 
 and prints per ``k`` the medians of: forward ms, ``r(k) = forward(k) / forward(1)``, products ms and their
 streaming rate as a fraction of the copy bandwidth, attention ms, the rest (forward - products - attention:
-dispatch, embedding, norms outside the kernels, copies), the torch formulation's ms and ``r``, and the roofline
+dispatch, embedding, norms outside the kernels, copies), the torch formulation's ms and ``r``, the roofline
 floor ``max(1, 2 k N / (peak t(1)))`` (``N`` the forward's matrix weights; no ``k``-row forward can cost less)
-with ``r / floor``.
+with ``r / floor``, and the stream floor ``s(k) = stream(k) / stream(1)`` (a kernel of ``k`` rows executes at least
+``k`` FMAs per weight chunk: ``s`` near 1 says the host hides that arithmetic under the stream, so an ``r`` above it
+is the kernel's, not the host's).
 
     python benchmarks/bench_rows.py --pair smollm2 [--rows 1 2 5 9 17] [--rounds 7] [--context 200]
 """
@@ -119,6 +124,16 @@ def main(argv=None) -> dict:
             return out
 
         prods = {k: inputs(k) for k in args.rows}
+        mats = [w for layer in lean._raw for w, *_ in layer.values()]
+        streamable = native.available() and all(w.dtype == torch.float32 and w.is_contiguous() for w in mats)
+
+        def stream(k):  # the forward's weights, k FMAs a chunk, no operand loads
+            if not streamable:
+                return float("nan")
+            t0 = devices.clock()
+            for w in mats:
+                native.stream_fma(w, k)
+            return devices.clock() - t0
         H, KV, hd = lean.n_heads, lean.n_kv, lean.head_dim
 
         def products(k):
@@ -160,6 +175,7 @@ def main(argv=None) -> dict:
                     if generic is not None:
                         rec(f"{tag} torch", fwd(generic, k, tree))
                 rec(f"k={k} products", products(k))
+                rec(f"k={k} stream", stream(k))
     med = {name: statistics.median(v) for name, v in figures.items()}
     copy = med["copy GB/s"]
     base = med["chain k=1 forward"]
@@ -168,8 +184,8 @@ def main(argv=None) -> dict:
     flops_row = 2 * sum(w.numel() for layer in lean._raw for w, *_ in layer.values())  # 2 N FLOP a row, N the products' weights
     print(f"{args.rounds} rounds in turns, {args.reps} forwards per figure, {args.context}-token cache; copy {copy:.1f} GB/s; "
           f"fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s ({flops_row / 1e9:.2f} GFLOP a row)")
-    print(f"  {'rows':12s} {'forward ms':>10s} {'r':>6s} {'floor':>6s} {'r/floor':>7s} {'products ms':>11s} {'/copy':>6s} "
-          f"{'attention':>9s} {'rest ms':>8s} {'torch ms':>9s} {'torch r':>8s}")
+    print(f"  {'rows':12s} {'forward ms':>10s} {'r':>6s} {'floor':>6s} {'r/floor':>7s} {'stream':>6s} {'r/stream':>8s} "
+          f"{'products ms':>11s} {'/copy':>6s} {'attention':>9s} {'rest ms':>8s} {'torch ms':>9s} {'torch r':>8s}")
     out = {}
     for k in args.rows:
         for tree in (False, True):
@@ -180,13 +196,16 @@ def main(argv=None) -> dict:
             tt = med.get(f"{tag} torch", float("nan"))
             rest = t - p - (a if a == a else 0.0)
             floor = max(1.0, k * flops_row / peak / base)
-            out[tag] = {"forward": t, "r": t / base, "floor": floor, "products": p, "attention": a, "rest": rest,
-                        "torch": tt, "torch_r": tt / base_torch if base_torch else float("nan")}
-            print(f"  {tag:12s} {t * 1e3:10.2f} {t / base:6.2f} {floor:6.2f} {t / base / floor:7.2f} {p * 1e3:11.2f} "
+            sf = med[f"k={k} stream"] / med["k=1 stream"]
+            out[tag] = {"forward": t, "r": t / base, "floor": floor, "stream": sf, "products": p, "attention": a,
+                        "rest": rest, "torch": tt, "torch_r": tt / base_torch if base_torch else float("nan")}
+            print(f"  {tag:12s} {t * 1e3:10.2f} {t / base:6.2f} {floor:6.2f} {t / base / floor:7.2f} {sf:6.2f} "
+                  f"{t / base / sf:8.2f} {p * 1e3:11.2f} "
                   f"{nbytes / p / 1e9 / copy:6.2f} "
                   f"{a * 1e3:9.2f} {rest * 1e3:8.2f} {tt * 1e3:9.2f} {out[tag]['torch_r']:8.2f}")
     print("r_chain=" + ",".join(f"{k}:{out[f'chain k={k}']['r']:.3f}" for k in args.rows))
     print("r_over_floor=" + ",".join(f"{k}:{out[f'chain k={k}']['r'] / out[f'chain k={k}']['floor']:.3f}" for k in args.rows))
+    print("stream_floor=" + ",".join(f"{k}:{out[f'chain k={k}']['stream']:.3f}" for k in args.rows))
     return out
 
 

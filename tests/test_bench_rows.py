@@ -1,5 +1,5 @@
 """benchmarks/bench_rows.py end to end on the tiny pair: every figure it prints is there, r(1) is 1, the roofline
-floor is at least 1, and its last lines carry the agreed format. (No timing thresholds: speed is not tested.)"""
+floor is at least 1, the stream floor measured, and its last lines carry the agreed format. (No timing thresholds: speed is not tested.)"""
 
 import re
 
@@ -24,9 +24,10 @@ def test_runs_on_the_tiny_pair_and_prints_every_row_count(bench, capsys, torch_t
     assert out["chain k=1"]["r"] == 1.0
     for tag, fig in out.items():
         assert fig["forward"] > 0 and fig["products"] > 0 and fig["floor"] >= 1.0, tag
+        assert (fig["stream"] > 0) == native.available(), tag  # the stream floor: the same weights, k FMAs a chunk
         assert (fig["torch"] > 0) == torch_too and (fig["attention"] > 0) == native.available(), tag
     number = r"\d+\.\d{3}"
-    for name, line in zip(("r_chain", "r_over_floor"), lines[-2:]):
+    for name, line in zip(("r_chain", "r_over_floor", "stream_floor"), lines[-3:]):
         assert re.fullmatch(f"{name}=" + ",".join(f"{k}:{number}" for k in rows), line), line
 
 

@@ -285,6 +285,30 @@ def test_a_causal_rows_attention_is_the_one_token_attention_bit_for_bit():
 
 
 @needs_native
+@needs_native
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("fmas", [1, 2, 7, 17, 28, 29, 32])  # one accumulator a FMA up to REGS - 4, then shared
+@pytest.mark.parametrize("n", [5, 16, 1001, 70_000])  # shorter than a chunk, one chunk, a tail, many threads' blocks
+def test_stream_fma_sums_every_weight_fmas_times(fmas, n, threads):
+    """bench_rows' stream floor reads every weight once and executes ``fmas`` FMAs on it: its sum is
+    ``fmas * sum(w^2)`` whatever the prefetch distance, thread count or tail."""
+    w = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    want = fmas * float((w.double() ** 2).sum())
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for ahead in (0, 2048):
+            assert native.stream_fma(w.view(-1, 1) if n % 2 else w, fmas, ahead) == pytest.approx(want, rel=1e-5)
+    finally:
+        torch.set_num_threads(old)
+    with pytest.raises(RuntimeError, match="fmas: must be 1 .. 32, got 33"):
+        native.stream_fma(w, 33)
+    with pytest.raises(RuntimeError, match="ahead: must be >= 0 floats, got -1"):
+        native.stream_fma(w, 1, -1)
+    with pytest.raises(RuntimeError, match="w: must be a contiguous float32"):
+        native.stream_fma(w.double(), 1)
+
+
 def test_bad_input_is_refused_by_name():
     w = torch.randn(8, 16)
     with pytest.raises(RuntimeError, match="x: must hold rows of 16"):

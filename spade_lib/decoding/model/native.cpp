@@ -879,7 +879,59 @@ torch::Tensor pack(torch::Tensor w) {
   return p;
 }
 
+// The arithmetic of a k-row product beside its weight stream, without its operand traffic (benchmarks/bench_rows.py):
+// w (fp32, contiguous) read front to back, each thread one contiguous block, every L-float chunk v multiplied into
+// `fmas` register accumulators (acc += v * v, independent chains while the registers allow, STREAM_ACCS), prefetched
+// `ahead` floats ahead into L1 (0: none). Returns sum over the elements of fmas * w^2 (so nothing is optimised away).
+// A k-row product executes at least k FMAs per weight chunk (one per input row), so t(k) / t(1) of this loop is what
+// streaming with that arithmetic beside it costs on the host, whatever the tile: the overlap the roofline assumes.
+constexpr int STREAM_MAX = 32;
+constexpr int STREAM_ACCS = REGS - 4;
+
+template <int F>
+float stream_block(const float* w, int64_t n, int64_t ahead) {
+  constexpr int A = F < STREAM_ACCS ? F : STREAM_ACCS;
+  vec acc[A];
+#pragma GCC unroll 32
+  for (int j = 0; j < A; ++j) acc[j] = vzero();
+  int64_t i = 0;
+  for (; i + L <= n; i += L) {
+    if (ahead > 0 && i % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + i + ahead), _MM_HINT_T0);
+    const vec v = vload(w + i);
+#pragma GCC unroll 32
+    for (int j = 0; j < F; ++j) acc[j % A] = vfma(v, v, acc[j % A]);  // unrolled: the accumulators stay in registers
+  }
+  float r = 0.0f;
+  for (int j = 0; j < A; ++j) r += vsum(acc[j]);
+  for (; i < n; ++i) r += F * w[i] * w[i];
+  return r;
+}
+
+template <int F>
+float stream_any(int f, const float* w, int64_t n, int64_t ahead) {
+  if (f == F) return stream_block<F>(w, n, ahead);
+  if constexpr (F < STREAM_MAX) return stream_any<F + 1>(f, w, n, ahead);
+  return 0.0f;
+}
+
+double stream_fma(torch::Tensor w, int64_t fmas, int64_t ahead) {
+  check(w, "w");
+  TORCH_CHECK(fmas >= 1 && fmas <= STREAM_MAX, "fmas: must be 1 .. ", STREAM_MAX, ", got ", fmas);
+  TORCH_CHECK(ahead >= 0, "ahead: must be >= 0 floats, got ", ahead);
+  const float* wp = w.data_ptr<float>();
+  const int64_t n = w.numel(), chunks = (n + L - 1) / L;
+  std::vector<double> part(at::get_num_threads(), 0.0);
+  at::parallel_for(0, chunks, 4096, [&](int64_t c0, int64_t c1) {
+    const int64_t b = c0 * L, e = std::min(n, c1 * L);
+    part[at::get_thread_num()] += stream_any<1>(static_cast<int>(fmas), wp + b, e - b, ahead);
+  });
+  double total = 0.0;
+  for (double v : part) total += v;
+  return total;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("stream_fma", &stream_fma, "sum of fmas * w^2, streamed with fmas register FMAs a chunk (see its comment)");
   m.def("linear", &linear, "Y = s (W u) + b + R for k rows (see the file's header)");
   m.def("pack", &pack, "W with each group of four rows packed for linear(..., packed=true)");
   m.def("attend", &attend, "k new tokens' attention over a KV cache, causal or tree mask (see the file's header)");

@@ -39,7 +39,7 @@ import torch
 
 from spade_lib import devices, paths
 
-__all__ = ["ISA_FLAGS", "attend", "available", "isa", "linear", "module_weights", "pack"]
+__all__ = ["ISA_FLAGS", "attend", "available", "isa", "linear", "module_weights", "pack", "stream_fma"]
 
 SOURCE = Path(__file__).with_name("native.cpp")
 # -fopenmp: at::parallel_for is inline code that runs on torch's OpenMP pool only when compiled with OpenMP (without
@@ -135,6 +135,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     the results are the same either way."""
     return _module().linear(x, w, bias, residual, gain, -1.0 if eps is None else eps, gated, GRAIN, packed, scale,
                             short_row)
+
+
+def stream_fma(w: torch.Tensor, fmas: int, ahead: int = 2048) -> float:
+    """``fmas * sum(w ** 2)``, computed by streaming ``w`` (contiguous fp32 on the CPU) front to back on torch's
+    threads with ``fmas`` (1 .. 32) register FMAs per vector chunk and no other loads, prefetching ``ahead`` floats
+    ahead (0: none). A ``k``-row product executes at least ``k`` FMAs per weight chunk, so the time of
+    ``stream_fma(w, k)`` over ``stream_fma(w, 1)`` is what streaming ``w`` with that arithmetic beside it costs on
+    the host: the overlap of memory and arithmetic that the roofline floor takes as perfect
+    (``benchmarks/bench_rows.py`` prints it beside ``r(k)``)."""
+    return float(_module().stream_fma(w, fmas, ahead))
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
