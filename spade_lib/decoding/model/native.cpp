@@ -24,7 +24,7 @@
 // Each weight row is read from memory once for all k rows: a tile of NW weight rows x RB input rows keeps
 // NW * RB accumulators in registers (one row: NW = 4, four independent chains; more rows: NW = 4 for up to
 // RB_WIDE rows, else NW = NW_MANY with RB <= RB_MAX, as the build's registers allow), input rows beyond RB reuse
-// the tile's weight rows from L1 in balanced tiles (7 rows: 4 + 3). A tile keeps either its weight chunks or
+// the tile's weight rows from L1 in balanced tiles (AVX2, 7 rows: 4 + 3). A tile keeps either its weight chunks or
 // its input chunks in registers beside the accumulators, whichever fits (AVX2's 16 registers hold 4 x 3
 // accumulators with the three input chunks, not with the four weight chunks). Bandwidth-bound up to k ~ 6-10
 // on two cores; compute-bound beyond (2 flops per weight and row), where AVX-512's wider FMAs help.
@@ -118,8 +118,13 @@ constexpr int L = 16;
 constexpr int REGS = 32;
 constexpr int RB_MAX = 6;    // input rows a tile takes
 constexpr int NW_MANY = 4;   // 32 registers: 4 weight rows x 6 input rows = 24 accumulators
-constexpr int RB_WIDE = 6;   // rows for which four weight rows are tiled at once
-// Row-major weights with 7 to 18 rows (two or three tiles of up to six input rows): the tiles take turns over
+// Rows for which four weight rows are tiled at once, in one pass over the weights: up to 9 on AVX-512, where the 28-36
+// accumulators of 7-9 rows exceed the registers (the compiler keeps the input chunks as memory operands or spills),
+// yet the one pass beats two blocked tiles (below): Qwen2.5-Coder-1.5B-shaped products (8 layers, 1.5 GB, row-major)
+// on a 2-core Xeon (family 6 model 207), 7 rounds in turns, r(k) over the kernel's one row at 7 / 8 / 9 rows: 1.20 /
+// 1.22 / 1.23 blocked, 1.12 / 1.15 / 1.18 in one pass (three weight rows a pass: 1.17 / 1.19 / 1.20).
+constexpr int RB_WIDE = 9;
+// Row-major weights with 10 to 18 rows (two or three tiles of up to six input rows): the tiles take turns over
 // blocks of BLOCK_CHUNKS chunks, the first prefetching every weight row's stream (see the AVX2 build). The products
 // of Qwen2.5-Coder-1.5B-shaped matrices (5.2 GB, row-major) on a 2-core Xeon (family 6 model 207, AVX-512), 3
 // rounds in turns against whole passes: 0.95x the time at 7 rows, 0.96x at 9, 0.92x at 13, 0.91x at 17 (blocks of
@@ -288,7 +293,8 @@ inline Rows rows_at(const float* w, int64_t N, int64_t K, bool packed, int64_t n
 // that stay in registers beside the accumulators: the weights' (NW) unless only the inputs' (RB) fit.
 template <int NW, int RB>
 inline void step(const float* w, int64_t rs, const float* const* xs, int64_t k, vec (&acc)[NW][RB]) {
-  static_assert(NW * RB + std::min(NW, RB) + 1 <= REGS, "tile: accumulators and chunks exceed the registers");
+  static_assert(NW * RB + std::min(NW, RB) + 1 <= REGS || (NW == 4 && RB <= RB_WIDE),
+                "tile: accumulators and chunks exceed the registers (beyond the one-pass tiles measured, RB_WIDE)");
   if constexpr (NW * RB + NW + 1 > REGS) {
     vec xv[RB];
     for (int j = 0; j < RB; ++j) xv[j] = vload(xs[j] + k);
@@ -384,7 +390,7 @@ inline void finish_rows(const Rows& W, int64_t kf, int64_t K, const float* const
 #undef FINISH
 }
 
-// tile<NW, rb> for a run-time rb of 1 .. RB_MAX (NW = 4 only up to RB_WIDE rows: its accumulators must fit).
+// tile<NW, rb> for a run-time rb of 1 .. RB_MAX (NW = 4: up to RB_WIDE rows).
 template <int NW>
 inline void tile_rows(const Rows& w, int64_t K, const float* const* xs, int rb, float* out) {
   constexpr int top = NW == 4 ? RB_WIDE : RB_MAX;
@@ -394,6 +400,9 @@ inline void tile_rows(const Rows& w, int64_t K, const float* const* xs, int rb, 
     case 3: tile<NW, 3>(w, K, xs, out); break;
     case 4: if constexpr (top >= 4) { tile<NW, 4>(w, K, xs, out); break; } [[fallthrough]];
     case 5: if constexpr (top >= 5) { tile<NW, 5>(w, K, xs, out); break; } [[fallthrough]];
+    case 6: if constexpr (top >= 6) { tile<NW, 6>(w, K, xs, out); break; } [[fallthrough]];
+    case 7: if constexpr (top >= 7) { tile<NW, 7>(w, K, xs, out); break; } [[fallthrough]];
+    case 8: if constexpr (top >= 8) { tile<NW, 8>(w, K, xs, out); break; } [[fallthrough]];
     default: tile<NW, top>(w, K, xs, out); break;
   }
 }
@@ -612,7 +621,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
   // blocks of whole groups (GROUP rows), so every tile of a packed W lies within one group
   const int64_t groups = (N + GROUP - 1) / GROUP;
   at::parallel_for(0, groups, std::max<int64_t>(1, grain / GROUP), [&](int64_t g0, int64_t g1) {
-    float out[NW_MANY > 4 ? NW_MANY * RB_MAX : 4 * RB_MAX];
+    float out[std::max(NW_MANY * RB_MAX, 4 * RB_WIDE)];
     const int64_t begin = g0 * GROUP, end = std::min(N, g1 * GROUP);
     int64_t n = begin;
     if (rows == 1 && !packed && K < short_row) {
