@@ -661,7 +661,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
     // NW FMA chains, latency-bound, and would cost nearly what the six-row one does)
     const int64_t n_tiles = (rows + RB_MAX - 1) / RB_MAX;
     // whole groups, blocked: a packed group's three tiles (AVX2: 7 to 9 rows), or row-major weights' two or three
-    // (AVX2: 7 to 9 rows, AVX-512: 7 to 18; their later passes would re-read four row streams from the caches while
+    // (AVX2: 7 to 9 rows, AVX-512: 10 to 18; their later passes would re-read four row streams from the caches while
     // the memory idles)
     if (BLOCK_CHUNKS > 0 && (packed ? BLOCK_PACKED && n_tiles == BLOCK_TILES : n_tiles >= 2 && n_tiles <= BLOCK_TILES)) {
       static_assert(BLOCK_CHUNKS == 0 || (NW_MANY == GROUP && RB_MAX <= 6), "blocked groups: one tile per group");
