@@ -181,7 +181,7 @@ def main(argv=None) -> dict:
     base = med["chain k=1 forward"]
     base_torch = med.get("chain k=1 torch")
     peak = med["peak GFLOP/s"] * 1e9
-    flops_row = 2 * sum(w.numel() for layer in lean._raw for w, *_ in layer.values())  # 2 N FLOP a row, N the products' weights
+    flops_row = 2 * sum(w.numel() for w in mats)  # 2 N FLOP a row, N the products' weights
     print(f"{args.rounds} rounds in turns, {args.reps} forwards per figure, {args.context}-token cache; copy {copy:.1f} GB/s; "
           f"fp32 GEMM peak {peak / 1e9:.0f} GFLOP/s ({flops_row / 1e9:.2f} GFLOP a row)")
     print(f"  {'rows':12s} {'forward ms':>10s} {'r':>6s} {'floor':>6s} {'r/floor':>7s} {'stream':>6s} {'r/stream':>8s} "

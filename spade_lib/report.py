@@ -527,6 +527,9 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 COST_HEADER = ["pair", "draft", "c", "r(g)", "loop overhead o", "threads", "file"]
+# the speedup table of summary.md and the HTML report (keys of table_rows)
+SUMMARY_HEADER = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "decode phase",
+                  "predicted (decode)", "note"]
 
 
 def _cost_lines(summary: dict) -> list[list[str]]:
@@ -561,8 +564,7 @@ def render_markdown(summary: dict) -> str:
                  f"Runs: every finished run under `{summary['runs_dir']}`."), ""]
     rows = table_rows(summary)
     if rows:
-        header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "decode phase",
-                  "predicted (decode)", "note"]
+        header = SUMMARY_HEADER
         lines += _md_table(header, [[r[h] for h in header] for r in rows])
     else:
         lines.append("No speedups: no finished run with an autoregressive baseline.")
@@ -687,8 +689,7 @@ def render_index(summary: dict, figures: list[str]) -> str:
     """``report/index.html``: links relative to ``report/``; the figures as :func:`_render_gallery`."""
     e = html.escape
     rows = table_rows(summary)
-    header = ["pair", "suite", "configuration", "T", "alpha", "tau", "speedup", "predicted", "decode phase",
-                  "predicted (decode)", "note"]
+    header = SUMMARY_HEADER
     def link(n):
         name = e((n["part"] + "/" if n["part"] else "") + n["name"])
         return f"<a href=\"{e(n['html'].removeprefix(REPORT_DIR + '/'))}\">{name}</a>" if n["html"] else name

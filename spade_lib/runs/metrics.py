@@ -429,15 +429,10 @@ def drafted_per_step(trace: pd.DataFrame, summary: pd.DataFrame) -> np.ndarray:
 def ar_step_seconds(baseline: pd.DataFrame) -> float | None:
     """The AR loop's seconds per decode step, prefill excluded: ``(sum wall_time - sum prefill_time) /
     sum new_tokens`` of ``baseline``'s generations; ``None`` where it recorded no prefills (HF baselines,
-    runs timed before the ``prefill_time`` column) or the sums are not positive."""
-    if any(c not in baseline.columns for c in ("prefill_time", "wall_time", "new_tokens")):
-        return None
-    pa = baseline["prefill_time"]
-    if pa.isna().any():
-        return None
-    steps_s = float(baseline["wall_time"].sum() - pa.astype(float).sum())
-    n = float(baseline["new_tokens"].sum())
-    return steps_s / n if steps_s > 0 and n > 0 else None
+    runs timed before the ``prefill_time`` column) or the times are not positive (:func:`decode_phase`)."""
+    decode = decode_phase(baseline) if "new_tokens" in baseline.columns else None
+    n = float(baseline["new_tokens"].sum()) if decode is not None else 0.0
+    return float(decode["wall_time"].sum()) / n if n > 0 else None
 
 
 def loop_costs(trace: pd.DataFrame, baseline: pd.DataFrame, r_table: Callable[[int], float]) -> dict | None:

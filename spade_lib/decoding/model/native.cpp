@@ -890,25 +890,38 @@ torch::Tensor pack(torch::Tensor w) {
 
 // The arithmetic of a k-row product beside its weight stream, without its operand traffic (benchmarks/bench_rows.py):
 // w (fp32, contiguous) read front to back, each thread one contiguous block, every L-float chunk v multiplied into
-// `fmas` register accumulators (acc += v * v, independent chains while the registers allow, STREAM_ACCS), prefetched
-// `ahead` floats ahead into L1 (0: none). Returns sum over the elements of fmas * w^2 (so nothing is optimised away).
-// A k-row product executes at least k FMAs per weight chunk (one per input row), so t(k) / t(1) of this loop is what
-// streaming with that arithmetic beside it costs on the host, whatever the tile: the overlap the roofline assumes.
+// `fmas` register accumulators (acc += v * v), prefetched `ahead` floats ahead into L1 (0: none). Returns sum over the
+// elements of fmas * w^2 (so nothing is optimised away). A k-row product executes at least k FMAs per weight chunk
+// (one per input row), so t(k) / t(1) of this loop is what streaming with that arithmetic beside it costs on the host,
+// whatever the tile: the overlap the roofline assumes. Every accumulator is its own chain: with fewer than
+// STREAM_CHAINS FMAs a chunk, consecutive chunks take turns over STREAM_CHAINS of them (as the kernel's one-row tile
+// keeps four chains), so a small k is not held back by one FMA's latency a chunk (a single chain read SmolLM2's
+// weights 8-11 % slower than 2-17 FMAs a chunk); with more FMAs than STREAM_ACCS registers, chains are shared.
 constexpr int STREAM_MAX = 32;
 constexpr int STREAM_ACCS = REGS - 4;
+constexpr int STREAM_CHAINS = 4;
 
 template <int F>
 float stream_block(const float* w, int64_t n, int64_t ahead) {
-  constexpr int A = F < STREAM_ACCS ? F : STREAM_ACCS;
+  constexpr int U = F >= STREAM_CHAINS ? 1 : (STREAM_CHAINS + F - 1) / F;  // chunks an iteration
+  constexpr int A = U * F < STREAM_ACCS ? U * F : STREAM_ACCS;
   vec acc[A];
 #pragma GCC unroll 32
   for (int j = 0; j < A; ++j) acc[j] = vzero();
   int64_t i = 0;
-  for (; i + L <= n; i += L) {
-    if (ahead > 0 && i % 16 == 0) _mm_prefetch(reinterpret_cast<const char*>(w + i + ahead), _MM_HINT_T0);
-    const vec v = vload(w + i);
+  for (; i + U * L <= n; i += U * L) {
 #pragma GCC unroll 32
-    for (int j = 0; j < F; ++j) acc[j % A] = vfma(v, v, acc[j % A]);  // unrolled: the accumulators stay in registers
+    for (int u = 0; u < U; ++u) {
+      if (ahead > 0 && (i + u * L) % 16 == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + i + u * L + ahead), _MM_HINT_T0);
+      const vec v = vload(w + i + u * L);
+#pragma GCC unroll 32
+      for (int j = 0; j < F; ++j) acc[(u * F + j) % A] = vfma(v, v, acc[(u * F + j) % A]);  // unrolled: in registers
+    }
+  }
+  for (; i + L <= n; i += L) {  // the last chunks short of an iteration
+    const vec v = vload(w + i);
+    for (int j = 0; j < F; ++j) acc[j % A] = vfma(v, v, acc[j % A]);
   }
   float r = 0.0f;
   for (int j = 0; j < A; ++j) r += vsum(acc[j]);
