@@ -138,11 +138,18 @@ constexpr bool NEAR_EVERY_ROW = true;  // a row-major block's first tile prefetc
 // rows "2048 ahead" lands in the tile's own next row. Qwen2.5-Coder-1.5B-shaped products (12 layers, 2.2 GB,
 // row-major) on a 2-core Xeon (family 6 model 207), 5 rounds in turns, r(k) over one row at 2 / 3 / 5 / 6 rows:
 // 1.05 / 1.10 / 1.15 / 1.20 before, 1.02 / 1.04 / 1.09 / 1.11 so (offsets of 0, 256, 1024 floats within 1 %;
-// one row keeps its own streams: the next tile's cost it 2 %). The blocked groups (7 to 18 rows) likewise, their
+// one row kept its own streams then: the next tile's cost it 2 %; see PREFETCH_OWN). The blocked groups (7 to 18 rows) likewise, their
 // first tile of a block prefetching the next group's rows into L2 instead of its own 2048 floats ahead into L1, 3
 // rounds: r = 1.31 / 1.34 / 1.47 / 1.62 at 7 / 9 / 13 / 17 rows before, 1.18 / 1.22 / 1.31 / 1.41 so (into L1: 1.20 /
 // 1.22 / 1.31 / 1.41). Not measured on an AVX2 host, which keeps its rules.
 constexpr bool PREFETCH_NEXT_TILE = true;
+// Beside it, a row-major tile of one pass (one input row included, which then prefetches the next tile's rows too)
+// prefetches its own weight rows PREFETCH_OWN floats ahead into L1, from the L2 the previous tile filled: the same
+// 1.5 GB of products, 5 rounds in turns, time over the kernel's one row before at 1 / 5 / 6 / 7 / 9 rows: 0.94 / 0.99 /
+// 1.00 / 1.03 / 1.12 against 1.00 / 1.08 / 1.09 / 1.13 / 1.16 (128 / 512 / 1024 floats ahead within 1-3 % of 256;
+// into L2 instead: slower than before); the 1.5B's forward, two A/B pairs: 174 against 186 ms a row, 190 against 200
+// at 5 rows, 212 / 215 at 7. The blocked groups (10 to 18 rows) keep their rule (with it: r(13) 1.36 -> 1.46).
+constexpr int64_t PREFETCH_OWN = 256;
 inline vec vzero() { return _mm512_setzero_ps(); }
 inline vec vload(const float* p) { return _mm512_loadu_ps(p); }
 // L bf16 values widened to fp32 exactly (a bf16 is the high half of an fp32): zero-extend, shift left 16
@@ -180,6 +187,7 @@ constexpr int BLOCK_TILES = 3;
 constexpr bool BLOCK_PACKED = true;
 constexpr bool NEAR_EVERY_ROW = false;  // as measured: the first weight row's stream only (row-major blocks)
 constexpr bool PREFETCH_NEXT_TILE = false;  // the AVX-512 build's rule, not measured here
+constexpr int64_t PREFETCH_OWN = 0;
 inline vec vzero() { return _mm256_setzero_ps(); }
 inline vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline vec vload_w(const uint16_t* p) {
@@ -279,8 +287,8 @@ inline Rows rows_at(const float* w, int64_t N, int64_t K, bool packed, int64_t n
 }
 
 // out[i * RB + j] = (weight row i) . xs[j] for NW weight rows and RB input rows, in the canonical order; the
-// tile's weights are prefetched ahead: each row-major row's stream PREFETCH floats ahead into L1 (several input rows
-// on an AVX-512 build: the next tile's rows, PREFETCH_NEXT_TILE), a packed group's
+// tile's weights are prefetched ahead: each row-major row's stream PREFETCH floats ahead into L1 (on an AVX-512
+// build: the next tile's rows into L2, PREFETCH_NEXT_TILE, and its own PREFETCH_OWN ahead into L1), a packed group's
 // one stream PREFETCH_PACKED floats (32 KiB) ahead into L2 when there are PREFETCH_ROWS input rows or more. The far
 // L2 prefetch lets a tile that computes for a while on each chunk (several input rows) keep the memory busy; with
 // one or two rows the hardware prefetcher alone streams faster. On a 2-core Zen 4 EPYC, the 121 products of a
@@ -336,8 +344,10 @@ inline void tile(const Rows& W, int64_t K, const float* const* xs, float* out) {
       if (W.prefetch)
         for (int64_t h = 0; h < W.cs; h += 16)
           _mm_prefetch(reinterpret_cast<const char*>(w + h + PREFETCH_PACKED), _MM_HINT_T1);
-    } else if (PREFETCH_NEXT_TILE && RB > 1) {  // the next tile's rows, this column, into L2 (see the constant)
+    } else if (PREFETCH_NEXT_TILE && (RB > 1 || PREFETCH_OWN > 0)) {  // the next tile's rows into L2, its own into L1
       for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + (i + NW) * W.rs), _MM_HINT_T1);
+      if constexpr (PREFETCH_OWN > 0)
+        for (int i = 0; i < NW; ++i) _mm_prefetch(reinterpret_cast<const char*>(w + i * W.rs + PREFETCH_OWN), _MM_HINT_T0);
     } else if (k % 16 == 0) {
       for (int i = 0; i < NW; ++i)
         _mm_prefetch(reinterpret_cast<const char*>(w + i * W.rs + PREFETCH), _MM_HINT_T0);
