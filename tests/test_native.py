@@ -285,7 +285,6 @@ def test_a_causal_rows_attention_is_the_one_token_attention_bit_for_bit():
 
 
 @needs_native
-@needs_native
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("fmas", [1, 2, 7, 17, 28, 29, 32])  # one accumulator a FMA up to REGS - 4, then shared
 @pytest.mark.parametrize("n", [5, 16, 1001, 70_000])  # shorter than a chunk, one chunk, a tail, many threads' blocks
@@ -309,6 +308,7 @@ def test_stream_fma_sums_every_weight_fmas_times(fmas, n, threads):
         native.stream_fma(w.double(), 1)
 
 
+@needs_native
 def test_bad_input_is_refused_by_name():
     w = torch.randn(8, 16)
     with pytest.raises(RuntimeError, match="x: must hold rows of 16"):
