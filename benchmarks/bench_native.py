@@ -67,7 +67,6 @@ def main(argv=None) -> dict:
                          "a C++ compiler and ninja are needed); nothing to compare")
     pair = load_pair(args.pair)
     model = pair.target
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     capacity = args.context + 8
     os.environ["SPADE_NATIVE"] = "0"
     try:
@@ -75,9 +74,10 @@ def main(argv=None) -> dict:
     finally:
         del os.environ["SPADE_NATIVE"]
     fast = LeanForward(model, capacity)
+    nbytes = fast.weight_bytes()  # what a step streams: the embedding table is gathered, not read
     forwards = {"library": library, "native": fast}
     print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} "
-          f"weights {nbytes / 1e6:.0f} MB; kernels: library one={library.kernel_names['one']} | native "
+          f"weights {nbytes / 1e6:.0f} MB a step; kernels: library one={library.kernel_names['one']} | native "
           f"one={fast.kernel_names['one']} (attention native: {fast.native_attention}; isa {native.isa()})")
     vocab = int(library.embed.shape[0])
     ids = torch.randint(0, vocab, (args.context,), generator=torch.Generator().manual_seed(0))

@@ -79,14 +79,14 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     pair = load_pair(args.pair)
     model = pair.target
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.dim() == 2)
     kmax = max(args.rows)
     lean = LeanForward(model, args.context + kmax + 1)
+    nbytes = lean.weight_bytes()  # what a step streams: the embedding table is gathered, not read
     packed = kernels.packing_available(torch.device("cpu"), torch.float32) and not lean.in_place
     generic = None if args.no_torch else LeanForward(model, args.context + kmax + 1, kernels="onednn" if packed else "mkl")
     if generic is not None:
         generic.native_attention = False
-    print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} weights {nbytes / 1e6:.0f} MB; "
+    print(f"pair={args.pair} threads={torch.get_num_threads()} cpu={devices.cpu().label()!r} weights {nbytes / 1e6:.0f} MB a step; "
           f"plan one={lean.kernel_names['one']} many={lean.kernel_names['many']} native attention={lean.native_attention} "
           f"native isa={native.isa() if native.available() else None}")
     vocab = int(lean.embed.shape[0])

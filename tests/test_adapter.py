@@ -95,6 +95,32 @@ def test_lean_buffers_grow_and_respect_the_context_limit():
         lean.forward(torch.zeros(25, dtype=torch.long))
 
 
+def test_lean_weight_bytes_count_each_product_and_the_head_never_the_embedding_table():
+    """What a decoding step streams: the projections (with biases and int8 scales) and the LM head, each once;
+    the embedding table only where it is the (tied) head; norms and rotary buffers never."""
+    from spade_lib.decoding.model.lean import LeanForward
+    from spade_lib.zoo.narrow import narrow_twin
+
+    def expected(m):
+        named = dict(m.named_parameters(remove_duplicate=True)) | dict(m.named_buffers())
+        keep = [t for n, t in named.items() if "_proj." in n or n.startswith("lm_head.")
+                or (n == "model.embed_tokens.weight" and m.config.tie_word_embeddings)]
+        return sum(t.numel() * t.element_size() for t in keep)
+
+    untied = qwen2()  # q/k/v biases, an untied head
+    torch.manual_seed(0)
+    tied = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)).eval()
+    int8 = narrow_twin(untied, "int8")  # int8 matrices, one fp32 scale a row
+    embed = V * 32 * 4
+    for m in (untied, tied, int8):
+        got = LeanForward(m, 32).weight_bytes()
+        assert got == expected(m), type(m).__name__
+    assert LeanForward(untied, 32).weight_bytes() < sum(p.numel() * 4 for p in untied.parameters()) - embed + 1
+    assert LeanForward(tied, 32).weight_bytes() > embed  # the tied table is read as the head
+    assert LeanForward(int8, 32).weight_bytes() < LeanForward(untied, 32).weight_bytes() / 2
+
+
 def test_sliding_window_cache_rolls_back_past_the_window():
     """Sliding-window layers keep their past (``activate_past_recording``) so a crop can undo a step."""
     torch.manual_seed(0)

@@ -334,6 +334,16 @@ class LeanForward:
         self.reset()
         return float(sorted(times)[reps // 2])
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights one decoding step reads: every product's matrix, bias and per-row scale, the LM head
+        included, each tensor once. The embedding table is not counted: a step gathers one row of it a token (a
+        head tied to it is counted as the head). Norm gains (kilobytes) and the KV cache (it grows with the
+        context) are left out. The numerator of a step's streaming rate, ``weight_bytes / t_step``, and of a
+        draft's cost ratio by bytes, ``draft.weight_bytes() / target.weight_bytes()``."""
+        seen = {(t.data_ptr(), t.numel(), t.dtype): t.numel() * t.element_size()
+                for layer in self._raw for parts in layer.values() for t in parts if isinstance(t, torch.Tensor)}
+        return sum(seen.values())
+
     def _products(self) -> list[str]:
         """The products of one forward, largest weight first (the order :func:`kernels.choose` refines them)."""
         sizes = {n: w.numel() for n, (w, *_) in {**self._raw[0], **self._raw[-1]}.items()}
