@@ -99,6 +99,10 @@ def costs(pair, args) -> None:
     print(f"costs over {args.rounds} rounds x {args.reps} reps (threads {torch.get_num_threads()}):")
     for key, values in table.items():
         print(f"  {key:22s} median {statistics.median(values):.4f}  range [{min(values):.4f}, {max(values):.4f}]")
+    for name in pair.drafts:  # the draft's bytes a step over the target's: c if both streamed at one rate
+        cb = runs[0]["drafts"][name]["c_bytes"]
+        table[f"c_bytes[{name}]"] = [cb]
+        print(f"  c by bytes[{name}] {cb:.4f}: measured c / c by bytes {statistics.median(table[f'c[{name}]']) / cb:.2f}")
     print(json.dumps({k: statistics.median(v) for k, v in table.items()}, sort_keys=True))
 
 

@@ -247,3 +247,19 @@ def test_alpha_is_one_minus_total_variation(tiny):
         q = torch.softmax(tiny.draft(input_ids=x[:, :-1]).logits / 0.5, -1)
     reference = 1 - 0.5 * (p - q).abs().sum(-1).mean().item()
     assert stats["d"]["alpha_by_temperature"]["0.5"] == pytest.approx(reference, abs=1e-5)
+
+
+def test_cost_ratios_put_each_drafts_byte_ratio_beside_its_c(tiny):
+    """``cost_ratios``' ``c_bytes``: the draft's bytes a step over the target's, from the lean forwards'
+    ``weight_bytes`` (a matrix count of its own here: every projection and the head, never the embedding table)."""
+    from spade_lib.zoo.evaluate import cost_ratios
+
+    def step_bytes(m):
+        return sum(p.numel() * p.element_size() for n, p in m.named_parameters()
+                   if "_proj." in n or n.startswith("lm_head.")
+                   or (n.endswith("embed_tokens.weight") and m.config.tie_word_embeddings))
+
+    got = cost_ratios(tiny.target, tiny.drafts, gamma=2, context=8, reps=2)
+    for name, draft in tiny.drafts.items():
+        assert got["drafts"][name]["c_bytes"] == pytest.approx(step_bytes(draft) / step_bytes(tiny.target), rel=1e-12)
+        assert 0 < got["drafts"][name]["c_bytes"] < 1

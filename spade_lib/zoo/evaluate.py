@@ -66,18 +66,25 @@ def teacher_forced_stats(target, drafts: dict, windows: torch.Tensor, temperatur
 def cost_ratios(target, drafts: dict, *, gamma: int = 4, context: int = 64, reps: int = 50) -> dict:
     """``c`` of every draft and the target's verify-cost ratio ``r(gamma)``, with the step times (s),
     from :func:`spade_lib.decoding.studies.costs.measure_costs` (the one cost measurement: the decoding
-    adapters' forwards timed in turns, medians of per-round ratios) on a ``context``-token cache."""
+    adapters' forwards timed in turns, medians of per-round ratios) on a ``context``-token cache.
+    Beside each ``c``, ``c_bytes``: the draft's bytes a step over the target's
+    (:meth:`~spade_lib.decoding.model.lean.LeanForward.weight_bytes`; NaN where either runs on the Hugging
+    Face forward), what ``c`` would be if both streamed their weights at one rate (a draft held in the caches
+    can run below it)."""
     from spade_lib.decoding.model.adapter import CausalLMAdapter
     from spade_lib.decoding.studies.costs import measure_costs
 
     ta = CausalLMAdapter(target)
     out = {"gamma": gamma, "context": context, "reps": reps, "threads": torch.get_num_threads(), "drafts": {}}
     for i, (name, draft) in enumerate(drafts.items()):
-        m = measure_costs(ta, CausalLMAdapter(draft), gamma, context, reps=reps)
+        da = CausalLMAdapter(draft)
+        m = measure_costs(ta, da, gamma, context, reps=reps)
         if i == 0:
             out.update(target_step_s=m["t_target"], target_verify_step_s=m["t_verify"][gamma],
                        verify_cost_ratio=m["r"][gamma])
-        out["drafts"][name] = {"step_s": m["t_draft"], "c": m["c"]}
+        c_bytes = (da.lean.weight_bytes() / ta.lean.weight_bytes()
+                   if da.lean is not None and ta.lean is not None else float("nan"))
+        out["drafts"][name] = {"step_s": m["t_draft"], "c": m["c"], "c_bytes": c_bytes}
     if not drafts:
         m = measure_costs(ta, None, gamma, context, reps=reps)
         out.update(target_step_s=m["t_target"], target_verify_step_s=m["t_verify"][gamma],
