@@ -7,14 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-from spade_lib import paths
 from spade_lib.decoding.model.lean import LeanForward
 from spade_lib.runs import metrics, protocol
 from spade_lib.runs.store import list_runs, read_summary
 from spade_lib.runs.trace import read_trace
-from test_protocol import cfg, mini_suite
+from test_protocol import cfg, tiny_runs
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +22,9 @@ def bench(load_benchmark):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from spade_lib.zoo.pairs import load_pair
-
-    root = tmp_path_factory.mktemp("runs")
-    before, old = torch.get_num_threads(), paths.RUNS_DIR
-    paths.RUNS_DIR = root
-    try:
-        protocol.run_interleaved(load_pair("tiny"), mini_suite(),
-                                 [cfg(method="spade", draft="distilled", gamma=2), cfg(method="spade", draft="ngram", gamma=2)],
-                                 cfg(method="ar"), protocol=protocol.Protocol(warmup=0, repeats=1), progress=False)
-    finally:
-        paths.RUNS_DIR = old
-        torch.set_num_threads(before)
-    return root
+    return tiny_runs(tmp_path_factory.mktemp("runs"),
+                     [cfg(method="spade", draft="distilled", gamma=2), cfg(method="spade", draft="ngram", gamma=2)],
+                     cfg(method="ar"), protocol.Protocol(warmup=0, repeats=1))
 
 
 def test_tokens_for_a_goal_solve_the_whole_generation_ratio(bench):

@@ -6,29 +6,16 @@ import shutil
 
 import pandas as pd
 import pytest
-import torch
 
-from spade_lib import paths
 from spade_lib.runs import protocol
 from spade_lib.runs import compare
-from test_protocol import cfg, mini_suite
+from test_protocol import cfg, tiny_runs
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from spade_lib.zoo.pairs import load_pair
-
-    root = tmp_path_factory.mktemp("runs")
-    before, old = torch.get_num_threads(), paths.RUNS_DIR
-    paths.RUNS_DIR = root
-    try:
-        proto = protocol.Protocol(warmup=0, repeats=3)
-        protocol.run_interleaved(load_pair("tiny"), mini_suite(), [cfg(method="spade", draft="distilled", gamma=2),
-                                 cfg(method="hf")], cfg(method="ar"), protocol=proto, progress=False)
-    finally:
-        paths.RUNS_DIR = old
-        torch.set_num_threads(before)
-    return root
+    return tiny_runs(tmp_path_factory.mktemp("runs"), [cfg(method="spade", draft="distilled", gamma=2), cfg(method="hf")],
+                     cfg(method="ar"), protocol.Protocol(warmup=0, repeats=3))
 
 
 def test_speedups_of_a_runs_folder(runs):

@@ -43,6 +43,21 @@ def cfg(**kw) -> RunConfig:
     return RunConfig(**{**dict(max_new_tokens=N_NEW, device="cpu", threads=1), **kw})
 
 
+def tiny_runs(root, configs, baseline, proto):
+    """``configs`` timed beside ``baseline`` on the tiny pair into the runs folder ``root`` (``RUNS_DIR`` and the
+    thread count restored after); returns ``root``."""
+    from spade_lib.zoo.pairs import load_pair
+
+    before, old = torch.get_num_threads(), paths.RUNS_DIR
+    paths.RUNS_DIR = root
+    try:
+        protocol.run_interleaved(load_pair("tiny"), mini_suite(), configs, baseline, protocol=proto, progress=False)
+    finally:
+        paths.RUNS_DIR = old
+        torch.set_num_threads(before)
+    return root
+
+
 def test_auto_device_is_resolved_before_hashing():
     assert cfg(device="auto").hash == cfg(device="cpu").hash  # this machine's tests run on the CPU
     assert cfg(device="auto").device == "cpu"
