@@ -488,11 +488,8 @@ def main(argv=None) -> None:
     dec = methods["ar"].decode
     ar_step = sum(t for t, _ in dec) / max(1, sum(n for _, n in dec))  # one decode step (1-token forward + sampling)
     lean = methods["ar"].dec.target.lean
-    # what a step streams (the embedding table is gathered, not read); the HF backend: every parameter but the
-    # input embeddings (counted where they are the tied head)
-    nbytes = lean.weight_bytes() if lean is not None else sum(
-        p.numel() * p.element_size() for p in pair.target.parameters()
-        if p is not pair.target.get_input_embeddings().weight or pair.target.config.tie_word_embeddings)
+    # what a step streams (LeanForward.weight_bytes); on the HF forward every parameter, an upper bound
+    nbytes = lean.weight_bytes() if lean is not None else sum(p.numel() * p.element_size() for p in pair.target.parameters())
     bw = timing.copy_bandwidth()
     print(f"\nAR loop: {1 / ar_tok:.1f} tok/s (wall, prefill included); a decode step {ar_step * 1e3:.2f} ms, "
           f"{nbytes / 1e6:.0f} MB of target weights per step -> {nbytes / ar_step / 1e9:.1f} GB/s streamed; copy "

@@ -57,7 +57,7 @@ def test_each_model_drafted_chain_is_priced_at_its_byte_ratio_and_free_verificat
     assert "ceiling" in capsys.readouterr().out
 
 
-def test_bad_input_is_refused_by_name(bench, runs, tmp_path):
+def test_bad_input_is_refused_by_name(bench, tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--goal", "1"])
     with pytest.raises(SystemExit, match="no finished runs"):

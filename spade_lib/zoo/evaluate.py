@@ -75,6 +75,7 @@ def cost_ratios(target, drafts: dict, *, gamma: int = 4, context: int = 64, reps
     from spade_lib.decoding.studies.costs import measure_costs
 
     ta = CausalLMAdapter(target)
+    target_bytes = ta.lean.weight_bytes() if ta.lean is not None else None
     out = {"gamma": gamma, "context": context, "reps": reps, "threads": torch.get_num_threads(), "drafts": {}}
     for i, (name, draft) in enumerate(drafts.items()):
         da = CausalLMAdapter(draft)
@@ -82,8 +83,7 @@ def cost_ratios(target, drafts: dict, *, gamma: int = 4, context: int = 64, reps
         if i == 0:
             out.update(target_step_s=m["t_target"], target_verify_step_s=m["t_verify"][gamma],
                        verify_cost_ratio=m["r"][gamma])
-        c_bytes = (da.lean.weight_bytes() / ta.lean.weight_bytes()
-                   if da.lean is not None and ta.lean is not None else float("nan"))
+        c_bytes = da.lean.weight_bytes() / target_bytes if da.lean is not None and target_bytes else float("nan")
         out["drafts"][name] = {"step_s": m["t_draft"], "c": m["c"], "c_bytes": c_bytes}
     if not drafts:
         m = measure_costs(ta, None, gamma, context, reps=reps)
